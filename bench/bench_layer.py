@@ -1,0 +1,236 @@
+"""NSA layer vs dense causal SDPA: forward+backward time and peak memory, one process each.
+
+    python bench/bench_layer.py                      # S = 1k..32k, CPU fp32, writes reports/
+    python bench/bench_layer.py --seqs 1024 4096 --repeats 2
+    python bench/bench_layer.py --model-step         # also a 12-layer training step at 2k
+
+Every configuration runs in a fresh child process (`--one KIND S`), so the peak resident set
+size it reports belongs to that configuration alone. Peak memory is ru_maxrss of the child
+minus its resident size just before the first forward (weights and inputs included in the
+baseline); on CUDA it is torch.cuda.max_memory_allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nsa.config import NSAConfig  # noqa: E402
+from nsa.layer import NSAAttention  # noqa: E402
+
+PAPER = NSAConfig(dim=512, n_heads=8, n_kv_heads=2, head_dim=64, backend="torch")
+
+
+class DenseAttention(nn.Module):
+    """Causal full attention with the same projections as NSAAttention (GQA, RoPE-free)."""
+
+    def __init__(self, cfg: NSAConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.kv_proj = nn.Linear(cfg.dim, 2 * cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        cfg = self.cfg
+        q = self.q_proj(x).view(batch, seq, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(x).view(batch, seq, 2, cfg.n_kv_heads, cfg.head_dim).unbind(2)
+        o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).flatten(2))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def run_one(kind: str, seq: int, repeats: int, device: str) -> dict:
+    """Time forward+backward of one layer; returns a result row."""
+    torch.manual_seed(0)
+    layer = (NSAAttention(PAPER) if kind == "nsa" else DenseAttention(PAPER)).to(device)
+    x = torch.randn(1, seq, PAPER.dim, device=device, requires_grad=True)
+    grad = torch.randn(1, seq, PAPER.dim, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    baseline = rss_bytes()
+    fwd_times, bwd_times = [], []
+    for _ in range(repeats + 1):  # the first round warms up
+        sync()
+        start = time.perf_counter()
+        out = layer(x)
+        sync()
+        mid = time.perf_counter()
+        out.backward(grad)
+        sync()
+        fwd_times.append(mid - start)
+        bwd_times.append(time.perf_counter() - mid)
+        x.grad = None
+        del out
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    row = {"kind": kind, "seq": seq, "fwd_s": statistics.median(fwd_times[1:]),
+           "bwd_s": statistics.median(bwd_times[1:]), "peak_mem_bytes": peak_rss - baseline,
+           "peak_rss_bytes": peak_rss}
+    if device == "cuda":
+        row["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
+    row["total_s"] = row["fwd_s"] + row["bwd_s"]
+    return row
+
+
+def run_model_step(seq: int, device: str) -> dict:
+    """One optimizer step of a 12-layer, hidden-768, 12-head model with checkpointing."""
+    from nsa.model import NSATransformer
+
+    torch.manual_seed(0)
+    cfg = NSAConfig(dim=768, n_heads=12, n_kv_heads=4, head_dim=64, n_layers=12,
+                    vocab_size=256, grad_ckpt=True, backend="torch")
+    model = NSATransformer(cfg).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 256, (1, seq + 1), device=device)
+    baseline = rss_bytes()
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        loss = model.loss(ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"kind": "model-step", "seq": seq, "first_step_s": times[0], "step_s": times[1],
+            "peak_rss_bytes": peak, "peak_mem_bytes": peak - baseline,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def child(args: list[str], timeout: float) -> dict:
+    cmd = [sys.executable, __file__, *args]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def attention_flops(kind: str, seq: int) -> float:
+    """Useful forward attention FLOPs (QK^T and PV, 2 FLOPs per MAC), causal."""
+    cfg = PAPER
+    per_key = 4 * cfg.head_dim * cfg.n_heads
+    if kind == "dense":
+        return per_key * seq * (seq + 1) / 2
+    keys = sum(min(t + 1, cfg.w) + min(t + 1, cfg.n_sel * cfg.l_sel)
+               + max(0, (t - cfg.l) // cfg.d + 1) for t in range(seq))
+    return per_key * keys
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -> str:
+    lines = [
+        "# NSA layer vs dense SDPA: forward + backward",
+        "",
+        f"Device: {device} ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads), torch {torch.__version__}, fp32, batch 1.",
+        f"Layer: hidden {PAPER.dim}, {PAPER.n_heads} query heads, {PAPER.n_kv_heads} KV heads, "
+        f"head dim {PAPER.head_dim}; NSA l={PAPER.l}, d={PAPER.d}, l_sel={PAPER.l_sel}, "
+        f"n_sel={PAPER.n_sel}, w={PAPER.w}, backend torch. Median of the timed rounds after "
+        "one warm-up round, each configuration in a fresh process. Peak memory: peak RSS "
+        "minus RSS before the first forward.",
+        "",
+        "| S | SDPA fwd+bwd s | NSA fwd s | NSA bwd s | NSA fwd+bwd s | speed-up | "
+        "SDPA peak | NSA peak | NSA peak growth | FLOP bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r.get("kind"), r.get("seq")): r for r in rows}
+    prev_peak = None
+    for seq in sorted({r["seq"] for r in rows if "seq" in r}):
+        dense, nsa = by.get(("dense", seq), {}), by.get(("nsa", seq), {})
+        cells = [str(seq)]
+        cells.append(f"{dense['total_s']:.2f}" if "total_s" in dense else dense.get("error", "-"))
+        if "total_s" in nsa:
+            cells += [f"{nsa['fwd_s']:.2f}", f"{nsa['bwd_s']:.2f}", f"{nsa['total_s']:.2f}"]
+        else:
+            cells += ["-", "-", nsa.get("error", "-")]
+        speedup = dense.get("total_s", math.nan) / nsa.get("total_s", math.nan)
+        cells.append(f"{speedup:.2f}x" if speedup == speedup else "-")
+        cells.append(fmt_bytes(dense["peak_mem_bytes"]) if "peak_mem_bytes" in dense else "-")
+        cells.append(fmt_bytes(nsa["peak_mem_bytes"]) if "peak_mem_bytes" in nsa else "-")
+        peak = nsa.get("peak_mem_bytes")
+        cells.append(f"{peak / prev_peak:.2f}x" if peak and prev_peak else "-")
+        prev_peak = peak
+        bound = attention_flops("dense", seq) / attention_flops("nsa", seq)
+        cells.append(f"{bound:.1f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "FLOP bound: dense causal attention FLOPs / NSA attention FLOPs (the "
+              "speed-up if both ran at the same FLOP rate; projections excluded)."]
+    if step:
+        lines += ["", "## One training step, 12 layers, hidden 768, 12 heads (4 KV), S=2048, "
+                  "gradient checkpointing, AdamW", ""]
+        if "error" in step:
+            lines.append(f"Failed: {step['error']}")
+        else:
+            lines.append(f"{step['params'] / 1e6:.1f} M parameters; step {step['step_s']:.1f} s "
+                         f"(first step {step['first_step_s']:.1f} s); peak RSS "
+                         f"{fmt_bytes(step['peak_rss_bytes'])} "
+                         f"({fmt_bytes(step['peak_mem_bytes'])} above the loaded model).")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, nargs="+",
+                        default=[1024, 2048, 4096, 8192, 16384, 32768])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--model-step", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_layer_cpu.md")
+    parser.add_argument("--one", nargs=2, metavar=("KIND", "SEQ"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        kind, seq = args.one[0], int(args.one[1])
+        row = run_model_step(seq, args.device) if kind == "model-step" else \
+            run_one(kind, seq, args.repeats, args.device)
+        print(json.dumps(row))
+        return
+    rows = []
+    for seq in args.seqs:
+        for kind in ("dense", "nsa"):
+            row = {"kind": kind, "seq": seq, **child(
+                ["--one", kind, str(seq), "--repeats", str(args.repeats),
+                 "--device", args.device], args.timeout)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    step = None
+    if args.model_step:
+        step = child(["--one", "model-step", "2048", "--device", args.device], args.timeout)
+        print(json.dumps(step), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print(write_report(rows, step, args.out, args.device))
+    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "model_step": step},
+                                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()

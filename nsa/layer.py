@@ -1,0 +1,135 @@
+"""NSAAttention: one Native Sparse Attention layer (arXiv 2502.11089 §3).
+
+x [B, S, dim] -> [B, S, dim]:
+  q = RoPE(W_q x)                         [B, S, Hq, D]
+  per branch c in cfg.branches: k_c = RoPE(W_k^c x), v_c = W_v^c x  [B, S, Hkv, D]
+      (independent K/V per branch, paper §3.3.3; one shared set with cfg.shared_kv)
+  cmp: attention over phi-compressed k_cmp, v_cmp (complete blocks only)
+  sel: attention over the n_sel blocks chosen from the compressed scores of k_cmp
+  win: attention over the last w keys
+  o_t = sum_c sigmoid(W_g^c x_t) * o_c    (one gate per head per branch)
+  out = W_o o
+Only the branches in cfg.branches are built and computed. When "sel" runs without "cmp",
+the compressed keys (never the compressed values) are still computed: selection scores
+them. `backend_used` records which implementation ran last ("naive" or "torch").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import nn
+
+from nsa.config import NSAConfig
+from nsa.ops.compress import Compressor
+from nsa.ops.naive import naive_nsa_attention
+from nsa.ops.selection import select_blocks
+from nsa.ops.torch import compressed_attention, selected_attention, window_attention
+
+log = logging.getLogger(__name__)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device, dtype):
+    """cos, sin [S, 1, D/2] for rotating channel pairs (i, i + D/2) at positions 0..S-1."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+                         / head_dim)
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32).unsqueeze(1) * inv_freq
+    return angles.cos().unsqueeze(1).to(dtype), angles.sin().unsqueeze(1).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H, D] rotated by position; cos/sin from rope_tables."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def resolve_backend(cfg: NSAConfig) -> str:
+    """auto -> torch: the memory-bounded torch path runs on every device."""
+    return "torch" if cfg.backend == "auto" else cfg.backend
+
+
+class NSAAttention(nn.Module):
+    def __init__(self, cfg: NSAConfig):
+        super().__init__()
+        self.cfg = cfg.validate()
+        self.branches = cfg.branches
+        self.backend = resolve_backend(cfg)
+        self.backend_used: str | None = None
+        width = cfg.n_kv_heads * cfg.head_dim
+        self.kv_pieces = self._kv_pieces()
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.kv_proj = nn.Linear(cfg.dim, len(self.kv_pieces) * width, bias=False)
+        self.gate_proj = nn.Linear(cfg.dim, cfg.n_heads * len(self.branches))
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        uses_compression = "cmp" in self.branches or "sel" in self.branches
+        self.compress_k = Compressor(cfg) if uses_compression else None
+        self.compress_v = Compressor(cfg) if "cmp" in self.branches else None
+
+    def _kv_pieces(self) -> list[tuple[str, str]]:
+        """(branch, "k" | "v") for each slice of kv_proj's output, in order."""
+        if self.cfg.shared_kv:
+            return [("shared", "k"), ("shared", "v")]
+        pieces = [(b, part) for b in self.branches for part in ("k", "v")]
+        if "sel" in self.branches and "cmp" not in self.branches:
+            pieces.append(("cmp", "k"))  # keys scored for selection
+        return pieces
+
+    def project(self, x: torch.Tensor):
+        """x [B, S, dim] -> q [B,S,Hq,D], kv {branch: (k, v)}, gates {branch: [B,S,Hq]}."""
+        cfg = self.cfg
+        batch, seq, _ = x.shape
+        cos, sin = rope_tables(seq, cfg.head_dim, cfg.rope_theta, x.device, x.dtype)
+        q = self.q_proj(x).view(batch, seq, cfg.n_heads, cfg.head_dim)
+        q = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype))
+        pieces = self.kv_proj(x).view(batch, seq, len(self.kv_pieces), cfg.n_kv_heads,
+                                      cfg.head_dim).unbind(2)
+        named = {}
+        for (branch, part), tensor in zip(self.kv_pieces, pieces):
+            if part == "k":
+                tensor = apply_rope(tensor, cos.to(tensor.dtype), sin.to(tensor.dtype))
+            named[branch, part] = tensor
+        needed = set(self.branches) | ({"cmp"} if "sel" in self.branches else set())
+        source = (lambda b: "shared") if cfg.shared_kv else (lambda b: b)
+        kv = {b: (named[source(b), "k"], named.get((source(b), "v"))) for b in needed}
+        gate_all = torch.sigmoid(self.gate_proj(x)).view(batch, seq, cfg.n_heads,
+                                                          len(self.branches))
+        gates = {b: gate_all[..., i] for i, b in enumerate(self.branches)}
+        return q, kv, gates
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, kv, gates = self.project(x)
+        if self.backend == "naive":
+            o, _ = naive_nsa_attention(q, kv, gates, self.compress_k, self.compress_v, self.cfg)
+            o = o.to(q.dtype)
+        else:
+            o = self._torch_attention(q, kv, gates)
+        if self.backend_used != self.backend:
+            log.info("NSAAttention: backend %s", self.backend)
+            self.backend_used = self.backend
+        return self.o_proj(o.flatten(2))
+
+    def _torch_attention(self, q, kv, gates) -> torch.Tensor:
+        cfg = self.cfg
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        chunk = cfg.query_chunk
+        out = None
+        if "cmp" in kv:
+            k_cmp = self.compress_k(kv["cmp"][0])
+        if "cmp" in self.branches:
+            v_cmp = self.compress_v(kv["cmp"][1])
+            o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, chunk)
+            out = gates["cmp"].unsqueeze(-1) * o_cmp
+        if "sel" in self.branches:
+            block_indices = select_blocks(q, k_cmp, cfg, scale, chunk)
+            k_sel, v_sel = kv["sel"]
+            o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg.l_sel, scale, chunk)
+            term = gates["sel"].unsqueeze(-1) * o_sel
+            out = term if out is None else out + term
+        if "win" in self.branches:
+            k_win, v_win = kv["win"]
+            o_win = window_attention(q, k_win, v_win, cfg.w, scale, chunk)
+            term = gates["win"].unsqueeze(-1) * o_win
+            out = term if out is None else out + term
+        return out

@@ -1,0 +1,106 @@
+"""Block selection (NSA Eq.8-11): compressed probabilities -> block scores -> top-n indices.
+
+For query t (0-based) and query head h:
+  p_t[i]   softmax over visible compressed tokens (i*d + l - 1 <= t) of scale * q_t . K_cmp[i]
+           (Eq.8); 0 for invisible tokens, all 0 when none is visible.
+  s_t[j]   = sum_i p_t[i] * overlap([i*d, i*d+l), [j*l_sel, (j+1)*l_sel)) / d       (Eq.9)
+           Overlap-length weighting is the paper's double sum written with spans: for
+           l=32, d=16, l_sel=64 the compressed tokens starting in block j weigh 2, 2, 2, 1
+           and the one starting in block j-1 whose span reaches into block j weighs 1,
+           i.e. the paper's 1, 2, 2, 2, 1.
+  S_t[j]   = sum of s_t[j] over the query heads of a GQA group                    (Eq.10)
+  top-n    among available blocks (j*l_sel <= t): block 0, block t // l_sel and the one
+           before it always; then the highest S_t, ties to the lower index         (Eq.11)
+Output: int64 [B, S, Hkv, n_sel], valid indices ascending, then -1 padding.
+
+Everything here runs under no_grad (selection is not differentiable), tile by tile over
+queries so that only a [B, T, Hkv, n_blocks] score tile exists at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from nsa.config import NSAConfig, num_select_blocks
+
+
+def span_block_weights(cfg: NSAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overlap of a compressed span with the block it starts in and with the next block.
+
+    Spans start every d tokens and d divides l_sel, so the pattern repeats every
+    m = l_sel // d compressed tokens; l <= l_sel means a span touches at most two blocks.
+    Returns (first [m], second [m]) overlap lengths for the r-th span of a block.
+    """
+    m = cfg.l_sel // cfg.d
+    start_in_block = torch.arange(m) * cfg.d
+    first = torch.clamp(cfg.l_sel - start_in_block, max=cfg.l)
+    return first.float(), (cfg.l - first).float()
+
+
+def group_block_scores(p_group: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> torch.Tensor:
+    """Eq.9 on head-summed probabilities. p_group [..., N] -> [..., n_blocks] (fp32)."""
+    m = cfg.l_sel // cfg.d
+    # n_blocks * m >= S / d >= N, so padding the spans to whole blocks never truncates
+    p = torch.nn.functional.pad(p_group.float(), (0, n_blocks * m - p_group.shape[-1]))
+    p = p.unflatten(-1, (n_blocks, m))
+    first, second = span_block_weights(cfg)
+    first, second = first.to(p.device) / cfg.d, second.to(p.device) / cfg.d
+    own = p @ first  # spans starting in block j, their part inside j
+    spill = p @ second  # spans starting in block j-1, their part inside j
+    return own + torch.nn.functional.pad(spill[..., :-1], (1, 0))
+
+
+def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
+    """Eq.11. scores [B, T, Hkv, n_blocks], query_pos [T] -> [B, T, Hkv, n_sel] int64."""
+    n_blocks = scores.shape[-1]
+    j = torch.arange(n_blocks, device=scores.device)
+    t = query_pos.view(1, -1, 1, 1)
+    local = t // cfg.l_sel
+    available = j * cfg.l_sel <= t
+    forced = available & ((j == 0) | (j == local) | (j == local - 1))
+    key = torch.where(available, scores.float(), float("-inf"))
+    key = torch.where(forced, float("inf"), key)
+    order = torch.sort(key, dim=-1, descending=True, stable=True)
+    top_idx = order.indices[..., : cfg.n_sel]
+    top_ok = order.values[..., : cfg.n_sel] > float("-inf")
+    chosen = torch.where(top_ok, top_idx, n_blocks).sort(dim=-1).values
+    chosen = torch.where(chosen == n_blocks, -1, chosen)
+    if chosen.shape[-1] < cfg.n_sel:
+        chosen = torch.nn.functional.pad(chosen, (0, cfg.n_sel - chosen.shape[-1]), value=-1)
+    return chosen
+
+
+@torch.no_grad()
+def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
+                  scale: float | None = None, query_chunk: int | None = None) -> torch.Tensor:
+    """q [B, S, Hq, D], k_cmp [B, N, Hkv, D] -> block indices [B, S, Hkv, n_sel] (int64).
+
+    Computes Eq.8-11 one query tile at a time; nothing of size S x N survives a tile.
+    """
+    batch, seq, n_q_heads, head_dim = q.shape
+    n_kv_heads, group = k_cmp.shape[2], n_q_heads // k_cmp.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    chunk = query_chunk or cfg.query_chunk
+    n_blocks = num_select_blocks(seq, cfg)
+    n_cmp = k_cmp.shape[1]
+    k_t = k_cmp.float().permute(0, 2, 3, 1)  # [B, Hkv, D, N]
+    out = torch.empty(batch, seq, n_kv_heads, cfg.n_sel, dtype=torch.long, device=q.device)
+    for start in range(0, seq, chunk):
+        stop = min(start + chunk, seq)
+        pos = torch.arange(start, stop, device=q.device)
+        n_vis = min(n_cmp, max(0, (stop - 1 - cfg.l) // cfg.d + 1))  # visible to last query
+        scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
+        if n_vis > 0:
+            q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
+                                                   head_dim).transpose(1, 2)
+            logits = (q_tile.flatten(2, 3) @ k_t[..., :n_vis]).mul_(scale)  # [B,Hkv,T*G,N']
+            logits = logits.view(batch, n_kv_heads, stop - start, group, n_vis)
+            visible = torch.arange(n_vis, device=q.device) * cfg.d + cfg.l - 1 <= pos.view(-1, 1)
+            logits = logits.masked_fill(~visible.view(1, 1, -1, 1, n_vis), float("-inf"))
+            probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with none -> 0
+            p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
+            scores = group_block_scores(p_group, n_blocks, cfg)
+        out[:, start:stop] = top_n_blocks(scores, pos, cfg)
+    return out
