@@ -86,7 +86,7 @@ class NSAAttention(nn.Module):
         pieces = self.kv_proj(x).view(batch, seq, len(self.kv_pieces), cfg.n_kv_heads,
                                       cfg.head_dim).unbind(2)
         named = {}
-        for (branch, part), tensor in zip(self.kv_pieces, pieces):
+        for (branch, part), tensor in zip(self.kv_pieces, pieces, strict=True):
             if part == "k":
                 tensor = apply_rope(tensor, cos.to(tensor.dtype), sin.to(tensor.dtype))
             named[branch, part] = tensor
@@ -111,25 +111,27 @@ class NSAAttention(nn.Module):
         return self.o_proj(o.flatten(2))
 
     def _torch_attention(self, q, kv, gates) -> torch.Tensor:
+        k_cmp = self.compress_k(kv["cmp"][0]) if "cmp" in kv else None
+        v_cmp = self.compress_v(kv["cmp"][1]) if "cmp" in self.branches else None
+        # the ops compute in fp32 tile by tile; autocast would turn their matmuls to bf16
+        with torch.autocast(q.device.type, enabled=False):
+            return self._mix_branches(q, kv, gates, k_cmp, v_cmp)
+
+    def _mix_branches(self, q, kv, gates, k_cmp, v_cmp) -> torch.Tensor:
         cfg = self.cfg
         scale = 1.0 / math.sqrt(cfg.head_dim)
         chunk = cfg.query_chunk
-        out = None
-        if "cmp" in kv:
-            k_cmp = self.compress_k(kv["cmp"][0])
+        terms = []
         if "cmp" in self.branches:
-            v_cmp = self.compress_v(kv["cmp"][1])
             o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, chunk)
-            out = gates["cmp"].unsqueeze(-1) * o_cmp
+            terms.append(gates["cmp"].unsqueeze(-1) * o_cmp)
         if "sel" in self.branches:
             block_indices = select_blocks(q, k_cmp, cfg, scale, chunk)
             k_sel, v_sel = kv["sel"]
             o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg.l_sel, scale, chunk)
-            term = gates["sel"].unsqueeze(-1) * o_sel
-            out = term if out is None else out + term
+            terms.append(gates["sel"].unsqueeze(-1) * o_sel)
         if "win" in self.branches:
             k_win, v_win = kv["win"]
             o_win = window_attention(q, k_win, v_win, cfg.w, scale, chunk)
-            term = gates["win"].unsqueeze(-1) * o_win
-            out = term if out is None else out + term
-        return out
+            terms.append(gates["win"].unsqueeze(-1) * o_win)
+        return sum(terms[1:], terms[0])

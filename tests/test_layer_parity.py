@@ -72,7 +72,7 @@ def test_branch_ops_match_oracle(branches, seq, gqa, shared, n_sel, compressor):
     assert _max_err(got[0], expected[0]) <= TOL, "output"
     assert _max_err(got[1], expected[1]) <= TOL, "dq"
     for branch in kv:
-        for name, g, e in zip(("dk", "dv"), got[2][branch], expected[2][branch]):
+        for name, g, e in zip(("dk", "dv"), got[2][branch], expected[2][branch], strict=True):
             assert (g is None) == (e is None), (branch, name)
             if e is not None:
                 assert _max_err(g, e) <= TOL, (branch, name)
@@ -98,7 +98,7 @@ def test_whole_layer_matches_naive_backend(branches):
     slow(x2).backward(grad)
     assert _max_err(fast(x), slow(x2)) <= TOL
     assert _max_err(x.grad, x2.grad) <= TOL
-    for (name, p), p2 in zip(fast.named_parameters(), slow.parameters()):
+    for (name, p), p2 in zip(fast.named_parameters(), slow.parameters(), strict=True):
         # selection is not differentiable: with "sel" alone phi_k receives no gradient
         assert (p.grad is None) == (p2.grad is None) == (branches == ("sel",)
                                                          and name.startswith("compress_k")), name

@@ -30,7 +30,7 @@ def test_checkpointing_gives_identical_gradients():
     plain.loss(ids).backward()
     ckpt.loss(ids).backward()
     worst = max((p.grad - q.grad).abs().max().item()
-                for p, q in zip(plain.parameters(), ckpt.parameters()))
+                for p, q in zip(plain.parameters(), ckpt.parameters(), strict=True))
     assert worst <= 1e-6
     # every block has its own gradients (a late-bound closure would recompute one block)
     per_block = [b.attn.q_proj.weight.grad for b in ckpt.blocks]

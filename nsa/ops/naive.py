@@ -21,8 +21,14 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
     q [B, S, Hq, D]; k, v [B, N, Hkv, D]; mask [B, S, Hkv, N] (True = query may attend key),
     shared by the G query heads of a kv group. Returns (o [B, S, Hq, D], lse [B, S, Hq]).
-    A query with no allowed key gets o = 0 and lse = -inf (never NaN).
+    A query with no allowed key gets o = 0 and lse = -inf (never NaN). Autocast is
+    switched off: the oracle stays fp32 inside a bf16 region.
     """
+    with torch.autocast(q.device.type, enabled=False):
+        return _masked_attention_fp32(q, k, v, mask, scale)
+
+
+def _masked_attention_fp32(q, k, v, mask, scale):
     batch, seq, n_q_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
     group = n_q_heads // n_kv_heads
@@ -91,7 +97,8 @@ def naive_select(scores: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
     beats = beats & available.unsqueeze(-1)
     rank = beats.sum(dim=-2)  # how many available blocks beat block b
     chosen = available & (rank < cfg.n_sel)
-    index = torch.where(chosen, j.expand_as(chosen), torch.full_like(chosen, n_blocks, dtype=torch.long))
+    index = torch.where(chosen, j.expand_as(chosen),
+                        torch.full_like(chosen, n_blocks, dtype=torch.long))
     index = index.sort(dim=-1).values[..., : cfg.n_sel]
     if index.shape[-1] < cfg.n_sel:
         pad = torch.full((*index.shape[:-1], cfg.n_sel - index.shape[-1]), n_blocks,
@@ -130,8 +137,9 @@ def naive_compressed_probs(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
                            scale: float) -> torch.Tensor:
     """Eq.8: [B, S, Hq, N] softmax over visible compressed tokens; 0 elsewhere."""
     group = q.shape[2] // k_cmp.shape[2]
-    logits = torch.einsum("bshd,bnhd->bshn", q.float(),
-                          k_cmp.float().repeat_interleave(group, dim=2)) * scale
+    with torch.autocast(q.device.type, enabled=False):
+        logits = torch.einsum("bshd,bnhd->bshn", q.float(),
+                              k_cmp.float().repeat_interleave(group, dim=2)) * scale
     visible = compressed_visibility(q.shape[1], cfg, q.device).view(1, q.shape[1], 1, -1)
     logits = logits.masked_fill(~visible, float("-inf"))
     return torch.softmax(logits, dim=-1).nan_to_num(0.0)

@@ -87,20 +87,23 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
     n_cmp = k_cmp.shape[1]
     k_t = k_cmp.float().permute(0, 2, 3, 1)  # [B, Hkv, D, N]
     out = torch.empty(batch, seq, n_kv_heads, cfg.n_sel, dtype=torch.long, device=q.device)
-    for start in range(0, seq, chunk):
-        stop = min(start + chunk, seq)
-        pos = torch.arange(start, stop, device=q.device)
-        n_vis = min(n_cmp, max(0, (stop - 1 - cfg.l) // cfg.d + 1))  # visible to last query
-        scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
-        if n_vis > 0:
-            q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
-                                                   head_dim).transpose(1, 2)
-            logits = (q_tile.flatten(2, 3) @ k_t[..., :n_vis]).mul_(scale)  # [B,Hkv,T*G,N']
-            logits = logits.view(batch, n_kv_heads, stop - start, group, n_vis)
-            visible = torch.arange(n_vis, device=q.device) * cfg.d + cfg.l - 1 <= pos.view(-1, 1)
-            logits = logits.masked_fill(~visible.view(1, 1, -1, 1, n_vis), float("-inf"))
-            probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with none -> 0
-            p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
-            scores = group_block_scores(p_group, n_blocks, cfg)
-        out[:, start:stop] = top_n_blocks(scores, pos, cfg)
+    # scores stay fp32 inside autocast regions: bf16 would change which blocks win
+    with torch.autocast(q.device.type, enabled=False):
+        for start in range(0, seq, chunk):
+            stop = min(start + chunk, seq)
+            pos = torch.arange(start, stop, device=q.device)
+            n_vis = min(n_cmp, max(0, (stop - 1 - cfg.l) // cfg.d + 1))  # visible to last query
+            scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
+            if n_vis > 0:
+                q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
+                                                       head_dim).transpose(1, 2)
+                logits = (q_tile.flatten(2, 3) @ k_t[..., :n_vis]).mul_(scale)  # [B,Hkv,T*G,N']
+                logits = logits.view(batch, n_kv_heads, stop - start, group, n_vis)
+                last_key = torch.arange(n_vis, device=q.device) * cfg.d + cfg.l - 1
+                visible = last_key <= pos.view(-1, 1)
+                logits = logits.masked_fill(~visible.view(1, 1, -1, 1, n_vis), float("-inf"))
+                probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with none -> 0
+                p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
+                scores = group_block_scores(p_group, n_blocks, cfg)
+            out[:, start:stop] = top_n_blocks(scores, pos, cfg)
     return out

@@ -1,0 +1,45 @@
+"""Attention over compressed tokens, memory-bounded (flash-style) torch implementation.
+
+Layout: q [B, S, Hq, D]; k_cmp, v_cmp [B, N, Hkv, D]; query head h reads kv head h // G.
+Compressed token i summarises raw keys [i*stride, i*stride + block_len) and is visible to
+query t iff it is complete: i*stride + block_len - 1 <= t. A query that sees no token
+(t < block_len - 1, or N = 0 when S < block_len) gets o = 0 and lse = -inf, zero gradients.
+
+The log-sum-exp (fp32 [B, S, Hq], in units of scale * q.k) is returned alongside o because
+the selection branch rebuilds the compressed probabilities from it; it is marked
+non-differentiable. Tile [t0, t1) reads only the visible prefix of compressed tokens (bounded
+by its last query). Backward saves only q, k_cmp, v_cmp, o and lse and recomputes the
+probabilities tile by tile; gradients reach q, k_cmp and v_cmp.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from nsa.ops.torch._tiles import DenseBandAttention, check_chunk, check_layout, resolve_scale
+
+__all__ = ["compressed_attention"]
+
+
+def _compressed_band(n_cmp: int, block_len: int, stride: int, t0: int, t1: int,
+                     device: torch.device) -> tuple[int, int, torch.Tensor]:
+    # tokens with i*stride + block_len - 1 <= t1 - 1, i.e. visible to the tile's last query
+    n_visible = 0 if t1 < block_len else min(n_cmp, (t1 - block_len) // stride + 1)
+    t = torch.arange(t0, t1, device=device).unsqueeze(1)
+    last_key = torch.arange(n_visible, device=device).unsqueeze(0) * stride + block_len - 1
+    return 0, n_visible, last_key > t
+
+
+def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,
+                         block_len: int, stride: int, scale: float | None = None,
+                         query_chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, S, Hq, D], lse [B, S, Hq] fp32, non-differentiable); see the module docstring."""
+    check_layout(q, k_cmp, v_cmp)
+    for name, value in (("block_len", block_len), ("stride", stride)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    band = functools.partial(_compressed_band, k_cmp.shape[1], block_len, stride)
+    return DenseBandAttention.apply(q, k_cmp, v_cmp, band, resolve_scale(q.shape[-1], scale),
+                                    check_chunk(query_chunk))

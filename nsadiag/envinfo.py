@@ -1,0 +1,109 @@
+"""The environment a diagnosis runs in: versions, devices, profilers and their permissions.
+
+Every probe degrades to a line that says why a piece is unavailable; nothing raises.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class EnvReport:
+    python: str
+    platform: str
+    cpu_count: int
+    packages: dict[str, str]
+    torch_threads: int | None
+    cuda: str
+    devices: list[str]
+    allocator_conf: str
+    py_spy: str
+    ptrace: str
+    nvml: str
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _py_spy() -> str:
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(exe):
+        return "not found (pip install py-spy)"
+    try:
+        done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"unusable: {err}"
+    return done.stdout.strip() or done.stderr.strip() or "unknown version"
+
+
+def ptrace_permission() -> str:
+    """Whether py-spy may attach to processes of this user (Yama ptrace_scope, root)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = int(f.read().strip())
+    except (OSError, ValueError):
+        scope = None
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if scope is None:
+        return "allowed (no Yama ptrace restriction found)"
+    if scope == 0 or (root and scope < 3):
+        return f"allowed (ptrace_scope={scope}{', root' if root else ''})"
+    if scope == 1:
+        return ("children only (ptrace_scope=1): stacks of watched child processes work; "
+                "to attach elsewhere run as root or set kernel.yama.ptrace_scope=0")
+    return f"refused (ptrace_scope={scope}): py-spy cannot attach; stacks fall back to faulthandler"
+
+
+def _nvml() -> str:
+    try:
+        import pynvml
+    except ImportError:
+        return "not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # NVMLError has many subclasses; any of them means "no driver"
+        return f"not available on this machine: {err}"
+    try:
+        return f"driver {pynvml.nvmlSystemGetDriverVersion()}, {pynvml.nvmlDeviceGetCount()} GPU(s)"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def collect_env() -> EnvReport:
+    """Gather the report; importing torch is the slowest part (about a second)."""
+    packages = {name: _version(name) for name in
+                ("torch", "triton", "numpy", "py-spy", "nvidia-ml-py", "nsa-diag")}
+    notes: list[str] = []
+    try:
+        import torch
+    except ImportError:
+        return EnvReport(sys.version.split()[0], platform.platform(), os.cpu_count() or 0,
+                         packages, None, "torch not installed", [], "", _py_spy(),
+                         ptrace_permission(), _nvml(), ["install torch first"])
+    if torch.cuda.is_available():
+        cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)"
+        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    else:
+        cuda = ("not available on this device (CPU build of torch)" if torch.version.cuda is None
+                else f"not available on this device (torch built for CUDA {torch.version.cuda})")
+        devices = []
+        notes.append("CUDA memory statistics and snapshots are not available on this device")
+    allocator = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") or "default"
+    return EnvReport(sys.version.split()[0], platform.platform(), os.cpu_count() or 0, packages,
+                     torch.get_num_threads(), cuda, devices, allocator, _py_spy(),
+                     ptrace_permission(), _nvml(), notes)

@@ -1,0 +1,32 @@
+import json
+import subprocess
+import sys
+
+from nsadiag.envinfo import collect_env, ptrace_permission
+
+
+def test_env_reports_cpu_build_cleanly():
+    report = collect_env()
+    assert report.packages["torch"] != "not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        assert report.cuda.startswith("not available on this device")
+        assert report.devices == []
+    assert any(word in ptrace_permission() for word in ("allowed", "children only", "refused"))
+
+
+def test_env_command_prints_json_without_traceback():
+    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "env", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["python"] == sys.version.split()[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_unknown_command_exits_2_without_traceback():
+    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "sweep-everything"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr

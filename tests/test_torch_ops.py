@@ -1,0 +1,289 @@
+"""The memory-bounded torch ops against the dense-mask oracle (nsa.ops.naive), fp32 on CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nsa.config import NSAConfig, num_compressed
+from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
+from nsa.ops.torch import (
+    compressed_attention,
+    selected_attention,
+    selected_attention_with_lse,
+    window_attention,
+    window_attention_with_lse,
+)
+
+TOL = 1e-5
+HEAD_DIM = 8
+
+
+def _inputs(batch: int, seq: int, n_q_heads: int, n_kv_heads: int, n_keys: int | None = None,
+            head_dim: int = HEAD_DIM, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Leaf q, k, v requiring grad and a random upstream gradient for o."""
+    gen = torch.Generator().manual_seed(seed)
+    n_keys = seq if n_keys is None else n_keys
+    q = torch.randn(batch, seq, n_q_heads, head_dim, generator=gen).requires_grad_()
+    k = torch.randn(batch, n_keys, n_kv_heads, head_dim, generator=gen).requires_grad_()
+    v = torch.randn(batch, n_keys, n_kv_heads, head_dim, generator=gen).requires_grad_()
+    grad_o = torch.randn(batch, seq, n_q_heads, head_dim, generator=gen)
+    return q, k, v, grad_o
+
+
+def _grads(out: torch.Tensor, grad_o: torch.Tensor, *leaves: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(out, leaves, grad_o))
+
+
+def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], tol: float = TOL) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.shape == w.shape, (i, g.shape, w.shape)
+        assert torch.isfinite(g).all(), i
+        err = (g.float() - w.float()).abs().max().item() if g.numel() else 0.0
+        assert err <= tol, f"tensor {i}: max abs error {err:.3e}"
+
+
+def _random_indices(batch: int, seq: int, n_kv_heads: int, n_sel: int, n_blocks: int,
+                    seed: int = 1) -> torch.Tensor:
+    """Unique blocks per row, including future ones, with -1 padding and all -1 rows."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(batch, seq, n_kv_heads, n_blocks, generator=gen)
+    idx = scores.argsort(dim=-1)[..., :n_sel]
+    pad = torch.rand(idx.shape, generator=gen) < 0.3
+    idx = idx.masked_fill(pad, -1)
+    idx[:, ::7] = -1  # rows with nothing selected
+    rows = idx[:, 1::7]  # a block every query of these rows can at least partly see
+    rows[rows == 0] = -1
+    rows[..., 0] = 0
+    return idx
+
+
+def _selected_reference(q, k, v, idx, block_size):
+    mask = selection_mask(idx, q.shape[1], block_size)
+    return masked_attention(q, k, v, mask)
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_size,n_sel,chunk", [
+    (37, 2, 2, 8, 3, 16),
+    (50, 4, 2, 8, 4, 16),
+    (70, 4, 1, 8, 5, 16),
+    (50, 8, 2, 8, 7, 128),  # one tile larger than S, every block selectable
+    (33, 2, 1, 4, 6, 7),
+])
+@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["segments", "mixed", "dense"])
+def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, chunk,
+                                 dense_factor):
+    batch = 2
+    n_blocks = -(-seq // block_size)
+    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    idx = _random_indices(batch, seq, n_kv_heads, n_sel, n_blocks)
+    o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=chunk,
+                                         dense_factor=dense_factor)
+    o_ref, lse_ref = _selected_reference(q, k, v, idx, block_size)
+    empty = torch.isinf(lse_ref)
+    assert empty.any() and (~empty).any()
+    assert torch.equal(torch.isinf(lse), empty)
+    assert (o.detach()[empty] == 0).all()
+    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["segments", "dense"])
+
+
+@PATHS
+def test_selected_all_padding_gives_zeros(dense_factor):
+    q, k, v, grad_o = _inputs(1, 20, 4, 2)
+    idx = torch.full((1, 20, 2, 3), -1, dtype=torch.long)
+    o = selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=dense_factor)
+    assert (o == 0).all()
+    grads = _grads(o, grad_o, q, k, v)
+    assert all((g == 0).all() for g in grads)
+
+
+@PATHS
+def test_selected_future_blocks_are_masked(dense_factor):
+    seq, block_size = 24, 8
+    q, k, v, grad_o = _inputs(1, seq, 2, 1)
+    # every query selects all blocks: identical to causal attention
+    idx = torch.arange(3).expand(1, seq, 1, 3).contiguous()
+    o = selected_attention(q, k, v, idx, block_size, query_chunk=5, dense_factor=dense_factor)
+    causal = torch.ones(seq, seq).tril().bool().view(1, seq, 1, seq)
+    o_ref, _ = masked_attention(q, k, v, causal)
+    _assert_close([o], [o_ref])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,window,chunk", [
+    (37, 2, 2, 1, 16),
+    (50, 4, 2, 5, 16),
+    (70, 4, 1, 20, 16),
+    (50, 8, 2, 64, 16),  # window larger than S: causal attention
+    (37, 4, 4, 11, 128),  # one tile larger than S
+])
+def test_window_matches_oracle(seq, n_q_heads, n_kv_heads, window, chunk):
+    batch = 2
+    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
+    mask = window_mask(seq, window).view(1, seq, 1, seq).expand(batch, seq, n_kv_heads, seq)
+    o_ref, lse_ref = masked_attention(q, k, v, mask)
+    _assert_close([o, lse], [o_ref, lse_ref])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_len,stride,chunk", [
+    (37, 2, 2, 8, 4, 16),
+    (50, 4, 2, 16, 8, 16),
+    (70, 4, 1, 8, 8, 16),
+    (64, 8, 2, 32, 16, 128),
+    (45, 4, 2, 8, 2, 9),
+    (70, 4, 1, 32, 8, 16),  # the first tile sees no token at all
+])
+def test_compressed_matches_oracle(seq, n_q_heads, n_kv_heads, block_len, stride, chunk):
+    batch = 2
+    cfg = NSAConfig(l=block_len, d=stride)
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
+    o, lse = compressed_attention(q, k, v, block_len, stride, query_chunk=chunk)
+    visible = compressed_visibility(seq, cfg)
+    mask = visible.view(1, seq, 1, n_cmp).expand(batch, seq, n_kv_heads, n_cmp)
+    o_ref, lse_ref = masked_attention(q, k, v, mask)
+    empty = torch.isinf(lse_ref)
+    assert empty.any() and (~empty).any()
+    assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
+    assert not lse.requires_grad
+    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def test_compressed_sequence_shorter_than_block_len():
+    seq, block_len, stride = 10, 16, 8
+    n_cmp = num_compressed(seq, NSAConfig(l=block_len, d=stride))
+    assert n_cmp == 0
+    q, k, v, grad_o = _inputs(2, seq, 4, 2, n_keys=n_cmp)
+    o, lse = compressed_attention(q, k, v, block_len, stride, query_chunk=4)
+    assert (o == 0).all() and torch.isneginf(lse).all()
+    dq, dk, dv = _grads(o, grad_o, q, k, v)
+    assert (dq == 0).all() and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_query_chunk_does_not_change_results():
+    seq, block_size = 64, 8
+    q, k, v, grad_o = _inputs(2, seq, 4, 2, head_dim=16)
+    idx = _random_indices(2, seq, 2, 4, seq // block_size)
+    runs = {
+        "sel-segments": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
+                                                   dense_factor=0.0),
+        "sel-dense": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
+                                                  dense_factor=math.inf),
+        "win": lambda c: window_attention(q, k, v, 12, query_chunk=c),
+        "cmp": lambda c: compressed_attention(q, k[:, :13], v[:, :13], 16, 4, query_chunk=c)[0],
+    }
+    for name, run in runs.items():
+        one, two = run(64), run(32)
+        got = [two, *_grads(two, grad_o, q, k, v)]
+        want = [one, *_grads(one, grad_o, q, k, v)]
+        # dK/dV sum over tiles in a different order, so they agree to 1e-6 relative
+        for g, w in zip(got, want, strict=True):
+            assert (g - w).abs().max().item() <= 1e-6 * max(1.0, w.abs().max().item()), name
+
+
+def _saved_bytes(run) -> int:
+    """Bytes of the tensors autograd saves while `run()` builds its graph."""
+    total = 0
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += x.numel() * x.element_size()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        run()
+    return total
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@PATHS
+def test_selected_saved_memory_is_bounded(dense_factor):
+    batch, seq, n_q_heads, n_kv_heads, block_size = 1, 80, 4, 2, 4
+    q, k, v, _ = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    saved = {}
+    for n_sel in (4, 16):
+        idx = _random_indices(batch, seq, n_kv_heads, n_sel, seq // block_size)
+
+        def run(idx=idx):
+            return selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=16,
+                                               dense_factor=dense_factor)
+        o, lse = run()
+        saved[n_sel] = _saved_bytes(run)
+        assert saved[n_sel] < _nbytes(q, k, v, idx, o, lse) * 1.01
+    index_growth = batch * seq * n_kv_heads * (16 - 4) * 8
+    assert saved[16] - saved[4] == index_growth
+
+
+@pytest.mark.parametrize("branch", ["win", "cmp"])
+def test_dense_band_saved_memory_is_bounded(branch):
+    q, k, v, _ = _inputs(2, 80, 4, 2)
+    if branch == "win":
+        def run():
+            return window_attention_with_lse(q, k, v, 16, query_chunk=16)
+    else:
+        k, v = k[:, :17].detach().requires_grad_(), v[:, :17].detach().requires_grad_()
+
+        def run():
+            return compressed_attention(q, k, v, 16, 4, query_chunk=16)
+    o, lse = run()
+    assert _saved_bytes(run) < _nbytes(q, k, v, o, lse) * 1.01
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs_keep_their_dtype(dtype):
+    q, k, v, grad_o = (t.detach().to(dtype).requires_grad_() for t in _inputs(1, 24, 4, 2))
+    idx = _random_indices(1, 24, 2, 2, 3)
+    outs = [selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=0.0),
+            selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=math.inf),
+            window_attention(q, k, v, 5, query_chunk=8),
+            compressed_attention(q, k[:, :5], v[:, :5], 8, 4, query_chunk=8)[0]]
+    for o in outs:
+        assert o.dtype == dtype and torch.isfinite(o).all()
+        grads = _grads(o, grad_o.to(dtype), q, k, v)
+        assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads)
+
+
+def test_non_contiguous_inputs():
+    """k, v split from one projection (the layer's layout) and a transposed q."""
+    torch.manual_seed(0)
+    batch, seq, n_q_heads, n_kv_heads = 2, 40, 4, 2
+    q = torch.randn(batch, n_q_heads, seq, HEAD_DIM).transpose(1, 2).requires_grad_()
+    kv = torch.randn(batch, seq, 2, n_kv_heads, HEAD_DIM, requires_grad=True)
+    k, v = kv.unbind(2)
+    grad_o = torch.randn(batch, seq, n_q_heads, HEAD_DIM).transpose(1, 2).contiguous()
+    grad_o = grad_o.transpose(1, 2)  # a non-contiguous upstream gradient too
+    idx = _random_indices(batch, seq, n_kv_heads, 3, 5)
+    kc, vc = k[:, :7], v[:, :7]
+    runs = [
+        (lambda a, b, c: selected_attention(a, b, c, idx, 8, query_chunk=16, dense_factor=0.0),
+         selection_mask(idx, seq, 8)),
+        (lambda a, b, c: selected_attention(a, b, c, idx, 8, query_chunk=16,
+                                            dense_factor=math.inf),
+         selection_mask(idx, seq, 8)),
+        (lambda a, b, c: window_attention(a, b, c, 6, query_chunk=16),
+         window_mask(seq, 6).view(1, seq, 1, seq).expand(batch, seq, n_kv_heads, seq)),
+    ]
+    for run, mask in runs:
+        o = run(q, k, v)
+        o_ref, _ = masked_attention(q, k, v, mask)
+        _assert_close([o], [o_ref])
+        _assert_close(_grads(o, grad_o, q, kv), _grads(o_ref, grad_o, q, kv))
+    o, _ = compressed_attention(q, kc, vc, 8, 4, query_chunk=16)
+    cfg = NSAConfig(l=8, d=4)
+    mask = compressed_visibility(seq, cfg)[:, :7].view(1, seq, 1, 7).expand(batch, seq,
+                                                                             n_kv_heads, 7)
+    o_ref, _ = masked_attention(q, kc, vc, mask)
+    _assert_close([o], [o_ref])
+    _assert_close(_grads(o, grad_o, q, kv), _grads(o_ref, grad_o, q, kv))
