@@ -126,3 +126,29 @@ def test_empty_compressed_branch_is_zero_not_nan():
     assert torch.equal(out, torch.zeros_like(out))
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def _saved_bytes(layer, seq):
+    """Bytes the layer's forward leaves saved for backward (parameters excluded)."""
+    params = {p.data_ptr() for p in layer.parameters()}
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        if t.data_ptr() not in params:
+            total += t.numel() * t.element_size()
+        return t
+
+    x = torch.randn(1, seq, layer.cfg.dim, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return total
+
+
+@pytest.mark.parametrize("backend,low,high", [("torch", 1.8, 2.2), ("naive", 3.5, 4.5)])
+def test_saved_for_backward_memory_is_linear_in_s(backend, low, high):
+    """The torch backend keeps O(S*(D + n_sel)) per layer; the O(S^2) oracle is the control."""
+    cfg = tiny_config(backend=backend, n_sel=4, w=32)
+    layer = NSAAttention(cfg)
+    ratio = _saved_bytes(layer, 512) / _saved_bytes(layer, 256)
+    assert low <= ratio <= high, ratio
