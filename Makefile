@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m nsa.train --data text --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 \
-		--seq-len 256 --batch 4 --steps 60 --log-every 10 --out runs/demo-train
+		--seq-len 256 --batch 4 --steps 200 --warmup 20 --lr 2e-3 --log-every 20 --out runs/demo-train
 
 test: $(STAMP)
 	$(PY) -m pytest -q

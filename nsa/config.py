@@ -43,7 +43,7 @@ class NSAConfig:
     compress_hidden: int = 0  # 0 -> l * head_dim // 2
     branches: tuple[str, ...] = BRANCHES
     backend: str = "auto"
-    query_chunk: int = 128  # query tile of the memory-bounded torch backend
+    query_chunk: int = 256  # query tile of the memory-bounded torch backend
     rope_theta: float = 10000.0
     # model
     vocab_size: int = 256

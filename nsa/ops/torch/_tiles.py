@@ -8,7 +8,9 @@ gradients, never NaN.
 
 `DenseBandAttention` is the flash-style autograd Function shared by the sliding-window and
 compressed branches: every query tile reads one contiguous key range [k0, k1) shared by all
-its queries, so the key tile is a slice, never a gather.
+its queries, so the key tile is a slice, never a gather. On the CPU each tile goes through
+aten's fused flash kernel (the one SDPA uses there, with the band as an additive mask):
+about twice as fast as the unfused tile math, which still serves other devices.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import torch
 
 NEG_INF = float("-inf")
 _FP32_MIN = torch.finfo(torch.float32).min
+# aten's fused flash-attention kernel for CPU (what SDPA runs there), called per tile so
+# that our own autograd Function keeps the saved state to q, k, v, o and lse
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 _EXP_FLOOR = -80.0
 
 # band(t0, t1, device) -> (k0, k1, blocked [t1 - t0, k1 - k0] bool), True = hidden
@@ -117,6 +123,45 @@ def _expand_groups(blocked: torch.Tensor, group: int) -> torch.Tensor:
     return blocked.unsqueeze(1).expand(n_rows, group, n_keys).reshape(n_rows * group, n_keys)
 
 
+def _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1):
+    """Layouts of the fused CPU flash kernel: [B, Hq, T, D] with kv heads repeated per group,
+    and the mask as an additive fp32 bias (the kernel's requirement)."""
+    group = q.shape[2] // kh.shape[1]
+    qt = q[:, t0:t1].float().transpose(1, 2)
+    kt = kh[:, :, k0:k1].repeat_interleave(group, dim=1)
+    vt = vh[:, :, k0:k1].repeat_interleave(group, dim=1)
+    bias = torch.zeros(blocked.shape, dtype=torch.float32, device=q.device)
+    return qt, kt, vt, bias.masked_fill_(blocked, NEG_INF)
+
+
+def _fold_groups(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """[B, Hq, N, D] -> [B, Hkv, N, D], summing the heads of each group."""
+    batch, n_q_heads = x.shape[:2]
+    return x.view(batch, n_kv_heads, n_q_heads // n_kv_heads, *x.shape[2:]).sum(2)
+
+
+def fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale):
+    """One tile through aten's CPU flash kernel -> (o [B, T, Hq, D], lse [B, T, Hq]).
+
+    The kernel reports lse = 0 for a row with no visible key; it becomes -inf here."""
+    qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
+    ot, lt = _CPU_FLASH(qt, kt, vt, 0.0, False, attn_mask=bias, scale=scale)
+    lt = lt.masked_fill(blocked.all(-1), NEG_INF)
+    return ot.transpose(1, 2), lt.transpose(1, 2)
+
+
+def fused_cpu_backward(q, kh, vh, blocked, t0, t1, k0, k1, o, lse, do, scale):
+    """Gradients of one tile from aten's CPU flash backward: dq [B, T, Hq, D] and
+    dk, dv [B, Hkv, k1 - k0, D] (group heads summed)."""
+    qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
+    ot, dot = o[:, t0:t1].float().transpose(1, 2), do[:, t0:t1].float().transpose(1, 2)
+    lt = lse[:, t0:t1].transpose(1, 2)
+    lt = torch.where(torch.isinf(lt), 0.0, lt)  # the kernel's convention for empty rows
+    dq, dk, dv = _CPU_FLASH_BACKWARD(dot.contiguous(), qt, kt, vt, ot, lt.contiguous(), 0.0,
+                                     False, attn_mask=bias, scale=scale)
+    return dq.transpose(1, 2), _fold_groups(dk, kh.shape[1]), _fold_groups(dv, kh.shape[1])
+
+
 def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, scale: float,
                   query_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seq, n_q_heads, head_dim = q.shape
@@ -130,6 +175,10 @@ def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band,
         k0, k1, blocked = band(t0, t1, q.device)
         if k1 <= k0:
             continue  # no visible key for the whole tile: o = 0, lse = -inf
+        if q.device.type == "cpu":
+            ot, lt = fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale)
+            o[:, t0:t1], lse[:, t0:t1] = ot, lt
+            continue
         qt = heads_first(q[:, t0:t1], n_kv_heads) * scale  # not in place: may view q
         ot, lt = tile_forward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1],
                               _expand_groups(blocked, group))
@@ -151,12 +200,18 @@ def dense_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         k0, k1, blocked = band(t0, t1, q.device)
         if k1 <= k0:
             continue
-        qt = heads_first(q[:, t0:t1], n_kv_heads) * scale  # not in place: may view q
-        ot, dot = heads_first(o[:, t0:t1], n_kv_heads), heads_first(do[:, t0:t1], n_kv_heads)
-        lt = heads_first(lse[:, t0:t1].unsqueeze(-1), n_kv_heads).squeeze(-1)
-        dqt, dkt, dvt = tile_backward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1],
-                                      _expand_groups(blocked, group), ot, dot, lt, scale)
-        dq[:, t0:t1] = heads_last(dqt, t1 - t0)
+        if q.device.type == "cpu":
+            dqt, dkt, dvt = fused_cpu_backward(q, kh, vh, blocked, t0, t1, k0, k1, o, lse, do,
+                                               scale)
+            dq[:, t0:t1] = dqt
+        else:
+            qt = heads_first(q[:, t0:t1], n_kv_heads) * scale  # not in place: may view q
+            ot = heads_first(o[:, t0:t1], n_kv_heads)
+            dot = heads_first(do[:, t0:t1], n_kv_heads)
+            lt = heads_first(lse[:, t0:t1].unsqueeze(-1), n_kv_heads).squeeze(-1)
+            dqt, dkt, dvt = tile_backward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1],
+                                          _expand_groups(blocked, group), ot, dot, lt, scale)
+            dq[:, t0:t1] = heads_last(dqt, t1 - t0)
         dkh[:, :, k0:k1] += dkt
         dvh[:, :, k0:k1] += dvt
     return dq, _kv_layout(dkh, k.dtype), _kv_layout(dvh, v.dtype)
