@@ -144,6 +144,33 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def target_lines(by: dict) -> list[str]:
+    """The project's CPU targets, each with the measured value and met / missed."""
+    def speedup(seq):
+        dense, nsa = by.get(("dense", seq), {}), by.get(("nsa", seq), {})
+        return dense.get("total_s", math.nan) / nsa.get("total_s", math.nan)
+
+    nsa_rows = sorted((r for r in by.values() if r.get("kind") == "nsa" and "peak_mem_bytes" in r),
+                      key=lambda r: r["seq"])
+    growth = max((b["peak_mem_bytes"] / a["peak_mem_bytes"]
+                  for a, b in zip(nsa_rows, nsa_rows[1:], strict=False)
+                  if b["seq"] == 2 * a["seq"]), default=math.nan)
+    at4k = by.get(("nsa", 4096), {})
+    checks = [
+        ("speed-up >= 2x at 16k", speedup(16384), speedup(16384) >= 2, "x"),
+        ("speed-up >= 4x at 32k", speedup(32768), speedup(32768) >= 4, "x"),
+        ("fwd+bwd < 2 s at 4k", at4k.get("total_s", math.nan),
+         at4k.get("total_s", math.inf) < 2, " s"),
+        ("peak < 2 GiB at 4k", at4k.get("peak_mem_bytes", math.nan) / 2**30,
+         at4k.get("peak_mem_bytes", math.inf) < 2 * 2**30, " GiB"),
+        ("peak growth <= 2.2x per doubling", growth, growth <= 2.2, "x"),
+    ]
+    out = ["| target | measured | |", "|---|---|---|"]
+    for name, value, ok, unit in checks:
+        out.append(f"| {name} | {value:.2f}{unit} | {'met' if ok else 'missed'} |")
+    return out
+
+
 def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -> str:
     lines = [
         "# NSA layer vs dense SDPA: forward + backward",
@@ -181,7 +208,8 @@ def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -
         cells.append(f"{bound:.1f}x")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "FLOP bound: dense causal attention FLOPs / NSA attention FLOPs (the "
-              "speed-up if both ran at the same FLOP rate; projections excluded)."]
+              "speed-up if both ran at the same FLOP rate; projections excluded).", ""]
+    lines += target_lines(by)
     if step:
         lines += ["", "## One training step, 12 layers, hidden 768, 12 heads (4 KV), S=2048, "
                   "gradient checkpointing, AdamW", ""]
@@ -206,6 +234,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--model-step", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_layer_cpu.md")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="re-render the report from a JSON file written by a full run")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "SEQ"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -213,6 +243,10 @@ def main() -> None:
         row = run_model_step(seq, args.device) if kind == "model-step" else \
             run_one(kind, seq, args.repeats, args.device)
         print(json.dumps(row))
+        return
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        print(write_report(saved["rows"], saved["model_step"], args.out, args.device))
         return
     rows = []
     for seq in args.seqs:

@@ -9,6 +9,7 @@ process with W * b rows, and resuming at step k needs nothing but k.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(z & ((1 << 63) - 1))
 
 
-class _ShardedSource:
+class _ShardedSource(ABC):
     """Common part: per-rank slice of a deterministic global batch."""
 
     def __init__(self, seq_len: int, batch: int, seed: int, rank: int, world_size: int):
@@ -55,8 +56,9 @@ class _ShardedSource:
         start = self.rank * self.batch
         return self.global_batch(step)[start:start + self.batch].contiguous()
 
+    @abstractmethod
     def _draw(self, gen: torch.Generator, rows: int) -> torch.Tensor:
-        raise NotImplementedError
+        """int64 [rows, seq_len + 1] drawn from `gen`."""
 
 
 class SyntheticData(_ShardedSource):
