@@ -242,3 +242,35 @@ class DenseBandAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = dense_backward(q, k, v, o, lse, do, ctx.band, ctx.scale, ctx.query_chunk)
         return dq, dk, dv, None, None, None
+
+
+def _causal_blocked(n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """[M, K] True above the diagonal (query i sees keys 0..i)."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu_(1)
+
+
+def attend_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked (or causal) attention of independent problems, fp32.
+
+    q [N, H, M, D], k, v [N, H, K, D] -> (o [N, H, M, D], lse [N, H, M]). On the CPU this is
+    aten's fused flash kernel; elsewhere the tile math above."""
+    if q.device.type == "cpu":
+        return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)
+    blocked = _causal_blocked(q.shape[2], k.shape[2], q.device) if causal else \
+        torch.zeros(1, 1, dtype=torch.bool, device=q.device)
+    return tile_forward(q * scale, k, v, blocked)
+
+
+def attend_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    o: torch.Tensor, lse: torch.Tensor, scale: float,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of `attend_forward` given the softmax statistics (o, lse) to use.
+
+    o and lse may be those of a larger softmax that this problem is one part of: the
+    gradients are then this part's share (the split-KV identity)."""
+    if q.device.type == "cpu":
+        return _CPU_FLASH_BACKWARD(do, q, k, v, o, lse, 0.0, causal, scale=scale)
+    blocked = _causal_blocked(q.shape[2], k.shape[2], q.device) if causal else \
+        torch.zeros(1, 1, dtype=torch.bool, device=q.device)
+    return tile_backward(q * scale, k, v, blocked, o, do, lse, scale)

@@ -1,17 +1,20 @@
-"""Selected attention grouped by key block ("segments"): the long-prefix path of
-`selected_attention` (see selected.py for the contract).
+"""Selected attention as a sum of small dense problems: the fast path of `selected_attention`
+(see selected.py for the contract).
 
-Why segments: gathering n*block_size keys for every query moves S*n*bs*D floats per kv head
-through memory, and the matmuls behind it have only G rows. Here a tile of queries is turned
-into (query, selected block) pairs, the pairs are sorted by block, and each block's pairs are
-cut into segments of `seg` queries. One segment is a dense [seg*G, D] x [D, bs] matmul
-against one key block, so each key block is read once per segment instead of once per query,
-and every matmul has seg*G rows. The softmax spans all pairs of a query: segment-level
-log-sum-exps are merged per query with scatter_reduce(amax) + index_add_.
+The keys a query t sees split into two parts with one softmax over both:
+  local   its own block j = t // bs, causally (keys j*bs .. t), when the block is selected;
+          all blocks at once as one causal problem per (block, kv head): [G, bs] x [bs].
+  earlier the selected blocks j < t // bs, seen whole. The (query, block) pairs of a query
+          tile are sorted by block and cut into segments of `seg` queries; a segment is one
+          unmasked [seg*G, D] x [D, bs] problem against one block, so each block is read once
+          per segment and no mask is ever built. Blocks after t // bs hold only future keys
+          and are dropped.
+Each problem runs through `attend_forward` (aten's fused flash kernel on the CPU) and yields
+its own (o, lse); the parts of a query are merged with log-sum-exp weights. Backward hands
+every problem the query's final o and lse, which makes each problem's gradients exactly its
+share (split-KV), accumulated with index_add_ (deterministic on CPU).
 
-Backward rebuilds the segments per tile from the saved indices and log-sum-exp; dK/dV are
-accumulated per block with index_add_ (deterministic on CPU). The segment count of a tile
-is read on the host once per tile: it sizes the tile's buffers.
+The segment count of a tile is read on the host once per tile: it sizes the tile's buffers.
 """
 
 from __future__ import annotations
@@ -19,30 +22,36 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
-_FLOAT_BUDGET = 1 << 24  # fp32 elements of segment logits per tile (64 MiB)
+from nsa.ops.torch._tiles import attend_backward, attend_forward
+
+_FLOAT_BUDGET = 1 << 24  # fp32 elements of gathered queries per tile (64 MiB)
+_FP32_MIN = torch.finfo(torch.float32).min
+_NO_PART = 1e30  # lse handed to a part that must contribute nothing: exp(s - 1e30) = 0
 
 
-class _Tile:
-    """The (query, block) pairs of the query tile [t0, t1), sorted by block and cut into
-    segments. All index tensors refer to rows of the flattened tile tensors:
-      q rows   [B*T*Hkv, G, D]    (query row r = (b*T + t)*Hkv + h; one extra zero row)
-      key rows [B*Hkv*n_blocks, bs, D] (block key = (b*Hkv + h)*n_blocks + j)
-    seg_row [n_seg, seg]: the query row of each slot (pad -> the zero row),
-    seg_block [n_seg]: the block key of each segment,
-    blocked [n_seg, seg, 1, bs]: True where the slot is padding or the key is after t.
+class _Pairs:
+    """The earlier-block (query, block) pairs of the query tile [t0, t1), cut into segments.
+
+    Index tensors refer to rows of flattened tile tensors:
+      query rows [B*T*Hkv, G, ...]   row r = (b*T + t)*Hkv + h; row n_rows is a zero row
+      key blocks [B*Hkv*n_blocks, bs, D]  block key (b*Hkv + h)*n_blocks + j
+    seg_row [n_seg, seg]: the query row of each slot (padding -> the zero row);
+    seg_block [n_seg]: the block key of each segment.
     """
 
     def __init__(self, indices: torch.Tensor, t0: int, n_blocks: int, block_size: int,
-                 seq: int, seg: int):
+                 seg: int):
         batch, n_tile, n_kv_heads, n_sel = indices.shape
         device = indices.device
         self.n_rows = batch * n_tile * n_kv_heads
-        valid = (indices >= 0) & (indices < n_blocks)
+        t = torch.arange(t0, t0 + n_tile, device=device).view(1, n_tile, 1, 1)
+        earlier = (indices >= 0) & (indices < t // block_size)
         heads = (torch.arange(batch, device=device).view(batch, 1, 1, 1) * n_kv_heads
                  + torch.arange(n_kv_heads, device=device).view(1, 1, n_kv_heads, 1))
         n_keys = batch * n_kv_heads * n_blocks
-        key = torch.where(valid, heads * n_blocks + indices, n_keys).reshape(-1)
+        key = torch.where(earlier, heads * n_blocks + indices, n_keys).reshape(-1)
         row = torch.arange(self.n_rows, device=device).repeat_interleave(n_sel)
         order = torch.argsort(key, stable=True)
         key_sorted, row_sorted = key[order], row[order]
@@ -50,34 +59,33 @@ class _Tile:
         first_of_key = torch.cumsum(counts, 0) - counts
         segs_per_key = (counts[:n_keys] + seg - 1) // seg
         seg_offset = torch.cumsum(segs_per_key, 0) - segs_per_key
-        n_seg = int(segs_per_key.sum())
+        self.n_seg = int(segs_per_key.sum())
         rank = torch.arange(key.numel(), device=device) - first_of_key[key_sorted]
         real = key_sorted < n_keys
         seg_id = torch.where(real, seg_offset[key_sorted.clamp(max=n_keys - 1)] + rank // seg,
-                             n_seg)
-        slot = torch.where(real, rank % seg, 0)
-        seg_row = torch.full((n_seg + 1, seg), self.n_rows, dtype=torch.long, device=device)
-        seg_row[seg_id, slot] = torch.where(real, row_sorted, self.n_rows)
-        self.seg_row = seg_row[:n_seg]
+                             self.n_seg)
+        seg_row = torch.full((self.n_seg + 1, seg), self.n_rows, dtype=torch.long,
+                             device=device)
+        seg_row[seg_id, torch.where(real, rank % seg, 0)] = torch.where(real, row_sorted,
+                                                                        self.n_rows)
+        self.seg_row = seg_row[: self.n_seg]
         self.seg_block = torch.repeat_interleave(
-            torch.arange(n_keys, device=device), segs_per_key, output_size=n_seg)
-        # positions: query t of row r is t0 + (r // Hkv) % T; key c of block j is j*bs + c
-        q_pos = t0 + (self.seg_row // n_kv_heads) % n_tile
-        k_pos = (self.seg_block % n_blocks).unsqueeze(1) * block_size + torch.arange(
-            block_size, device=device)
-        self.blocked = ((k_pos.unsqueeze(1) > q_pos.unsqueeze(2)) | (k_pos.unsqueeze(1) >= seq)
-                        | (self.seg_row == self.n_rows).unsqueeze(2)).unsqueeze(2)
+            torch.arange(n_keys, device=device), segs_per_key, output_size=self.n_seg)
 
-    def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """[n_rows, G, X] -> [n_seg, seg*G, X] (padding slots read a zero row)."""
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n_rows, G, X] -> [n_seg, 1, seg*G, X] (padding slots read zeros)."""
         padded = torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])
-        return padded[self.seg_row].flatten(1, 2)
+        picked = padded.index_select(0, self.seg_row.reshape(-1))  # row copies: fast gather
+        return picked.view(self.n_seg, 1, -1, rows.shape[-1])
 
-    def scatter_rows(self, seg_values: torch.Tensor, group: int) -> torch.Tensor:
-        """[n_seg, seg*G, X] summed into [n_rows, G, X]."""
-        out = seg_values.new_zeros(self.n_rows + 1, group, seg_values.shape[-1])
-        out.index_add_(0, self.seg_row.reshape(-1),
-                       seg_values.reshape(-1, group, seg_values.shape[-1]))
+    def blocks(self, key_blocks: torch.Tensor) -> torch.Tensor:
+        """[B*Hkv*n_blocks, bs, D] -> the block of each segment, [n_seg, 1, bs, D]."""
+        return key_blocks.index_select(0, self.seg_block).unsqueeze(1)
+
+    def scatter_add(self, values: torch.Tensor, group: int) -> torch.Tensor:
+        """[n_seg, 1, seg*G, X] summed per query row -> [n_rows, G, X]."""
+        out = values.new_zeros(self.n_rows + 1, group, values.shape[-1])
+        out.index_add_(0, self.seg_row.reshape(-1), values.reshape(-1, group, values.shape[-1]))
         return out[: self.n_rows]
 
 
@@ -87,28 +95,67 @@ def _rows(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     return x.float().reshape(batch * n_tile * n_kv_heads, n_q_heads // n_kv_heads, *x.shape[3:])
 
 
-def _segment_lse(logits: torch.Tensor, tile: _Tile, group: int) -> torch.Tensor:
-    """Per-query log-sum-exp over all its segments: logits [n_seg, seg*G, bs] -> [n_rows, G]."""
-    part = torch.logsumexp(logits, dim=-1).view(-1, group)  # [n_seg*seg, G]
-    index = tile.seg_row.reshape(-1, 1).expand(-1, group)
-    peak = logits.new_full((tile.n_rows + 1, group), -math.inf)
-    peak.scatter_reduce_(0, index, part, reduce="amax", include_self=True)
-    safe_peak = peak.clamp_min(torch.finfo(torch.float32).min)
-    total = logits.new_zeros(tile.n_rows + 1, group)
-    total.index_add_(0, tile.seg_row.reshape(-1), torch.exp(part - safe_peak.gather(0, index)))
-    return (safe_peak + total.log())[: tile.n_rows]
+def _to_local(x: torch.Tensor, n_kv_heads: int, block_size: int) -> torch.Tensor:
+    """[B, S, Hq, X] -> fp32 [B*Hkv*n_blocks, G, bs, X], zero-padded to whole blocks."""
+    batch, seq, n_q_heads, width = x.shape
+    n_blocks = -(-seq // block_size)
+    x = F.pad(x.float(), (0, 0, 0, 0, 0, n_blocks * block_size - seq))
+    x = x.view(batch, n_blocks, block_size, n_kv_heads, n_q_heads // n_kv_heads, width)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(-1, n_q_heads // n_kv_heads, block_size, width)
 
 
-def _probs_(logits: torch.Tensor, lse_rows: torch.Tensor, tile: _Tile) -> torch.Tensor:
-    """exp(logits - lse) in place; clamping keeps empty rows at exp(-inf) = 0, not NaN."""
-    lse_seg = tile.gather_rows(lse_rows.unsqueeze(-1)).clamp_min(torch.finfo(torch.float32).min)
-    return logits.sub_(lse_seg).exp_()
+def _from_local(x: torch.Tensor, batch: int, seq: int, n_kv_heads: int) -> torch.Tensor:
+    """Inverse of `_to_local`: [B*Hkv*n_blocks, G, bs, X] -> [B, S, Hq, X]."""
+    _, group, block_size, width = x.shape
+    x = x.view(batch, n_kv_heads, -1, group, block_size, width).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(batch, -1, n_kv_heads * group, width)[:, :seq]
 
 
-def _tiles(t_start: int, seq: int, n_q_heads: int, n_sel: int, block_size: int, batch: int):
-    """Query tiles sized so that one tile's segment logits stay near _FLOAT_BUDGET floats;
-    large tiles give each key block many queries, i.e. full segments."""
-    step = max(16, _FLOAT_BUDGET // max(1, batch * n_q_heads * n_sel * block_size))
+def _has_local(indices: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, S, Hkv]: query t selected its own block t // bs."""
+    t = torch.arange(indices.shape[1], device=indices.device).view(1, -1, 1, 1)
+    return (indices == t // block_size).any(-1)
+
+
+def _local_keys(blocks: torch.Tensor, group: int) -> torch.Tensor:
+    return blocks.unsqueeze(1).expand(-1, group, -1, -1).contiguous()
+
+
+def _local_forward(q, k_blocks, v_blocks, indices, block_size, scale):
+    """(o [B,S,Hq,D], lse [B,S,Hq]) of the local parts; lse = -inf where not selected."""
+    batch, seq, n_q_heads, _ = q.shape
+    n_kv_heads = indices.shape[2]
+    group = n_q_heads // n_kv_heads
+    o, lse = attend_forward(_to_local(q, n_kv_heads, block_size), _local_keys(k_blocks, group),
+                            _local_keys(v_blocks, group), scale, causal=True)
+    o = _from_local(o, batch, seq, n_kv_heads)
+    lse = _from_local(lse.unsqueeze(-1), batch, seq, n_kv_heads).squeeze(-1)
+    keep = _has_local(indices, block_size).repeat_interleave(group, dim=2)
+    return o.masked_fill(~keep.unsqueeze(-1), 0.0), lse.masked_fill(~keep, -math.inf)
+
+
+def _merge(o_loc, lse_loc, o_seg, lse_seg, pairs: _Pairs, group: int):
+    """Log-sum-exp merge of each row's local part [n_rows, G, (D)] with its segment parts
+    [n_seg, 1, seg*G, (D)] -> (o [n_rows, G, D], lse [n_rows, G]); no key -> (0, -inf)."""
+    index = pairs.seg_row.reshape(-1)
+    part_lse = lse_seg.reshape(-1, group)
+    lse_ext = torch.cat([lse_loc, lse_loc.new_full((1, group), -math.inf)])
+    o_ext = torch.cat([o_loc, o_loc.new_zeros(1, *o_loc.shape[1:])])
+    peak = lse_ext.scatter_reduce(0, index.unsqueeze(1).expand(-1, group), part_lse, "amax")
+    peak = peak.clamp_min(_FP32_MIN)
+    weight_loc = torch.exp(lse_ext - peak)
+    weight_part = torch.exp(part_lse - peak[index])
+    total = weight_loc.index_add(0, index, weight_part)
+    o = (weight_loc.unsqueeze(-1) * o_ext).index_add_(
+        0, index, weight_part.unsqueeze(-1) * o_seg.reshape(-1, group, o_seg.shape[-1]))
+    o = o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
+    return o[: pairs.n_rows], (peak + total.log())[: pairs.n_rows]
+
+
+def _tiles(t_start: int, seq: int, n_q_heads: int, n_sel: int, head_dim: int, batch: int):
+    """Query tiles sized so one tile's gathered queries stay near _FLOAT_BUDGET floats; large
+    tiles give each block many queries, i.e. full segments."""
+    step = max(16, _FLOAT_BUDGET // max(1, batch * n_q_heads * n_sel * head_dim))
     return [(t0, min(t0 + step, seq)) for t0 in range(t_start, seq, step)]
 
 
@@ -126,16 +173,41 @@ def forward_range(q, k_blocks, v_blocks, indices, t_start, block_size, scale, ou
     group = n_q_heads // n_kv_heads
     n_blocks = -(-seq // block_size)
     seg = _segment_size(group)
-    for t0, t1 in _tiles(t_start, seq, n_q_heads, n_sel, block_size, batch):
-        tile = _Tile(indices[:, t0:t1], t0, n_blocks, block_size, seq, seg)
-        q_seg = tile.gather_rows(_rows(q[:, t0:t1], n_kv_heads))
-        logits = torch.matmul(q_seg, k_blocks[tile.seg_block].transpose(1, 2)).mul_(scale)
-        logits.view(-1, seg, group, block_size).masked_fill_(tile.blocked, -math.inf)
-        lse_rows = _segment_lse(logits, tile, group)
-        probs = _probs_(logits, lse_rows, tile)
-        o_rows = tile.scatter_rows(torch.matmul(probs, v_blocks[tile.seg_block]), group)
+    o_loc, lse_loc = _local_forward(q, k_blocks, v_blocks, indices, block_size, scale)
+    for t0, t1 in _tiles(t_start, seq, n_q_heads, n_sel, head_dim, batch):
+        o_rows, lse_rows = _rows(o_loc[:, t0:t1], n_kv_heads), _rows(lse_loc[:, t0:t1], n_kv_heads)
+        pairs = _Pairs(indices[:, t0:t1], t0, n_blocks, block_size, seg)
+        if pairs.n_seg:
+            o_seg, lse_seg = attend_forward(pairs.gather(_rows(q[:, t0:t1], n_kv_heads)),
+                                            pairs.blocks(k_blocks), pairs.blocks(v_blocks),
+                                            scale, causal=False)
+            o_rows, lse_rows = _merge(o_rows, lse_rows, o_seg, lse_seg, pairs, group)
         out[:, t0:t1] = o_rows.view(batch, t1 - t0, n_q_heads, head_dim).to(out.dtype)
         lse[:, t0:t1] = lse_rows.view(batch, t1 - t0, n_q_heads)
+
+
+def _local_backward(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size, scale,
+                    dk_blocks, dv_blocks) -> torch.Tensor:
+    """Local parts' dq [B, S, Hq, D] (fp32); their dk/dv are added to the block buffers.
+    Queries before t_start and queries without their local block contribute nothing."""
+    batch, seq, n_q_heads, _ = q.shape
+    n_kv_heads = indices.shape[2]
+    group = n_q_heads // n_kv_heads
+    keep = _has_local(indices, block_size).repeat_interleave(group, dim=2)
+    keep[:, :t_start] = False
+    lse_used = torch.where(keep, lse, _NO_PART)
+    lse_local = _to_local(lse_used.unsqueeze(-1), n_kv_heads, block_size).squeeze(-1)
+    lse_local[_to_local(keep.unsqueeze(-1).float(), n_kv_heads, block_size).squeeze(-1) == 0] \
+        = _NO_PART  # padding rows of a partial last block too
+    do_kept = do.float() * keep.unsqueeze(-1)
+    dq, dk, dv = attend_backward(_to_local(do_kept, n_kv_heads, block_size),
+                                 _to_local(q, n_kv_heads, block_size),
+                                 _local_keys(k_blocks, group), _local_keys(v_blocks, group),
+                                 _to_local(o, n_kv_heads, block_size), lse_local.contiguous(),
+                                 scale, causal=True)
+    dk_blocks.add_(dk.sum(1))
+    dv_blocks.add_(dv.sum(1))
+    return _from_local(dq, batch, seq, n_kv_heads)
 
 
 def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size, scale,
@@ -146,20 +218,21 @@ def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_si
     group = n_q_heads // n_kv_heads
     n_blocks = -(-seq // block_size)
     seg = _segment_size(group)
-    for t0, t1 in _tiles(t_start, seq, n_q_heads, n_sel, block_size, batch):
-        tile = _Tile(indices[:, t0:t1], t0, n_blocks, block_size, seq, seg)
-        do_rows = _rows(do[:, t0:t1], n_kv_heads)
-        delta = (do_rows * _rows(o[:, t0:t1], n_kv_heads)).sum(-1)  # [n_rows, G]
-        q_seg = tile.gather_rows(_rows(q[:, t0:t1], n_kv_heads))
-        do_seg = tile.gather_rows(do_rows)
-        k_seg, v_seg = k_blocks[tile.seg_block], v_blocks[tile.seg_block]
-        logits = torch.matmul(q_seg, k_seg.transpose(1, 2)).mul_(scale)
-        logits.view(-1, seg, group, block_size).masked_fill_(tile.blocked, -math.inf)
-        probs = _probs_(logits, _rows(lse[:, t0:t1], n_kv_heads), tile)
-        d_scores = torch.matmul(do_seg, v_seg.transpose(1, 2))
-        d_scores.sub_(tile.gather_rows(delta.unsqueeze(-1))).mul_(probs)
-        dq_rows = tile.scatter_rows(torch.matmul(d_scores, k_seg), group).mul_(scale)
+    dq_loc = _local_backward(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size,
+                             scale, dk_blocks, dv_blocks)
+    for t0, t1 in _tiles(t_start, seq, n_q_heads, n_sel, head_dim, batch):
+        dq_rows = _rows(dq_loc[:, t0:t1], n_kv_heads)
+        pairs = _Pairs(indices[:, t0:t1], t0, n_blocks, block_size, seg)
+        if pairs.n_seg:
+            lse_rows = _rows(lse[:, t0:t1], n_kv_heads)
+            lse_rows = torch.where(torch.isneginf(lse_rows), 0.0, lse_rows)
+            k_seg, v_seg = pairs.blocks(k_blocks), pairs.blocks(v_blocks)
+            dq_seg, dk_seg, dv_seg = attend_backward(
+                pairs.gather(_rows(do[:, t0:t1], n_kv_heads)),
+                pairs.gather(_rows(q[:, t0:t1], n_kv_heads)), k_seg, v_seg,
+                pairs.gather(_rows(o[:, t0:t1], n_kv_heads)),
+                pairs.gather(lse_rows.unsqueeze(-1)).squeeze(-1), scale, causal=False)
+            dq_rows = dq_rows + pairs.scatter_add(dq_seg, group)
+            dk_blocks.index_add_(0, pairs.seg_block, dk_seg.squeeze(1))
+            dv_blocks.index_add_(0, pairs.seg_block, dv_seg.squeeze(1))
         dq[:, t0:t1] = dq_rows.view(batch, t1 - t0, n_q_heads, head_dim).to(dq.dtype)
-        dk_blocks.index_add_(0, tile.seg_block,
-                             torch.matmul(d_scores.transpose(1, 2), q_seg).mul_(scale))
-        dv_blocks.index_add_(0, tile.seg_block, torch.matmul(probs.transpose(1, 2), do_seg))
