@@ -43,7 +43,8 @@ def test_top_n_matches_explicit_ranking_with_ties(n_sel):
     cfg = tiny_config(n_sel=n_sel)
     seq = 100
     n_blocks = num_select_blocks(seq, cfg)
-    scores = torch.randint(0, 3, (2, seq, cfg.n_kv_heads, n_blocks)).float()  # many ties
+    scores = torch.randint(-2, 3, (2, seq, cfg.n_kv_heads, n_blocks)).float()  # many ties
+    scores[0, :, 0, 1] = -0.0  # equal to 0.0
     got = top_n_blocks(scores, torch.arange(seq), cfg)
     assert torch.equal(got, naive.naive_select(scores, cfg))
 

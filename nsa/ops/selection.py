@@ -52,6 +52,18 @@ def group_block_scores(p_group: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> 
     return own + torch.nn.functional.pad(spill[..., :-1], (1, 0))
 
 
+def _rank_keys(scores: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered like (score, -block index): a larger key is a better block.
+
+    The fp32 bits, made monotone for negative values too, fill the high 32 bits and the
+    inverted block index the low ones, so one integer top-k resolves ties to the lower
+    index exactly: no float tie-break, nothing that could differ between recomputes."""
+    bits = (scores.float() + 0.0).contiguous().view(torch.int32)  # + 0.0 folds -0.0 into 0.0
+    monotone = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    index = torch.arange(scores.shape[-1], device=scores.device)
+    return monotone * (1 << 32) + ((1 << 31) - 1 - index)
+
+
 def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
     """Eq.11. scores [B, T, Hkv, n_blocks], query_pos [T] -> [B, T, Hkv, n_sel] int64."""
     n_blocks = scores.shape[-1]
@@ -60,12 +72,11 @@ def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) 
     local = t // cfg.l_sel
     available = j * cfg.l_sel <= t
     forced = available & ((j == 0) | (j == local) | (j == local - 1))
-    key = torch.where(available, scores.float(), float("-inf"))
-    key = torch.where(forced, float("inf"), key)
-    order = torch.sort(key, dim=-1, descending=True, stable=True)
-    top_idx = order.indices[..., : cfg.n_sel]
-    top_ok = order.values[..., : cfg.n_sel] > float("-inf")
-    chosen = torch.where(top_ok, top_idx, n_blocks).sort(dim=-1).values
+    lowest, highest = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+    key = torch.where(available, _rank_keys(scores), lowest)
+    key = torch.where(forced, highest - ((1 << 31) - 1 - j), key)  # forced, lower index first
+    top = key.topk(min(cfg.n_sel, n_blocks), dim=-1)
+    chosen = torch.where(top.values > lowest, top.indices, n_blocks).sort(dim=-1).values
     chosen = torch.where(chosen == n_blocks, -1, chosen)
     if chosen.shape[-1] < cfg.n_sel:
         chosen = torch.nn.functional.pad(chosen, (0, cfg.n_sel - chosen.shape[-1]), value=-1)
