@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from nsa.ops.torch._tiles import attend_backward, attend_forward
 
 _FLOAT_BUDGET = 1 << 24  # fp32 elements of gathered queries per tile (64 MiB)
+_TILES_PER_CALL = 8
 _FP32_MIN = torch.finfo(torch.float32).min
 _NO_PART = 1e30  # lse handed to a part that must contribute nothing: exp(s - 1e30) = 0
 
@@ -153,9 +154,13 @@ def _merge(o_loc, lse_loc, o_seg, lse_seg, pairs: _Pairs, group: int):
 
 
 def _tiles(t_start: int, seq: int, n_q_heads: int, n_sel: int, head_dim: int, batch: int):
-    """Query tiles sized so one tile's gathered queries stay near _FLOAT_BUDGET floats; large
-    tiles give each block many queries, i.e. full segments."""
-    step = max(16, _FLOAT_BUDGET // max(1, batch * n_q_heads * n_sel * head_dim))
+    """Query tiles of S / 8 queries, capped at _FLOAT_BUDGET floats of gathered queries.
+
+    With T = S / 8, each of the S / bs blocks is picked by about T * n * bs / S = n * bs / 8
+    queries of a tile whatever S is, so segments stay full, and temporaries grow in
+    proportion to S until the cap."""
+    cap = _FLOAT_BUDGET // max(1, batch * n_q_heads * n_sel * head_dim)
+    step = max(16, min(cap, -(-seq // _TILES_PER_CALL)))
     return [(t0, min(t0 + step, seq)) for t0 in range(t_start, seq, step)]
 
 
