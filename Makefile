@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check nsa nsadiag tests bench
 
 bench: $(STAMP)
-	$(PY) bench/bench_layer.py
+	$(PY) bench/bench_layer.py --model-step
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
