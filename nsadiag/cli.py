@@ -1,18 +1,35 @@
-"""nsadiag command line: parses options, calls the library, prints. Nothing else."""
+"""nsadiag command line: parses options, calls the library, prints. Nothing else.
+
+Every error a user can cause ends as one line on stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from nsa.train import UsageError, parse_overrides
+from nsadiag.commands.sweep import Callbacks, default_run_dir, isolate_branch, sweep_layers
 from nsadiag.envinfo import collect_env
+from nsadiag.report import render_run
+from nsadiag.runner import TrialRecord
+from nsadiag.spec import TrialSpec
+from nsadiag.sweep import parse_layers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Tell slow from stuck and wrong from fast in NSA training runs.")
 console = Console()
+
+
+def fail(message: str) -> None:
+    print(f"nsadiag: error: {message}", file=sys.stderr)  # one line, never wrapped
+    raise typer.Exit(2)
 
 
 @app.callback()
@@ -35,6 +52,143 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON instead o
             value = "; ".join(value) or "-"
         table.add_row(key, str(value))
     console.print(table)
+
+
+TARGET = typer.Option("nsa", help='"nsa" or "pkg.module:factory".')
+SET = typer.Option(None, "--set", help="key=value override of a config field (repeatable).")
+
+
+def _base_spec(target, overrides, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
+               stall_timeout, budget, memory_cap_mb, seed) -> TrialSpec:
+    if stall_timeout <= 0:
+        fail(f"stall-timeout: must be > 0 seconds, got {stall_timeout:g}")
+    if budget <= 0:
+        fail(f"budget: must be > 0 seconds, got {budget:g}")
+    try:
+        return TrialSpec(target=target, overrides=parse_overrides(overrides or []),
+                         seq_len=seq_len, batch=batch, dtype=dtype, grad_ckpt=grad_ckpt,
+                         device=device, backend=backend, steps=steps, seed=seed,
+                         stall_timeout_s=stall_timeout, budget_s=budget,
+                         memory_cap_bytes=memory_cap_mb * 2**20 if memory_cap_mb else None,
+                         out_dir="unused").validate()
+    except (ValueError, UsageError) as err:
+        fail(str(err))
+
+
+class _Follow:
+    """A rich progress bar over trials, with the heartbeat count of the running one."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress, self.events = progress, 0
+        self.task = progress.add_task("starting", total=total)
+
+    def callbacks(self) -> Callbacks:
+        return Callbacks(on_trial=self.on_trial, on_events=self.on_events,
+                         on_record=self.on_record)
+
+    def on_trial(self, n_layers: int, spec: TrialSpec) -> None:
+        self.events = 0
+        label = f" {','.join(spec.branches)}" if spec.branches else ""
+        self.progress.update(self.task, description=f"{n_layers} layers{label}")
+
+    def on_events(self, events: list[dict]) -> None:
+        self.events += len(events)
+        last = events[-1]
+        where = last.get("module") or last.get("kind")
+        self.progress.update(self.task, description=f"{where} ({self.events} events)")
+
+    def on_record(self, record: TrialRecord) -> None:
+        verdict = record.verdict_name
+        style = "green" if verdict == "OK" else "red"
+        self.progress.console.print(f"{record.spec['n_layers']:>3} layers  "
+                                    f"[{style}]{verdict}[/{style}]  {record.wall_s:.1f} s")
+        self.progress.advance(self.task)
+
+
+def _run(command, *args, total: int):
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+               "{task.total}"), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            follow = _Follow(progress, total)
+            return command(*args, callbacks=follow.callbacks())
+    except ValueError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        print("nsadiag: interrupted: children killed; finished trials are kept in "
+              "trials.jsonl and a rerun resumes", file=sys.stderr)
+        raise typer.Exit(130) from None
+
+
+def _argv() -> list[str]:
+    """The command as a user would type it again."""
+    return ["nsadiag", *sys.argv[1:]]
+
+
+def _print_report(report: Path) -> None:
+    summary = json.loads((report.parent / "summary.json").read_text())
+    console.print(f"[bold]{summary['headline']}[/bold]")
+    console.print(f"report: {report}")
+
+
+@app.command("sweep-layers")
+def sweep_layers_cmd(
+        layers: str = typer.Option("1-12", help='Layer counts: "1-12", "1,2,4", "2-12:2".'),
+        target: str = TARGET, set_: list[str] = SET,
+        seq_len: int = typer.Option(2048, help="Tokens per sequence."),
+        batch: int = typer.Option(1), dtype: str = typer.Option("float32"),
+        grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+        device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+        steps: int = typer.Option(2, help="Training steps per trial."),
+        stall_timeout: float = typer.Option(60.0, help="Seconds without a heartbeat."),
+        budget: float = typer.Option(600.0, help="Seconds per trial."),
+        memory_cap_mb: int = typer.Option(None, help="Address-space cap of each child."),
+        seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory.")):
+    """One watched trial per layer count: verdicts, time and memory fits, report."""
+    try:
+        counts = parse_layers(layers)
+    except ValueError as err:
+        fail(str(err))
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
+                      stall_timeout, budget, memory_cap_mb, seed)
+    run_dir = out or default_run_dir("sweep-layers")
+    _print_report(_run(sweep_layers, base, counts, run_dir, _argv(), total=len(counts)))
+
+
+@app.command("isolate-branch")
+def isolate_branch_cmd(
+        branch: str = typer.Argument(..., help="win, sel or cmp."),
+        layers: str = typer.Option("1-4"), target: str = TARGET, set_: list[str] = SET,
+        seq_len: int = typer.Option(2048), batch: int = typer.Option(1),
+        dtype: str = typer.Option("float32"),
+        grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+        device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+        steps: int = typer.Option(2), stall_timeout: float = typer.Option(60.0),
+        budget: float = typer.Option(600.0), memory_cap_mb: int = typer.Option(None),
+        seed: int = typer.Option(0), out: Path = typer.Option(None)):
+    """The layer sweep with only BRANCH computed, beside all three branches."""
+    try:
+        counts = parse_layers(layers)
+    except ValueError as err:
+        fail(str(err))
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
+                      stall_timeout, budget, memory_cap_mb, seed)
+    run_dir = out or default_run_dir("isolate-branch")
+    _print_report(_run(isolate_branch, base, branch, counts, run_dir, _argv(),
+                       total=2 * len(counts)))
+
+
+@app.command("report")
+def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory."),
+               no_redact: bool = typer.Option(False, "--no-redact",
+                                              help="Keep host names, IPs and user names.")):
+    """Re-render report.md and summary.json of RUN_DIR from its stored trials."""
+    if not run_dir.is_dir():
+        fail(f"run_dir: {run_dir} is not a directory")
+    try:
+        _print_report(render_run(run_dir, no_redact=no_redact))
+    except ValueError as err:
+        fail(str(err))
 
 
 def main() -> None:

@@ -1,0 +1,121 @@
+"""sweep-layers and isolate-branch: layer sweeps in a run directory, then the report.
+
+Both commands check everything a user can get wrong before any trial starts (target,
+factory knobs, layer range, limits, output directory) and raise ValueError with one line;
+nothing is written to the run directory until those checks pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nsa.config import NSAConfig
+from nsadiag.envinfo import collect_env
+from nsadiag.report import render_run
+from nsadiag.runner import TrialRecord
+from nsadiag.spec import BRANCHES, TrialSpec
+from nsadiag.sweep import run_sweep
+from nsadiag.targets import factory_kwargs, load_factory
+
+
+@dataclass
+class Callbacks:
+    """How a front end follows a sweep (all optional)."""
+
+    on_trial: Callable[[int, TrialSpec], None] | None = None
+    on_events: Callable[[list[dict]], None] | None = None
+    on_record: Callable[[TrialRecord], None] | None = None
+
+
+def default_run_dir(command: str) -> Path:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path("runs") / f"{stamp}-{command}"
+
+
+def prepare_run_dir(path: Path) -> Path:
+    """Create the run directory (or reuse it to resume) and prove it is writable."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
+    return path
+
+
+def check_target(spec: TrialSpec) -> None:
+    """Fail fast, in the parent, on a config the child would refuse: a bad NSAConfig
+    field, an unknown target, or a knob its factory does not accept."""
+    if spec.target == "nsa":
+        knobs = {name: getattr(spec, name) for name in ("n_layers", "branches", "backend")
+                 if getattr(spec, name) is not None}
+        NSAConfig().replace(**spec.overrides, **knobs)
+        return
+    factory_kwargs(spec, load_factory(spec.target), torch.device("cpu"))
+
+
+def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    tmp = run_dir / "run.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, run_dir / "run.json")
+
+
+def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    meta = json.loads(path.read_text()) if path.exists() else {}
+    meta.update(command_name=command_name, argv=list(argv),
+                env=collect_env().as_dict())
+    meta.setdefault("labels", {})
+    return meta
+
+
+def _labelled_sweep(base: TrialSpec, layers: Sequence[int], run_dir: Path, label: str,
+                    meta: dict[str, Any], callbacks: Callbacks) -> list[TrialRecord]:
+    def record_label(record: TrialRecord) -> None:
+        meta["labels"][Path(record.trial_dir).name] = label
+        _write_meta(run_dir, meta)
+        if callbacks.on_record:
+            callbacks.on_record(record)
+
+    return run_sweep(base, layers, run_dir, label=label, on_trial=callbacks.on_trial,
+                     on_events=callbacks.on_events, on_record=record_label)
+
+
+def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Sequence[str],
+                 callbacks: Callbacks | None = None) -> Path:
+    """One trial per layer count until the first non-OK; returns the report path."""
+    check_target(base.replace(n_layers=max(layers)))
+    prepare_run_dir(run_dir)
+    meta = _meta(run_dir, "sweep-layers", argv)
+    _write_meta(run_dir, meta)
+    (run_dir / "spec.json").write_text(base.to_json())
+    _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks())
+    return render_run(run_dir)
+
+
+def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir: Path,
+                   argv: Sequence[str], callbacks: Callbacks | None = None) -> Path:
+    """The sweep with all branches, then with only `branch` computed; returns the report."""
+    if branch not in BRANCHES:
+        raise ValueError(f"branch: must be one of {', '.join(BRANCHES)}, got {branch!r}")
+    only = base.replace(branches=(branch,))
+    check_target(only.replace(n_layers=max(layers)))
+    prepare_run_dir(run_dir)
+    meta = _meta(run_dir, "isolate-branch", argv)
+    meta["branch"] = branch
+    _write_meta(run_dir, meta)
+    (run_dir / "spec.json").write_text(base.to_json())
+    callbacks = callbacks or Callbacks()
+    _labelled_sweep(base.replace(branches=None), layers, run_dir, "all branches", meta,
+                    callbacks)
+    _labelled_sweep(only, layers, run_dir, f"{branch} only", meta, callbacks)
+    return render_run(run_dir)

@@ -1,0 +1,261 @@
+"""Typed evidence the runner collects about one trial, and its JSON form.
+
+Every class round-trips through JSON: ``X.from_dict(json.loads(json.dumps(x.to_dict()))) == x``.
+Missing optional keys read back as their defaults, so older records stay readable.
+
+Stack frames are stored innermost first, the order py-spy prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePath
+from typing import Any
+
+
+@dataclass
+class ProcessOutcome:
+    """How the child process ended.
+
+    ``exit_code`` is the process exit status, None when a signal ended it; ``signal`` and
+    ``signal_name`` (e.g. 9, "SIGKILL") name that signal. ``killed_by_runner`` says the
+    runner sent it, ``kill_reason`` why: "stall" (no heartbeat for the stall timeout) or
+    "budget" (the time budget ran out). ``memory_cap_bytes`` is the cap the runner set, if
+    any; ``oom_killer`` is True when the kernel reports an OOM kill of this process (cgroup
+    ``memory.events`` or the kernel log). ``ended_at`` is the unix time the process ended
+    or was killed, used to tell whether heartbeats were still arriving at that moment.
+    """
+
+    exit_code: int | None
+    signal: int | None = None
+    signal_name: str | None = None
+    killed_by_runner: bool = False
+    kill_reason: str | None = None
+    wall_s: float = 0.0
+    memory_cap_bytes: int | None = None
+    oom_killer: bool = False
+    ended_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessOutcome:
+        return cls(
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            signal_name=data.get("signal_name"),
+            killed_by_runner=bool(data.get("killed_by_runner", False)),
+            kill_reason=data.get("kill_reason"),
+            wall_s=float(data.get("wall_s", 0.0)),
+            memory_cap_bytes=data.get("memory_cap_bytes"),
+            oom_killer=bool(data.get("oom_killer", False)),
+            ended_at=data.get("ended_at"),
+        )
+
+
+@dataclass
+class StackFrame:
+    """One frame: a Python function, or a native symbol when ``is_native`` is True.
+
+    ``code`` is the source line of a Python frame when it could be read at capture time
+    (py-spy does not report it), e.g. ``"lock.acquire()"``; native frames have none.
+    """
+
+    function: str
+    file: str
+    line: int
+    is_native: bool = False
+    code: str | None = None
+
+    def where(self) -> str:
+        """``function (file-name:line)``, the form reasons quote."""
+        name = PurePath(self.file).name if self.file else "?"
+        return f"{self.function} ({name}:{self.line})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StackFrame:
+        return cls(
+            function=str(data["function"]),
+            file=str(data.get("file", "")),
+            line=int(data.get("line", 0)),
+            is_native=bool(data.get("is_native", False)),
+            code=data.get("code"),
+        )
+
+
+@dataclass
+class ThreadStack:
+    """One thread of a sample. ``active`` and ``owns_gil`` are py-spy's own flags:
+    ``active`` is False when py-spy judged the thread idle (blocked in a wait or sleep)."""
+
+    thread_id: int
+    name: str | None
+    frames: list[StackFrame]
+    os_thread_id: int | None = None
+    active: bool = True
+    owns_gil: bool = False
+
+    def python_frames(self) -> list[StackFrame]:
+        """The Python frames, innermost first."""
+        return [frame for frame in self.frames if not frame.is_native]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "name": self.name,
+            "os_thread_id": self.os_thread_id,
+            "active": self.active,
+            "owns_gil": self.owns_gil,
+            "frames": [frame.to_dict() for frame in self.frames],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThreadStack:
+        return cls(
+            thread_id=int(data["thread_id"]),
+            name=data.get("name"),
+            frames=[StackFrame.from_dict(frame) for frame in data.get("frames", [])],
+            os_thread_id=data.get("os_thread_id"),
+            active=bool(data.get("active", True)),
+            owns_gil=bool(data.get("owns_gil", False)),
+        )
+
+
+@dataclass
+class StackSample:
+    """The stacks of every Python thread of process ``pid`` at unix time ``t``.
+
+    ``cpu_seconds`` is the process CPU time (user + system, all threads) read just before
+    the sample, None when unreadable. ``native`` says native frames were requested and
+    collected; ``note`` says why not when they were requested and py-spy fell back.
+    """
+
+    t: float
+    pid: int
+    threads: list[ThreadStack]
+    cpu_seconds: float | None = None
+    native: bool = False
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "t": self.t,
+            "pid": self.pid,
+            "threads": [thread.to_dict() for thread in self.threads],
+            "cpu_seconds": self.cpu_seconds,
+            "native": self.native,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StackSample:
+        return cls(
+            t=float(data["t"]),
+            pid=int(data["pid"]),
+            threads=[ThreadStack.from_dict(thread) for thread in data.get("threads", [])],
+            cpu_seconds=data.get("cpu_seconds"),
+            native=bool(data.get("native", False)),
+            note=data.get("note"),
+        )
+
+
+@dataclass
+class StallEvidence:
+    """What the runner saw when heartbeats stopped.
+
+    ``since_last_event_s`` is the time from the last heartbeat to detection;
+    ``cpu_delta_s`` the process CPU seconds spent over the watch window of ``window_s``
+    seconds that ended at detection (None when /proc was unreadable), so
+    ``cpu_delta_s / window_s`` is the CPU fraction (above 1 with several busy threads).
+    ``samples`` are stack samples spaced apart; ``unavailable`` lists evidence that could
+    not be collected, each with why, e.g. "py-spy: ptrace refused".
+    """
+
+    since_last_event_s: float
+    window_s: float
+    cpu_delta_s: float | None
+    samples: list[StackSample] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+
+    def cpu_fraction(self) -> float | None:
+        """CPU seconds per wall second over the window, None when unknown."""
+        if self.cpu_delta_s is None or self.window_s <= 0:
+            return None
+        return self.cpu_delta_s / self.window_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "since_last_event_s": self.since_last_event_s,
+            "window_s": self.window_s,
+            "cpu_delta_s": self.cpu_delta_s,
+            "samples": [sample.to_dict() for sample in self.samples],
+            "unavailable": list(self.unavailable),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StallEvidence:
+        return cls(
+            since_last_event_s=float(data["since_last_event_s"]),
+            window_s=float(data.get("window_s", data["since_last_event_s"])),
+            cpu_delta_s=data.get("cpu_delta_s"),
+            samples=[StackSample.from_dict(sample) for sample in data.get("samples", [])],
+            unavailable=[str(item) for item in data.get("unavailable", [])],
+        )
+
+
+@dataclass
+class Evidence:
+    """Everything known about one finished trial.
+
+    ``spec`` is a summary of the trial spec. ``events`` are the last heartbeat events
+    (dicts in the heartbeat format, oldest first); ``event_counts`` counts every event of
+    the heartbeat file by kind ("start", "module", "step", "end"). ``result`` is the
+    child's result dict, None when it never wrote one. ``stall`` is what the runner's stall
+    watch collected: at a stall kill, or just before a budget kill (its samples then give a
+    slow run's hot frame); None when nothing was. ``expected_events_per_step`` is the
+    number of module events one full step emitted, measured on step 0 when it completed,
+    else None. ``stall_timeout_s`` is the runner's stall timeout: a run with a
+    heartbeat within that long of its end was still progressing.
+    """
+
+    spec: dict[str, Any]
+    events: list[dict[str, Any]]
+    event_counts: dict[str, int]
+    result: dict[str, Any] | None
+    outcome: ProcessOutcome
+    stall: StallEvidence | None
+    expected_events_per_step: int | None
+    total_steps: int
+    stall_timeout_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "events": self.events,
+            "event_counts": self.event_counts,
+            "result": self.result,
+            "outcome": self.outcome.to_dict(),
+            "stall": self.stall.to_dict() if self.stall else None,
+            "expected_events_per_step": self.expected_events_per_step,
+            "total_steps": self.total_steps,
+            "stall_timeout_s": self.stall_timeout_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evidence:
+        stall = data.get("stall")
+        return cls(
+            spec=dict(data.get("spec", {})),
+            events=list(data.get("events", [])),
+            event_counts={str(k): int(v) for k, v in data.get("event_counts", {}).items()},
+            result=data.get("result"),
+            outcome=ProcessOutcome.from_dict(data["outcome"]),
+            stall=StallEvidence.from_dict(stall) if stall else None,
+            expected_events_per_step=data.get("expected_events_per_step"),
+            total_steps=int(data.get("total_steps", 0)),
+            stall_timeout_s=data.get("stall_timeout_s"),
+        )

@@ -1,0 +1,166 @@
+"""Heartbeat events: JSON lines, one per event, flushed as written, so a watching parent sees
+progress *inside* a step (which block, which branch, forward or backward).
+
+Every line has, in this order:
+    t              unix time (float seconds)
+    seq            0, 1, 2, ... (+1 per event of this file)
+    kind           "start" | "module" | "step" | "end"
+    phase          "build" | "forward" | "backward" | "optimizer"
+    step           0-based step index
+    module, edge   module events only: dotted module name, "enter" | "exit"
+    rss            resident bytes of this process (/proc/self/statm)
+    cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
+    cuda_reserved  torch.cuda.memory_reserved(), null likewise
+"start" marks the beginning of a phase: "build" once, then "forward", "backward",
+"optimizer" of every step. "step" (phase "optimizer") closes a finished step and carries
+step_s, forward_s, backward_s. "end" carries status ("ok" | "error").
+
+For module events, phase is the pass the hook belongs to: forward hooks write "forward",
+backward hooks write "backward". Forward events inside a step's backward phase are
+gradient-checkpoint recomputation; their forward exit may be missing, because
+non-reentrant checkpointing stops the recompute as soon as the saved tensors are rebuilt.
+
+Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
+This module does not import torch itself, so a trial can write its first "start" event
+before the seconds-long torch import (the parent sees the child alive and building).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nsadiag.targets import BranchProbe, Target
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class HeartbeatWriter:
+    """Writes flushed JSONL events to `path` (truncated on open). Thread-safe: CUDA
+    backward hooks run on autograd's worker thread."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
+        self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.phase = "build"
+        self.step = 0
+        self.module_events = 0
+
+    def start(self, phase: str, step: int = 0) -> None:
+        """Enter `phase` of `step` and write a "start" event."""
+        self.phase, self.step = phase, step
+        self._write("start", phase)
+
+    def module(self, name: str, phase: str, edge: str) -> None:
+        """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
+        self._write("module", phase, module=name, edge=edge)
+
+    def step_done(self, step_s: float, forward_s: float, backward_s: float) -> None:
+        """Step `self.step` finished (after the optimizer)."""
+        self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
+                    backward_s=backward_s)
+
+    def end(self, status: str) -> None:
+        """The trial is over; status "ok" or "error"."""
+        self._write("end", self.phase, status=status)
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            os.close(self._statm)
+
+    def _write(self, kind: str, phase: str, **extra: Any) -> None:
+        event: dict[str, Any] = {"t": 0.0, "seq": 0, "kind": kind, "phase": phase,
+                                 "step": self.step}
+        if "module" in extra:
+            event["module"] = extra.pop("module")
+            event["edge"] = extra.pop("edge")
+        event["rss"] = self._rss()
+        event["cuda_alloc"], event["cuda_reserved"] = _cuda_memory()
+        event.update(extra)
+        with self._lock:
+            event["t"], event["seq"] = time.time(), self._seq
+            self._seq += 1
+            if kind == "module":
+                self.module_events += 1
+            self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+            self._file.flush()
+
+    def _rss(self) -> int:
+        fields = os.pread(self._statm, 128, 0).split()
+        return int(fields[1]) * _PAGE
+
+
+def loaded_torch() -> Any:
+    """The torch module if something has imported it already, else None."""
+    return sys.modules.get("torch")
+
+
+def _cuda_memory() -> tuple[int | None, int | None]:
+    torch = loaded_torch()
+    if torch is None or not torch.cuda.is_initialized():
+        return None, None
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+
+class Watch:
+    """Hooks installed by `watch`; use as a context manager or call `remove()`."""
+
+    def __init__(self, handles: list[Any], probe: BranchProbe | None):
+        self._handles = handles
+        self._probe = probe
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def watch(target: Target, writer: HeartbeatWriter) -> Watch:
+    """Emit module events for every block (forward pre/post, full backward pre/post hooks)
+    and for every NSA branch (see nsadiag.targets.BranchProbe)."""
+    from nsadiag.targets import instrument_branches
+
+    handles = []
+    for name, block in target.blocks:
+        handles += _hook_block(name, block, writer)
+    return Watch(handles, instrument_branches(target, writer.module))
+
+
+def _hook_block(name: str, block: nn.Module, writer: HeartbeatWriter) -> list[Any]:
+    def forward_enter(module: nn.Module, args: Any) -> None:
+        writer.module(name, "forward", "enter")
+
+    def forward_exit(module: nn.Module, args: Any, output: Any) -> None:
+        writer.module(name, "forward", "exit")
+
+    def backward_enter(module: nn.Module, grad_output: Any) -> None:
+        writer.module(name, "backward", "enter")
+
+    def backward_exit(module: nn.Module, grad_input: Any, grad_output: Any) -> None:
+        writer.module(name, "backward", "exit")
+
+    return [block.register_forward_pre_hook(forward_enter),
+            block.register_forward_hook(forward_exit),
+            block.register_full_backward_pre_hook(backward_enter),
+            block.register_full_backward_hook(backward_exit)]

@@ -1,0 +1,373 @@
+"""Stacks of a live process through py-spy, its CPU time from /proc, and what they show.
+
+``capture`` never raises: when a sample cannot be had it returns one line saying why
+(py-spy missing, ptrace refused, process gone, timeout). The analysis helpers at the end
+(``collective_frame``, ``wait_frame``, ``stacks_change``, ``classify``) are pure.
+
+py-spy facts this module relies on (py-spy 0.4): ``dump --json`` prints a list of Python
+threads, each with ``frames`` innermost first; a native frame has ``module`` set to its
+shared object, a Python frame has ``module: null``; unresolved native symbols are printed
+as hex addresses; ``--native`` cannot be combined with ``--nonblocking``, so a native dump
+briefly pauses the process.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nsadiag.evidence import StackFrame, StackSample, ThreadStack
+
+IDLE_CPU_FRACTION = 0.1
+"""Below this many CPU seconds per wall second a process is idle (waiting)."""
+
+COLLECTIVE_FUNCTIONS = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "_all_gather_base", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "gather_object",
+    "scatter_object_list",
+})
+"""Python functions that are collectives wherever they are defined."""
+
+C10D_FILE = "distributed/distributed_c10d.py"
+"""Every function of torch.distributed's collective API lives in this file."""
+
+NATIVE_COLLECTIVE_MARKERS = ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI",
+                             "c10d::", "gloo::", "nccl")
+"""Substrings of native symbols inside a process group or its transport."""
+
+BACKGROUND_LOOP_MARKERS = ("runLoop", "workerLoop", "Watchdog", "watchdog", "heartbeatMonitor")
+"""Native symbols of process-group helper threads that idle in waits all the time."""
+
+WAIT_FUNCTION = re.compile(r"acquire|wait|futex|mutex|sem_|(?:^|[^a-z])lock(?:[^a-z]|$)",
+                           re.IGNORECASE)
+"""Function names of lock and condition waits, Python or native (not ``block``/``clock``)."""
+
+WAIT_CODE = re.compile(r"\.(?:acquire|wait|join)\(|^with\b.*lock\w*\s*:", re.IGNORECASE)
+"""Source lines that block on a lock: ``lock.acquire()``, ``cond.wait()``, ``with lock:``."""
+
+INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
+"""Shared objects of the CPython interpreter itself."""
+
+
+def py_spy_path() -> Path | None:
+    """The py-spy next to the running interpreter (a venv's bin), else the one on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.exists():
+        return beside
+    found = shutil.which("py-spy")
+    return Path(found) if found else None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat from field 3 (state) on; None when the process is gone.
+
+    The command name (field 2) may hold spaces and parentheses, so split after its last ')'.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid``, all its threads, None when it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _source_line(file: str, line: int) -> str | None:
+    """The stripped source line, None when the file cannot be read here."""
+    text = linecache.getline(file, line).strip() if line > 0 else ""
+    return text or None
+
+
+def _frame(raw: dict[str, Any]) -> StackFrame:
+    """One py-spy frame; native frames are the ones with a shared-object ``module``."""
+    is_native = raw.get("module") is not None
+    file = str(raw.get("filename") or "")
+    line = int(raw.get("line") or 0)
+    code = None if is_native else _source_line(file, line)
+    return StackFrame(function=str(raw.get("name", "?")), file=file, line=line,
+                      is_native=is_native, code=code)
+
+
+def _thread(raw: dict[str, Any]) -> ThreadStack:
+    return ThreadStack(
+        thread_id=int(raw.get("thread_id", 0)),
+        name=raw.get("thread_name"),
+        frames=[_frame(frame) for frame in raw.get("frames", [])],
+        os_thread_id=raw.get("os_thread_id"),
+        active=bool(raw.get("active", True)),
+        owns_gil=bool(raw.get("owns_gil", False)),
+    )
+
+
+def parse_py_spy_json(text: str, pid: int, cpu_seconds: float | None, *,
+                      t: float | None = None) -> StackSample:
+    """A StackSample from the output of ``py-spy dump --json --pid PID [--native]``.
+
+    ``t`` is the sample time (now when omitted); ``native`` is True when any frame is
+    native. Raises ValueError when ``text`` is not py-spy's JSON list of threads.
+    """
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"py-spy JSON: expected a list of threads, got {type(data).__name__}")
+    threads = [_thread(raw) for raw in data]
+    native = any(frame.is_native for thread in threads for frame in thread.frames)
+    return StackSample(t=time.time() if t is None else t, pid=pid, threads=threads,
+                       cpu_seconds=cpu_seconds, native=native)
+
+
+@dataclass
+class _Dump:
+    """One py-spy run: ``kind`` is "ok" (``text`` is its JSON) or why not, "gone",
+    "refused", "timeout" or "failed" (``text`` is then the one-line reason)."""
+
+    kind: str
+    text: str
+
+
+def _failure(pid: int, returncode: int, stderr: str) -> _Dump:
+    """Why py-spy exited with ``returncode``: the process went away, ptrace was refused,
+    or something else (py-spy's last line of stderr)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else "no message"
+    if not _alive(pid):
+        return _Dump("gone", f"py-spy: process {pid} is gone")
+    lowered = stderr.lower()
+    if "permission denied" in lowered or "not permitted" in lowered or "ptrace" in lowered:
+        return _Dump("refused", f"py-spy: ptrace refused for pid {pid} ({last})")
+    return _Dump("failed", f"py-spy: failed with exit {returncode} ({last})")
+
+
+def _dump(exe: Path, pid: int, flags: list[str], timeout_s: float) -> _Dump:
+    """Run ``py-spy dump --json`` once under a hard timeout (py-spy is killed at it)."""
+    command = [str(exe), "dump", "--json", "--pid", str(pid), *flags]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return _Dump("timeout", f"py-spy: timed out after {timeout_s:g} s on pid {pid}")
+    except OSError as err:
+        return _Dump("failed", f"py-spy: cannot run {exe} ({err})")
+    if done.returncode != 0:
+        return _failure(pid, done.returncode, done.stderr)
+    return _Dump("ok", done.stdout)
+
+
+def _parsed(dump: _Dump, pid: int, cpu_seconds: float | None, t: float) -> StackSample | str:
+    if dump.kind != "ok":
+        return dump.text
+    try:
+        return parse_py_spy_json(dump.text, pid, cpu_seconds, t=t)
+    except (ValueError, TypeError, KeyError) as err:
+        return f"py-spy: unreadable output ({err})"
+
+
+def capture(pid: int, native: bool = False, timeout_s: float = 10.0) -> StackSample | str:
+    """One stack sample of ``pid`` by py-spy, or a one-line reason why there is none.
+
+    Without ``native`` the dump is ``--nonblocking`` (the process is not paused). With
+    ``native`` it is ``--native``, which py-spy only does while pausing the process; if
+    that fails while the process is alive and traceable, a nonblocking Python-only dump
+    follows and the sample's ``note`` says why native frames are missing. ``timeout_s``
+    bounds all py-spy runs together. Never raises.
+    """
+    exe = py_spy_path()
+    if exe is None:
+        return "py-spy: not found beside the interpreter or on PATH"
+    if not _alive(pid):
+        return f"py-spy: process {pid} is gone"
+    deadline = time.monotonic() + timeout_s
+    cpu_seconds, t = process_cpu_seconds(pid), time.time()
+    if not native:
+        return _parsed(_dump(exe, pid, ["--nonblocking"], timeout_s), pid, cpu_seconds, t)
+    first = _dump(exe, pid, ["--native"], timeout_s)
+    if first.kind != "failed":
+        return _parsed(first, pid, cpu_seconds, t)
+    left = max(0.5, deadline - time.monotonic())
+    sample = _parsed(_dump(exe, pid, ["--nonblocking"], left), pid, cpu_seconds, t)
+    if isinstance(sample, StackSample):
+        sample.note = f"native frames unavailable: {first.text}"
+    return sample
+
+
+# ---- pure analysis of samples ------------------------------------------------------------
+
+
+def _is_collective(frame: StackFrame) -> bool:
+    if frame.is_native:
+        return any(marker in frame.function for marker in NATIVE_COLLECTIVE_MARKERS)
+    return frame.function in COLLECTIVE_FUNCTIONS or frame.file.endswith(C10D_FILE)
+
+
+def _is_background_loop(thread: ThreadStack) -> bool:
+    return any(marker in frame.function for frame in thread.frames
+               for marker in BACKGROUND_LOOP_MARKERS)
+
+
+def collective_frame(thread: ThreadStack) -> StackFrame | None:
+    """The collective this thread is inside, None when it is in none.
+
+    Prefers a frame named like a collective API (``all_reduce``) over any other frame of
+    torch.distributed or of a process group; helper threads of a process group (their
+    run loops wait all the time) are never in a collective.
+    """
+    if _is_background_loop(thread):
+        return None
+    matches = [frame for frame in thread.frames if _is_collective(frame)]
+    named = [frame for frame in matches if frame.function in COLLECTIVE_FUNCTIONS]
+    return (named or matches or [None])[0]
+
+
+def find_collective(samples: Sequence[StackSample]
+                    ) -> tuple[ThreadStack, StackFrame, int] | None:
+    """A thread stuck in a collective: (the thread in the last sample, its collective frame,
+    the number of samples with a thread in a collective), or None.
+
+    Stuck means in a collective in the last sample and in at least half of the samples: a
+    process that passes through collectives while doing other work is not waiting in one.
+    """
+    if not samples:
+        return None
+    hits = [[(thread, frame) for thread in sample.threads
+             if (frame := collective_frame(thread)) is not None] for sample in samples]
+    count = sum(1 for found in hits if found)
+    if not hits[-1] or 2 * count < len(samples):
+        return None
+    thread, frame = hits[-1][0]
+    return thread, frame, count
+
+
+def _is_wait(frame: StackFrame) -> bool:
+    return bool(WAIT_FUNCTION.search(frame.function))
+
+
+def wait_frame(thread: ThreadStack) -> StackFrame | None:
+    """The frame this thread waits in on a lock or condition, None when it is not waiting.
+
+    The innermost Python frame that is a wait (``acquire``, ``wait``) or whose source line
+    blocks (``lock.acquire()``, ``with lock:``) wins; otherwise the innermost native wait
+    (``futex``, ``pthread_cond_wait``, ``PyThread_acquire_lock_timed``).
+    """
+    python = thread.python_frames()
+    for frame in python:
+        if _is_wait(frame) or (frame.code and WAIT_CODE.search(frame.code)):
+            return frame
+    native = [frame for frame in thread.frames if frame.is_native and _is_wait(frame)]
+    return native[0] if native else None
+
+
+def _innermost_python_index(thread: ThreadStack) -> int | None:
+    for index, frame in enumerate(thread.frames):
+        if not frame.is_native:
+            return index
+    return None
+
+
+def innermost_python(thread: ThreadStack) -> tuple[StackFrame | None, bool]:
+    """The innermost Python frame of a thread and whether native frames sit below it."""
+    index = _innermost_python_index(thread)
+    if index is None:
+        return None, bool(thread.frames)
+    return thread.frames[index], index > 0
+
+
+def busy_threads(sample: StackSample) -> list[ThreadStack]:
+    """Threads py-spy saw running, or all of them when it saw none running."""
+    active = [thread for thread in sample.threads if thread.active]
+    return active or list(sample.threads)
+
+
+def _signature(sample: StackSample, python_only: bool) -> tuple:
+    """Every thread's frames as comparable keys, independent of thread order."""
+    per_thread = []
+    for thread in sample.threads:
+        frames = thread.python_frames() if python_only else thread.frames
+        keys = tuple((frame.function, frame.file, frame.line) for frame in frames)
+        per_thread.append((thread.thread_id, keys))
+    return tuple(sorted(per_thread))
+
+
+def stacks_change(samples: Sequence[StackSample], python_only: bool = False) -> bool:
+    """True when any two samples differ in any thread's frames (function, file, line)."""
+    signatures = {_signature(sample, python_only) for sample in samples}
+    return len(signatures) > 1
+
+
+def cpu_fraction(samples: Sequence[StackSample]) -> float | None:
+    """CPU seconds per wall second between the first and last sample with a CPU reading."""
+    timed = [sample for sample in samples if sample.cpu_seconds is not None]
+    if len(timed) < 2 or timed[-1].t <= timed[0].t:
+        return None
+    return (timed[-1].cpu_seconds - timed[0].cpu_seconds) / (timed[-1].t - timed[0].t)
+
+
+def _time_in_the_interpreter(samples: Sequence[StackSample]) -> bool | None:
+    """Whether native samples show the running threads executing Python itself, None when
+    no sample has native frames.
+
+    py-spy replaces CPython's evaluation frames by the Python frames they run, so a thread
+    executing Python has no native frame (or only CPython's own) under its innermost
+    Python frame, while one inside a native op has that op's library there.
+    """
+    verdicts = []
+    for sample in samples:
+        if not sample.native:
+            continue
+        for thread in busy_threads(sample):
+            index = _innermost_python_index(thread)
+            if index is None:
+                continue
+            under = thread.frames[index - 1] if index else None
+            verdicts.append(under is None or bool(INTERPRETER_MODULE.search(under.file)))
+    return all(verdicts) if verdicts else None
+
+
+def classify(samples: Sequence[StackSample]) -> str:
+    """What several samples of one process show: "in-collective", "waiting",
+    "busy-python" or "busy-native".
+
+    - in-collective: a thread sits in a collective (see ``find_collective``).
+    - waiting: CPU rose by less than ``IDLE_CPU_FRACTION`` of the time between samples, or,
+      with no CPU readings, identical stacks with a lock/condition wait in them.
+    - busy-python: Python frames change between samples, or native samples show nothing
+      but CPython under the innermost Python frame.
+    - busy-native: CPU rises (or is unknown) while the Python frames stay put: the time is
+      spent in a native call under that line (native samples show its library there). A
+      single-line Python loop sampled without native frames looks the same.
+    Raises ValueError for no samples.
+    """
+    if not samples:
+        raise ValueError("classify: no samples")
+    if find_collective(samples) is not None:
+        return "in-collective"
+    fraction = cpu_fraction(samples)
+    if fraction is not None and fraction < IDLE_CPU_FRACTION:
+        return "waiting"
+    if stacks_change(samples, python_only=True):
+        return "busy-python"
+    if fraction is None and all(any(wait_frame(t) for t in s.threads) for s in samples):
+        return "waiting"
+    return "busy-python" if _time_in_the_interpreter(samples) else "busy-native"

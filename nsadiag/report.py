@@ -1,0 +1,321 @@
+"""Markdown (+ JSON, + PNG) triage reports from stored trial records.
+
+The shape follows a hand-written hang report — executive summary, configuration, results,
+evidence, analysis (ruled out / implicated), minimal reproduction, recommendations — but
+every sentence is built from a measured number in the records. `render_run(run_dir)`
+re-renders everything from `trials.jsonl` (and `run.json`, what the command was asked).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nsadiag.runner import TrialRecord, load_records
+from nsadiag.sweep import SweepRow, analyse, row_from_record
+
+RECOMMENDATIONS = {
+    "SLOW": "The run is progressing: raise the job's timeout above the ETA, or remove the "
+            "hot frame's per-token work (Python loops, host syncs such as .item()).",
+    "STALL-BUSY": "A single operation runs without module boundaries for longer than the "
+                  "stall timeout: inspect the hot frame; raise --stall-timeout if it is "
+                  "expected to be long.",
+    "STALL-COLLECTIVE": "Ranks disagree on the collectives they issue: compare the per-rank "
+                        "positions and look for data-dependent control flow.",
+    "DEADLOCK": "Threads wait on each other with no CPU use: look at the waiting frame's "
+                "lock or condition and who holds it.",
+    "OOM": "Memory runs out: look at the memory growth per layer and per sequence length; "
+           "use gradient checkpointing or a memory-bounded attention backend.",
+    "ERROR": "An exception ends the run: the traceback names the failing frame.",
+    "CRASH": "The process died from a signal in native code: rerun the minimal reproduction "
+             "under gdb or with faulthandler output.",
+}
+
+_IP = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+_USER_HOST = re.compile(r"\b[\w.-]+@[\w.-]+\b")
+_HOME = re.compile(r"/(home|Users)/[^/\s]+")
+_SECRET = re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|KEY)[A-Z0-9_]*)=\S+")
+
+
+def redact(text: str) -> str:
+    """Hide IP addresses, user@host, home directories and secret-looking NAME=value pairs."""
+    text = _SECRET.sub(r"\1=<redacted>", text)
+    text = _USER_HOST.sub("<user>@<host>", text)
+    text = _IP.sub("<ip>", text)
+    return _HOME.sub(r"/\1/<user>", text)
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
+def results_table(rows: Sequence[SweepRow]) -> list[str]:
+    lines = ["| run | layers | verdict | forward s | backward s | step s | peak RSS | "
+             "saved for backward | steps |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.label or '-'} | {r.n_layers} | {r.verdict} | {_fmt_s(r.forward_s)} "
+                     f"| {_fmt_s(r.backward_s)} | {_fmt_s(r.step_s)} | {_fmt_bytes(r.peak_rss)} "
+                     f"| {_fmt_bytes(r.saved_bytes)} | {r.steps_done} |")
+    return lines
+
+
+def fits_section(analysis: dict[str, Any]) -> list[str]:
+    fits = analysis["fits"]
+    if not fits:
+        return ["Fewer than two OK layer counts: no fit."]
+    lines = ["| quantity | per layer | intercept | R² | growth | extrapolated |",
+             "|---|---|---|---|---|---|"]
+    for name, fit in fits.items():
+        unit = _fmt_bytes if name in ("peak_rss", "saved_bytes") else (lambda v: f"{v:.3f} s")
+        extra = ", ".join(f"{n} layers: {unit(v)}" for n, v in fit.extrapolated.items())
+        growth = "super-linear" if fit.super_linear else "linear"
+        lines.append(f"| {name} | {unit(fit.slope)} | {unit(fit.intercept)} | {fit.r2:.3f} | "
+                     f"{growth} | {extra} |")
+    return lines
+
+
+def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> list[str]:
+    """Per layer count: the branch alone against all branches, time and memory."""
+    by_layers = {r.n_layers: r for r in alone}
+    lines = ["| layers | step s (all) | step s (branch) | share of time | peak (all) | "
+             "peak (branch) |", "|---|---|---|---|---|---|"]
+    for row in full:
+        other = by_layers.get(row.n_layers)
+        if other is None:
+            continue
+        share = (f"{100 * other.step_s / row.step_s:.0f}%" if other.step_s and row.step_s
+                 else "-")
+        lines.append(f"| {row.n_layers} | {_fmt_s(row.step_s)} | {_fmt_s(other.step_s)} | "
+                     f"{share} | {_fmt_bytes(row.peak_rss)} | {_fmt_bytes(other.peak_rss)} |")
+    return lines
+
+
+def _stack_excerpt(evidence: dict[str, Any], limit: int = 12) -> list[str]:
+    stall = evidence.get("stall") or {}
+    samples = stall.get("samples") or []
+    if not samples:
+        reasons = stall.get("unavailable") or []
+        return [f"No stack samples ({'; '.join(reasons) or 'none were needed'})."]
+    lines = ["```"]
+    for thread in samples[-1]["threads"][:4]:
+        lines.append(f"thread {thread.get('name') or thread['thread_id']}"
+                     f"{'' if thread.get('active', True) else ' (idle)'}:")
+        for frame in thread["frames"][:limit]:
+            native = " [native]" if frame.get("is_native") else ""
+            lines.append(f"  {frame['function']} ({Path(frame.get('file') or '?').name}:"
+                         f"{frame.get('line', 0)}){native}")
+    lines.append("```")
+    return lines
+
+
+def _last_events(evidence: dict[str, Any], count: int = 8) -> list[str]:
+    events = evidence.get("events") or []
+    if not events:
+        return ["No heartbeat event was written."]
+    start = events[0]["t"]
+    lines = ["| t (s) | kind | phase | step | module | edge | RSS |",
+             "|---|---|---|---|---|---|---|"]
+    for e in events[-count:]:
+        lines.append(f"| {e['t'] - start:.2f} | {e.get('kind')} | {e.get('phase', '')} | "
+                     f"{e.get('step', '')} | {e.get('module', '')} | {e.get('edge', '')} | "
+                     f"{_fmt_bytes(e.get('rss'))} |")
+    return lines
+
+
+def evidence_section(record: TrialRecord) -> list[str]:
+    verdict, evidence = record.verdict, record.evidence
+    lines = [f"Trial `{Path(record.trial_dir).name}` ({record.spec.get('n_layers')} layers): "
+             f"**{verdict['name']}**", ""]
+    lines += [f"- {reason}" for reason in verdict["reasons"]]
+    stall = evidence.get("stall") or {}
+    if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
+        lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
+                     f"{stall['cpu_delta_s']:.2f} s")
+    for missing in stall.get("unavailable") or []:
+        lines.append(f"- Evidence unavailable: {missing}")
+    if isinstance(record.gpu, str):
+        lines.append(f"- {record.gpu}")
+    for device in record.gpu if isinstance(record.gpu, list) else []:
+        lines.append(f"- GPU {device['index']} {device['name']}: {device['util_gpu_pct']}% busy, "
+                     f"{_fmt_bytes(device['mem_used'])} of {_fmt_bytes(device['mem_total'])}, "
+                     f"throttle reasons {device.get('throttle_reasons')}")
+    exception = (evidence.get("result") or {}).get("exception")
+    lines += ["", "Last heartbeat events:", ""] + _last_events(evidence)
+    lines += ["", "Stacks (last sample):", ""] + _stack_excerpt(evidence)
+    if exception:
+        tail = exception.get("traceback", "").strip().splitlines()[-8:]
+        lines += ["", "Traceback (last lines):", "", "```", *tail, "```"]
+    return lines
+
+
+def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
+                     failing: TrialRecord | None) -> list[str]:
+    ruled_out, implicated = [], []
+    ok = [r for r in rows if r.verdict == "OK"]
+    if ok:
+        best = max(ok, key=lambda r: r.n_layers)
+        ruled_out.append(f"A hang at small depth: {len(ok)} layer count(s) up to "
+                         f"{best.n_layers} finished every step (step {_fmt_s(best.step_s)} s).")
+    step_fit = analysis["fits"].get("step_s")
+    if step_fit and not step_fit.super_linear:
+        ruled_out.append(f"Super-linear time growth: step time rises {step_fit.slope:.3f} s per "
+                         f"layer on a straight line (R² {step_fit.r2:.3f}).")
+    elif step_fit:
+        implicated.append(f"Step time grows faster than linearly with depth (quadratic term "
+                          f"{step_fit.curvature:.4f} s/layer²).")
+    mem_fit = analysis["fits"].get("peak_rss")
+    if mem_fit and mem_fit.super_linear:
+        implicated.append(f"Peak memory grows faster than linearly with depth (+"
+                          f"{_fmt_bytes(mem_fit.slope)} per layer on average).")
+    elif mem_fit:
+        ruled_out.append(f"A memory blow-up with depth: peak RSS grows {_fmt_bytes(mem_fit.slope)}"
+                         f" per layer, linearly (R² {mem_fit.r2:.3f}).")
+    if failing:
+        facts = failing.verdict.get("facts", {})
+        name = failing.verdict["name"]
+        where = facts.get("hot_frame") or facts.get("last_module") or facts.get("frame")
+        implicated.append(f"{failing.spec.get('n_layers')} layers end as {name}"
+                          + (f", at {where}" if where else "") + ".")
+        if name == "SLOW":
+            ruled_out.append("A hang: heartbeats kept arriving until the budget ran out "
+                             + (f"(ETA {facts['eta_s']:.0f} s more)." if facts.get("eta_s")
+                                else "."))
+    return ["Ruled out:", ""] + [f"- {x}" for x in ruled_out or ["nothing yet"]] + \
+        ["", "Implicated:", ""] + [f"- {x}" for x in implicated or ["nothing: every trial OK"]]
+
+
+def reproduction(command: Sequence[str] | None, failing: TrialRecord | None) -> list[str]:
+    if failing is None:
+        return ["Nothing failed; the command that produced this report:", "", "```",
+                shlex.join(command or []), "```"]
+    spec = failing.spec
+    args = ["nsadiag", "sweep-layers", "--target", spec["target"],
+            "--layers", str(spec["n_layers"]), "--seq-len", str(spec["seq_len"]),
+            "--batch", str(spec["batch"]), "--dtype", spec["dtype"],
+            "--stall-timeout", f"{spec['stall_timeout_s']:g}", "--budget", f"{spec['budget_s']:g}"]
+    if spec.get("grad_ckpt"):
+        args.append("--grad-ckpt")
+    for key, value in sorted((spec.get("overrides") or {}).items()):
+        args += ["--set", f"{key}={value}"]
+    return ["The smallest failing configuration of this run:", "", "```", shlex.join(args),
+            "```"]
+
+
+def plot(rows_by_label: dict[str, Sequence[SweepRow]], path: Path) -> Path | None:
+    """Step time and peak memory against layers, one line per label; None without data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(r.step_s for rows in rows_by_label.values() for r in rows):
+        return None
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, rows in rows_by_label.items():
+        ok = [r for r in rows if r.step_s is not None]
+        ax_t.plot([r.n_layers for r in ok], [r.step_s for r in ok], "o-", label=label or "run")
+        mem = [r for r in rows if r.peak_rss]
+        ax_m.plot([r.n_layers for r in mem], [r.peak_rss / 2**20 for r in mem], "o-",
+                  label=label or "run")
+    ax_t.set(xlabel="layers", ylabel="step time (s)", title="time per step")
+    ax_m.set(xlabel="layers", ylabel="peak RSS (MiB)", title="peak memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any],
+                 no_redact: bool = False) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary) for the records of one run, grouped by their label."""
+    labels = meta.get("labels") or {}
+    groups: dict[str, list[SweepRow]] = {}
+    for record in records:
+        label = labels.get(Path(record.trial_dir).name, "")
+        groups.setdefault(label, []).append(row_from_record(record, label))
+    all_rows = [r for rows in groups.values() for r in rows]
+    analyses = {label: analyse(rows) for label, rows in groups.items()}
+    failing = next((r for r in records if r.verdict_name != "OK"), None)
+    png = plot(groups, run_dir / "sweep.png")
+    headline = (f"{failing.verdict_name} at {failing.spec.get('n_layers')} layers"
+                if failing else "all trials OK")
+    md = [f"# nsadiag {meta.get('command_name', 'report')}: {headline}", ""]
+    md += ["## Executive summary", ""]
+    if failing:
+        md += [f"{len(records)} trial(s); the first non-OK is {failing.spec.get('n_layers')} "
+               f"layers: **{failing.verdict_name}**. " + failing.verdict["reasons"][0]]
+    else:
+        md += [f"{len(records)} trial(s), every one OK."]
+    for label, analysis in analyses.items():
+        fit = analysis["fits"].get("step_s")
+        if fit:
+            md += ["", f"{label or 'Run'}: {fit.slope:.3f} s per layer per step "
+                   f"({'super-linear' if fit.super_linear else 'linear'}, R² {fit.r2:.3f})."]
+    first = records[0].spec if records else {}
+    md += ["", "## Configuration", "", "| field | value |", "|---|---|"]
+    for key in ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
+                "device", "steps", "stall_timeout_s", "budget_s", "memory_cap_bytes",
+                "overrides"):
+        md.append(f"| {key} | {first.get(key)} |")
+    env = meta.get("env") or {}
+    if env:
+        md.append(f"| torch | {env.get('packages', {}).get('torch')} |")
+        md.append(f"| python | {env.get('python')} |")
+        md.append(f"| cuda | {env.get('cuda')} |")
+    md += ["", "## Results", ""] + results_table(all_rows)
+    for label, analysis in analyses.items():
+        md += ["", f"### Fits against layers{' — ' + label if label else ''}", ""]
+        md += fits_section(analysis)
+    if meta.get("branch") and len(groups) == 2:
+        md += ["", f"### What the {meta['branch']} branch costs", ""]
+        md += attribution_table(*groups.values())
+    if png:
+        md += ["", f"![time and memory against layers]({png.name})"]
+    md += ["", "## Evidence", ""]
+    md += evidence_section(failing or records[-1]) if records else ["No trial ran."]
+    md += ["", "## Analysis", ""] + analysis_section(all_rows, analyses.get("", next(
+        iter(analyses.values()), {"fits": {}})), failing)
+    md += ["", "## Minimal reproduction", ""] + reproduction(meta.get("argv"), failing)
+    md += ["", "## Recommendations", ""]
+    md += [RECOMMENDATIONS.get(failing.verdict_name, "") if failing else
+           "Healthy at every tested depth: if the full run still stops, compare its "
+           "configuration with this one (sequence length, dtype, world size)."]
+    text = "\n".join(md) + "\n"
+    summary = {"command": meta.get("command_name"), "headline": headline,
+               "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
+                            for r in all_rows],
+               "threshold": analyses.get("", {}).get("threshold") if analyses else None,
+               "rows": [r.to_dict() for r in all_rows],
+               "fits": {label: {q: f.to_dict() for q, f in a["fits"].items()}
+                        for label, a in analyses.items()},
+               "failing": failing.verdict if failing else None}
+    if not no_redact:
+        text = redact(text)
+        summary = json.loads(redact(json.dumps(summary)))
+    return text, summary
+
+
+def render_run(run_dir: Path, no_redact: bool = False) -> Path:
+    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md."""
+    records = load_records(run_dir / "trials.jsonl")
+    if not records:
+        raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")
+    meta_path = run_dir / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    text, summary = build_report(run_dir, records, meta, no_redact)
+    (run_dir / "report.md").write_text(text)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return run_dir / "report.md"

@@ -1,0 +1,184 @@
+"""TrialSpec: everything one trial (one child process, one configuration) needs to run.
+
+A spec is frozen and travels as JSON: the parent writes it next to the trial directory and
+the child (`python -m nsadiag.trial SPEC_JSON`) reads it back. `validate()` raises
+ValueError with one line that names the field and the allowed values.
+
+Knobs that the trial itself controls (n_layers, seq_len, grad_ckpt, dtype, branches,
+backend, device, seed) are spec fields; `overrides` carries everything else, passed to
+`NSAConfig.replace` for the built-in "nsa" target or as keyword arguments to a factory.
+Naming a knob inside `overrides` is refused, so one value never silently beats another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("cpu", "cuda", "auto")
+BRANCHES = ("cmp", "sel", "win")
+KNOBS = ("n_layers", "seq_len", "grad_ckpt", "dtype", "device", "branches", "backend", "seed")
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One trial: the target, its shape, how many steps, and the limits it runs under.
+
+    target           "nsa" or "pkg.module:factory"
+    overrides        NSAConfig fields (target "nsa") or factory keyword arguments
+    n_layers         number of repeated blocks; None keeps the target's own default
+    seq_len, batch   token ids per step are [batch, seq_len + 1] (inputs and next tokens)
+    dtype            "float32", or "bfloat16" (autocast; parameters stay fp32)
+    grad_ckpt        gradient checkpointing per block
+    branches         NSA branches to build, a subset of cmp/sel/win; None = all
+    backend          NSA backend name; None keeps the target's default
+    device           "cpu", "cuda" or "auto" (cuda when available)
+    steps, seed      training steps to run; the seed of torch and random
+    stall_timeout_s  the parent's limit on silence (no heartbeat event) before it acts
+    budget_s         the parent's limit on the whole trial's wall time
+    memory_cap_bytes RLIMIT_AS of the child (address space, not resident memory); None = none
+    out_dir          the trial directory: events.jsonl, result.json, faulthandler.txt
+    """
+
+    target: str = "nsa"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    n_layers: int | None = None
+    seq_len: int = 128
+    batch: int = 1
+    dtype: str = "float32"
+    grad_ckpt: bool = False
+    branches: tuple[str, ...] | None = None
+    backend: str | None = None
+    device: str = "cpu"
+    steps: int = 2
+    seed: int = 0
+    stall_timeout_s: float = 60.0
+    budget_s: float = 600.0
+    memory_cap_bytes: int | None = None
+    out_dir: str = "trial"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.branches, (list, str)):
+            value = (self.branches,) if isinstance(self.branches, str) else self.branches
+            object.__setattr__(self, "branches", tuple(value))
+        object.__setattr__(self, "out_dir", str(self.out_dir))
+
+    def validate(self) -> TrialSpec:
+        """Return self, or raise ValueError (one line naming the field and what it allows)."""
+        _check_target(self.target)
+        _check_overrides(self.overrides)
+        if self.n_layers is not None:
+            _check_positive_int("n_layers", self.n_layers, "a positive integer or null")
+        for name in ("seq_len", "batch", "steps"):
+            _check_positive_int(name, getattr(self, name), "a positive integer")
+        _check_int("seed", self.seed)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_bool("grad_ckpt", self.grad_ckpt)
+        _check_branches(self.branches)
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            raise ValueError(f"backend: must be a backend name or null, got {self.backend!r}")
+        for name in ("stall_timeout_s", "budget_s"):
+            _check_positive_number(name, getattr(self, name))
+        if self.memory_cap_bytes is not None:
+            _check_positive_int("memory_cap_bytes", self.memory_cap_bytes,
+                                "a positive integer (bytes) or null")
+        if not self.out_dir:
+            raise ValueError("out_dir: must be a directory path, got ''")
+        return self
+
+    def replace(self, **changes: Any) -> TrialSpec:
+        """A validated copy with `changes`."""
+        return dataclasses.replace(self, **changes).validate()
+
+    def to_json(self) -> str:
+        """JSON text that `from_json` reads back into an equal spec."""
+        data = dataclasses.asdict(self)
+        data["branches"] = list(self.branches) if self.branches is not None else None
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> TrialSpec:
+        """A validated spec from JSON text or from a path to a JSON file.
+
+        A str that starts with "{" is JSON text; anything else is a path. Unknown keys,
+        unreadable files and invalid JSON raise ValueError (one line).
+        """
+        text = _read_source(source)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"spec: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"spec: must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a TrialSpec field; fields are "
+                             f"{', '.join(sorted(names))}")
+        return cls(**data).validate()
+
+
+def _read_source(source: str | Path) -> str:
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        return source
+    try:
+        return Path(source).read_text()
+    except OSError as exc:
+        raise ValueError(f"spec: cannot read {str(source)!r}: {exc.strerror}") from None
+
+
+def _check_target(target: Any) -> None:
+    if target == "nsa" or (isinstance(target, str) and _FACTORY.match(target)):
+        return
+    raise ValueError(f"target: must be 'nsa' or 'pkg.module:factory', got {target!r}")
+
+
+def _check_overrides(overrides: Any) -> None:
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"overrides: must be a mapping of names to values, got {overrides!r}")
+    knobs = sorted(set(overrides) & set(KNOBS))
+    if knobs:
+        raise ValueError(f"overrides: {knobs[0]!r} is a TrialSpec field; set it there "
+                         f"(spec fields: {', '.join(KNOBS)})")
+
+
+def _check_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+
+
+def _check_positive_int(name: str, value: Any, allowed: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: must be {allowed}, got {value!r}")
+
+
+def _check_positive_number(name: str, value: Any) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not value > 0:
+        raise ValueError(f"{name}: must be a positive number of seconds, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be true or false, got {value!r}")
+
+
+def _check_branches(branches: tuple[str, ...] | None) -> None:
+    if branches is None:
+        return
+    valid = all(b in BRANCHES for b in branches) and len(set(branches)) == len(branches)
+    if not branches or not valid:
+        raise ValueError(f"branches: must be null or a non-empty subset of "
+                         f"{', '.join(BRANCHES)} without repeats, got {list(branches)!r}")

@@ -1,0 +1,183 @@
+"""Layer sweeps: one watched trial per layer count, then fits of time and memory.
+
+`run_sweep` runs the trials in order, appending each record to `trials.jsonl` (fsynced)
+before the next starts; a rerun in the same run directory skips the layer counts already
+recorded for the same spec. The sweep stops after the first non-OK trial unless asked to
+keep going: that count is the threshold, and the trials above it would only repeat it.
+
+`analyse` turns rows into fits: least squares of step time, forward time, backward time
+and peak memory against the layer count, extrapolated to the next counts, and a flag when
+growth is super-linear (a quadratic term that explains most of the linear fit's error).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsadiag.runner import TrialRecord, append_record, load_records, run_trial
+from nsadiag.spec import TrialSpec
+
+
+@dataclass
+class SweepRow:
+    """One layer count: its verdict and the medians of its measured steps (None when the
+    trial did not complete a step)."""
+
+    label: str
+    n_layers: int
+    verdict: str
+    forward_s: float | None
+    backward_s: float | None
+    step_s: float | None
+    peak_rss: int | None
+    saved_bytes: int | None
+    steps_done: int
+    trial_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Fit:
+    """y = slope * layers + intercept, with the quadratic check for super-linear growth."""
+
+    quantity: str
+    slope: float
+    intercept: float
+    r2: float
+    curvature: float  # coefficient of layers^2 in the quadratic fit
+    super_linear: bool
+    extrapolated: dict[int, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_layers(text: str) -> list[int]:
+    """"1-12", "1,2,4,8", "2-12:2" -> ascending unique positive layer counts."""
+    counts: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        span, _, step = part.partition(":")
+        low, dash, high = span.partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+            stride = int(step) if step else 1
+        except ValueError:
+            raise ValueError(f"layers: expected a range like 1-12, 1,2,4 or 2-12:2, "
+                             f"got {text!r}") from None
+        if first < 1 or last < first or stride < 1:
+            raise ValueError(f"layers: counts must be positive and ranges ascending, got "
+                             f"{part!r}")
+        counts.update(range(first, last + 1, stride))
+    if not counts:
+        raise ValueError(f"layers: no layer count in {text!r}")
+    return sorted(counts)
+
+
+def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
+    result = record.evidence.get("result") or {}
+
+    def median(key: str) -> float | None:
+        values = result.get(key) or []
+        # the first step pays one-off costs (allocator warm-up, lazy init): drop it if possible
+        values = values[1:] if len(values) > 1 else values
+        return statistics.median(values) if values else None
+
+    return SweepRow(label=label, n_layers=int(record.spec["n_layers"]),
+                    verdict=record.verdict_name, forward_s=median("forward_s"),
+                    backward_s=median("backward_s"), step_s=median("step_s"),
+                    peak_rss=result.get("peak_rss"), saved_bytes=result.get("saved_bytes"),
+                    steps_done=int(result.get("steps_done", 0)),
+                    trial_dir=record.trial_dir)
+
+
+def _spec_key(spec: dict[str, Any]) -> str:
+    """What identifies a trial for resuming: the spec without its directory."""
+    return json.dumps({k: v for k, v in spec.items() if k != "out_dir"}, sort_keys=True)
+
+
+def run_sweep(base: TrialSpec, layer_counts: Sequence[int], run_dir: Path, label: str = "",
+              keep_going: bool = False,
+              on_trial: Callable[[int, TrialSpec], None] | None = None,
+              on_events: Callable[[list[dict]], None] | None = None,
+              on_record: Callable[[TrialRecord], None] | None = None) -> list[TrialRecord]:
+    """Run (or resume) one trial per layer count; returns the records in layer order."""
+    trials_path = run_dir / "trials.jsonl"
+    done = {_spec_key(r.spec): r for r in load_records(trials_path)}
+    records = []
+    for n_layers in layer_counts:
+        index = len(load_records(trials_path)) if trials_path.exists() else 0
+        spec = base.replace(n_layers=n_layers, out_dir=str(run_dir / f"trial-{index}"))
+        key = _spec_key(json.loads(spec.to_json()))
+        if key in done:
+            record = done[key]
+        else:
+            if on_trial:
+                on_trial(n_layers, spec)
+            record = run_trial(spec, on_events=on_events)
+            append_record(trials_path, record)
+        records.append(record)
+        if on_record:
+            on_record(record)
+        if record.verdict_name != "OK" and not keep_going:
+            break
+    return records
+
+
+def _least_squares(xs: Sequence[float], ys: Sequence[float], degree: int) -> list[float]:
+    """Polynomial coefficients (highest power first) by normal equations; len(xs) > degree."""
+    import numpy as np
+
+    return list(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), degree))
+
+
+def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
+                 extrapolate_to: Sequence[int]) -> Fit | None:
+    """Linear fit of ys against layer counts; None with fewer than two points."""
+    if len(xs) < 2:
+        return None
+    slope, intercept = _least_squares(xs, ys, 1)
+    predicted = [slope * x + intercept for x in xs]
+    mean = statistics.fmean(ys)
+    ss_tot = sum((y - mean) ** 2 for y in ys)
+    ss_lin = sum((y - p) ** 2 for y, p in zip(ys, predicted, strict=True))
+    r2 = 1.0 - ss_lin / ss_tot if ss_tot > 0 else 1.0
+    curvature, super_linear = 0.0, False
+    if len(xs) >= 4:
+        a, b, c = _least_squares(xs, ys, 2)
+        ss_quad = sum((y - (a * x * x + b * x + c)) ** 2 for x, y in zip(xs, ys, strict=True))
+        curvature = a
+        # growing faster than linear: positive curvature that removes most of the residual,
+        # and a last point well above the line through the earlier ones
+        super_linear = a > 0 and ss_lin > 0 and ss_quad < 0.25 * ss_lin and \
+            ys[-1] > 1.1 * predicted[-1]
+    fit = Fit(quantity, slope, intercept, r2, curvature, super_linear)
+    for x in extrapolate_to:
+        fit.extrapolated[x] = (a * x * x + b * x + c) if super_linear else slope * x + intercept
+    return fit
+
+
+def analyse(rows: Sequence[SweepRow], extrapolate_count: int = 2) -> dict[str, Any]:
+    """Fits over the OK rows, the threshold (first non-OK count) and the growth flags."""
+    ok = [r for r in rows if r.verdict == "OK"]
+    xs = [r.n_layers for r in ok]
+    step = max(1, xs[-1] - xs[-2]) if len(xs) >= 2 else 1
+    targets = [xs[-1] + step * (i + 1) for i in range(extrapolate_count)] if xs else []
+    fits = {}
+    for quantity in ("step_s", "forward_s", "backward_s", "peak_rss", "saved_bytes"):
+        pairs = [(r.n_layers, getattr(r, quantity)) for r in ok if getattr(r, quantity)]
+        fit = fit_quantity(quantity, [p[0] for p in pairs], [p[1] for p in pairs], targets)
+        if fit:
+            fits[quantity] = fit
+    failing = next((r for r in rows if r.verdict != "OK"), None)
+    return {"fits": fits, "threshold": failing.n_layers if failing else None,
+            "threshold_verdict": failing.verdict if failing else None,
+            "super_linear": sorted(q for q, f in fits.items() if f.super_linear)}

@@ -1,0 +1,623 @@
+"""Evidence -> verdict, with the measured facts and the reasons that decided it.
+
+Pure functions: no I/O, no clock. ``decide`` tries the rules below in order and the first
+that applies names the verdict; every reason is a sentence tied to a measured fact.
+
+1. ``rule_ok``         result status ok and exit 0                          -> OK
+2. ``rule_exception``  an exception in the result                           -> OOM | ERROR
+3. ``rule_signal``     a signal the runner did not send (or the OOM killer) -> OOM | CRASH
+4. ``rule_budget``     the runner's time budget ran out                      -> SLOW, or a
+                       stall verdict when heartbeats had stopped before the kill
+5. ``rule_stall``      the runner saw no heartbeat for the stall timeout    -> STALL-COLLECTIVE
+                       | STALL-BUSY | DEADLOCK, from CPU time and stacks
+6. ``rule_exit_code``  anything else                                        -> ERROR
+
+A timer firing is never a verdict by itself: a run still emitting heartbeats is SLOW, and a
+run that stopped is classified by what its process was doing.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.probes.stacks import (
+    IDLE_CPU_FRACTION,
+    busy_threads,
+    classify,
+    find_collective,
+    innermost_python,
+    stacks_change,
+    wait_frame,
+)
+
+NAMES = ("OK", "SLOW", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM", "ERROR", "CRASH")
+
+BUSY_CPU_FRACTION = 0.5
+"""At or above this many CPU seconds per wall second a stalled process is busy."""
+
+DEFAULT_STALL_WINDOW_S = 30.0
+"""Stall window assumed when the evidence does not carry the runner's stall timeout."""
+
+RATE_WINDOW_S = 30.0
+"""Progress rates are measured over the heartbeats of the last this many seconds."""
+
+OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
+OOM_MESSAGE = re.compile(
+    r"out of memory|can't allocate memory|cannot allocate memory|not enough memory",
+    re.IGNORECASE)
+TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$',
+                             re.MULTILINE)
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
+"""Traceback files that belong to installed packages or the standard library."""
+
+
+@dataclass
+class Verdict:
+    """``name`` is one of NAMES; ``reasons`` are sentences quoting measured facts;
+    ``facts`` holds the numbers and names behind them (rate, eta_s, hot_frame, ...)."""
+
+    name: str
+    reasons: list[str]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in NAMES:
+            raise ValueError(f"Verdict.name: {self.name!r} is not one of {', '.join(NAMES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Progress:
+    """How far a run got and how fast it moves.
+
+    ``rate`` is module events per second over the last ``window_s`` seconds of heartbeats
+    (None with fewer than two); ``fraction`` the part of the run done, from module events
+    when a step's event count is known, else from steps plus the position inside the
+    current step (``basis`` says which); ``eta_s`` the seconds left at that pace.
+    """
+
+    rate: float | None
+    window_s: float
+    events_done: int
+    events_expected: int | None
+    fraction: float | None
+    eta_s: float | None
+    basis: str
+
+
+# ---- progress -----------------------------------------------------------------------------
+
+
+def _module_events(events: Sequence[dict]) -> list[dict]:
+    return [event for event in events if event.get("kind") == "module"]
+
+
+def _rate(module_events: Sequence[dict], window_s: float) -> tuple[float | None, float]:
+    """Module events per second over the last ``window_s`` seconds, and the span used.
+
+    Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
+    """
+    if len(module_events) < 2:
+        return None, 0.0
+    last_t = module_events[-1]["t"]
+    recent = [event for event in module_events if event["t"] >= last_t - window_s]
+    span = recent[-1]["t"] - recent[0]["t"]
+    if len(recent) < 2 or span <= 0:
+        return None, span
+    return (len(recent) - 1) / span, span
+
+
+def _in_step_fraction(events: Sequence[dict], step: int) -> float:
+    """Position inside step ``step`` from its heartbeats: 0 in forward (its length is not
+    known yet), 0.5 + half the backward events per forward event in backward, 1 in the
+    optimizer. The phase is the one the last event of the step belongs to ("start" events
+    open phases); backward emits about as many backward module events as forward did."""
+    current = [event for event in events if event.get("step") == step]
+    if not current:
+        return 0.0
+    phase = current[-1].get("phase")
+    if phase == "optimizer":
+        return 1.0
+    if phase != "backward":
+        return 0.0
+    modules = _module_events(current)
+    forward = sum(1 for event in modules if event.get("phase") == "forward")
+    backward = sum(1 for event in modules if event.get("phase") == "backward")
+    return 0.5 + 0.5 * min(1.0, backward / forward) if forward else 0.5
+
+
+def _elapsed_since_start(events: Sequence[dict]) -> float | None:
+    """Seconds from the run's first event (seq 0, the "build" start) to the last one."""
+    starts = [event for event in events if event.get("seq") == 0 or
+              (event.get("kind") == "start" and event.get("phase") == "build")]
+    return events[-1]["t"] - starts[0]["t"] if starts else None
+
+
+def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | None:
+    """(finished steps + position in the current step) / total steps."""
+    if not events or total_steps <= 0:
+        return None
+    last = events[-1]
+    if last.get("kind") in ("step", "end"):
+        return min(1.0, (int(last.get("step", 0)) + 1) / total_steps)
+    step = int(last.get("step", 0))
+    return min(1.0, (step + _in_step_fraction(events, step)) / total_steps)
+
+
+def progress(events: Sequence[dict], expected_events_per_step: int | None, total_steps: int,
+             *, module_events_done: int | None = None,
+             window_s: float = RATE_WINDOW_S) -> Progress:
+    """Rate, fraction done and ETA of a run from its last heartbeat events.
+
+    ``module_events_done`` is the number of module events of the whole run (the runner's
+    count); when omitted the module events in ``events`` are counted, which is exact only
+    when ``events`` holds the whole heartbeat file. With ``expected_events_per_step`` the
+    fraction is events done / (events per step * total steps) and the ETA is the events
+    left at the current rate; without it the fraction comes from steps and the in-step
+    position, and the ETA extrapolates the time since the start event.
+    """
+    modules = _module_events(events)
+    done = len(modules) if module_events_done is None else module_events_done
+    rate, span = _rate(modules, window_s)
+    if expected_events_per_step and total_steps > 0:
+        expected = expected_events_per_step * total_steps
+        fraction = min(1.0, done / expected)
+        eta = max(0, expected - done) / rate if rate else None
+        return Progress(rate, span, done, expected, fraction, eta, "module events")
+    fraction = _fraction_from_steps(events, total_steps)
+    elapsed = _elapsed_since_start(events)
+    eta = elapsed * (1 - fraction) / fraction if fraction and elapsed is not None else None
+    return Progress(rate, span, done, None, fraction, eta, "steps and in-step position")
+
+
+# ---- stacks -------------------------------------------------------------------------------
+
+
+def hot_frame(samples: Sequence[StackSample]) -> tuple[StackFrame, int, bool] | None:
+    """The most common innermost frame over the running threads of all samples.
+
+    Each running thread (py-spy's ``active``; all threads when none runs) contributes its
+    innermost Python frame, or its innermost frame when it has no Python one. Frames count
+    as the same by function and file; the line reported is their most common line.
+    Returns (frame, occurrences, native frames sat below it in any occurrence), or None
+    when no sample has a frame.
+    """
+    seen: list[tuple[StackFrame, bool]] = []
+    for sample in samples:
+        for thread in busy_threads(sample):
+            frame, below = innermost_python(thread)
+            if frame is None and thread.frames:
+                frame, below = thread.frames[0], False
+            if frame is not None:
+                seen.append((frame, below))
+    if not seen:
+        return None
+    keys = Counter((frame.function, frame.file) for frame, _ in seen)
+    (function, file), count = keys.most_common(1)[0]
+    same = [(frame, below) for frame, below in seen if (frame.function, frame.file) ==
+            (function, file)]
+    line = Counter(frame.line for frame, _ in same).most_common(1)[0][0]
+    frame = next(frame for frame, _ in same if frame.line == line)
+    return frame, count, any(below for _, below in same)
+
+
+def _thread_label(thread: ThreadStack) -> str:
+    return thread.name or f"thread {thread.thread_id}"
+
+
+def _waiting_thread(sample: StackSample) -> tuple[ThreadStack, StackFrame] | None:
+    """The thread of ``sample`` blocked in a wait, the main thread first."""
+    threads = sorted(sample.threads, key=lambda thread: thread.name != "MainThread")
+    for thread in threads:
+        frame = wait_frame(thread)
+        if frame is not None:
+            return thread, frame
+    return None
+
+
+# ---- helpers for reasons ------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _position(evidence: Evidence) -> dict[str, Any]:
+    """Where the run was at its last heartbeat: module, edge, phase, step, steps done."""
+    facts: dict[str, Any] = {"events_total": sum(evidence.event_counts.values()),
+                             "steps_done": evidence.event_counts.get("step", 0)}
+    modules = _module_events(evidence.events)
+    if modules:
+        last = modules[-1]
+        facts.update(last_module=last.get("module"), last_edge=last.get("edge"),
+                     last_phase=last.get("phase"), last_step=last.get("step"))
+    if evidence.events:
+        facts["last_rss"] = evidence.events[-1].get("rss")
+    return facts
+
+
+def _position_sentence(facts: dict[str, Any]) -> str:
+    if facts.get("last_module") is None:
+        return f"no module heartbeat was recorded ({facts['events_total']} events in all)"
+    return (f"last heartbeat: {facts['last_module']} {facts['last_edge']} in "
+            f"{facts['last_phase']} of step {facts['last_step']} (steps finished: "
+            f"{facts['steps_done']})")
+
+
+def _signal_name(number: int, name: str | None) -> str:
+    if name:
+        return name
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _project_frame(traceback: str) -> str | None:
+    """The innermost traceback frame outside installed packages and the standard library,
+    preferring the model's code over nsadiag's own trial harness."""
+    frames = [m for m in TRACEBACK_FRAME.finditer(traceback) if not LIBRARY_PATH.search(m["file"])]
+    preferred = [m for m in frames if "/nsadiag/" not in m["file"]] or frames
+    if not preferred:
+        return None
+    match = preferred[-1]
+    return f"{match['file']}:{match['line']} in {match['func'].strip()}"
+
+
+def _is_oom_exception(exception: dict[str, Any], child_says_oom: bool) -> bool:
+    """True when the child flagged the exception as an allocation failure, or its type or
+    message names memory exhaustion."""
+    kind = str(exception.get("type", "")).rsplit(".", 1)[-1]
+    message = str(exception.get("message", ""))
+    return child_says_oom or kind in OOM_TYPES or bool(OOM_MESSAGE.search(message))
+
+
+# ---- the rules ----------------------------------------------------------------------------
+
+
+def rule_ok(evidence: Evidence) -> Verdict | None:
+    """OK: the child wrote a result with status ok and exited with status 0."""
+    result, outcome = evidence.result, evidence.outcome
+    if not result or result.get("status") != "ok" or outcome.exit_code != 0:
+        return None
+    steps = result.get("steps_done")
+    facts = {"steps_done": steps, "wall_s": outcome.wall_s, "peak_rss": result.get("peak_rss")}
+    reasons = [f"the child finished {steps} of {evidence.total_steps} steps with status ok "
+               f"and exit code 0 in {outcome.wall_s:.1f} s"]
+    return Verdict("OK", reasons, facts)
+
+
+def rule_exception(evidence: Evidence) -> Verdict | None:
+    """OOM when the recorded exception names memory exhaustion (torch.OutOfMemoryError,
+    MemoryError, "CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
+    "not enough memory"); ERROR with type, message and the innermost project frame for any
+    other exception."""
+    exception = (evidence.result or {}).get("exception")
+    if not exception:
+        return None
+    kind = str(exception.get("type", "Exception"))
+    message = str(exception.get("message", "")).strip()
+    first_line = message.splitlines()[0] if message else ""
+    where = _project_frame(str(exception.get("traceback", "")))
+    facts = {**_position(evidence), "exception_type": kind, "message": first_line,
+             "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}
+    reasons = [f"the child raised {kind}: {first_line}"]
+    if where:
+        reasons.append(f"innermost project frame: {where}")
+    if not _is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
+        return Verdict("ERROR", reasons, facts)
+    if facts["peak_rss"]:
+        reasons.append(f"peak RSS of the child was {_gib(facts['peak_rss'])}")
+    peak_cuda = (evidence.result or {}).get("peak_cuda")
+    if peak_cuda:
+        facts["peak_cuda"] = peak_cuda
+        reasons.append(f"peak CUDA memory allocated was {_gib(peak_cuda)}")
+    if evidence.outcome.memory_cap_bytes:
+        reasons.append(f"the runner capped memory at {_gib(evidence.outcome.memory_cap_bytes)}")
+    return Verdict("OOM", reasons, facts)
+
+
+def rule_signal(evidence: Evidence) -> Verdict | None:
+    """A signal the runner did not send: OOM for the kernel OOM killer or for SIGKILL under
+    a memory cap; CRASH naming the signal otherwise (SIGSEGV, SIGABRT, SIGBUS, ...)."""
+    outcome = evidence.outcome
+    if outcome.killed_by_runner or (outcome.signal is None and not outcome.oom_killer):
+        return None
+    name = _signal_name(outcome.signal, outcome.signal_name) if outcome.signal else None
+    facts = {**_position(evidence), "signal": outcome.signal, "signal_name": name,
+             "memory_cap_bytes": outcome.memory_cap_bytes, "wall_s": outcome.wall_s}
+    where = _position_sentence(facts)
+    if outcome.oom_killer:
+        return Verdict("OOM", [f"the kernel OOM killer killed the child ({name or 'no signal'} "
+                               f"recorded) after {outcome.wall_s:.1f} s", where], facts)
+    if name == "SIGKILL" and outcome.memory_cap_bytes:
+        rss = facts.get("last_rss")
+        reasons = [f"the child died of SIGKILL, not sent by the runner, under a memory cap of "
+                   f"{_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
+        if rss:
+            reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
+        return Verdict("OOM", reasons, facts)
+    reasons = [f"the child died of {name} (signal {outcome.signal}) after {outcome.wall_s:.1f} s "
+               f"without writing an exception", where]
+    if name == "SIGKILL":
+        reasons.append("no memory cap was set and no OOM kill was recorded: something outside "
+                       "the runner sent SIGKILL")
+    return Verdict("CRASH", reasons, facts)
+
+
+def _gap_before_end(evidence: Evidence) -> float | None:
+    """Seconds from the last heartbeat to the end of the process, None when unknown."""
+    if evidence.events and evidence.outcome.ended_at is not None:
+        return evidence.outcome.ended_at - evidence.events[-1]["t"]
+    if evidence.stall is not None:
+        return evidence.stall.since_last_event_s
+    return None
+
+
+def _stall_window(evidence: Evidence) -> float:
+    return evidence.stall_timeout_s or DEFAULT_STALL_WINDOW_S
+
+
+def rule_budget(evidence: Evidence) -> Verdict | None:
+    """The budget ran out. SLOW, with rate, fraction done, ETA and hot frame, when the last
+    heartbeat came within the stall window before the kill (or the kill time is unknown:
+    then the runner's stall watch had not fired); otherwise heartbeats had stopped and the
+    stall rules classify what the process was doing."""
+    outcome = evidence.outcome
+    if not (outcome.killed_by_runner and outcome.kill_reason == "budget"):
+        return None
+    gap, window = _gap_before_end(evidence), _stall_window(evidence)
+    if not evidence.events:
+        return _stall_verdict(evidence, [f"the budget ran out after {outcome.wall_s:.1f} s "
+                                         f"before any heartbeat"])
+    if gap is not None and gap > window:
+        return _stall_verdict(evidence, [
+            f"the budget ran out after {outcome.wall_s:.1f} s, but the last heartbeat came "
+            f"{gap:.1f} s before the kill (stall window {window:.1f} s): not progressing"])
+    return _slow_verdict(evidence, gap, window)
+
+
+def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdict:
+    counts = evidence.event_counts
+    p = progress(evidence.events, evidence.expected_events_per_step, evidence.total_steps,
+                 module_events_done=counts.get("module"))
+    facts = {**_position(evidence), "rate": p.rate, "rate_window_s": p.window_s,
+             "fraction_done": p.fraction, "eta_s": p.eta_s, "events_done": p.events_done,
+             "events_expected": p.events_expected, "fraction_basis": p.basis,
+             "since_last_event_s": gap}
+    when = (f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
+            if gap is not None else
+            "at an unrecorded time, and the runner's stall watch had not fired")
+    reasons = [f"still progressing at the budget kill after {evidence.outcome.wall_s:.1f} s: "
+               f"the last heartbeat came {when}"]
+    if p.rate is not None:
+        reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
+    reasons.append(_fraction_sentence(p, evidence))
+    reasons.append(f"ETA {p.eta_s:.0f} s for the remainder at that pace" if p.eta_s is not None
+                   else "ETA unknown: no rate or no position to extrapolate from")
+    steps = [event for event in evidence.events if event.get("kind") == "step"]
+    if steps and "step_s" in steps[-1]:
+        facts["step_s"] = steps[-1]["step_s"]
+        reasons.append(_step_sentence(steps[-1]))
+    samples = evidence.stall.samples if evidence.stall else []
+    _add_hot_frame(samples, facts, reasons)
+    return Verdict("SLOW", reasons, facts)
+
+
+def _step_sentence(step: dict[str, Any]) -> str:
+    forward, backward = step.get("forward_s", 0.0), step.get("backward_s", 0.0)
+    return (f"step {step.get('step')} took {step['step_s']:.1f} s (forward {forward:.1f} s, "
+            f"backward {backward:.1f} s)")
+
+
+def _fraction_sentence(p: Progress, evidence: Evidence) -> str:
+    if p.fraction is None:
+        return "fraction done unknown: no step count"
+    if p.events_expected is not None:
+        return (f"{p.fraction:.0%} done: {p.events_done} of {p.events_expected} module events "
+                f"({evidence.expected_events_per_step} per step x {evidence.total_steps} steps)")
+    return f"{p.fraction:.0%} done by steps and the position inside the current step"
+
+
+def _add_hot_frame(samples: Sequence[StackSample], facts: dict, reasons: list[str]) -> None:
+    """Put the hot frame of ``samples`` into facts and a sentence into reasons."""
+    hot = hot_frame(samples)
+    if hot is None:
+        return
+    frame, count, native_below = hot
+    occurrences = sum(len(busy_threads(sample)) for sample in samples)
+    facts.update(hot_frame=frame.where(), hot_function=frame.function, hot_count=count,
+                 native_below=native_below)
+    native_known = any(sample.native for sample in samples)
+    below = ("native frames sit below it" if native_below else
+             "no native frames below it" if native_known else "native frames not sampled")
+    code = f" `{frame.code}`" if frame.code else ""
+    reasons.append(f"hot frame {frame.where()}{code} in {count} of {occurrences} thread "
+                   f"samples; {below}")
+
+
+def rule_stall(evidence: Evidence) -> Verdict | None:
+    """The runner saw no heartbeat for its stall timeout: classify from CPU time and stacks."""
+    outcome = evidence.outcome
+    if not (outcome.killed_by_runner and outcome.kill_reason == "stall"):
+        return None
+    return _stall_verdict(evidence, [])
+
+
+def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
+    """STALL-COLLECTIVE, STALL-BUSY or DEADLOCK from the stall evidence, in that order:
+    a thread stuck in a collective; CPU >= 0.5 busy; CPU < 0.1 with frozen stacks a deadlock;
+    in between, changing stacks busy and frozen ones a deadlock."""
+    stall = evidence.stall or StallEvidence(
+        since_last_event_s=_gap_before_end(evidence) or 0.0, window_s=0.0, cpu_delta_s=None,
+        unavailable=["no stall evidence was recorded"])
+    facts = {**_position(evidence), "since_last_event_s": stall.since_last_event_s,
+             "cpu_delta_s": stall.cpu_delta_s, "window_s": stall.window_s,
+             "cpu_fraction": stall.cpu_fraction(), "samples": len(stall.samples),
+             "stacks_changed": stacks_change(stall.samples) if len(stall.samples) >= 2 else None,
+             "unavailable": list(stall.unavailable)}
+    reasons = [*preface, _cpu_sentence(stall), _position_sentence(facts)]
+    return _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
+
+
+def _cpu_sentence(stall: StallEvidence) -> str:
+    fraction = stall.cpu_fraction()
+    if fraction is None:
+        return f"no heartbeat for {stall.since_last_event_s:.1f} s; process CPU time unavailable"
+    return (f"no heartbeat for {stall.since_last_event_s:.1f} s while the process used "
+            f"{stall.cpu_delta_s:.1f} s of CPU in {stall.window_s:.1f} s ({fraction:.0%})")
+
+
+def _stall_collective(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict | None:
+    """STALL-COLLECTIVE when a thread waits in a collective (stacks.find_collective)."""
+    found = find_collective(stall.samples)
+    if found is None:
+        return None
+    thread, frame, count = found
+    facts.update(collective=frame.function, collective_frame=frame.where(),
+                 thread=_thread_label(thread), confidence="high")
+    reasons.append(f"{_thread_label(thread)} waits in the collective {frame.where()} in "
+                   f"{count} of {len(stall.samples)} stack samples")
+    return Verdict("STALL-COLLECTIVE", reasons, facts)
+
+
+def _no_stacks(stall: StallEvidence) -> str:
+    return "stacks unavailable: " + ("; ".join(stall.unavailable) or "no sample was taken")
+
+
+def _stall_by_cpu(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
+    """Busy, idle or in between by CPU fraction; unknown CPU falls back on the stacks."""
+    fraction = stall.cpu_fraction()
+    if fraction is None:
+        return _stall_cpu_unknown(stall, facts, reasons)
+    if fraction >= BUSY_CPU_FRACTION:
+        if not stall.samples:
+            reasons.append(_no_stacks(stall) + "; no hot frame")
+        return _busy(stall.samples, facts, reasons, "high")
+    if fraction < IDLE_CPU_FRACTION:
+        return _idle(stall, facts, reasons)
+    return _partly_busy(stall, facts, reasons)
+
+
+def _busy(samples: Sequence[StackSample], facts: dict, reasons: list[str],
+          confidence: str) -> Verdict:
+    """STALL-BUSY with the hot frame and what the stacks show."""
+    facts["confidence"] = confidence
+    _add_hot_frame(samples, facts, reasons)
+    if samples:
+        facts["stacks_class"] = classify(samples)
+    return Verdict("STALL-BUSY", reasons, facts)
+
+
+def _deadlock(samples: Sequence[StackSample], facts: dict, reasons: list[str],
+              confidence: str) -> Verdict:
+    """DEADLOCK naming the wait frame of the last sample, or its hot frame when no known
+    wait is in it."""
+    facts["confidence"] = confidence
+    waiting = _waiting_thread(samples[-1]) if samples else None
+    if waiting is not None:
+        thread, frame = waiting
+        code = f" `{frame.code}`" if frame.code else ""
+        facts.update(wait_frame=frame.where(), wait_function=frame.function,
+                     thread=_thread_label(thread))
+        reasons.append(f"{_thread_label(thread)} is blocked in {frame.where()}{code}")
+        return Verdict("DEADLOCK", reasons, facts)
+    hot = hot_frame(samples)
+    if hot is not None:
+        facts.update(hot_frame=hot[0].where(), hot_function=hot[0].function)
+        reasons.append(f"stopped in {hot[0].where()}, which is not a known lock or wait")
+    return Verdict("DEADLOCK", reasons, facts)
+
+
+def _idle(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
+    """CPU idle: a deadlock. High confidence only with several identical samples that
+    show a wait; lower when the stacks are missing, single, changing or show no wait."""
+    samples = stall.samples
+    if not samples:
+        reasons.append("lower confidence: " + _no_stacks(stall))
+        return _deadlock(samples, facts, reasons, "low")
+    frozen = not stacks_change(samples)
+    waiting = _waiting_thread(samples[-1]) is not None
+    if len(samples) < 2:
+        reasons.append("lower confidence: one stack sample only, so frozen stacks are not shown")
+        return _deadlock(samples, facts, reasons, "medium")
+    if not frozen:
+        reasons.append("lower confidence: the stacks change between samples although the CPU "
+                       "is idle (a polling wait that never ends)")
+        return _deadlock(samples, facts, reasons, "low")
+    reasons.append(f"stacks identical across all {len(samples)} samples")
+    return _deadlock(samples, facts, reasons, "high" if waiting else "medium")
+
+
+def _partly_busy(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
+    """CPU between idle and busy: changing stacks mean work, frozen stacks a deadlock."""
+    samples = stall.samples
+    if len(samples) >= 2 and stacks_change(samples):
+        reasons.append("CPU partly busy and the stacks change between samples: working")
+        return _busy(samples, facts, reasons, "medium")
+    if len(samples) >= 2:
+        reasons.append("CPU partly busy but the stacks are identical across samples: frozen")
+        return _deadlock(samples, facts, reasons, "medium")
+    if samples and _waiting_thread(samples[-1]) is not None:
+        reasons.append("CPU partly busy; one stack sample only, blocked in a wait")
+        return _deadlock(samples, facts, reasons, "low")
+    reasons.append("CPU partly busy and fewer than two stack samples to compare: taken as "
+                   "working, low confidence" + (f" ({_no_stacks(stall)})" if not samples else ""))
+    return _busy(samples, facts, reasons, "low")
+
+
+def _stall_cpu_unknown(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
+    """No CPU reading: the stacks alone decide (see stacks.classify); with no stacks
+    either, busy and idle cannot be told apart and DEADLOCK is stated with low confidence."""
+    samples = stall.samples
+    if not samples:
+        reasons.append("low confidence: neither CPU time nor stacks are available, so busy "
+                       "cannot be told from idle; " + _no_stacks(stall))
+        return _deadlock(samples, facts, reasons, "low")
+    kind = classify(samples)
+    facts["stacks_class"] = kind
+    reasons.append(f"medium confidence: CPU time unavailable; the stacks alone read as {kind}")
+    if kind == "waiting":
+        return _deadlock(samples, facts, reasons, "medium")
+    return _busy(samples, facts, reasons, "medium")
+
+
+def rule_exit_code(evidence: Evidence) -> Verdict:
+    """ERROR for anything else: an exit without an exception or a signal."""
+    outcome, result = evidence.outcome, evidence.result
+    facts = {**_position(evidence), "exit_code": outcome.exit_code,
+             "result_status": (result or {}).get("status")}
+    if result is None:
+        reasons = [f"the child exited with code {outcome.exit_code} without writing a result"]
+    else:
+        reasons = [f"the child exited with code {outcome.exit_code} and result status "
+                   f"{result.get('status')!r} without an exception"]
+    code = outcome.exit_code
+    if code is not None and code > 128 and code - 128 in signals.valid_signals():
+        reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: a shell or launcher "
+                       f"between the runner and the child may report a signal this way")
+    if outcome.killed_by_runner:
+        reasons.append(f"the runner killed it (reason {outcome.kill_reason!r})")
+    reasons.append(_position_sentence(facts))
+    return Verdict("ERROR", reasons, facts)
+
+
+RULES: tuple[Callable[[Evidence], Verdict | None], ...] = (
+    rule_ok, rule_exception, rule_signal, rule_budget, rule_stall)
+
+
+def decide(evidence: Evidence) -> Verdict:
+    """The verdict of the first rule that applies; ``rule_exit_code`` when none does."""
+    for rule in RULES:
+        verdict = rule(evidence)
+        if verdict is not None:
+            return verdict
+    return rule_exit_code(evidence)

@@ -1,0 +1,95 @@
+"""nsadiag sweep-layers / isolate-branch / report end to end, and every usage error."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
+        "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
+        "--set", "w=16", "--seq-len", "64", "--steps", "2", "--stall-timeout", "20"]
+
+
+def nsadiag(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):
+    out = tmp_path / "run"
+    done = nsadiag("sweep-layers", "--layers", "1-3", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [v["verdict"] for v in summary["verdicts"]] == ["OK", "OK", "OK"]
+    assert [r["n_layers"] for r in summary["rows"]] == [1, 2, 3]
+    assert all(r["saved_bytes"] > 0 for r in summary["rows"])
+    # more layers save more for backward, about the same amount per layer
+    saved = [r["saved_bytes"] for r in summary["rows"]]
+    assert saved[0] < saved[1] < saved[2]
+    assert abs((saved[2] - saved[1]) - (saved[1] - saved[0])) < 0.1 * (saved[1] - saved[0])
+    fit = summary["fits"][""]["saved_bytes"]
+    assert fit["r2"] > 0.99 and set(fit["extrapolated"]) == {"4", "5"}
+    report = (out / "report.md").read_text()
+    for section in ("## Executive summary", "## Configuration", "## Results", "## Evidence",
+                    "## Analysis", "Ruled out:", "Implicated:", "## Minimal reproduction",
+                    "## Recommendations"):
+        assert section in report
+    assert (out / "sweep.png").stat().st_size > 1000
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 3
+
+    # a rerun in the same directory resumes: nothing new is run
+    again = nsadiag("sweep-layers", "--layers", "1-3", *TINY, "--out", str(out))
+    assert again.returncode == 0
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 3
+
+    # report re-renders from the stored trials
+    (out / "report.md").unlink()
+    rendered = nsadiag("report", str(out))
+    assert rendered.returncode == 0 and (out / "report.md").read_text() == report
+
+
+def test_isolate_branch_attributes_time_to_the_branch(tmp_path):
+    out = tmp_path / "iso"
+    done = nsadiag("isolate-branch", "win", "--layers", "1-2", *TINY, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    labels = [(r["label"], r["n_layers"]) for r in summary["rows"]]
+    assert labels == [("all branches", 1), ("all branches", 2), ("win only", 1),
+                      ("win only", 2)]
+    rows = {(r["label"], r["n_layers"]): r for r in summary["rows"]}
+    # the window branch alone saves less for backward than all three branches
+    assert rows["win only", 2]["saved_bytes"] < rows["all branches", 2]["saved_bytes"]
+    assert "What the win branch costs" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sweep-layers", "--target", "no_such_pkg.mod:make"], "target: cannot import"),
+    (["sweep-layers", "--target", "repro.per_token_loop:make", "--grad-ckpt"],
+     "does not accept 'grad_ckpt'"),
+    (["sweep-layers", "--layers", "5-2"], "layers:"),
+    (["sweep-layers", "--layers", "x"], "layers:"),
+    (["sweep-layers", "--stall-timeout", "0"], "stall-timeout:"),
+    (["sweep-layers", "--budget", "-1"], "budget:"),
+    (["sweep-layers", "--set", "d=5"], "d: must divide"),
+    (["sweep-layers", "--set", "nope"], "--set: expected key=value"),
+    (["sweep-layers", "--dtype", "int8"], "dtype:"),
+    (["isolate-branch", "attn"], "branch:"),
+    (["report", "/nonexistent/run"], "run_dir:"),
+])
+def test_usage_errors_are_one_line_exit_2(args, message, tmp_path):
+    done = nsadiag(*args, "--out", str(tmp_path / "r")) if args[0] != "report" else \
+        nsadiag(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "r" / "trials.jsonl").exists()
+
+
+def test_unwritable_output_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    done = nsadiag("sweep-layers", "--out", str(blocker / "run"), *TINY)
+    assert done.returncode == 2
+    assert done.stderr.startswith("nsadiag: error: out: cannot write to")

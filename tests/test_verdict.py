@@ -1,0 +1,304 @@
+"""Verdicts from recorded evidence (tests/fixtures/verdict/*.json, written by hand in the
+runner's formats), and the progress and hot-frame helpers on hand-computed cases."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from nsadiag.evidence import Evidence, StackFrame, StackSample, ThreadStack
+from nsadiag.verdict import decide, hot_frame, progress
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
+GiB = 2**30
+
+
+def raw(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def load(name: str) -> Evidence:
+    return Evidence.from_dict(raw(name))
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in FIXTURES.glob("*.json")))
+def test_evidence_round_trips_through_json(name):
+    evidence = load(name)
+    again = Evidence.from_dict(json.loads(json.dumps(evidence.to_dict())))
+    assert again == evidence
+    assert again.to_dict() == raw(name)
+
+
+# ---- SLOW ---------------------------------------------------------------------------------
+
+
+def test_budget_kill_while_progressing_is_slow_with_rate_fraction_and_eta():
+    # 605 of 21 x 72 = 1512 module events done at one event per 0.05 s (20/s):
+    # fraction 605/1512 = 40.0 %, ETA (1512 - 605) / 20 = 45.35 s.
+    verdict = decide(load("slow_budget.json"))
+    assert verdict.name == "SLOW"
+    facts = verdict.facts
+    assert facts["rate"] == pytest.approx(20.0, abs=0.05)
+    assert facts["events_done"] == 605 and facts["events_expected"] == 1512
+    assert facts["fraction_done"] == pytest.approx(605 / 1512)
+    assert facts["eta_s"] == pytest.approx(45.35, abs=1.0)
+    assert facts["since_last_event_s"] == pytest.approx(0.4, abs=1e-3)
+    assert facts["hot_function"] == "_select_per_token"
+    assert facts["hot_frame"] == "_select_per_token (per_token_loop.py:38)"
+    assert facts["hot_count"] == 3 and facts["native_below"] is False
+    assert facts["last_module"] == "blocks.2.attn.win" and facts["last_step"] == 8
+    assert facts["step_s"] == pytest.approx(3.602)
+    assert "40% done: 605 of 1512 module events (72 per step x 21 steps)" in verdict.reasons
+    assert "ETA 45 s for the remainder at that pace" in verdict.reasons
+
+
+def test_budget_kill_within_the_stall_window_is_slow_even_after_a_pause():
+    data = raw("slow_budget.json")
+    data["outcome"]["ended_at"] = data["events"][-1]["t"] + 9.5  # stall window is 10 s
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW"
+    assert verdict.facts["since_last_event_s"] == pytest.approx(9.5, abs=1e-3)
+
+
+def test_budget_kill_without_a_recorded_end_time_is_slow_because_no_stall_fired():
+    data = raw("slow_budget.json")
+    data["outcome"]["ended_at"] = None
+    data["stall"] = None
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW" and verdict.facts["since_last_event_s"] is None
+    assert verdict.facts["eta_s"] == pytest.approx(45.35, abs=1.0)
+    assert verdict.reasons[0].endswith("at an unrecorded time, and the runner's stall watch had "
+                                       "not fired")
+
+
+def test_budget_kill_long_after_the_last_heartbeat_is_not_slow():
+    data = raw("slow_budget.json")
+    data["outcome"]["ended_at"] = data["events"][-1]["t"] + 25.0
+    data["stall"] = None
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "DEADLOCK"
+    assert verdict.facts["confidence"] == "low"
+    assert verdict.reasons[0] == ("the budget ran out after 32.0 s, but the last heartbeat came "
+                                  "25.0 s before the kill (stall window 10.0 s): not progressing")
+    assert any("busy cannot be told from idle" in reason for reason in verdict.reasons)
+
+
+def test_budget_kill_after_heartbeats_stopped_with_busy_cpu_is_stall_busy():
+    data = raw("slow_budget.json")
+    data["outcome"]["ended_at"] = data["events"][-1]["t"] + 25.0
+    data["stall"].update(since_last_event_s=25.0, window_s=25.0, cpu_delta_s=24.6)
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "STALL-BUSY"
+    assert verdict.facts["cpu_fraction"] == pytest.approx(24.6 / 25.0)
+    assert verdict.facts["hot_function"] == "_select_per_token"
+    assert verdict.facts["stacks_class"] == "busy-python"
+
+
+# ---- stalls -------------------------------------------------------------------------------
+
+
+def test_idle_frozen_stacks_in_acquire_are_a_deadlock():
+    verdict = decide(load("deadlock_lock.json"))
+    assert verdict.name == "DEADLOCK"
+    facts = verdict.facts
+    assert facts["confidence"] == "high"
+    assert facts["cpu_fraction"] == 0.0 and facts["stacks_changed"] is False
+    assert facts["wait_function"] == "acquire"
+    assert facts["wait_frame"] == "acquire (lock_deadlock.py:31)"
+    assert facts["last_module"] == "blocks.0.attn.select"
+    assert verdict.reasons[0] == ("no heartbeat for 12.0 s while the process used 0.0 s of CPU "
+                                  "in 12.0 s (0%)")
+    assert "MainThread is blocked in acquire (lock_deadlock.py:31) `self._inner.acquire()`" \
+        in verdict.reasons
+
+
+def test_idle_without_stacks_is_a_deadlock_with_lower_confidence():
+    data = raw("deadlock_lock.json")
+    data["stall"]["samples"] = []
+    data["stall"]["unavailable"] = ["py-spy: ptrace refused for pid 5120 (Operation not "
+                                    "permitted (os error 1))"]
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "DEADLOCK"
+    assert verdict.facts["confidence"] == "low"
+    assert ("lower confidence: stacks unavailable: py-spy: ptrace refused for pid 5120 "
+            "(Operation not permitted (os error 1))") in verdict.reasons
+
+
+def test_partly_busy_cpu_with_frozen_stacks_is_deadlock_and_with_moving_stacks_busy():
+    data = raw("deadlock_lock.json")
+    data["stall"]["cpu_delta_s"] = 3.6  # 30 % of the 12 s window
+    frozen = decide(Evidence.from_dict(data))
+    assert frozen.name == "DEADLOCK" and frozen.facts["confidence"] == "medium"
+    assert "CPU partly busy but the stacks are identical across samples: frozen" \
+        in frozen.reasons
+    moving = copy.deepcopy(data)
+    moving["stall"]["samples"][1]["threads"][0]["frames"][0]["line"] = 32
+    busy = decide(Evidence.from_dict(moving))
+    assert busy.name == "STALL-BUSY" and busy.facts["confidence"] == "medium"
+    assert busy.facts["hot_function"] == "acquire"
+
+
+def test_busy_native_matmul_is_stall_busy_naming_the_python_frame_above_it():
+    verdict = decide(load("busy_matmul.json"))
+    assert verdict.name == "STALL-BUSY"
+    facts = verdict.facts
+    assert facts["cpu_fraction"] == pytest.approx(0.99)
+    assert facts["hot_function"] == "_dense_scores"
+    assert facts["hot_frame"] == "_dense_scores (dense_mask.py:27)"
+    assert facts["hot_count"] == 3 and facts["native_below"] is True
+    assert facts["stacks_class"] == "busy-native"
+    assert verdict.reasons[0] == ("no heartbeat for 10.0 s while the process used 9.9 s of CPU "
+                                  "in 10.0 s (99%)")
+
+
+def test_rank_waiting_in_all_reduce_is_stall_collective():
+    verdict = decide(load("collective_all_reduce.json"))
+    assert verdict.name == "STALL-COLLECTIVE"
+    assert verdict.facts["collective"] == "all_reduce"
+    assert verdict.facts["collective_frame"] == "all_reduce (distributed_c10d.py:2806)"
+    assert verdict.facts["thread"] == "MainThread"
+    assert verdict.facts["last_module"] == "blocks.3" and verdict.facts["last_step"] == 2
+
+
+def test_a_collective_decides_before_cpu_time():
+    data = raw("collective_all_reduce.json")
+    data["stall"]["cpu_delta_s"] = 29.7  # a busy-polling transport still waits in the collective
+    assert decide(Evidence.from_dict(data)).name == "STALL-COLLECTIVE"
+
+
+def test_a_collective_in_one_sample_of_three_is_passing_through_not_stuck():
+    data = raw("collective_all_reduce.json")
+    data["stall"]["cpu_delta_s"] = 29.7
+    for sample in data["stall"]["samples"][:2]:  # the first two samples are in user code
+        sample["threads"][0]["frames"] = sample["threads"][0]["frames"][3:]
+        sample["threads"][0]["active"] = True
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "STALL-BUSY"
+    assert verdict.facts["hot_frame"] == "forward (rank_divergent.py:40)"
+    assert verdict.facts["hot_count"] == 2
+
+
+# ---- OOM, CRASH, ERROR, OK ----------------------------------------------------------------
+
+
+def test_cuda_out_of_memory_exception_is_oom():
+    verdict = decide(load("oom_exception.json"))
+    assert verdict.name == "OOM"
+    assert verdict.facts["exception_type"] == "torch.OutOfMemoryError"
+    assert verdict.facts["where"] == "/work/main/repro/dense_mask.py:27 in _dense_scores"
+    assert verdict.facts["peak_cuda"] == 69 * GiB
+
+
+def test_cpu_allocator_failure_is_oom_even_as_a_runtime_error():
+    data = raw("runtime_error.json")
+    data["result"]["oom"] = False
+    data["result"]["exception"]["message"] = (
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "OOM" and verdict.facts["exception_type"] == "RuntimeError"
+
+
+def test_sigkill_under_a_memory_cap_is_oom():
+    verdict = decide(load("sigkill_memory_cap.json"))
+    assert verdict.name == "OOM"
+    assert verdict.facts["signal_name"] == "SIGKILL"
+    assert verdict.facts["memory_cap_bytes"] == 8 * GiB
+    assert "RSS at the last heartbeat was 7.56 GiB" in verdict.reasons
+
+
+def test_sigkill_without_a_cap_is_a_crash_unless_the_oom_killer_reported_it():
+    data = raw("sigkill_memory_cap.json")
+    data["outcome"]["memory_cap_bytes"] = None
+    crash = decide(Evidence.from_dict(data))
+    assert crash.name == "CRASH" and crash.facts["signal_name"] == "SIGKILL"
+    data["outcome"]["oom_killer"] = True
+    assert decide(Evidence.from_dict(data)).name == "OOM"
+
+
+def test_sigsegv_is_a_crash_naming_the_signal():
+    verdict = decide(load("sigsegv.json"))
+    assert verdict.name == "CRASH"
+    assert verdict.facts["signal"] == 11 and verdict.facts["signal_name"] == "SIGSEGV"
+    assert verdict.facts["last_module"] == "blocks.1.attn.sel"
+    assert verdict.reasons[0].startswith("the child died of SIGSEGV (signal 11) after 6.3 s")
+
+
+def test_runtime_error_is_error_with_type_message_and_project_frame():
+    verdict = decide(load("runtime_error.json"))
+    assert verdict.name == "ERROR"
+    assert verdict.facts["exception_type"] == "RuntimeError"
+    assert verdict.facts["message"].startswith("Trying to backward through the graph a second")
+    assert verdict.facts["where"] == "/work/main/repro/double_backward.py:33 in loss"
+
+
+def test_ok_result_with_exit_zero_is_ok():
+    verdict = decide(load("ok.json"))
+    assert verdict.name == "OK"
+    assert verdict.facts == {"steps_done": 20, "wall_s": 75.4, "peak_rss": 1_900_000_000}
+
+
+def test_nonzero_exit_without_exception_or_signal_is_error_with_the_exit_code():
+    data = raw("ok.json")
+    data["result"] = None
+    data["outcome"]["exit_code"] = 137
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "ERROR" and verdict.facts["exit_code"] == 137
+    assert verdict.reasons[0] == "the child exited with code 137 without writing a result"
+    assert verdict.reasons[1].startswith("137 = 128 + SIGKILL")
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _module(t: float, seq: int, step: int, phase: str, module: str = "blocks.0") -> dict:
+    return {"t": t, "seq": seq, "kind": "module", "phase": phase, "step": step,
+            "module": module, "edge": "enter", "rss": 1, "cuda_alloc": None,
+            "cuda_reserved": None}
+
+
+def test_progress_rate_counts_intervals_inside_the_window():
+    events = [_module(float(t), t, 0, "forward") for t in range(11)]  # one per second
+    p = progress(events, expected_events_per_step=10, total_steps=4, module_events_done=11,
+                 window_s=5.0)
+    assert p.rate == pytest.approx(1.0) and p.window_s == pytest.approx(5.0)
+    assert p.fraction == pytest.approx(11 / 40)
+    assert p.eta_s == pytest.approx(29.0)
+    assert p.basis == "module events"
+    overrun = progress(events, expected_events_per_step=2, total_steps=4, window_s=5.0)
+    assert overrun.fraction == 1.0 and overrun.eta_s == 0.0
+
+
+def test_progress_without_events_per_step_uses_the_backward_position():
+    # Step 0 of 3: 20 forward events, then 10 of about 20 backward events -> 0.75 of a step.
+    events = [{"t": 0.0, "seq": 0, "kind": "start", "phase": "build", "step": 0}]
+    events += [_module(1.0 + 0.1 * i, 1 + i, 0, "forward") for i in range(20)]
+    events += [{"t": 3.0, "seq": 21, "kind": "start", "phase": "backward", "step": 0}]
+    events += [_module(3.1 + 0.1 * i, 22 + i, 0, "backward") for i in range(10)]
+    p = progress(events, expected_events_per_step=None, total_steps=3)
+    assert p.fraction == pytest.approx(0.25)
+    assert p.eta_s == pytest.approx(events[-1]["t"] * 3)  # 4.0 s for a quarter: 12 s total
+    assert p.events_done == 30 and p.events_expected is None
+
+
+def test_progress_inside_the_first_forward_has_no_eta():
+    events = [{"t": 0.0, "seq": 0, "kind": "start", "phase": "build", "step": 0},
+              _module(1.0, 1, 0, "forward"), _module(2.0, 2, 0, "forward")]
+    p = progress(events, expected_events_per_step=None, total_steps=5)
+    assert p.fraction == 0.0 and p.eta_s is None and p.rate == pytest.approx(1.0)
+
+
+def test_hot_frame_counts_running_threads_and_reports_the_common_line():
+    def sample(line: int) -> StackSample:
+        busy = ThreadStack(1, "MainThread", [StackFrame("step", "/m/loop.py", line),
+                                             StackFrame("<module>", "/m/loop.py", 3)])
+        idle = ThreadStack(2, "Thread-1", [StackFrame("wait", "/usr/lib/threading.py", 327)],
+                           active=False)
+        return StackSample(t=float(line), pid=9, threads=[busy, idle])
+
+    frame, count, native_below = hot_frame([sample(10), sample(11), sample(10)])
+    assert (frame.function, frame.line, count, native_below) == ("step", 10, 3, False)
+    assert hot_frame([]) is None

@@ -1,0 +1,70 @@
+"""The fault zoo diagnosed end to end: each entry gets the verdict its docstring states,
+and no process of any trial outlives it."""
+
+import psutil
+
+from nsadiag.runner import run_trial
+from nsadiag.spec import TrialSpec
+
+QUICK = dict(seq_len=64, batch=2, steps=2, stall_timeout_s=3.0, budget_s=60.0)
+
+
+def _diagnose(tmp_path, target, **changes):
+    spec = TrialSpec(target=target, out_dir=str(tmp_path / "trial"), **{**QUICK, **changes})
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    record = run_trial(spec.validate())
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after <= before, "a trial process outlived its trial"
+    return record
+
+
+def test_healthy_nsa_is_ok(tmp_path):
+    record = _diagnose(tmp_path, "nsa", n_layers=2, overrides=dict(
+        dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3, w=16))
+    assert record.verdict_name == "OK", record.verdict
+
+
+def test_per_token_loop_is_slow_with_an_eta(tmp_path):
+    record = _diagnose(tmp_path, "repro.per_token_loop:make", seq_len=384, steps=30,
+                       budget_s=8.0, stall_timeout_s=5.0)
+    assert record.verdict_name == "SLOW", record.verdict
+    facts = record.verdict["facts"]
+    assert facts["eta_s"] > 8.0  # 30 steps at > 1 s each cannot end within the budget
+    assert facts["rate"] > 0
+
+
+def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
+    record = _diagnose(tmp_path, "repro.lock_deadlock:make")
+    assert record.verdict_name == "DEADLOCK", record.verdict
+    assert "_wait_for_lock" in " ".join(record.verdict["reasons"])
+
+
+def test_long_native_op_is_stall_busy(tmp_path):
+    record = _diagnose(tmp_path, "repro.native_stall:make")
+    assert record.verdict_name == "STALL-BUSY", record.verdict
+    assert "GrindingBlock" in str(record.verdict["facts"]) or \
+        "forward" in str(record.verdict["facts"].get("hot_frame"))
+
+
+def test_exception_in_backward_is_an_error(tmp_path):
+    record = _diagnose(tmp_path, "repro.backward_error:make")
+    assert record.verdict_name == "ERROR", record.verdict
+    assert "RuntimeError" in record.verdict["reasons"][0]
+    assert "gradient buffer layout mismatch" in " ".join(record.verdict["reasons"])
+
+
+def test_segfault_is_a_crash(tmp_path):
+    record = _diagnose(tmp_path, "repro.hard_crash:make")
+    assert record.verdict_name == "CRASH", record.verdict
+    assert "SIGSEGV" in " ".join(record.verdict["reasons"])
+
+
+def test_dense_masks_run_out_of_memory_under_a_cap(tmp_path):
+    """The same cap holds S=512 easily; S=4096 needs ~64x the attention memory."""
+    cap = 5 * 2**30 // 4
+    small = _diagnose(tmp_path / "small", "repro.dense_masks:make", seq_len=512, batch=1,
+                      memory_cap_bytes=cap)
+    assert small.verdict_name == "OK", small.verdict
+    large = _diagnose(tmp_path / "large", "repro.dense_masks:make", seq_len=4096, batch=1,
+                      memory_cap_bytes=cap)
+    assert large.verdict_name == "OOM", large.verdict
