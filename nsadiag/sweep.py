@@ -82,8 +82,23 @@ def parse_layers(text: str) -> list[int]:
     return sorted(counts)
 
 
+def _result_or_events(record: TrialRecord) -> dict[str, Any]:
+    """The child's result, or for a trial killed before writing one, the same timings
+    rebuilt from its "step" heartbeat events."""
+    result = record.evidence.get("result")
+    if result:
+        return result
+    steps = [e for e in record.evidence.get("events", []) if e.get("kind") == "step"]
+    rebuilt: dict[str, Any] = {key: [e[key] for e in steps if key in e]
+                               for key in ("step_s", "forward_s", "backward_s")}
+    rebuilt["steps_done"] = (steps[-1]["step"] + 1) if steps else 0
+    rss = [e["rss"] for e in record.evidence.get("events", []) if e.get("rss")]
+    rebuilt["peak_rss"] = max(rss) if rss else None
+    return rebuilt
+
+
 def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
-    result = record.evidence.get("result") or {}
+    result = _result_or_events(record)
 
     def median(key: str) -> float | None:
         values = result.get(key) or []
@@ -136,7 +151,7 @@ def _least_squares(xs: Sequence[float], ys: Sequence[float], degree: int) -> lis
     """Polynomial coefficients (highest power first) by normal equations; len(xs) > degree."""
     import numpy as np
 
-    return list(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), degree))
+    return [float(c) for c in np.polyfit(np.asarray(xs, float), np.asarray(ys, float), degree)]
 
 
 def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
@@ -150,6 +165,7 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
     ss_tot = sum((y - mean) ** 2 for y in ys)
     ss_lin = sum((y - p) ** 2 for y, p in zip(ys, predicted, strict=True))
     r2 = 1.0 - ss_lin / ss_tot if ss_tot > 0 else 1.0
+    a = b = c = 0.0
     curvature, super_linear = 0.0, False
     if len(xs) >= 4:
         a, b, c = _least_squares(xs, ys, 2)
@@ -157,8 +173,8 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
         curvature = a
         # growing faster than linear: positive curvature that removes most of the residual,
         # and a last point well above the line through the earlier ones
-        super_linear = a > 0 and ss_lin > 0 and ss_quad < 0.25 * ss_lin and \
-            ys[-1] > 1.1 * predicted[-1]
+        super_linear = bool(a > 0 and ss_lin > 0 and ss_quad < 0.25 * ss_lin
+                            and ys[-1] > 1.1 * predicted[-1])
     fit = Fit(quantity, slope, intercept, r2, curvature, super_linear)
     for x in extrapolate_to:
         fit.extrapolated[x] = (a * x * x + b * x + c) if super_linear else slope * x + intercept

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Regenerates the example nsadiag reports under reports/ on the CPU (about five minutes).
+# The layer benchmark has its own script: bench/bench_layer.py (make bench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+NSADIAG=("$PY" -m nsadiag.cli)
+
+run() {  # run NAME ARGS...: one command into runs/example-NAME, its report into reports/NAME
+  local name=$1; shift
+  rm -rf "runs/example-$name"
+  "${NSADIAG[@]}" "$@" --out "runs/example-$name" || true  # a failure verdict is the point
+  mkdir -p "reports/$name"
+  cp "runs/example-$name"/{report.md,summary.json} "reports/$name/"
+  if [ -f "runs/example-$name/sweep.png" ]; then cp "runs/example-$name/sweep.png" "reports/$name/"; fi
+}
+
+run sweep-layers sweep-layers --layers 1-6 --seq-len 256
+run isolate-branch isolate-branch sel --layers 1-4 --seq-len 256
+run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --seq-len 1024 \
+    --steps 30 --budget 10 --stall-timeout 30
+run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
+    --stall-timeout 5
