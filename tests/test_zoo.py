@@ -68,3 +68,15 @@ def test_dense_masks_run_out_of_memory_under_a_cap(tmp_path):
     large = _diagnose(tmp_path / "large", "repro.dense_masks:make", seq_len=4096, batch=1,
                       memory_cap_bytes=cap)
     assert large.verdict_name == "OOM", large.verdict
+
+
+def test_verdict_still_comes_without_py_spy(tmp_path, monkeypatch):
+    """No stacks (py-spy missing or ptrace refused): the verdict comes from heartbeats and
+    /proc, and the evidence says what was unavailable and why."""
+    from nsadiag.probes import stacks
+
+    monkeypatch.setattr(stacks, "capture", lambda *a, **k: "py-spy: not found on PATH")
+    record = _diagnose(tmp_path, "repro.lock_deadlock:make")
+    assert record.verdict_name == "DEADLOCK", record.verdict
+    assert "py-spy: not found on PATH" in record.evidence["stall"]["unavailable"]
+    assert any("stacks unavailable" in reason for reason in record.verdict["reasons"])
