@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check nsa nsadiag tests bench
+	$(VENV)/bin/ruff check nsa nsadiag repro tests bench
 
 bench: $(STAMP)
 	$(PY) bench/bench_layer.py --model-step

@@ -75,6 +75,13 @@ def _base_spec(target, overrides, seq_len, batch, dtype, grad_ckpt, device, back
         fail(str(err))
 
 
+def _layer_counts(text: str) -> list[int]:
+    try:
+        return parse_layers(text)
+    except ValueError as err:
+        fail(str(err))
+
+
 class _Follow:
     """A rich progress bar over trials, with the heartbeat count of the running one."""
 
@@ -145,10 +152,7 @@ def sweep_layers_cmd(
         memory_cap_mb: int = typer.Option(None, help="Address-space cap of each child."),
         seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory.")):
     """One watched trial per layer count: verdicts, time and memory fits, report."""
-    try:
-        counts = parse_layers(layers)
-    except ValueError as err:
-        fail(str(err))
+    counts = _layer_counts(layers)
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
     run_dir = out or default_run_dir("sweep-layers")
@@ -167,10 +171,7 @@ def isolate_branch_cmd(
         budget: float = typer.Option(600.0), memory_cap_mb: int = typer.Option(None),
         seed: int = typer.Option(0), out: Path = typer.Option(None)):
     """The layer sweep with only BRANCH computed, beside all three branches."""
-    try:
-        counts = parse_layers(layers)
-    except ValueError as err:
-        fail(str(err))
+    counts = _layer_counts(layers)
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
     run_dir = out or default_run_dir("isolate-branch")
