@@ -93,3 +93,33 @@ def test_unwritable_output_directory_is_one_line(tmp_path):
     done = nsadiag("sweep-layers", "--out", str(blocker / "run"), *TINY)
     assert done.returncode == 2
     assert done.stderr.startswith("nsadiag: error: out: cannot write to")
+
+
+def test_ctrl_c_kills_the_trial_and_keeps_finished_trials(tmp_path):
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "sweep-layers", "--target",
+                             "repro.per_token_loop:make", "--layers", "1,2", "--seq-len", "512",
+                             "--steps", "200", "--stall-timeout", "60", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not list(out.glob("trial-0/events.jsonl")) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)  # the child is training now
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the trial child should be running"
+        os.kill(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+    assert not (out / "trials.jsonl").exists()  # nothing had finished
