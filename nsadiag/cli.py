@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
+from nsadiag.commands.stacks import stacks_command
 from nsadiag.commands.sweep import Callbacks, default_run_dir, isolate_branch, sweep_layers
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
@@ -177,6 +178,32 @@ def isolate_branch_cmd(
     run_dir = out or default_run_dir("isolate-branch")
     _print_report(_run(isolate_branch, base, branch, counts, run_dir, _argv(),
                        total=2 * len(counts)))
+
+
+@app.command("stacks")
+def stacks_cmd(pid: int = typer.Argument(..., help="A process, or a launcher with --ranks."),
+               ranks: bool = typer.Option(False, "--ranks",
+                                          help="Sample every Python child (torchrun ranks)."),
+               native: bool = typer.Option(False, "--native", help="Native frames too."),
+               samples: int = typer.Option(3, help="Samples per process."),
+               interval: float = typer.Option(1.0, help="Seconds between samples."),
+               as_json: bool = typer.Option(False, "--json")):
+    """What a live process is doing: sampled stacks, CPU use, waiting or busy."""
+    try:
+        summary = stacks_command(pid, ranks, samples, interval, native)
+    except ValueError as err:
+        fail(str(err))
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return
+    table = Table("pid", "rank", "state", "CPU", "innermost frames")
+    for proc in summary["processes"]:
+        cpu = "-" if proc["cpu_fraction"] is None else f"{100 * proc['cpu_fraction']:.0f}%"
+        table.add_row(str(proc["pid"]), str(proc["rank"] if proc["rank"] is not None else "-"),
+                      proc["state"], cpu, proc["signature"] or "; ".join(proc["unavailable"]))
+    console.print(table)
+    for pid_odd in summary["odd_ones_out"]:
+        console.print(f"[bold red]odd one out:[/bold red] pid {pid_odd} differs from the rest")
 
 
 @app.command("report")

@@ -1,0 +1,150 @@
+"""nsadiag stacks: what a live process (or every rank of a torchrun job) is doing.
+
+For each process: several py-spy samples spaced `interval_s` apart (the Python-only dump
+first; with `native`, a native dump under a hard deadline — py-spy resumes the target
+itself, and a dump that times out is abandoned, never left attached), the CPU time the
+process used meanwhile, and a classification from `probes.stacks.classify`: waiting,
+busy-python, busy-native or in-collective. With `ranks`, the processes are the Python
+children of a torchrun (or any launcher) PID; identical innermost stacks are clustered and
+a rank alone in its cluster is named the odd one out.
+
+Before anything, ptrace permission is checked; a refusal is one clear line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from nsadiag.envinfo import ptrace_permission
+from nsadiag.evidence import StackSample
+from nsadiag.probes import stacks
+
+
+@dataclass
+class ProcessReport:
+    pid: int
+    rank: int | None
+    cmdline: str
+    samples: list[StackSample] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    cpu_fraction: float | None = None
+    state: str = "unknown"
+    signature: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "rank": self.rank, "cmdline": self.cmdline,
+                "state": self.state, "cpu_fraction": self.cpu_fraction,
+                "signature": self.signature, "unavailable": self.unavailable,
+                "samples": [s.to_dict() for s in self.samples]}
+
+
+def check_can_attach(pid: int) -> None:
+    """ValueError (one line) when the process is missing or ptrace will be refused."""
+    if not psutil.pid_exists(pid):
+        raise ValueError(f"pid: no process {pid}")
+    permission = ptrace_permission()
+    if permission.startswith("refused"):
+        raise ValueError(f"ptrace: {permission}")
+    if permission.startswith("children only") and pid not in _own_descendants():
+        raise ValueError(f"ptrace: process {pid} is not a child of this shell and "
+                         f"{permission}")
+
+
+def _own_descendants() -> set[int]:
+    me = psutil.Process()
+    return {p.pid for p in me.children(recursive=True)}
+
+
+def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
+    """(pid, rank) of the Python processes under a launcher, ranks from their RANK env."""
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        raise ValueError(f"pid: no process {launcher_pid}") from None
+    found = []
+    for child in children:
+        try:
+            if "python" not in " ".join(child.cmdline()).lower():
+                continue
+            rank = child.environ().get("RANK")
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        found.append((child.pid, int(rank) if rank and rank.isdigit() else None))
+    if not found:
+        raise ValueError(f"ranks: no Python process under {launcher_pid}")
+    return sorted(found, key=lambda item: (item[1] is None, item[1], item[0]))
+
+
+def _signature(sample: StackSample) -> str:
+    """The innermost Python frame of each busy-or-main thread: what clusters ranks."""
+    parts = []
+    for thread in sample.threads:
+        frame, _ = stacks.innermost_python(thread)
+        if frame is not None and (thread.active or thread.name == "MainThread"):
+            parts.append(frame.where())
+    return " | ".join(sorted(parts)) or "no Python frame"
+
+
+def sample_process(pid: int, rank: int | None, count: int, interval_s: float,
+                   native: bool, timeout_s: float) -> ProcessReport:
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except psutil.NoSuchProcess:
+        return ProcessReport(pid, rank, "", unavailable=["process is gone"], state="gone")
+    report = ProcessReport(pid, rank, cmdline)
+    for i in range(count):
+        if i:
+            time.sleep(interval_s)
+        taken = stacks.capture(pid, native=native, timeout_s=timeout_s)
+        if isinstance(taken, str):
+            report.unavailable.append(taken)
+        else:
+            report.samples.append(taken)
+    report.unavailable = sorted(set(report.unavailable))
+    if report.samples:
+        report.cpu_fraction = stacks.cpu_fraction(report.samples)
+        report.state = stacks.classify(report.samples)
+        report.signature = _signature(report.samples[-1])
+    return report
+
+
+def odd_ones_out(reports: list[ProcessReport]) -> list[ProcessReport]:
+    """Processes whose stack signature no other process shares, when the others agree."""
+    clusters: dict[str, list[ProcessReport]] = defaultdict(list)
+    for report in reports:
+        if report.samples:
+            clusters[report.signature].append(report)
+    if len(clusters) < 2:
+        return []
+    largest = max(len(members) for members in clusters.values())
+    return [r for members in clusters.values() if len(members) == 1 and largest > 1
+            for r in members]
+
+
+def stacks_command(pid: int, ranks: bool, count: int, interval_s: float, native: bool,
+                   timeout_s: float = 10.0) -> dict[str, Any]:
+    """Sample one process, or every rank under a launcher; returns a JSON-able summary."""
+    if count < 1:
+        raise ValueError(f"samples: must be >= 1, got {count}")
+    if interval_s < 0:
+        raise ValueError(f"interval: must be >= 0 seconds, got {interval_s:g}")
+    targets = rank_processes(pid) if ranks else [(pid, None)]
+    for target, _ in targets:
+        check_can_attach(target)
+    reports = [sample_process(p, r, count, interval_s, native, timeout_s) for p, r in targets]
+    odd = odd_ones_out(reports) if ranks else []
+    return {"processes": [r.to_dict() for r in reports],
+            "clusters": _clusters(reports), "odd_ones_out": [r.pid for r in odd]}
+
+
+def _clusters(reports: list[ProcessReport]) -> list[dict[str, Any]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for report in reports:
+        groups[report.signature or "no sample"].append(report.rank if report.rank is not None
+                                                        else report.pid)
+    return [{"signature": sig, "members": members} for sig, members in groups.items()]

@@ -1,0 +1,62 @@
+"""nsadiag stacks on live processes: one waiting process, and ranks under a launcher with
+one rank doing something else."""
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+
+LAUNCHER = r"""
+import os, subprocess, sys, time
+WAIT = "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n"
+SPIN = "def spin():\n    while True:\n        pass\nspin()\n"
+procs = [subprocess.Popen([sys.executable, "-c", SPIN if rank == 2 else WAIT],
+                          env={**os.environ, "RANK": str(rank)}) for rank in range(3)]
+time.sleep(600)
+"""
+
+
+def nsadiag(*args):
+    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def _kill_tree(proc):
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_ranks_are_clustered_and_the_odd_rank_is_named():
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER])
+    try:
+        deadline = time.time() + 30
+        while len(psutil.Process(launcher.pid).children()) < 3 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # let the children reach their lock or loop
+        done = nsadiag("stacks", str(launcher.pid), "--ranks", "--samples", "3",
+                       "--interval", "0.3", "--json")
+    finally:
+        _kill_tree(launcher)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    by_rank = {p["rank"]: p for p in summary["processes"]}
+    assert sorted(by_rank) == [0, 1, 2]
+    assert by_rank[0]["state"] == by_rank[1]["state"] == "waiting"
+    assert by_rank[2]["state"] == "busy-python"
+    assert summary["odd_ones_out"] == [by_rank[2]["pid"]]
+    assert any(c["members"] == [0, 1] for c in summary["clusters"])
+
+
+def test_missing_process_is_one_line_exit_2():
+    done = nsadiag("stacks", "999999999")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "nsadiag: error: pid: no process 999999999"
+
+
+def test_bad_sample_count_is_one_line_exit_2():
+    done = nsadiag("stacks", "1", "--samples", "0")
+    assert done.returncode == 2 and "samples: must be >= 1" in done.stderr
