@@ -15,8 +15,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
+from nsadiag.commands.memory import memory_command
 from nsadiag.commands.stacks import stacks_command
-from nsadiag.commands.sweep import Callbacks, default_run_dir, isolate_branch, sweep_layers
+from nsadiag.commands.sweep import (
+    Callbacks,
+    check_target,
+    default_run_dir,
+    isolate_branch,
+    sweep_layers,
+)
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.runner import TrialRecord
@@ -178,6 +185,52 @@ def isolate_branch_cmd(
     run_dir = out or default_run_dir("isolate-branch")
     _print_report(_run(isolate_branch, base, branch, counts, run_dir, _argv(),
                        total=2 * len(counts)))
+
+
+@app.command("memory")
+def memory_cmd(target: str = TARGET, set_: list[str] = SET,
+               layers: int = typer.Option(None, help="Number of layers."),
+               seq_len: int = typer.Option(2048), batch: int = typer.Option(1),
+               dtype: str = typer.Option("float32"),
+               grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+               device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+               steps: int = typer.Option(2), top: int = typer.Option(10),
+               as_json: bool = typer.Option(False, "--json")):
+    """Bytes saved for backward per module and NSA branch, largest tensors, peak memory."""
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
+                      60.0, 600.0, None, 0)
+    try:
+        spec = base.replace(n_layers=layers)
+        check_target(spec)
+        summary = memory_command(spec, top)
+    except (ValueError, RuntimeError) as err:
+        fail(str(err).splitlines()[0])
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return
+    console.print(f"saved for backward by the first forward: {_mib(summary['saved_total'])}")
+    table = Table("module", "saved")
+    for name, size in list(summary["saved_by_module"].items())[:top]:
+        table.add_row(name, _mib(size))
+    console.print(table)
+    if summary["saved_by_branch"]:
+        console.print("by NSA branch: " + ", ".join(
+            f"{b} {_mib(n)}" for b, n in summary["saved_by_branch"].items()))
+    largest = Table("largest saved tensors", "shape", "dtype", "size")
+    for entry in summary["largest_saved"]:
+        largest.add_row(entry["module"], str(entry["shape"]), entry["dtype"],
+                        _mib(entry["nbytes"]))
+    console.print(largest)
+    console.print(f"peak RSS: {_mib(summary['peak_rss'])}")
+    cuda = summary["cuda"]
+    console.print(cuda if isinstance(cuda, str) else
+                  ", ".join(f"{k} {v}" for k, v in cuda.items()))
+    if isinstance(summary["gpu"], str):
+        console.print(summary["gpu"])
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 @app.command("stacks")

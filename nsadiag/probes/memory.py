@@ -1,0 +1,152 @@
+"""Memory evidence: what a forward pass saves for backward, module by module, and the
+allocator's view on CUDA.
+
+`SavedTensorLedger` attributes every tensor autograd saves during a forward to the
+innermost module running when it was saved — and, inside NSAAttention, to the NSA branch
+function running (cmp/sel/win), through the same wrappers the trial heartbeat uses. Each
+storage is counted once (views share it) and parameters not at all. This is what makes an
+O(S^2) path visible on a CPU, where allocator statistics do not exist.
+
+`cuda_allocator_stats` reads torch.cuda.memory_stats and the segments of a memory snapshot;
+on a machine without CUDA it returns one line saying so instead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+TOP = "<outside any module>"
+
+
+@dataclass
+class SavedTensor:
+    module: str
+    shape: list[int]
+    dtype: str
+    nbytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SavedTensorLedger:
+    """Context manager over one forward: `entries` lists what was saved, by module."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.entries: list[SavedTensor] = []
+        self._stack: list[str] = []
+        self._seen: set[int] = set()
+        self._params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._handles: list[Any] = []
+        self._probe = None
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def __enter__(self) -> SavedTensorLedger:
+        for name, module in self.model.named_modules():
+            if name:
+                self._handles.append(module.register_forward_pre_hook(self._push(name)))
+                self._handles.append(module.register_forward_hook(self._pop, always_call=True))
+        self._probe = _branch_probe(self.model, self._branch_event)
+        self._saving.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._saving.__exit__(*exc)
+        if self._probe is not None:
+            self._probe.remove()
+        for handle in self._handles:
+            handle.remove()
+
+    def _push(self, name: str):
+        def hook(module: nn.Module, args: Any) -> None:
+            self._stack.append(name)
+        return hook
+
+    def _pop(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _branch_event(self, name: str, phase: str, edge: str) -> None:
+        if phase != "forward":
+            return
+        if edge == "enter":
+            self._stack.append(name)
+        elif self._stack and self._stack[-1] == name:
+            self._stack.pop()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self._params and ptr not in self._seen:
+            self._seen.add(ptr)
+            self.entries.append(SavedTensor(self._stack[-1] if self._stack else TOP,
+                                            list(tensor.shape), str(tensor.dtype).replace(
+                                                "torch.", ""), storage.nbytes()))
+        return tensor
+
+    @staticmethod
+    def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    def by_module(self) -> dict[str, int]:
+        """Bytes saved while each module (innermost) was running, largest first."""
+        totals: dict[str, int] = defaultdict(int)
+        for entry in self.entries:
+            totals[entry.module] += entry.nbytes
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def by_branch(self) -> dict[str, int]:
+        """Bytes saved inside each NSA branch (cmp/sel/win/select) over all layers."""
+        totals: dict[str, int] = defaultdict(int)
+        for entry in self.entries:
+            suffix = entry.module.rsplit(".", 1)[-1]
+            if suffix in ("cmp", "sel", "win", "select"):
+                totals[suffix] += entry.nbytes
+        return dict(totals)
+
+    def largest(self, count: int = 10) -> list[SavedTensor]:
+        return sorted(self.entries, key=lambda e: -e.nbytes)[:count]
+
+
+def _branch_probe(model: nn.Module, emit):
+    """The NSA branch wrappers when the model has NSAAttention layers, else None."""
+    from nsa.layer import NSAAttention
+    from nsadiag.targets import BranchProbe
+
+    if any(isinstance(m, NSAAttention) for m in model.modules()):
+        return BranchProbe(model, emit)
+    return None
+
+
+def cuda_allocator_stats(device: torch.device) -> dict[str, Any] | str:
+    """Allocator counters and fragmentation on CUDA; a one-line reason elsewhere."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "CUDA allocator statistics: not available on this device"
+    stats = torch.cuda.memory_stats(device)
+    allocated = stats.get("allocated_bytes.all.current", 0)
+    reserved = stats.get("reserved_bytes.all.current", 0)
+    result = {"allocated": allocated, "reserved": reserved,
+              "active": stats.get("active_bytes.all.current", 0),
+              "inactive_split": stats.get("inactive_split_bytes.all.current", 0),
+              "peak_allocated": stats.get("allocated_bytes.all.peak", 0),
+              "fragmentation": (reserved - allocated) / reserved if reserved else 0.0,
+              "num_alloc_retries": stats.get("num_alloc_retries", 0),
+              "num_ooms": stats.get("num_ooms", 0)}
+    try:
+        segments = torch.cuda.memory_snapshot()
+        free_blocks = [block["size"] for segment in segments for block in segment["blocks"]
+                       if block["state"] == "inactive"]
+        result["largest_free_block"] = max(free_blocks, default=0)
+    except RuntimeError as err:
+        result["largest_free_block"] = f"unavailable ({err})"
+    return result
