@@ -118,3 +118,11 @@ def test_selection_ignores_future_queries_and_keys():
     first_late = max(0, (t - cfg.l) // cfg.d + 1)
     k2[:, first_late:] = torch.randn_like(k2[:, first_late:])
     assert torch.equal(select_blocks(q2, k2, cfg)[:, :t], idx[:, :t])
+
+
+@pytest.mark.parametrize("chunk", [8, 6, 64])
+def test_tile_ends_see_their_newest_compressed_token(chunk):
+    """Queries at tile ends where (end - l) % d == 0 must score every visible token."""
+    cfg = tiny_config(l=4, d=2, l_sel=4, n_sel=5, n_heads=2, n_kv_heads=1, query_chunk=chunk)
+    q, k_cmp = _pipeline_inputs(cfg, 64)
+    assert torch.equal(select_blocks(q, k_cmp, cfg), _naive_indices(q, k_cmp, cfg))

@@ -103,7 +103,8 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
         for start in range(0, seq, chunk):
             stop = min(start + chunk, seq)
             pos = torch.arange(start, stop, device=q.device)
-            n_vis = min(n_cmp, max(0, (stop - 1 - cfg.l) // cfg.d + 1))  # visible to last query
+            # tokens i with i*d + l - 1 <= stop - 1: all that the tile's last query sees
+            n_vis = min(n_cmp, max(0, (stop - cfg.l) // cfg.d + 1))
             scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
             if n_vis > 0:
                 q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
