@@ -130,8 +130,10 @@ def _run(command, *args, total: int):
     except ValueError as err:
         fail(str(err))
     except KeyboardInterrupt:
-        print("nsadiag: interrupted: children killed; finished trials are kept in "
-              "trials.jsonl and a rerun resumes", file=sys.stderr)
+        run_dir = next(a for a in args if isinstance(a, Path))
+        print(f"nsadiag: interrupted: children killed; finished trials are kept in "
+              f"{run_dir}/trials.jsonl; rerun with --out {run_dir} to resume",
+              file=sys.stderr)
         raise typer.Exit(130) from None
 
 

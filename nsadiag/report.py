@@ -194,19 +194,32 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         ["", "Implicated:", ""] + [f"- {x}" for x in implicated or ["nothing: every trial OK"]]
 
 
+def _cli_value(value: Any) -> str:
+    """An override as `--set` reads it back: lists and tuples as a,b."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def reproduction(command: Sequence[str] | None, failing: TrialRecord | None) -> list[str]:
     if failing is None:
         return ["Nothing failed; the command that produced this report:", "", "```",
                 shlex.join(command or []), "```"]
     spec = failing.spec
-    args = ["nsadiag", "sweep-layers", "--target", spec["target"],
-            "--layers", str(spec["n_layers"]), "--seq-len", str(spec["seq_len"]),
-            "--batch", str(spec["batch"]), "--dtype", spec["dtype"],
+    branches = spec.get("branches")
+    head = (["nsadiag", "isolate-branch", branches[0]] if branches and len(branches) == 1
+            else ["nsadiag", "sweep-layers"])
+    args = [*head, "--target", spec["target"], "--layers", str(spec["n_layers"]),
+            "--seq-len", str(spec["seq_len"]), "--batch", str(spec["batch"]),
+            "--dtype", spec["dtype"], "--device", spec["device"],
+            "--steps", str(spec["steps"]), "--seed", str(spec["seed"]),
             "--stall-timeout", f"{spec['stall_timeout_s']:g}", "--budget", f"{spec['budget_s']:g}"]
+    if spec.get("backend"):
+        args += ["--backend", spec["backend"]]
     if spec.get("grad_ckpt"):
         args.append("--grad-ckpt")
+    if spec.get("memory_cap_bytes"):
+        args += ["--memory-cap-mb", str(spec["memory_cap_bytes"] // 2**20)]
     for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={value}"]
+        args += ["--set", f"{key}={_cli_value(value)}"]
     return ["The smallest failing configuration of this run:", "", "```", shlex.join(args),
             "```"]
 
@@ -243,6 +256,7 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     """(markdown, summary) for the records of one run, grouped by their label."""
     labels = meta.get("labels") or {}
     groups: dict[str, list[SweepRow]] = {}
+    records = sorted(records, key=lambda r: int(r.spec["n_layers"]))
     for record in records:
         label = labels.get(Path(record.trial_dir).name, "")
         groups.setdefault(label, []).append(row_from_record(record, label))
@@ -297,7 +311,7 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     summary = {"command": meta.get("command_name"), "headline": headline,
                "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
                             for r in all_rows],
-               "threshold": analyses.get("", {}).get("threshold") if analyses else None,
+               "threshold": int(failing.spec["n_layers"]) if failing else None,
                "rows": [r.to_dict() for r in all_rows],
                "fits": {label: {q: f.to_dict() for q, f in a["fits"].items()}
                         for label, a in analyses.items()},

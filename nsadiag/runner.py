@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,7 +97,7 @@ class _Watch:
     def __init__(self):
         self.last: deque[dict[str, Any]] = deque(maxlen=KEEP_EVENTS)
         self.counts: Counter[str] = Counter()
-        self.last_arrival = time.time()
+        self.last_arrival = time.monotonic()
         self.step0_module_events = 0
         self.step0_done = False
         self.started_training = False
@@ -112,7 +113,7 @@ class _Watch:
             if event.get("phase") == "forward":
                 self.started_training = True
         if events:
-            self.last_arrival = time.time()
+            self.last_arrival = time.monotonic()
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -164,8 +165,24 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                          cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable)
 
 
+def cgroup_oom_kills(path: Path = Path("/sys/fs/cgroup/memory.events")) -> int | None:
+    """The cgroup's count of kernel OOM kills (cgroup v2), None when unreadable."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _oom_killed(before: int | None, after: int | None) -> bool:
+    return before is not None and after is not None and after > before
+
+
 def _outcome(proc: subprocess.Popen, reason: str | None, wall_s: float, ended_at: float,
-             cap: int | None) -> ProcessOutcome:
+             cap: int | None, oom_killer: bool = False) -> ProcessOutcome:
     code = proc.returncode
     if code is not None and code < 0:
         number = -code
@@ -175,7 +192,8 @@ def _outcome(proc: subprocess.Popen, reason: str | None, wall_s: float, ended_at
             name = None
         return ProcessOutcome(exit_code=None, signal=number, signal_name=name,
                               killed_by_runner=reason is not None, kill_reason=reason,
-                              wall_s=wall_s, memory_cap_bytes=cap, ended_at=ended_at)
+                              wall_s=wall_s, memory_cap_bytes=cap, ended_at=ended_at,
+                              oom_killer=oom_killer and reason is None)
     return ProcessOutcome(exit_code=code, killed_by_runner=False, wall_s=wall_s,
                           memory_cap_bytes=cap, ended_at=ended_at)
 
@@ -191,13 +209,16 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
               poll_s: float = 0.2) -> TrialRecord:
     """Run one trial to its verdict. spec.out_dir is the trial directory (created)."""
     trial_dir = Path(spec.out_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    if trial_dir.exists():  # an interrupted earlier attempt: its files would read as ours
+        shutil.rmtree(trial_dir)
+    trial_dir.mkdir(parents=True)
     spec_path = trial_dir / "spec.json"
     spec_path.write_text(spec.to_json())
     with open(trial_dir / "stdout.txt", "wb") as out, open(trial_dir / "stderr.txt", "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "nsadiag.trial", str(spec_path)],
                                 stdout=out, stderr=err, start_new_session=True)
-    started = time.time()
+    started, started_mono = time.time(), time.monotonic()
+    oom_kills_before = cgroup_oom_kills()
     tail, watch = EventTail(trial_dir / "events.jsonl"), _Watch()
     stall, reason, gpu = None, None, None
     try:
@@ -206,7 +227,7 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
             watch.add(events)
             if events and on_events:
                 on_events(events)
-            now = time.time()
+            now = time.monotonic()
             quiet = now - watch.last_arrival
             limit = spec.stall_timeout_s if watch.started_training else \
                 max(spec.stall_timeout_s, STARTUP_GRACE_S)
@@ -215,7 +236,7 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                 stall = capture_stall(proc.pid, quiet, window, trial_dir / "faulthandler.txt")
                 gpu, reason = gpu_state(), "stall"
                 break
-            if now - started > spec.budget_s:
+            if now - started_mono > spec.budget_s:
                 samples, unavailable = sample_stacks(proc.pid, 2, 0.5)
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                       samples=samples, unavailable=unavailable)
@@ -226,13 +247,15 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
         ended_at = time.time()
         kill_group(proc)  # also when it exited: grandchildren, if any, share the group
     wall_s = ended_at - started
+    oom_kills_after = cgroup_oom_kills()
     watch.add(tail.read_new())
     result = _read_result(trial_dir)
     expected = (result or {}).get("expected_events_per_step") or (
         watch.step0_module_events if watch.step0_done else None)
     evidence = Evidence(spec=json.loads(spec.to_json()), events=list(watch.last),
                         event_counts=dict(watch.counts), result=result,
-                        outcome=_outcome(proc, reason, wall_s, ended_at, spec.memory_cap_bytes),
+                        outcome=_outcome(proc, reason, wall_s, ended_at, spec.memory_cap_bytes,
+                                         _oom_killed(oom_kills_before, oom_kills_after)),
                         stall=stall,
                         expected_events_per_step=expected, total_steps=spec.steps,
                         stall_timeout_s=spec.stall_timeout_s)
@@ -245,8 +268,10 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
 
 def append_record(path: Path, record: TrialRecord) -> None:
     """Append one record to trials.jsonl and fsync it before anything else runs."""
+    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with open(path, "a") as f:
-        f.write(json.dumps(record.to_dict()) + "\n")
+        # a line torn by a killed writer is ended first, or it would swallow this record
+        f.write(("\n" if torn else "") + json.dumps(record.to_dict()) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -114,6 +114,13 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     trial_dir=record.trial_dir)
 
 
+def _next_index(run_dir: Path) -> int:
+    """One past the highest trial-N directory: a new trial never reuses an old one's."""
+    taken = [int(p.name.split("-", 1)[1]) for p in run_dir.glob("trial-*")
+             if p.name.split("-", 1)[1].isdigit()]
+    return max(taken, default=-1) + 1
+
+
 def _spec_key(spec: dict[str, Any]) -> str:
     """What identifies a trial for resuming: the spec without its directory."""
     return json.dumps({k: v for k, v in spec.items() if k != "out_dir"}, sort_keys=True)
@@ -129,8 +136,8 @@ def run_sweep(base: TrialSpec, layer_counts: Sequence[int], run_dir: Path, label
     done = {_spec_key(r.spec): r for r in load_records(trials_path)}
     records = []
     for n_layers in layer_counts:
-        index = len(load_records(trials_path)) if trials_path.exists() else 0
-        spec = base.replace(n_layers=n_layers, out_dir=str(run_dir / f"trial-{index}"))
+        trial_dir = run_dir / f"trial-{_next_index(run_dir)}"
+        spec = base.replace(n_layers=n_layers, out_dir=str(trial_dir))
         key = _spec_key(json.loads(spec.to_json()))
         if key in done:
             record = done[key]
@@ -183,6 +190,7 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
 
 def analyse(rows: Sequence[SweepRow], extrapolate_count: int = 2) -> dict[str, Any]:
     """Fits over the OK rows, the threshold (first non-OK count) and the growth flags."""
+    rows = sorted(rows, key=lambda r: r.n_layers)
     ok = [r for r in rows if r.verdict == "OK"]
     xs = [r.n_layers for r in ok]
     step = max(1, xs[-1] - xs[-2]) if len(xs) >= 2 else 1
