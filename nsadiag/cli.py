@@ -16,6 +16,7 @@ from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
 from nsadiag.commands.memory import memory_command
+from nsadiag.commands.selftest import self_test
 from nsadiag.commands.stacks import stacks_command
 from nsadiag.commands.sweep import (
     Callbacks,
@@ -46,8 +47,13 @@ def _root() -> None:
 
 
 @app.command()
-def env(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
+def env(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        self_test_: bool = typer.Option(False, "--self-test",
+                                        help="Diagnose the fault zoo; exit 1 on a miss.")):
     """Versions, devices, profilers and permissions of this machine."""
+    if self_test_:
+        _self_test(as_json)
+        return
     report = collect_env()
     if as_json:
         print(json.dumps(report.as_dict(), indent=1))
@@ -60,6 +66,22 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON instead o
             value = "; ".join(value) or "-"
         table.add_row(key, str(value))
     console.print(table)
+
+
+def _self_test(as_json: bool) -> None:
+    rows = self_test()
+    if as_json:
+        print(json.dumps(rows, indent=1))
+    else:
+        table = Table("zoo entry", "expected", "diagnosed", "s", "first reason")
+        for row in rows:
+            style = "green" if row["match"] else "red"
+            table.add_row(row["entry"], row["expected"], f"[{style}]{row['got']}[/{style}]",
+                          f"{row['seconds']:.0f}", row["reason"])
+        console.print(table)
+        console.print(f"{sum(r['match'] for r in rows)} of {len(rows)} verdicts right")
+    if not all(r["match"] for r in rows):
+        raise typer.Exit(1)
 
 
 TARGET = typer.Option("nsa", help='"nsa" or "pkg.module:factory".')
