@@ -65,29 +65,6 @@ class Progress:
     saved_bytes: int | None = None  # saved for backward by step 0's forward
 
 
-class SavedBytes:
-    """Counts the bytes autograd saves for backward while active: each storage once,
-    parameters not at all. Packing returns the tensor itself,
-    so nothing about the step changes. Under checkpointing only what the checkpoint keeps
-    is seen: its own hooks take the recomputed tensors."""
-
-    def __init__(self, model):
-        self.params = {p.data_ptr() for p in model.parameters()}
-        self.seen: set[int] = set()
-        self.total = 0
-
-    def pack(self, tensor):
-        ptr = tensor.untyped_storage().data_ptr()
-        if ptr not in self.params and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += tensor.untyped_storage().nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor):
-        return tensor
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the trial described by argv[0]; return the exit status (0 ok, 1 error, 2 usage)."""
     args = sys.argv[1:] if argv is None else argv
@@ -186,18 +163,20 @@ def run_step(spec: TrialSpec, target: Target, optimizer: torch.optim.Optimizer,
     """One step, with a "start" event per phase and a "step" event at its end."""
     import torch
 
+    from nsadiag.probes.memory import SavedTensorLedger
+
     device = ids.device
     writer.start("forward", step)
-    counter = SavedBytes(target.model) if step == 0 else None
-    saving = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack) \
-        if counter else contextlib.nullcontext()
+    # the heartbeat's branch wrappers are installed already: count by module only
+    ledger = SavedTensorLedger(target.model, branches=False) if step == 0 else None
+    saving = ledger if ledger else contextlib.nullcontext()
     t0 = time.perf_counter()
     with saving, torch.autocast(device.type, dtype=torch.bfloat16,
                                 enabled=spec.dtype == "bfloat16"):
         loss = target.loss(ids)
     t1 = _synced_time(device)
-    if counter:
-        progress.saved_bytes = counter.total
+    if ledger:
+        progress.saved_bytes = ledger.total
     writer.start("backward", step)
     loss.backward()
     t2 = _synced_time(device)

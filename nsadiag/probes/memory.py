@@ -37,8 +37,8 @@ class SavedTensor:
 class SavedTensorLedger:
     """Context manager over one forward: `entries` lists what was saved, by module."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def __init__(self, model: nn.Module, branches: bool = True):
+        self.model, self.branches = model, branches
         self.entries: list[SavedTensor] = []
         self._stack: list[str] = []
         self._seen: set[int] = set()
@@ -52,7 +52,8 @@ class SavedTensorLedger:
             if name:
                 self._handles.append(module.register_forward_pre_hook(self._push(name)))
                 self._handles.append(module.register_forward_hook(self._pop, always_call=True))
-        self._probe = _branch_probe(self.model, self._branch_event)
+        if self.branches:  # off where another BranchProbe (the trial heartbeat) is installed
+            self._probe = _branch_probe(self.model, self._branch_event)
         self._saving.__enter__()
         return self
 
