@@ -23,8 +23,10 @@ from nsadiag.commands.sweep import (
     check_target,
     default_run_dir,
     isolate_branch,
+    prepare_run_dir,
     sweep_layers,
 )
+from nsadiag.commands.trace import trace_command
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.runner import TrialRecord
@@ -255,6 +257,41 @@ def memory_cmd(target: str = TARGET, set_: list[str] = SET,
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
+
+
+@app.command("trace")
+def trace_cmd(target: str = TARGET, set_: list[str] = SET,
+              layers: int = typer.Option(None, help="Number of layers."),
+              seq_len: int = typer.Option(2048), batch: int = typer.Option(1),
+              dtype: str = typer.Option("float32"),
+              grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+              device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+              out: Path = typer.Option(None, help="Directory for trace.json."),
+              as_json: bool = typer.Option(False, "--json")):
+    """One step under autograd hooks: timeline, Perfetto trace, gradient anomalies."""
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, 1,
+                      60.0, 600.0, None, 0)
+    run_dir = out or default_run_dir("trace")
+    try:
+        spec = base.replace(n_layers=layers)
+        check_target(spec)
+        prepare_run_dir(run_dir)
+        summary = trace_command(spec, run_dir)
+    except (ValueError, RuntimeError) as err:
+        fail(str(err).splitlines()[0])
+    if as_json:
+        print(json.dumps(summary, indent=1))
+        return
+    table = Table("module", "phase", "start ms", "duration ms")
+    for span in summary["timeline"][:15]:
+        table.add_row(span["module"], span["phase"], f"{span['start_us'] / 1000:.1f}",
+                      f"{span['duration_us'] / 1000:.1f}")
+    console.print(table)
+    for key in ("unused_parameters", "repeated_gradients", "unfinished_backward"):
+        console.print(f"{key.replace('_', ' ')}: {summary[key] or 'none'}")
+    console.print(f"step {summary['step_s_untraced']:.3f} s untraced, "
+                  f"{summary['step_s_traced']:.3f} s traced ({summary['overhead_pct']:+.1f}%), "
+                  f"{summary['events']} events; Perfetto trace: {summary['trace_json']}")
 
 
 @app.command("stacks")
