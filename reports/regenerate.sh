@@ -21,3 +21,12 @@ run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --se
     --steps 30 --budget 10 --stall-timeout 30
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
+
+mkdir -p reports/memory reports/trace
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --json > reports/memory/memory-cpu.json
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive --json \
+    > reports/memory/memory-cpu-naive.json
+rm -rf runs/example-trace
+"${NSADIAG[@]}" trace --layers 2 --seq-len 512 --out runs/example-trace --json \
+    > reports/trace/summary.json
+cp runs/example-trace/trace.json reports/trace/trace.json
