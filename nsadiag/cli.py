@@ -213,6 +213,27 @@ def isolate_branch_cmd(
                        total=2 * len(counts)))
 
 
+def _in_process_spec(target, overrides, layers, seq_len, batch, dtype, grad_ckpt, device,
+                     backend, steps) -> TrialSpec:
+    """The spec of a command that runs the target in this process (no watchdog limits)."""
+    base = _base_spec(target, overrides, seq_len, batch, dtype, grad_ckpt, device, backend,
+                      steps, 60.0, 600.0, None, 0)
+    try:
+        spec = base.replace(n_layers=layers)
+        check_target(spec)
+    except ValueError as err:
+        fail(str(err))
+    return spec
+
+
+def _in_process(command, spec: TrialSpec, *args):
+    """Run an in-process command; its ValueError/RuntimeError is one line, exit 2."""
+    try:
+        return command(spec, *args)
+    except (ValueError, RuntimeError) as err:
+        fail(str(err).splitlines()[0])
+
+
 @app.command("memory")
 def memory_cmd(target: str = TARGET, set_: list[str] = SET,
                layers: int = typer.Option(None, help="Number of layers."),
@@ -223,14 +244,9 @@ def memory_cmd(target: str = TARGET, set_: list[str] = SET,
                steps: int = typer.Option(2), top: int = typer.Option(10),
                as_json: bool = typer.Option(False, "--json")):
     """Bytes saved for backward per module and NSA branch, largest tensors, peak memory."""
-    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
-                      60.0, 600.0, None, 0)
-    try:
-        spec = base.replace(n_layers=layers)
-        check_target(spec)
-        summary = memory_command(spec, top)
-    except (ValueError, RuntimeError) as err:
-        fail(str(err).splitlines()[0])
+    spec = _in_process_spec(target, set_, layers, seq_len, batch, dtype, grad_ckpt, device,
+                            backend, steps)
+    summary = _in_process(memory_command, spec, top)
     if as_json:
         print(json.dumps(summary, indent=1))
         return
@@ -269,16 +285,10 @@ def trace_cmd(target: str = TARGET, set_: list[str] = SET,
               out: Path = typer.Option(None, help="Directory for trace.json."),
               as_json: bool = typer.Option(False, "--json")):
     """One step under autograd hooks: timeline, Perfetto trace, gradient anomalies."""
-    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, 1,
-                      60.0, 600.0, None, 0)
+    spec = _in_process_spec(target, set_, layers, seq_len, batch, dtype, grad_ckpt, device,
+                            backend, 1)
     run_dir = out or default_run_dir("trace")
-    try:
-        spec = base.replace(n_layers=layers)
-        check_target(spec)
-        prepare_run_dir(run_dir)
-        summary = trace_command(spec, run_dir)
-    except (ValueError, RuntimeError) as err:
-        fail(str(err).splitlines()[0])
+    summary = _in_process(lambda s: trace_command(s, prepare_run_dir(run_dir)), spec)
     if as_json:
         print(json.dumps(summary, indent=1))
         return

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -41,11 +40,14 @@ def _version(dist: str) -> str:
 
 
 def _py_spy() -> str:
-    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if not os.path.exists(exe):
+    from nsadiag.probes.stacks import py_spy_path
+
+    exe = py_spy_path()
+    if exe is None:
         return "not found (pip install py-spy)"
     try:
-        done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
+        done = subprocess.run([str(exe), "--version"], capture_output=True, text=True,
+                              timeout=10)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"unusable: {err}"
     return done.stdout.strip() or done.stderr.strip() or "unknown version"

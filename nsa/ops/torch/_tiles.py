@@ -244,9 +244,11 @@ class DenseBandAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _causal_blocked(n_queries: int, n_keys: int, device: torch.device) -> torch.Tensor:
-    """[M, K] True above the diagonal (query i sees keys 0..i)."""
-    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu_(1)
+def _blocked(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[M, K] True above the diagonal (query i sees keys 0..i), or nothing blocked."""
+    if not causal:
+        return torch.zeros(1, 1, dtype=torch.bool, device=q.device)
+    return torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu_(1)
 
 
 def attend_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -257,9 +259,7 @@ def attend_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     aten's fused flash kernel; elsewhere the tile math above."""
     if q.device.type == "cpu":
         return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)
-    blocked = _causal_blocked(q.shape[2], k.shape[2], q.device) if causal else \
-        torch.zeros(1, 1, dtype=torch.bool, device=q.device)
-    return tile_forward(q * scale, k, v, blocked)
+    return tile_forward(q * scale, k, v, _blocked(q, k, causal))
 
 
 def attend_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -271,6 +271,4 @@ def attend_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     gradients are then this part's share (the split-KV identity)."""
     if q.device.type == "cpu":
         return _CPU_FLASH_BACKWARD(do, q, k, v, o, lse, 0.0, causal, scale=scale)
-    blocked = _causal_blocked(q.shape[2], k.shape[2], q.device) if causal else \
-        torch.zeros(1, 1, dtype=torch.bool, device=q.device)
-    return tile_backward(q * scale, k, v, blocked, o, do, lse, scale)
+    return tile_backward(q * scale, k, v, _blocked(q, k, causal), o, do, lse, scale)

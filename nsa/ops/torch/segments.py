@@ -24,11 +24,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nsa.ops.torch._tiles import attend_backward, attend_forward
+from nsa.ops.torch._tiles import _FP32_MIN, attend_backward, attend_forward
 
 _FLOAT_BUDGET = 1 << 24  # fp32 elements of gathered queries per tile (64 MiB)
 _TILES_PER_CALL = 8
-_FP32_MIN = torch.finfo(torch.float32).min
 _NO_PART = 1e30  # lse handed to a part that must contribute nothing: exp(s - 1e30) = 0
 
 
