@@ -46,7 +46,9 @@ def test_ranks_are_clustered_and_the_odd_rank_is_named():
     by_rank = {p["rank"]: p for p in summary["processes"]}
     assert sorted(by_rank) == [0, 1, 2]
     assert by_rank[0]["state"] == by_rank[1]["state"] == "waiting"
-    assert by_rank[2]["state"] == "busy-python"
+    # a one-line spin can look like a native op (same innermost frame, CPU rising): busy either way
+    assert by_rank[2]["state"] in ("busy-python", "busy-native")
+    assert by_rank[2]["cpu_fraction"] > 0.3
     assert summary["odd_ones_out"] == [by_rank[2]["pid"]]
     assert any(c["members"] == [0, 1] for c in summary["clusters"])
 
