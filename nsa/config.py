@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-BACKENDS = ("naive", "torch", "auto")  # "triton" joins when its kernels exist
+BACKENDS = ("naive", "torch", "triton", "auto")
 BRANCHES = ("cmp", "sel", "win")
 COMPRESSORS = ("mlp", "mean")
 DTYPES = ("float32", "bfloat16", "float16")

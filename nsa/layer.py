@@ -11,7 +11,13 @@ x [B, S, dim] -> [B, S, dim]:
   out = W_o o
 Only the branches in cfg.branches are built and computed. When "sel" runs without "cmp",
 the compressed keys (never the compressed values) are still computed: selection scores
-them. `backend_used` records which implementation ran last ("naive" or "torch").
+them.
+
+Backends: "naive" (the dense oracle), "torch" (memory-bounded tiles, every device),
+"triton" (the kernels of nsa.ops.triton: CUDA, or CPU under Triton's interpreter; a shape or
+device they cannot take raises ValueError naming the limit), "auto" (triton on CUDA when the
+shape is supported, else torch — the reason logged once). `backend_used` records which
+implementation ran last. Block selection (Eq.8-11) is the tiled torch code on every backend.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import torch
 from torch import nn
 
 from nsa.config import NSAConfig
+from nsa.ops import torch as torch_ops
 from nsa.ops.compress import Compressor
 from nsa.ops.naive import naive_nsa_attention
 from nsa.ops.selection import select_blocks
-from nsa.ops.torch import compressed_attention, selected_attention, window_attention
+from nsa.ops.triton import unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +52,63 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
-def resolve_backend(cfg: NSAConfig) -> str:
-    """auto -> torch: the memory-bounded torch path runs on every device. The name
-    returned is the implementation that runs; there is no fallback behind it."""
-    return {"auto": "torch", "torch": "torch", "naive": "naive"}[cfg.backend]
+def _triton_ops():
+    """The kernel module, imported on first use so that nothing compiles on other paths."""
+    try:
+        from nsa.ops.triton import ops
+    except ImportError as error:  # triton missing or broken on this platform
+        raise ValueError(f"backend triton: cannot import triton ({error})") from None
+    return ops
+
+
+def triton_unavailable(cfg: NSAConfig, device: torch.device) -> str | None:
+    """Why the triton backend cannot run `cfg` on `device`, or None when it can."""
+    reason = unsupported_reason(cfg.head_dim, cfg.l_sel if "sel" in cfg.branches else None)
+    if reason is None and device.type == "cuda":
+        return None  # checked before importing: importing compiles nothing
+    return reason or _triton_ops().device_unsupported_reason(device)
+
+
+def resolve_backend(cfg: NSAConfig, device: torch.device) -> tuple[str, str | None]:
+    """(implementation to run, why auto did not pick triton or None).
+
+    naive/torch run as named; triton runs or raises ValueError; auto is triton on CUDA when
+    the shape is supported and torch everywhere else. There is no fallback behind the name."""
+    if cfg.backend in ("naive", "torch"):
+        return cfg.backend, None
+    if device.type != "cuda" and cfg.backend == "auto":
+        return "torch", None
+    reason = triton_unavailable(cfg, device)
+    if cfg.backend == "triton":
+        if reason:
+            raise ValueError(reason)
+        return "triton", None
+    return ("torch", reason) if reason else ("triton", None)
+
+
+def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend: str):
+    """(o, lse) of the compressed branch on `backend` ("torch" or "triton")."""
+    if backend == "triton":  # the kernels take one dtype; phi may have promoted k/v_cmp
+        return _triton_ops().compressed_attention(q, k_cmp.to(q.dtype), v_cmp.to(q.dtype),
+                                                  cfg.l, cfg.d, scale)
+    return torch_ops.compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, cfg.query_chunk)
+
+
+def selected_attention(q, k, v, block_indices, cfg: NSAConfig, scale: float, backend: str):
+    """o of the selected branch on `backend` ("torch" or "triton")."""
+    if backend == "triton":
+        return _triton_ops().selected_attention(q, k.to(q.dtype), v.to(q.dtype), block_indices,
+                                                cfg.l_sel, scale)
+    return torch_ops.selected_attention(q, k, v, block_indices, cfg.l_sel, scale,
+                                        cfg.query_chunk)
+
+
+def window_attention(q, k, v, cfg: NSAConfig, scale: float, backend: str):
+    """o of the sliding-window branch on `backend` ("torch" or "triton")."""
+    if backend == "triton":
+        return _triton_ops().window_attention_with_lse(q, k.to(q.dtype), v.to(q.dtype), cfg.w,
+                                                       scale)[0]
+    return torch_ops.window_attention(q, k, v, cfg.w, scale, cfg.query_chunk)
 
 
 class NSAAttention(nn.Module):
@@ -56,8 +116,12 @@ class NSAAttention(nn.Module):
         super().__init__()
         self.cfg = cfg.validate()
         self.branches = cfg.branches
-        self.backend = resolve_backend(cfg)
+        self.backend = cfg.backend
         self.backend_used: str | None = None
+        if cfg.backend == "triton":  # shape limits are known now; the device only at forward
+            reason = unsupported_reason(cfg.head_dim, cfg.l_sel if "sel" in cfg.branches else None)
+            if reason:
+                raise ValueError(reason)
         width = cfg.n_kv_heads * cfg.head_dim
         self.kv_pieces = self._kv_pieces()
         self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
@@ -100,39 +164,40 @@ class NSAAttention(nn.Module):
         return q, kv, gates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        backend, why_not_triton = resolve_backend(self.cfg, x.device)
         q, kv, gates = self.project(x)
-        if self.backend == "naive":
+        if backend == "naive":
             o, _ = naive_nsa_attention(q, kv, gates, self.compress_k, self.compress_v, self.cfg)
             o = o.to(q.dtype)
         else:
-            o = self._torch_attention(q, kv, gates)
-        if self.backend_used != self.backend:
-            log.info("NSAAttention: backend %s", self.backend)
-            self.backend_used = self.backend
+            o = self._tiled_attention(q, kv, gates, backend)
+        if self.backend_used != backend:
+            reason = f" ({why_not_triton})" if why_not_triton else ""
+            log.info("NSAAttention: backend %s%s", backend, reason)
+            self.backend_used = backend
         return self.o_proj(o.flatten(2))
 
-    def _torch_attention(self, q, kv, gates) -> torch.Tensor:
+    def _tiled_attention(self, q, kv, gates, backend: str) -> torch.Tensor:
         k_cmp = self.compress_k(kv["cmp"][0]) if "cmp" in kv else None
         v_cmp = self.compress_v(kv["cmp"][1]) if "cmp" in self.branches else None
         # the ops compute in fp32 tile by tile; autocast would turn their matmuls to bf16
         with torch.autocast(q.device.type, enabled=False):
-            return self._mix_branches(q, kv, gates, k_cmp, v_cmp)
+            return self._mix_branches(q, kv, gates, k_cmp, v_cmp, backend)
 
-    def _mix_branches(self, q, kv, gates, k_cmp, v_cmp) -> torch.Tensor:
+    def _mix_branches(self, q, kv, gates, k_cmp, v_cmp, backend: str) -> torch.Tensor:
         cfg = self.cfg
         scale = 1.0 / math.sqrt(cfg.head_dim)
-        chunk = cfg.query_chunk
         terms = []
         if "cmp" in self.branches:
-            o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, chunk)
+            o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, cfg, scale, backend)
             terms.append(gates["cmp"].unsqueeze(-1) * o_cmp)
         if "sel" in self.branches:
-            block_indices = select_blocks(q, k_cmp, cfg, scale, chunk)
+            block_indices = select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
             k_sel, v_sel = kv["sel"]
-            o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg.l_sel, scale, chunk)
+            o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg, scale, backend)
             terms.append(gates["sel"].unsqueeze(-1) * o_sel)
         if "win" in self.branches:
             k_win, v_win = kv["win"]
-            o_win = window_attention(q, k_win, v_win, cfg.w, scale, chunk)
+            o_win = window_attention(q, k_win, v_win, cfg, scale, backend)
             terms.append(gates["win"].unsqueeze(-1) * o_win)
         return sum(terms[1:], terms[0])

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nsa.config import NSAConfig
+from nsa.config import BACKENDS, NSAConfig
 from nsa.data import ByteTextData, SyntheticData, default_text_path
 from nsa.model import NSATransformer
 
@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--heads", type=int, help="query heads (n_heads)")
     model.add_argument("--kv-heads", type=int, help="key/value heads (n_kv_heads)")
     model.add_argument("--head-dim", type=int)
-    model.add_argument("--backend", choices=("naive", "torch", "auto"), default=d.backend)
+    model.add_argument("--backend", choices=BACKENDS, default=d.backend)
     model.add_argument("--grad-ckpt", action="store_true", help="checkpoint every block")
     model.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE",

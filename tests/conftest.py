@@ -1,5 +1,11 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run under its CPU interpreter here; it must be on before they are built
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from nsa.config import NSAConfig
 

@@ -12,7 +12,6 @@ REJECTED = [
     ({"head_dim": 0}, "head_dim"),
     ({"head_dim": 7}, "head_dim"),
     ({"backend": "cuda"}, "backend"),
-    ({"backend": "triton"}, "backend"),  # no Triton kernels in this build: never a fallback
     ({"compressor": "max"}, "compressor"),
     ({"branches": ()}, "branches"),
     ({"branches": ("sel", "attn")}, "branches"),

@@ -68,7 +68,8 @@ def test_branch_ops_match_oracle(branches, seq, gqa, shared, n_sel, compressor):
         return naive_nsa_attention(q, kv, gates, layer.compress_k, layer.compress_v, cfg)[0]
 
     expected = _run(oracle, q, kv, gates, layer, grad_out)
-    got = _run(layer._torch_attention, q, kv, gates, layer, grad_out)
+    got = _run(lambda q, kv, gates: layer._tiled_attention(q, kv, gates, "torch"), q, kv, gates,
+               layer, grad_out)
     assert _max_err(got[0], expected[0]) <= TOL, "output"
     assert _max_err(got[1], expected[1]) <= TOL, "dq"
     for branch in kv:

@@ -1,0 +1,96 @@
+"""The compiled Triton kernels on a CUDA GPU: bf16 at realistic shapes against the torch
+backend in fp32, determinism, and routing of backend="auto". Skipped without CUDA."""
+
+import math
+
+import pytest
+import torch
+
+from nsa.config import NSAConfig
+from nsa.layer import NSAAttention
+from nsa.ops import torch as torch_ops
+from nsa.ops.selection import select_blocks
+
+ops = pytest.importorskip("nsa.ops.triton.ops")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or ops.INTERPRETED,
+                                reason="needs a CUDA GPU and compiled (not interpreted) kernels")
+
+BF16_TOL = 3e-2  # of the fp32 result's scale
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def _inputs(seq, n_q_heads, n_kv_heads, head_dim, n_keys=None):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n_keys = seq if n_keys is None else n_keys
+    make = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
+    return (make(1, seq, n_q_heads, head_dim), make(1, n_keys, n_kv_heads, head_dim),
+            make(1, n_keys, n_kv_heads, head_dim), make(1, seq, n_q_heads, head_dim))
+
+
+def _compare(run_fast, run_ref, tensors, grad_o):
+    fast = [t.detach().bfloat16().requires_grad_() for t in tensors]
+    ref = [t.detach().requires_grad_() for t in tensors]
+    o = run_fast(*fast)
+    o_ref = run_ref(*ref)
+    grads = torch.autograd.grad(o, fast, grad_o.bfloat16())
+    grads_ref = torch.autograd.grad(o_ref, ref, grad_o)
+    for got, want in zip([o, *grads], [o_ref, *grads_ref], strict=True):
+        assert _rel_err(got, want) <= BF16_TOL
+
+
+@pytest.mark.parametrize("seq,head_dim", [(2048, 128), (8192, 64)])
+def test_selected_bf16_matches_torch_fp32(seq, head_dim):
+    cfg = NSAConfig(n_heads=16, n_kv_heads=1, head_dim=head_dim)
+    q, k, v, grad_o = _inputs(seq, 16, 1, head_dim)
+    k_cmp = torch.randn(1, (seq - cfg.l) // cfg.d + 1, 1, head_dim, device="cuda")
+    idx = select_blocks(q, k_cmp, cfg)
+    scale = 1 / math.sqrt(head_dim)
+    _compare(lambda q, k, v: ops.selected_attention(q, k, v, idx, cfg.l_sel, scale),
+             lambda q, k, v: torch_ops.selected_attention(q, k, v, idx, cfg.l_sel, scale),
+             (q, k, v), grad_o)
+
+
+@pytest.mark.parametrize("seq", [2048, 8192])
+def test_band_kernels_bf16_match_torch_fp32(seq):
+    q, k, v, grad_o = _inputs(seq, 8, 2, 128)
+    _compare(lambda q, k, v: ops.window_attention_with_lse(q, k, v, 512, 0.1)[0],
+             lambda q, k, v: torch_ops.window_attention(q, k, v, 512, 0.1), (q, k, v), grad_o)
+    n_cmp = (seq - 32) // 16 + 1
+    q, k, v, grad_o = _inputs(seq, 8, 2, 128, n_keys=n_cmp)
+    _compare(lambda q, k, v: ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
+             lambda q, k, v: torch_ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
+             (q, k, v), grad_o)
+
+
+def test_backward_is_bitwise_deterministic():
+    cfg = NSAConfig(n_heads=16, n_kv_heads=1, head_dim=64)
+    q, k, v, grad_o = _inputs(4096, 16, 1, 64)
+    k_cmp = torch.randn(1, (4096 - cfg.l) // cfg.d + 1, 1, 64, device="cuda")
+    idx = select_blocks(q, k_cmp, cfg)
+    leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    o = ops.selected_attention(*leaves, idx, cfg.l_sel, 0.125)
+    first = torch.autograd.grad(o, leaves, grad_o.bfloat16(), retain_graph=True)
+    second = torch.autograd.grad(o, leaves, grad_o.bfloat16())
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_auto_picks_triton_on_cuda_and_torch_for_an_unsupported_shape():
+    layer = NSAAttention(NSAConfig(dim=256, n_heads=4, n_kv_heads=1, head_dim=64)).cuda()
+    layer(torch.randn(1, 1024, 256, device="cuda"))
+    assert layer.backend_used == "triton"
+    odd = NSAAttention(NSAConfig(dim=256, n_heads=4, n_kv_heads=1, head_dim=48)).cuda()
+    odd(torch.randn(1, 256, 256, device="cuda"))
+    assert odd.backend_used == "torch"
+
+
+def test_layer_bf16_autocast_trains_on_triton():
+    layer = NSAAttention(NSAConfig(dim=512, n_heads=8, n_kv_heads=2, head_dim=64,
+                                   backend="triton")).cuda()
+    x = torch.randn(1, 4096, 512, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = layer(x)
+    out.float().square().mean().backward()
+    assert torch.isfinite(x.grad).all() and layer.backend_used == "triton"

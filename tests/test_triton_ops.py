@@ -1,0 +1,184 @@
+"""The Triton kernels under the CPU interpreter against the dense oracle: forward and every
+gradient in fp32 (<= 1e-5) and fp16 (<= 2e-2 of the output scale), determinism, the dK/dV
+work-item split, routing and shape limits. Skipped where the kernels are compiled for a GPU
+(tests/test_triton_gpu.py covers that case)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nsa.config import num_compressed
+from nsa.layer import NSAAttention
+from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
+from nsa.ops.triton import ops, selected
+from nsa.ops.triton._common import unsupported_reason
+from tests.conftest import tiny_config
+from tests.test_torch_ops import _assert_close, _grads, _inputs, _random_indices
+
+pytestmark = pytest.mark.skipif(not ops.INTERPRETED,
+                                reason="kernels compiled for a GPU; see test_triton_gpu.py")
+
+TOL = 1e-5
+FP16_TOL = 2e-2
+SCALE = 0.25
+
+
+def _selected_case(seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim, dtype=torch.float32):
+    q, k, v, grad_o = _inputs(1, seq, n_q_heads, n_kv_heads, head_dim=head_dim)
+    idx = _random_indices(1, seq, n_kv_heads, n_sel, -(-seq // block_size))
+    mask = selection_mask(idx, seq, block_size)
+    want = masked_attention(q, k, v, mask, SCALE)
+    low = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    got = ops.selected_attention_with_lse(*low, idx, block_size, SCALE)
+    return got, want, low, (q, k, v), grad_o
+
+
+def _assert_fp16_close(got, want):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        scale = w.float().abs().max().clamp(min=1e-6)
+        err = ((g.float() - w.float()).abs().max() / scale).item()
+        assert err <= FP16_TOL, f"tensor {i}: error {err:.3e} of its scale"
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_size,n_sel,head_dim", [
+    (40, 4, 2, 16, 3, 16),  # G = 2
+    (45, 3, 1, 16, 4, 32),  # G = 3: a group that is not a power of two
+    (33, 2, 2, 16, 2, 16),  # G = 1, S not a multiple of the block
+    (36, 16, 1, 32, 2, 16),  # G = 16 fills the tile
+])
+def test_selected_matches_oracle_fp32(seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim):
+    (o, lse), (o_ref, lse_ref), low, leaves, grad_o = _selected_case(
+        seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim)
+    _assert_close([o], [o_ref])
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    _assert_close([lse[seen]], [lse_ref[seen]])
+    _assert_close(_grads(o, grad_o, *low), _grads(o_ref, grad_o, *leaves))
+
+
+def test_selected_matches_oracle_fp16():
+    (o, _), (o_ref, _), low, leaves, grad_o = _selected_case(40, 4, 2, 16, 3, 32, torch.float16)
+    assert o.dtype == torch.float16
+    _assert_fp16_close([o, *_grads(o, grad_o.half(), *low)],
+                       [o_ref, *_grads(o_ref, grad_o, *leaves)])
+
+
+def test_selected_backward_is_deterministic_and_splits_long_query_lists(monkeypatch):
+    (o, _), (o_ref, _), low, leaves, grad_o = _selected_case(40, 4, 2, 16, 3, 16)
+    first = _grads(o, grad_o, *low)
+    monkeypatch.setattr(selected, "ITEM_QUERIES", 3)  # every block's list spans several items
+    o2, _ = ops.selected_attention_with_lse(*low, _random_indices(1, 40, 2, 3, 3), 16, SCALE)
+    split = list(torch.autograd.grad(o2, low, grad_o, retain_graph=True))
+    again = _grads(o2, grad_o, *low)
+    assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
+    _assert_close(split, first)
+    _assert_close(split, _grads(o_ref, grad_o, *leaves))
+
+
+def test_selected_rows_without_visible_keys_give_zeros():
+    q, k, v, grad_o = _inputs(1, 20, 2, 1, head_dim=16)
+    idx = torch.full((1, 20, 1, 2), -1, dtype=torch.long)
+    idx[:, :, :, 0] = 1  # block 1 starts at 16: in the future of queries 0..15
+    o, lse = ops.selected_attention_with_lse(q, k, v, idx, 16, SCALE)
+    assert torch.equal(o[:, :16], torch.zeros_like(o[:, :16]))
+    assert torch.isinf(lse[:, :16]).all() and torch.isfinite(lse[:, 16:]).all()
+    dq, dk, dv = _grads(o, grad_o, q, k, v)
+    assert torch.equal(dq[:, :16], torch.zeros_like(dq[:, :16]))
+    assert torch.equal(dk[:, :16], torch.zeros_like(dk[:, :16]))
+
+
+def _window_reference(q, k, v, window):
+    batch, seq, _, _ = q.shape
+    mask = window_mask(seq, window).view(1, seq, 1, seq).expand(batch, seq, k.shape[2], seq)
+    return masked_attention(q, k, v, mask, SCALE)
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,window", [
+    (50, 4, 2, 1), (50, 4, 2, 12), (70, 3, 1, 64), (30, 2, 2, 100)])
+def test_window_matches_oracle_fp32(seq, n_q_heads, n_kv_heads, window):
+    q, k, v, grad_o = _inputs(2, seq, n_q_heads, n_kv_heads, head_dim=16)
+    o, lse = ops.window_attention_with_lse(q, k, v, window, SCALE)
+    o_ref, lse_ref = _window_reference(q, k, v, window)
+    _assert_close([o, lse], [o_ref, lse_ref])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def _compressed_reference(q, k_cmp, v_cmp, cfg):
+    batch, seq = q.shape[:2]
+    n_cmp = k_cmp.shape[1]
+    visible = compressed_visibility(seq, cfg).view(1, seq, 1, n_cmp)
+    return masked_attention(q, k_cmp, v_cmp, visible.expand(batch, seq, k_cmp.shape[2], n_cmp),
+                            SCALE)
+
+
+@pytest.mark.parametrize("seq,block_len,stride", [(50, 8, 4), (70, 16, 16), (40, 32, 8), (6, 8, 4)])
+def test_compressed_matches_oracle_fp32(seq, block_len, stride):
+    cfg = tiny_config(l=block_len, d=stride, l_sel=max(16, block_len))
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, grad_o = _inputs(2, seq, 4, 2, n_keys=n_cmp, head_dim=16)
+    o, lse = ops.compressed_attention(q, k, v, block_len, stride, SCALE)
+    o_ref, lse_ref = _compressed_reference(q, k, v, cfg)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def test_band_kernels_fp16_and_deterministic():
+    q, k, v, grad_o = _inputs(1, 60, 4, 2, head_dim=32)
+    low = [t.detach().half().requires_grad_() for t in (q, k, v)]
+    o, _ = ops.window_attention_with_lse(*low, 20, SCALE)
+    o_ref, _ = _window_reference(q, k, v, 20)
+    first = list(torch.autograd.grad(o, low, grad_o.half(), retain_graph=True))
+    _assert_fp16_close([o, *first], [o_ref, *_grads(o_ref, grad_o, q, k, v)])
+    again = _grads(o, grad_o.half(), *low)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+@pytest.mark.parametrize("branches", [("cmp", "sel", "win"), ("sel",)], ids="+".join)
+def test_layer_on_triton_matches_naive_backend(branches):
+    cfg = tiny_config(head_dim=16, branches=branches, backend="triton", n_sel=4)
+    fast = NSAAttention(cfg)
+    slow = NSAAttention(cfg.replace(backend="naive"))
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(1, 45, cfg.dim, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    grad = torch.randn(1, 45, cfg.dim)
+    out, out_ref = fast(x), slow(x2)
+    out.backward(grad)
+    out_ref.backward(grad)
+    assert fast.backend_used == "triton"
+    _assert_close([out, x.grad], [out_ref, x2.grad])
+    for (name, p), (_, p_ref) in zip(fast.named_parameters(), slow.named_parameters(),
+                                     strict=True):
+        assert (p.grad is None) == (p_ref.grad is None), name
+        if p.grad is not None:
+            _assert_close([p.grad], [p_ref.grad])
+
+
+def test_auto_runs_torch_on_cpu_even_with_the_interpreter():
+    layer = NSAAttention(tiny_config(head_dim=16, backend="auto"))
+    layer(torch.randn(1, 20, layer.cfg.dim))
+    assert layer.backend_used == "torch"
+
+
+def test_unsupported_shapes_name_the_limit():
+    assert "head_dim 48" in unsupported_reason(48, 16)
+    assert "l_sel 24" in unsupported_reason(64, 24)
+    assert unsupported_reason(128, 64) is None
+    with pytest.raises(ValueError, match="head_dim 8 is not supported by the triton backend"):
+        NSAAttention(tiny_config(head_dim=8, backend="triton"))
+
+
+def test_triton_on_cpu_without_interpreter_is_one_clear_error():
+    code = ("import torch; from nsa.config import NSAConfig; from nsa.layer import NSAAttention"
+            "\ntry:\n    NSAAttention(NSAConfig(dim=32, n_heads=2, n_kv_heads=1, head_dim=16, "
+            "backend='triton'))(torch.randn(1, 20, 32))\nexcept ValueError as e:\n    print(e)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("the triton backend needs a CUDA device, got cpu "
+                                  "(use backend torch or auto)")
