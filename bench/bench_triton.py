@@ -1,0 +1,268 @@
+"""Triton NSA on a CUDA GPU against dense causal SDPA (flash), bf16, forward+backward.
+
+    python bench/bench_triton.py                              # S = 8k..64k, D = 128 and 64
+    python bench/bench_triton.py --seqs 8192 16384 --head-dims 128
+
+Two comparisons per (S, head_dim), 64 query heads / 4 KV heads, batch 1 (fewer heads with
+--heads/--kv-heads when memory runs out):
+  kernel  the selected-attention kernel (top-n blocks from real selection scores) against
+          SDPA-flash causal attention on the same q and (GQA-expanded) k, v;
+  layer   NSAAttention (backend triton: projections, compression, selection, three branches,
+          gates) against a dense layer with the same projections and SDPA-flash.
+Times are medians of CUDA-event-timed repeats after warm-up. "Useful" TFLOP/s counts only the
+attention products a query is entitled to: 4*D per (query head, attended key) forward and
+2.5 times that backward; for SDPA the causal half of S x S, for the selected kernel the
+visible keys of the selected blocks, for the NSA layer the keys of all three branches.
+Writes reports/bench_triton_gpu.md and .json with the GPU model and versions.
+Without a CUDA device it prints one line and exits 2 (`--interpret-smoke` runs tiny shapes on
+the CPU under TRITON_INTERPRET=1 to check the script itself; its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SEQS = (8192, 16384, 32768, 65536)
+HEAD_DIMS = (128, 64)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seqs", type=int, nargs="+", default=SEQS)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=HEAD_DIMS)
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=4096, help="model width of the layers")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_triton_gpu")
+    parser.add_argument("--interpret-smoke", action="store_true",
+                        help="tiny CPU shapes under the Triton interpreter (checks the script)")
+    return parser.parse_args(argv)
+
+
+class Timer:
+    """Median wall time of fn() in ms: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, torch, device: str, repeats: int, warmup: int):
+        self.torch, self.device, self.repeats, self.warmup = torch, device, repeats, warmup
+
+    def __call__(self, fn) -> float:
+        torch = self.torch
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.repeats):
+            if self.device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def attended_keys(seq: int, cfg, block_indices) -> dict[str, int]:
+    """(query, kv-group) pairs x keys each branch attends, summed over queries (per kv head)."""
+    import torch
+
+    t = torch.arange(seq, device=block_indices.device)
+    n_cmp = max(0, (seq - cfg.l) // cfg.d + 1)
+    cmp = torch.clamp((t + 1 - cfg.l) // cfg.d + 1, min=0, max=n_cmp).sum().item()
+    win = torch.clamp(t + 1, max=cfg.w).sum().item()
+    blocks = block_indices[0]  # [S, Hkv, n]
+    start = blocks.clamp(min=0) * cfg.l_sel
+    visible = torch.clamp(t.view(-1, 1, 1) - start + 1, min=0, max=cfg.l_sel)
+    visible = torch.minimum(visible, (seq - start).clamp(min=0))
+    sel = torch.where(blocks >= 0, visible, 0).sum().item() / blocks.shape[1]
+    return {"cmp": int(cmp), "sel": int(sel), "win": int(win)}
+
+
+def flops(keys_per_head: float, n_heads: int, head_dim: int) -> float:
+    """Useful forward + backward FLOPs: 4*D per (head, key) forward, 2.5x that backward."""
+    return 3.5 * 4 * head_dim * n_heads * keys_per_head
+
+
+def bench_kernels(torch, F, cfg, seq: int, timer: Timer, device: str, dtype) -> dict:
+    """The selected-attention kernel vs SDPA-flash on the same q and GQA-expanded k, v."""
+    from nsa.ops.selection import select_blocks
+    from nsa.ops.triton.ops import selected_attention
+
+    heads, kv_heads, head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    scale = 1 / math.sqrt(head_dim)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rand = lambda *s: torch.randn(*s, device=device, dtype=dtype, generator=gen)  # noqa: E731
+    q = rand(1, seq, heads, head_dim).requires_grad_()
+    k, v = (rand(1, seq, kv_heads, head_dim).requires_grad_() for _ in range(2))
+    k_cmp = rand(1, max(0, (seq - cfg.l) // cfg.d + 1), kv_heads, head_dim)
+    idx = select_blocks(q.detach(), k_cmp, cfg)
+    grad_o = rand(1, seq, heads, head_dim)
+
+    def selected_step():
+        o = selected_attention(q, k, v, idx, cfg.l_sel, scale)
+        torch.autograd.grad(o, (q, k, v), grad_o)
+
+    q_h = q.detach().transpose(1, 2).requires_grad_()
+    k_full, v_full = (x.detach().transpose(1, 2).repeat_interleave(heads // kv_heads, 1)
+                      .requires_grad_() for x in (k, v))
+    grad_h = grad_o.transpose(1, 2)
+
+    def dense_step():
+        o = F.scaled_dot_product_attention(q_h, k_full, v_full, is_causal=True)
+        torch.autograd.grad(o, (q_h, k_full, v_full), grad_h)
+
+    row = {"sel_ms": timer(selected_step), "sdpa_kernel_ms": timer(dense_step),
+           "keys": attended_keys(seq, cfg, idx)}
+    row["sel_tflops"] = flops(row["keys"]["sel"], heads, head_dim) / row["sel_ms"] / 1e9
+    causal_keys = seq * (seq + 1) / 2
+    row["sdpa_tflops"] = flops(causal_keys, heads, head_dim) / row["sdpa_kernel_ms"] / 1e9
+    return row
+
+
+def bench_layers(torch, cfg, seq: int, timer: Timer, device: str, dtype) -> dict:
+    """NSAAttention (triton) vs the dense layer with the same projections, under autocast."""
+    from bench_layer import DenseAttention
+
+    from nsa.layer import NSAAttention
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(1, seq, cfg.dim, device=device, generator=gen).requires_grad_()
+    grad_x = torch.randn(1, seq, cfg.dim, device=device, generator=gen)
+
+    def step_of(layer):
+        def step():
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                out = layer(x)
+            out.backward(grad_x)
+        return step
+
+    nsa_layer = NSAAttention(cfg).to(device)
+    row = {"nsa_layer_ms": timer(step_of(nsa_layer)), "backend_used": nsa_layer.backend_used}
+    del nsa_layer
+    row["dense_layer_ms"] = timer(step_of(DenseAttention(cfg).to(device)))
+    return row
+
+
+def bench_config(torch, F, seq: int, head_dim: int, args, device: str, dtype) -> dict:
+    from nsa.config import NSAConfig
+
+    timer = Timer(torch, device, args.repeats, args.warmup)
+    cfg = NSAConfig(dim=args.dim, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                    head_dim=head_dim, backend="triton")
+    if args.interpret_smoke:
+        cfg = cfg.replace(l=16, d=8, l_sel=16, n_sel=3, w=32)
+    row = {"seq": seq, "head_dim": head_dim, "heads": args.heads, "kv_heads": args.kv_heads}
+    row.update(bench_kernels(torch, F, cfg, seq, timer, device, dtype))
+    row.update(bench_layers(torch, cfg, seq, timer, device, dtype))
+    nsa_keys = sum(row["keys"].values())
+    row["nsa_layer_tflops"] = flops(nsa_keys, args.heads, head_dim) / row["nsa_layer_ms"] / 1e9
+    row["kernel_speedup"] = row["sdpa_kernel_ms"] / row["sel_ms"]
+    row["layer_speedup"] = row["dense_layer_ms"] / row["nsa_layer_ms"]
+    row["sel_fraction_of_dense_tflops"] = row["sel_tflops"] / row["sdpa_tflops"]
+    if device == "cuda":
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    return row
+
+
+def environment(torch, device: str) -> dict:
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "device": device}
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def render(rows: list[dict], env: dict) -> str:
+    lines = [
+        "# Triton NSA vs SDPA-flash (bf16, forward + backward)", "",
+        f"GPU: {env.get('gpu', env['device'])} · torch {env['torch']} · triton {env['triton']}"
+        f" · CUDA {env.get('cuda', '-')}", "",
+        "| S | D | heads | selected ms | SDPA ms | kernel speed-up | selected TFLOP/s | "
+        "SDPA TFLOP/s | sel / dense | NSA layer ms | dense layer ms | layer speed-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['seq']} | {r['head_dim']} | {r['heads']}/{r['kv_heads']} | {r['sel_ms']:.1f} | "
+            f"{r['sdpa_kernel_ms']:.1f} | {r['kernel_speedup']:.2f}x | {r['sel_tflops']:.1f} | "
+            f"{r['sdpa_tflops']:.1f} | {r['sel_fraction_of_dense_tflops']:.0%} | "
+            f"{r['nsa_layer_ms']:.1f} | {r['dense_layer_ms']:.1f} | {r['layer_speedup']:.2f}x |")
+    longest = [r for r in rows if r["seq"] == max(x["seq"] for x in rows)]
+    lines += ["", "Targets: NSA layer forward+backward >= 6x SDPA-flash at the longest S; the "
+              "selected kernel >= 40% of the dense kernel's useful TFLOP/s."]
+    for r in longest:
+        lines.append(f"- D={r['head_dim']}: layer {r['layer_speedup']:.2f}x "
+                     f"({'met' if r['layer_speedup'] >= 6 else 'missed'}), selected kernel at "
+                     f"{r['sel_fraction_of_dense_tflops']:.0%} of dense "
+                     f"({'met' if r['sel_fraction_of_dense_tflops'] >= 0.4 else 'missed'})")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.interpret_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported
+    import torch
+    import torch.nn.functional as F
+
+    if args.interpret_smoke:
+        device, dtype = "cpu", torch.float32
+        args.seqs, args.head_dims = [s for s in args.seqs if s <= 128] or [96], [16]
+        args.heads, args.kv_heads, args.dim, args.repeats, args.warmup = 4, 2, 64, 1, 0
+    elif not torch.cuda.is_available():
+        print("bench_triton: needs a CUDA GPU (none found); run bench/bench_layer.py for the "
+              "CPU torch backend", file=sys.stderr)
+        return 2
+    else:
+        device, dtype = "cuda", torch.bfloat16
+    if args.heads % args.kv_heads:
+        print(f"bench_triton: --heads {args.heads} must be a multiple of --kv-heads "
+              f"{args.kv_heads}", file=sys.stderr)
+        return 2
+    rows = []
+    for head_dim in args.head_dims:
+        for seq in args.seqs:
+            try:
+                rows.append(bench_config(torch, F, seq, head_dim, args, device, dtype))
+            except torch.OutOfMemoryError:
+                print(f"S={seq} D={head_dim}: out of memory; rerun with fewer --heads",
+                      file=sys.stderr)
+                torch.cuda.empty_cache()
+            else:
+                print(json.dumps(rows[-1]), flush=True)
+    env = environment(torch, device)
+    text = render(rows, env)
+    print(text)
+    if not args.interpret_smoke:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps({"env": env, "rows": rows},
+                                                            indent=1))
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""bench/bench_triton.py without a GPU: its useful-work count against a brute-force count
+from the oracle's masks, its report, and the one-line refusal to run without CUDA."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from nsa.config import NSAConfig
+from nsa.ops.naive import compressed_visibility, selection_mask, window_mask
+from nsa.ops.selection import select_blocks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import bench_triton  # noqa: E402
+
+
+def test_attended_keys_match_the_oracle_masks():
+    cfg = NSAConfig(l=8, d=4, l_sel=16, n_sel=3, w=20, head_dim=16, n_heads=4, n_kv_heads=2)
+    seq = 70
+    q = torch.randn(1, seq, 4, 16)
+    k_cmp = torch.randn(1, (seq - cfg.l) // cfg.d + 1, 2, 16)
+    idx = select_blocks(q, k_cmp, cfg)
+    got = bench_triton.attended_keys(seq, cfg, idx)
+    assert got["cmp"] == compressed_visibility(seq, cfg).sum().item()
+    assert got["win"] == window_mask(seq, cfg.w).sum().item()
+    assert got["sel"] == selection_mask(idx, seq, cfg.l_sel).sum().item() / 2
+
+
+def test_report_states_targets_and_environment():
+    row = dict(seq=65536, head_dim=128, heads=64, kv_heads=4, sel_ms=10.0, sdpa_kernel_ms=80.0,
+               kernel_speedup=8.0, sel_tflops=200.0, sdpa_tflops=400.0,
+               sel_fraction_of_dense_tflops=0.5, nsa_layer_ms=50.0, dense_layer_ms=250.0,
+               layer_speedup=5.0)
+    text = bench_triton.render([row], {"gpu": "H100", "torch": "2.13.0", "triton": "3.7.1",
+                                       "cuda": "12.8", "device": "cuda"})
+    assert "GPU: H100" in text and "| 65536 | 128 | 64/4 |" in text
+    assert "layer 5.00x (missed)" in text and "50% of dense (met)" in text
+
+
+def test_refuses_to_run_without_cuda(capsys):
+    if torch.cuda.is_available():
+        return
+    assert bench_triton.main(["--seqs", "8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench_triton: needs a CUDA GPU") and "\n" not in err
