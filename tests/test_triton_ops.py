@@ -47,6 +47,8 @@ def _assert_fp16_close(got, want):
     (45, 3, 1, 16, 4, 32),  # G = 3: a group that is not a power of two
     (33, 2, 2, 16, 2, 16),  # G = 1, S not a multiple of the block
     (36, 16, 1, 32, 2, 16),  # G = 16 fills the tile
+    (20, 8, 2, 16, 2, 64),  # head_dim 64
+    (18, 2, 1, 16, 2, 128),  # head_dim 128
 ])
 def test_selected_matches_oracle_fp32(seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim):
     (o, lse), (o_ref, lse_ref), low, leaves, grad_o = _selected_case(
