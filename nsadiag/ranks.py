@@ -322,13 +322,13 @@ def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],
 
 
 def _rank_sentence(row: dict[str, Any], ranks: Sequence[RankEvidence]) -> str:
-    where = f"is in {row['position']} / issued {row['issued']} collectives"
+    where = f"is {row['position']} / issued {row['issued']} collectives"
     if row["waiting"] is None:
         rank = next(r for r in ranks if r.rank == row["rank"])
         found = find_collective(rank.stall.samples) if rank.stall else None
         if found:
             return f"rank {row['rank']} waits in {found[1].where()} (stacks) and {where}"
         return f"rank {row['rank']} {where}"
-    since = (f" for {row['waiting_since_s']:.1f} s until stopped"
+    since = (f" for {row['waiting_since_s']:.1f} s"
              if row["waiting_since_s"] is not None else "")
     return f"rank {row['rank']} waits in {row['waiting']}{since} and {where}"
