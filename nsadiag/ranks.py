@@ -231,12 +231,15 @@ def rank_table(ranks: Sequence[RankEvidence], now: float | None) -> list[dict[st
 
 
 def _state_of(rank: RankEvidence) -> str:
+    """The state from heartbeats and result when no stack sample classified it."""
     result = rank.result or {}
     if result.get("status") == "ok":
         return "finished"
     if result.get("exception"):
         return f"raised {result['exception'].get('type')}"
-    return "unknown"
+    if waiting_in(rank):
+        return "in-collective (heartbeats)"
+    return "unknown (no stacks)"
 
 
 def decide_ranks(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:

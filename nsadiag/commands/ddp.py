@@ -62,13 +62,16 @@ from nsadiag.runner import (
 from nsadiag.spec import TrialSpec
 
 BACKENDS = ("gloo", "nccl")
+SAMPLE_TIMEOUT_S = 15.0
+"""Per py-spy sample of a rank: a native dump of a process with libtorch's symbols and a
+process group's threads takes seconds on a busy machine."""
 
 
 def pg_timeout_for(stall_timeout_s: float) -> float:
     """Process-group timeout for a stall timeout: the runner's detection (stall timeout)
-    plus its sampling (up to ~6 s of window and py-spy per rank, in parallel) fit well
-    inside it."""
-    return 2.0 * stall_timeout_s + 30.0
+    plus its sampling of all ranks in parallel (a window of at most 6 s, and py-spy runs of
+    up to SAMPLE_TIMEOUT_S each) fit inside it."""
+    return 2.0 * stall_timeout_s + 60.0
 
 
 def check_ddp(spec: TrialSpec, world_size: int, backend: str) -> None:
@@ -155,7 +158,8 @@ def _capture_all(ranks: _Ranks, quiet: float, window: float) -> dict[int, StallE
 
     def one(rank: int, pid: int) -> None:
         found[rank] = capture_stall(pid, quiet, window,
-                                    ranks.dirs[rank] / "faulthandler.txt")
+                                    ranks.dirs[rank] / "faulthandler.txt",
+                                    timeout_s=SAMPLE_TIMEOUT_S)
 
     threads = [threading.Thread(target=one, args=(rank, pid)) for rank, pid in
                ranks.pids.items()]
@@ -169,7 +173,7 @@ def _capture_all(ranks: _Ranks, quiet: float, window: float) -> dict[int, StallE
 def _samples_all(ranks: _Ranks, quiet: float) -> dict[int, StallEvidence]:
     found: dict[int, StallEvidence] = {}
     for rank, pid in ranks.pids.items():
-        samples, unavailable = sample_stacks(pid, 2, 0.5)
+        samples, unavailable = sample_stacks(pid, 2, 0.5, timeout_s=SAMPLE_TIMEOUT_S)
         found[rank] = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                     samples=samples, unavailable=unavailable)
     return found
