@@ -7,7 +7,9 @@ import sys
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from nsadiag.cli import app
 from nsadiag.commands.ddp import run_ddp_trial
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
@@ -62,16 +64,17 @@ def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
     (["--backend", "mpi"], "nsadiag: error: backend: must be one of gloo, nccl, got 'mpi'"),
 ])
 def test_bad_options_are_one_line_exit_2(tmp_path, args, message):
-    done = nsadiag("ddp", *args, "--out", str(tmp_path / "run"))
-    assert done.returncode == 2
+    done = CliRunner().invoke(app, ["ddp", *args, "--out", str(tmp_path / "run")])
+    assert done.exit_code == 2
     assert done.stderr.strip() == message
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_nccl_without_cuda_is_one_line_exit_2(tmp_path):
-    done = nsadiag("ddp", "--backend", "nccl", "--out", str(tmp_path / "run"))
-    assert done.returncode == 2
+    done = CliRunner().invoke(app, ["ddp", "--backend", "nccl", "--out",
+                                    str(tmp_path / "run")])
+    assert done.exit_code == 2
     assert done.stderr.strip().startswith("nsadiag: error: backend: nccl needs CUDA")
     assert len(done.stderr.strip().splitlines()) == 1
 
