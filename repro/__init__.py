@@ -14,3 +14,11 @@ ZOO = {
     "hard_crash": ("CRASH", dict(seq_len=64)),
     "dense_masks": ("OOM", dict(seq_len=4096, memory_cap_bytes=5 * 2**30 // 4)),
 }
+
+# entry -> (expected verdict, world size, TrialSpec settings) for `nsadiag ddp` on gloo/CPU
+DDP_ZOO = {
+    "rank_divergent": ("STALL-COLLECTIVE", 2, dict(seq_len=64, batch=2, steps=3,
+                                                   stall_timeout_s=3.0)),
+    "late_bound_ckpt": ("ERROR", 2, dict(seq_len=64, batch=2, grad_ckpt=True,
+                                         overrides={"reentrant": True})),
+}
