@@ -51,6 +51,7 @@ class Call:
     phase: str
     order: int
     key: str | None = None
+    parent: int | None = None  # order of the enclosing module call, if any
     in_shapes: list[list[int]] = field(default_factory=list)
     out_shapes: list[list[int]] | None = None
     sample: torch.Tensor | None = None
@@ -78,7 +79,8 @@ class Recorder:
         def hook(module: nn.Module, args: Any) -> None:
             tensors = _tensors(args)
             call = Call(name, type(module).__name__, self.phase, len(self.calls),
-                        key=_digest(tensors), in_shapes=[list(t.shape) for t in tensors])
+                        key=_digest(tensors), in_shapes=[list(t.shape) for t in tensors],
+                        parent=self._open[-1].order if self._open else None)
             self.calls.append(call)
             self._open.append(call)
         return hook
@@ -209,6 +211,8 @@ def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]
             by_key.setdefault(call.key, []).append(call)
     found: list[tuple[int, dict[str, Any]]] = []
     branch_seen: dict[str, int] = {}
+    matched: dict[int, Call] = {}  # recompute call order -> its forward twin (same module)
+    reported: set[int] = set()  # recompute calls already found to differ
     for call in (c for c in calls if c.phase == "recompute"):
         if call.kind == "branch":
             k = branch_seen.get(call.module, 0)
@@ -222,20 +226,41 @@ def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]
         candidates = by_key.get(call.key or "", [])
         same = next((c for c in candidates if c.module == call.module), None)
         if same is not None:
+            matched[call.order] = same
             row = _differs(same, call)
             if row:
                 found.append((same.order, row))
+                reported.add(call.order)
             continue
+        reported.add(call.order)
         alike = next((c for c in candidates if c.kind == call.kind), None)
         if alike is not None:
             found.append((alike.order, _row(alike.module, f"recompute of {alike.module} ran "
                                             f"{call.module}'s parameters (same input as "
                                             f"{alike.module}'s forward)", None)))
+            continue
+        outer = _outermost_recompute(call, calls)
+        if outer is not None and outer.order in reported:
+            continue  # a consequence of the enclosing call's difference, already listed
+        twin = matched.get(outer.order) if outer is not None else None
+        if twin is not None:  # the enclosing call started alike and diverged inside
+            found.append((twin.order, _row(twin.module, f"recompute of {twin.module} diverged "
+                                           f"from its forward: inside it, {call.module} "
+                                           f"received an input no forward call received",
+                                           None)))
         else:
             found.append((len(calls) + call.order, _row(
                 call.module, f"recompute of {call.module} received an input that no "
                              f"forward call received", None)))
     return sorted(found, key=lambda item: item[0])
+
+
+def _outermost_recompute(call: Call, calls: list[Call]) -> Call | None:
+    """The outermost recompute call enclosing `call` (the checkpointed segment's module)."""
+    outer = None
+    while call.parent is not None and calls[call.parent].phase == "recompute":
+        call = outer = calls[call.parent]
+    return outer
 
 
 def _differs(before: Call, again: Call) -> dict[str, Any] | None:
