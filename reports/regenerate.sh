@@ -32,3 +32,5 @@ rm -rf runs/example-trace
 "${NSADIAG[@]}" trace --layers 2 --seq-len 512 --out runs/example-trace --json \
     > reports/trace/summary.json
 cp runs/example-trace/trace.json reports/trace/trace.json
+
+run check-ckpt check ckpt --target repro.late_bound_ckpt:make --seq-len 16
