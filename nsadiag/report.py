@@ -323,7 +323,12 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
 
 
 def render_run(run_dir: Path, no_redact: bool = False) -> Path:
-    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md."""
+    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md.
+    A triage run directory (with triage.json) gets the triage report."""
+    if (run_dir / "triage.json").exists():
+        from nsadiag.triage_report import render_triage  # it builds on this module
+
+        return render_triage(run_dir, no_redact)
     records = load_records(run_dir / "trials.jsonl")
     if not records:
         raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")

@@ -41,15 +41,22 @@ PLANNED_TRIALS = 12
 """A triage's time limit is split as if this many trials will run (sweep, repeats, branch
 isolation and bisection of a typical failure)."""
 
-MIN_TRIAL_BUDGET_S = 5.0
-"""No trial is started with less budget than this: it would end SLOW by construction."""
+MIN_TRIAL_BUDGET_S = 20.0
+"""The time limit never plans a trial budget below this (unless the user's own budget is
+smaller): a trial's budget also pays for starting Python, importing torch and building the
+model, seconds on a busy machine, and a budget spent before training starts decides
+nothing."""
 
 TRIAL_OVERHEAD_S = 10.0
 """Wall time a trial can take beyond its budget: stack samples after the budget kill (or
 the stall capture window), the faulthandler dump and killing the process group."""
 
 
-class OutOfTime(Exception):
+class TriageStop(Exception):
+    """The triage cannot go on; the message says why, in one sentence."""
+
+
+class OutOfTime(TriageStop):
     """The triage's time limit leaves no room for the next trial."""
 
 
@@ -212,9 +219,10 @@ def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:
 def plan_trial_budget(max_minutes: float, user_budget_s: float,
                       planned_trials: int = PLANNED_TRIALS) -> float:
     """Seconds per trial: the user's budget, lowered so that ``planned_trials`` trials
-    (each with its overhead) fit in the time limit, never below MIN_TRIAL_BUDGET_S."""
+    (each with its overhead) fit in the time limit, but not below MIN_TRIAL_BUDGET_S
+    unless the user's budget is smaller still."""
     share = max_minutes * 60.0 / planned_trials - TRIAL_OVERHEAD_S
-    return max(MIN_TRIAL_BUDGET_S, min(user_budget_s, share))
+    return min(user_budget_s, max(MIN_TRIAL_BUDGET_S, share))
 
 
 @dataclass
@@ -229,12 +237,13 @@ class TimeLimit:
 
     def trial_budget(self, now: float) -> float:
         """The budget for a trial starting at ``now``: the planned one, or what is left when
-        less (then a SLOW verdict says only that the time ran out); OutOfTime when even
-        MIN_TRIAL_BUDGET_S does not fit."""
+        less (then a SLOW verdict says only that the time ran out); OutOfTime when less
+        than min(planned, MIN_TRIAL_BUDGET_S) is left."""
         room = self.remaining(now) - TRIAL_OVERHEAD_S
-        if room < MIN_TRIAL_BUDGET_S:
+        floor = min(self.planned_budget_s, MIN_TRIAL_BUDGET_S)
+        if room < floor:
             raise OutOfTime(f"{max(0.0, self.remaining(now)):.0f} s left, a trial needs at "
-                            f"least {MIN_TRIAL_BUDGET_S + TRIAL_OVERHEAD_S:.0f} s")
+                            f"least {floor + TRIAL_OVERHEAD_S:.0f} s")
         return min(self.planned_budget_s, room)
 
 
@@ -342,3 +351,26 @@ def by_layer_pattern(times: Sequence[ModuleTime]) -> list[ModuleTime]:
         entry.seconds += t.seconds
         entry.open += t.open
     return sorted(grouped.values(), key=lambda t: t.seconds, reverse=True)
+
+
+def user_frame(samples: Sequence[Any]) -> tuple[Any, int] | None:
+    """The most common innermost frame of the user's own code (not the standard library,
+    not an installed package, not nsadiag's trial harness) over the running threads of
+    ``samples`` (StackSample objects), with its count; None when no sample shows one —
+    e.g. a backward pass, whose Python stack ends in the autograd engine."""
+    from nsadiag.probes.stacks import busy_threads
+    from nsadiag.verdict import LIBRARY_PATH
+
+    seen = []
+    for sample in samples:
+        for thread in busy_threads(sample):
+            own = [f for f in thread.frames if not f.is_native and f.file
+                   and not LIBRARY_PATH.search(f.file) and "/nsadiag/" not in f.file]
+            if own:
+                seen.append(own[0])  # frames are innermost first
+    if not seen:
+        return None
+    (function, file), count = Counter((f.function, f.file) for f in seen).most_common(1)[0]
+    same = [f for f in seen if (f.function, f.file) == (function, file)]
+    line = Counter(f.line for f in same).most_common(1)[0][0]
+    return next(f for f in same if f.line == line), count
