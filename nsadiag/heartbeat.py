@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from nsadiag.targets import BranchProbe, Target
+    from nsadiag.targets import BranchProbe, Record, Target
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -136,15 +136,16 @@ class Watch:
         self.remove()
 
 
-def watch(target: Target, writer: HeartbeatWriter) -> Watch:
+def watch(target: Target, writer: HeartbeatWriter, record: Record | None = None) -> Watch:
     """Emit module events for every block (forward pre/post, full backward pre/post hooks)
-    and for every NSA branch (see nsadiag.targets.BranchProbe)."""
+    and for every NSA branch (see nsadiag.targets.BranchProbe); `record` also receives
+    each branch's output (see nsadiag.targets.instrument_branches)."""
     from nsadiag.targets import instrument_branches
 
     handles = []
     for name, block in target.blocks:
         handles += _hook_block(name, block, writer)
-    return Watch(handles, instrument_branches(target, writer.module))
+    return Watch(handles, instrument_branches(target, writer.module, record))
 
 
 def _hook_block(name: str, block: nn.Module, writer: HeartbeatWriter) -> list[Any]:

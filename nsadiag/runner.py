@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,8 +206,12 @@ def _read_result(trial_dir: Path) -> dict[str, Any] | None:
 
 
 def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = None,
-              poll_s: float = 0.2) -> TrialRecord:
-    """Run one trial to its verdict. spec.out_dir is the trial directory (created)."""
+              poll_s: float = 0.2, child: Sequence[str] = ("nsadiag.trial",)) -> TrialRecord:
+    """Run one trial to its verdict. spec.out_dir is the trial directory (created).
+
+    `child` is the module to run and its arguments before the spec path; any child that
+    writes events.jsonl and result.json the way nsadiag.trial does can be watched (the
+    correctness checks run as `nsadiag.checks.child NAME`)."""
     trial_dir = Path(spec.out_dir)
     if trial_dir.exists():  # an interrupted earlier attempt: its files would read as ours
         shutil.rmtree(trial_dir)
@@ -215,7 +219,7 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
     spec_path = trial_dir / "spec.json"
     spec_path.write_text(spec.to_json())
     with open(trial_dir / "stdout.txt", "wb") as out, open(trial_dir / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "nsadiag.trial", str(spec_path)],
+        proc = subprocess.Popen([sys.executable, "-m", *child, str(spec_path)],
                                 stdout=out, stderr=err, start_new_session=True)
     started, started_mono = time.time(), time.monotonic()
     oom_kills_before = cgroup_oom_kills()

@@ -55,6 +55,7 @@ from torch import nn
 from nsadiag.spec import TrialSpec
 
 Emit = Callable[[str, str, str], None]  # (module name, "forward" | "backward", "enter" | "exit")
+Record = Callable[[str, torch.Tensor], None]  # (branch event name, the branch's output)
 FACTORY_KNOBS = ("n_layers", "seq_len", "grad_ckpt", "dtype", "device", "branches", "backend",
                  "seed")
 # (name in nsa.layer, event suffix, differentiable)
@@ -263,11 +264,12 @@ class _BackwardExit(torch.autograd.Function):
 class BranchProbe:
     """The installed NSA branch wrappers and scope hooks; `remove()` undoes everything."""
 
-    def __init__(self, model: nn.Module, emit: Emit):
+    def __init__(self, model: nn.Module, emit: Emit, record: Record | None = None):
         from nsa import layer
 
         self._layer = layer
         self._emit = emit
+        self._record = record
         self._scope: list[str] = []
         self._originals: dict[str, Callable[..., Any]] = {}
         self._handles = []
@@ -313,6 +315,8 @@ class BranchProbe:
             out = fn(*args, **kwargs)
             if differentiable:
                 self._mark_output(name, out[0] if isinstance(out, tuple) else out)
+            if self._record is not None:
+                self._record(name, out[0] if isinstance(out, tuple) else out)
             self._emit(name, "forward", "exit")
             return out
 
@@ -335,6 +339,9 @@ class BranchProbe:
             out.register_hook(lambda grad: self._emit(name, "backward", "enter"))
 
 
-def instrument_branches(target: Target, emit: Emit) -> BranchProbe | None:
-    """Install the NSA branch wrappers when the target has NSA branches, else None."""
-    return BranchProbe(target.model, emit) if target.branches else None
+def instrument_branches(target: Target, emit: Emit,
+                        record: Record | None = None) -> BranchProbe | None:
+    """Install the NSA branch wrappers when the target has NSA branches, else None.
+    `record`, when given, also receives each branch call's output tensor (for "select":
+    the block indices), in the forward and in checkpoint recomputes."""
+    return BranchProbe(target.model, emit, record) if target.branches else None

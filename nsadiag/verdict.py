@@ -36,7 +36,8 @@ from nsadiag.probes.stacks import (
     wait_frame,
 )
 
-NAMES = ("OK", "SLOW", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM", "ERROR", "CRASH")
+NAMES = ("OK", "SLOW", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM", "ERROR", "CRASH",
+         "WRONG")  # WRONG comes from nsadiag.checks, never from a trial's evidence
 
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
