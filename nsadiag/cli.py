@@ -16,6 +16,7 @@ from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
 from nsadiag.ci import EXIT_REGRESSION
+from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.memory import memory_command
 from nsadiag.commands.selftest import self_test
 from nsadiag.commands.stacks import stacks_command
@@ -321,6 +322,41 @@ def compare_cmd(before: Path = typer.Argument(..., help="Run directory or summar
         console.print(f"{len(result['regressions'])} regression(s) above "
                       f"+{100 * threshold:.0f}%")
     raise typer.Exit(EXIT_REGRESSION if result["regressions"] else 0)
+
+
+@app.command("ddp")
+def ddp_cmd(
+        world_size: int = typer.Option(2, "--world-size", help="Ranks (processes)."),
+        backend: str = typer.Option("gloo", help="gloo (CPU) or nccl (one GPU per rank)."),
+        layers: int = typer.Option(None, help="Number of layers."),
+        target: str = TARGET, set_: list[str] = SET,
+        seq_len: int = typer.Option(256, help="Tokens per sequence."),
+        batch: int = typer.Option(1, help="Rows per rank."),
+        dtype: str = typer.Option("float32"),
+        grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+        device: str = typer.Option(None, help="cpu or cuda; default cuda for nccl, else cpu."),
+        steps: int = typer.Option(2, help="Training steps."),
+        stall_timeout: float = typer.Option(30.0, help="Seconds without a heartbeat."),
+        budget: float = typer.Option(600.0, help="Seconds for the whole trial."),
+        pg_timeout: float = typer.Option(None, help="Process-group timeout in seconds; "
+                                                   "default 2 x stall timeout + 60."),
+        seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory.")):
+    """One trial under torchrun: per-rank heartbeats and collectives, who waits where."""
+    device = device or ("cuda" if backend == "nccl" else "cpu")
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, None, steps,
+                      stall_timeout, budget, None, seed)
+    try:
+        base = base.replace(n_layers=layers)
+    except ValueError as err:
+        fail(str(err))
+    run_dir = out or default_run_dir("ddp")
+    with console.status(f"{world_size} ranks ({backend}) running"):
+        try:
+            report = ddp_command(base, world_size, backend, run_dir, _argv(),
+                                 pg_timeout_s=pg_timeout)
+        except ValueError as err:
+            fail(str(err))
+    _print_report(report)
 
 
 def _in_process_spec(target, overrides, layers, seq_len, batch, dtype, grad_ckpt, device,

@@ -334,7 +334,12 @@ def render_run(run_dir: Path, no_redact: bool = False) -> Path:
         raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")
     meta_path = run_dir / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    text, summary = build_report(run_dir, records, meta, no_redact)
+    if meta.get("command_name") == "ddp":
+        from nsadiag.report_ddp import build_ddp_report
+
+        text, summary = build_ddp_report(records, meta, no_redact)
+    else:
+        text, summary = build_report(run_dir, records, meta, no_redact)
     (run_dir / "report.md").write_text(text)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return run_dir / "report.md"

@@ -129,14 +129,17 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def sample_stacks(pid: int, count: int, interval_s: float) -> tuple[list[StackSample], list[str]]:
+def sample_stacks(pid: int, count: int, interval_s: float,
+                  timeout_s: float | None = None) -> tuple[list[StackSample], list[str]]:
     """`count` py-spy samples `interval_s` apart (native frames when py-spy can), and the
-    reasons for any sample that could not be taken."""
+    reasons for any sample that could not be taken. `timeout_s` bounds each sample
+    (default: max(5 s, 4 intervals))."""
     samples, unavailable = [], []
     for i in range(count):
         if i:
             time.sleep(interval_s)
-        taken = stacks.capture(pid, native=True, timeout_s=max(5.0, interval_s * 4))
+        limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
+        taken = stacks.capture(pid, native=True, timeout_s=limit)
         if isinstance(taken, str):
             unavailable.append(taken)
         else:
@@ -145,12 +148,13 @@ def sample_stacks(pid: int, count: int, interval_s: float) -> tuple[list[StackSa
 
 
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
-                  faulthandler_path: Path) -> StallEvidence:
+                  faulthandler_path: Path, timeout_s: float | None = None) -> StallEvidence:
     """Stack samples spread over `window_s`, the CPU time the process used meanwhile, and a
     faulthandler dump of all threads (SIGUSR1; the child registered the handler)."""
     cpu_before = stacks.process_cpu_seconds(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES)
+    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
+                                         timeout_s)
     elapsed = time.monotonic() - started
     cpu_after = stacks.process_cpu_seconds(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before

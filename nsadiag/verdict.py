@@ -281,6 +281,41 @@ def _is_oom_exception(exception: dict[str, Any], child_says_oom: bool) -> bool:
     return child_says_oom or kind in OOM_TYPES or bool(OOM_MESSAGE.search(message))
 
 
+# ---- known exception messages ---------------------------------------------------------------
+
+READY_TWICE = re.compile(r"Expected to mark a variable ready only once|marked as ready twice")
+READY_TWICE_PARAMETER = re.compile(r"with name (?P<name>\S+) has been marked as ready twice")
+
+
+def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
+    """The cause and the fixes of an exception whose message is known, else None.
+
+    DDP's "Expected to mark a variable ready only once" / "marked as ready twice": a
+    parameter received its gradient twice in one backward. Under reentrant gradient
+    checkpointing that happens when a segment's recompute runs other modules than its
+    forward did: a closure like ``lambda x: blk(x)`` inside ``for blk in blocks`` looks
+    ``blk`` up when the recompute calls it, after the loop, so every segment recomputes the
+    last block and back-propagates into its parameters once per segment.
+    """
+    if not READY_TWICE.search(message):
+        return None
+    named = READY_TWICE_PARAMETER.search(message)
+    parameter = named["name"] if named else None
+    cause = ("a parameter received its gradient twice in one backward"
+             + (f" ({parameter})" if parameter else "")
+             + ": with reentrant checkpointing this happens when a segment's recompute runs "
+               "other modules than its forward did, e.g. a late-bound closure `lambda x: "
+               "blk(x)` inside `for blk in blocks`, which recomputes the last block for every "
+               "segment, so its parameters become ready once per segment")
+    fixes = ["bind the block when the checkpoint is made: checkpoint(blk, x), "
+             "functools.partial(checkpoint, blk) or `lambda x, blk=blk: blk(x)`",
+             "use non-reentrant checkpointing (use_reentrant=False), then verify the "
+             "gradients with `nsadiag check ckpt`: a late-bound closure stays silently wrong "
+             "there",
+             "DDP's static_graph=True only hides the double gradient"]
+    return {"cause": cause, "parameter": parameter, "fixes": fixes}
+
+
 # ---- the rules ----------------------------------------------------------------------------
 
 
@@ -313,6 +348,11 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     reasons = [f"the child raised {kind}: {first_line}"]
     if where:
         reasons.append(f"innermost project frame: {where}")
+    explanation = explain_exception(kind, message)
+    if explanation:
+        facts.update(cause=explanation["cause"], fixes=explanation["fixes"])
+        reasons.append(f"cause: {explanation['cause']}")
+        reasons.append("fixes: " + "; ".join(explanation["fixes"]))
     if not _is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:

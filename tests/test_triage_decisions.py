@@ -174,17 +174,25 @@ def test_trial_budget_is_planned_from_the_time_limit():
     # 60 minutes over 12 trials: 300 s each, less the overhead
     assert plan_trial_budget(60, 600, planned_trials=12) == 300 - TRIAL_OVERHEAD_S
     assert plan_trial_budget(60, 30, planned_trials=12) == 30  # the user's budget is smaller
+    # a short limit never plans below the floor that pays for starting a trial ...
     assert plan_trial_budget(0.5, 600, planned_trials=12) == MIN_TRIAL_BUDGET_S
+    # ... unless the user asked for less
+    assert plan_trial_budget(0.5, 8, planned_trials=12) == 8
 
 
 def test_time_limit_hands_out_budgets_then_runs_out():
-    limit = TimeLimit(deadline=100.0, planned_budget_s=20.0)
-    assert limit.trial_budget(now=0.0) == 20.0
-    # 25 s left: 15 s of budget plus the overhead still fits
-    assert limit.trial_budget(now=75.0) == 25.0 - TRIAL_OVERHEAD_S
+    limit = TimeLimit(deadline=200.0, planned_budget_s=60.0)
+    assert limit.trial_budget(now=0.0) == 60.0
+    # 45 s left: 35 s of budget plus the overhead still fits
+    assert limit.trial_budget(now=155.0) == 45.0 - TRIAL_OVERHEAD_S
     with pytest.raises(OutOfTime, match="left"):
-        limit.trial_budget(now=100.0 - TRIAL_OVERHEAD_S - MIN_TRIAL_BUDGET_S + 0.5)
-    assert limit.remaining(40.0) == 60.0
+        limit.trial_budget(now=200.0 - TRIAL_OVERHEAD_S - MIN_TRIAL_BUDGET_S + 0.5)
+    assert limit.remaining(40.0) == 160.0
+    # a user budget below the floor: the floor is the user's budget
+    short = TimeLimit(deadline=100.0, planned_budget_s=8.0)
+    assert short.trial_budget(now=100.0 - TRIAL_OVERHEAD_S - 8.0) == 8.0
+    with pytest.raises(OutOfTime):
+        short.trial_budget(now=100.0 - TRIAL_OVERHEAD_S - 7.5)
 
 
 # ---- configurations -----------------------------------------------------------------------

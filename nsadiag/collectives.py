@@ -1,0 +1,194 @@
+"""The per-rank collective counter of a DDP trial (the rank side).
+
+Every collective a rank issues gets a number n = 1, 2, 3, ... (per rank, over all process
+groups) and two heartbeat events of kind "collective", written through the rank's
+heartbeat file (see nsadiag.heartbeat for the common fields):
+
+    edge     "start" when it is issued, "end" when its work completed
+    n        the rank's collective number (1-based: "all_reduce #7" is its 7th collective)
+    op       "all_reduce", "broadcast", "barrier", ...
+    origin   "ddp" for a gradient bucket of DistributedDataParallel (through its comm
+             hook), "call" for a torch.distributed call of the trial or the model
+    detail   e.g. "DDP bucket 0, 3 tensors" or "2 tensors, group of 2 ranks"
+    shapes   shapes of the tensors involved (the flat bucket for DDP)
+    status   on "end" only: "ok", or "error" when the work failed (e.g. a timeout)
+    rank     this rank
+
+Two sources feed it: `allreduce_hook_with_count` wraps DDP's default allreduce comm hook
+(the same arithmetic, so gradients are unchanged), and `CollectiveCounter.install` replaces
+the collective functions in the `torch.distributed` namespace by counting wrappers, so a
+`dist.all_reduce(...)` issued anywhere at call time is counted. DDP's own hook calls
+`dist.all_reduce` too; a thread-local flag keeps that call from being counted twice.
+DDP's internal bookkeeping collectives (the parameter broadcast at construction) go
+through private functions and are not counted on any rank, so counts stay comparable.
+
+`summarize(events)` reads the collective events back (pure; the parent uses it).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from nsadiag.heartbeat import HeartbeatWriter
+
+WRAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+           "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all_single",
+           "barrier", "all_gather_object", "broadcast_object_list")
+"""torch.distributed functions counted when called through the torch.distributed name."""
+
+
+class RankHeartbeat(HeartbeatWriter):
+    """A heartbeat writer for one rank: also writes "collective" events."""
+
+    def __init__(self, path: Any, rank: int):
+        super().__init__(path)
+        self.rank = rank
+
+    def collective(self, edge: str, n: int, op: str, origin: str, detail: str,
+                   shapes: list[list[int]], status: str | None = None) -> None:
+        extra: dict[str, Any] = {"edge": edge, "n": n, "op": op, "origin": origin,
+                                 "detail": detail, "shapes": shapes, "rank": self.rank}
+        if status is not None:
+            extra["status"] = status
+        self._write("collective", self.phase, **extra)
+
+
+def _shapes(values: Iterable[Any]) -> list[list[int]]:
+    import torch
+
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(list(value.shape))
+        elif isinstance(value, (list, tuple)):
+            found += [list(v.shape) for v in value if isinstance(v, torch.Tensor)]
+    return found
+
+
+class CollectiveCounter:
+    """Numbers the collectives of one rank and writes their start and end events."""
+
+    def __init__(self, writer: RankHeartbeat):
+        self.writer = writer
+        self.count = 0
+        self._lock = threading.Lock()
+        self._inside = threading.local()
+        self._originals: dict[str, Callable[..., Any]] = {}
+
+    def start(self, op: str, origin: str, detail: str, shapes: list[list[int]]) -> int:
+        with self._lock:
+            self.count += 1
+            n = self.count
+        self.writer.collective("start", n, op, origin, detail, shapes)
+        return n
+
+    def end(self, n: int, op: str, origin: str, detail: str, ok: bool) -> None:
+        self.writer.collective("end", n, op, origin, detail, [], "ok" if ok else "error")
+
+    def end_when_done(self, future: Any, n: int, op: str, origin: str, detail: str) -> None:
+        """Write the end event when `future` (a torch.futures.Future) completes."""
+        def done(fut: Any) -> None:
+            try:
+                fut.value()
+                ok = True
+            except Exception:  # the work failed (timeout, peer gone): recorded, not raised
+                ok = False
+            self.end(n, op, origin, detail, ok)
+
+        future.add_done_callback(done)
+
+    # ---- DDP comm hook --------------------------------------------------------------------
+
+    def ddp_hook(self, state, bucket):
+        """DDP's default allreduce hook, counted: register with
+        `ddp.register_comm_hook(process_group_or_None, counter.ddp_hook)`. Left without
+        annotations: DDP checks them and accepts only dist.GradBucket / Future."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buffer = bucket.buffer()
+        detail = f"DDP bucket {bucket.index()}, {len(bucket.gradients())} tensors"
+        n = self.start("all_reduce", "ddp", detail, [list(buffer.shape)])
+        self._inside.active = True
+        try:
+            future = allreduce_hook(state, bucket)
+        finally:
+            self._inside.active = False
+        self.end_when_done(future, n, "all_reduce", "ddp", detail)
+        return future
+
+    # ---- torch.distributed wrappers -------------------------------------------------------
+
+    def install(self) -> None:
+        """Replace the WRAPPED functions in the torch.distributed namespace."""
+        import torch.distributed as dist
+
+        for name in WRAPPED:
+            original = getattr(dist, name, None)
+            if original is None or name in self._originals:
+                continue
+            self._originals[name] = original
+            setattr(dist, name, self._wrap(name, original))
+
+    def remove(self) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        self._originals.clear()
+
+    def _wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._inside, "active", False):
+                return original(*args, **kwargs)
+            detail = _call_detail(args, kwargs)
+            n = self.start(op, "call", detail, _shapes([*args, *kwargs.values()]))
+            try:
+                work = original(*args, **kwargs)
+            except Exception:
+                self.end(n, op, "call", detail, ok=False)
+                raise
+            if kwargs.get("async_op") and work is not None:
+                self.end_when_done(work.get_future(), n, op, "call", detail)
+            else:
+                self.end(n, op, "call", detail, ok=True)
+            return work
+
+        return counted
+
+
+def _call_detail(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    import torch
+
+    group = kwargs.get("group")
+    tensors = sum(1 for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor))
+    where = "default group" if group is None else f"group of {group.size()} ranks"
+    return f"{tensors} tensor{'s' if tensors != 1 else ''}, {where}"
+
+
+# ---- reading the events back (pure) ---------------------------------------------------
+
+
+def summarize(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a rank's collective events say: issued (the highest number started),
+    completed (the highest number ended ok), open (started, no end, oldest first: each as
+    {n, op, origin, detail, shapes, t, phase, step}), failed (ended with an error), and
+    the last started one."""
+    started: dict[int, dict[str, Any]] = {}
+    ended: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event.get("kind") != "collective":
+            continue
+        (started if event.get("edge") == "start" else ended)[int(event["n"])] = event
+    keep = ("n", "op", "origin", "detail", "shapes", "t", "phase", "step")
+    open_ = [{k: started[n].get(k) for k in keep} for n in sorted(started) if n not in ended]
+    failed = [{k: started.get(n, ended[n]).get(k) for k in keep} for n in sorted(ended)
+              if ended[n].get("status") == "error"]
+    ok = [n for n, e in ended.items() if e.get("status") != "error"]
+    last = started[max(started)] if started else None
+    return {"issued": max(started) if started else 0, "completed": max(ok) if ok else 0,
+            "open": open_, "failed": failed,
+            "last": {k: last.get(k) for k in keep} if last else None}

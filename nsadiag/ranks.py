@@ -1,0 +1,337 @@
+"""Per-rank evidence of a DDP trial and the verdict across ranks (pure: no I/O, no clock).
+
+`RankEvidence` holds what the parent saw of one rank: its last heartbeat events, the
+collectives it started (see nsadiag.collectives), its result, and its stall samples.
+`decide_ranks(job, ranks)` names the verdict of the whole job:
+
+1. every rank finished ok and the launcher exited 0                  -> OK
+2. the earliest exception of any rank is a collective failure
+   (a process-group timeout, a peer that went away)                  -> STALL-COLLECTIVE
+3. the earliest exception is anything else                           -> that rank's verdict
+   (ERROR / OOM from nsadiag.verdict, with its explanation)
+4. the runner stopped a silent job and some rank waits in a
+   collective (an unfinished collective in its heartbeats, or stacks
+   inside one)                                                       -> STALL-COLLECTIVE
+5. otherwise the verdict of the rank that stands out (or rank 0), from nsadiag.verdict.
+
+A STALL-COLLECTIVE says which rank waits in which collective (#n, op, what it is, since
+when) and where every other rank is (module and pass of its last heartbeat, collectives
+issued), and which rank diverged: at the first collective number whose kind differs
+between ranks, the rank in the minority, or, between two equal groups, the rank whose
+collective there differs from the one it issued at the same place in the previous step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsadiag.evidence import Evidence, StallEvidence
+from nsadiag.probes.stacks import find_collective
+from nsadiag.verdict import Verdict, decide
+
+COLLECTIVE_FAILURE = re.compile(
+    r"timed out|timeout|connection closed by peer|connection reset|broken pipe|"
+    r"NCCL communicator was aborted|DistBackendError|Watchdog caught collective",
+    re.IGNORECASE)
+"""Exception messages of a collective that could not complete: gloo raises "Timed out
+waiting ... for recv operation to complete" at the process-group timeout and "Connection
+closed by peer" when the other side died; NCCL's watchdog reports a collective timeout."""
+
+STARTED_KEEP = 400
+"""The last this many started collectives kept per rank (to find where ranks diverge)."""
+
+
+@dataclass
+class RankEvidence:
+    """One rank. ``started`` lists the collective "start" events (oldest first);
+    ``collectives`` is nsadiag.collectives.summarize of all its collective events;
+    ``state`` the stack classification (probes.stacks.classify) when samples were taken;
+    ``signature`` the innermost Python frames of its last sample (for clustering)."""
+
+    rank: int
+    pid: int | None
+    events: list[dict[str, Any]]
+    event_counts: dict[str, int]
+    result: dict[str, Any] | None
+    started: list[dict[str, Any]] = field(default_factory=list)
+    collectives: dict[str, Any] = field(default_factory=dict)
+    stall: StallEvidence | None = None
+    state: str | None = None
+    signature: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["stall"] = self.stall.to_dict() if self.stall else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankEvidence:
+        stall = data.get("stall")
+        return cls(rank=int(data["rank"]), pid=data.get("pid"), events=list(data["events"]),
+                   event_counts=dict(data.get("event_counts", {})), result=data.get("result"),
+                   started=list(data.get("started", [])),
+                   collectives=dict(data.get("collectives", {})),
+                   stall=StallEvidence.from_dict(stall) if stall else None,
+                   state=data.get("state"), signature=data.get("signature", ""))
+
+    def as_evidence(self, job: Evidence) -> Evidence:
+        """This rank seen as a single trial: the job's spec, outcome and limits."""
+        return dataclasses.replace(job, events=self.events, event_counts=self.event_counts,
+                                   result=self.result, stall=self.stall)
+
+
+# ---- where a rank is ----------------------------------------------------------------------
+
+
+def position(rank: RankEvidence) -> str:
+    """"in blocks.1 forward of step 1" from the last module event ("just after blocks.0
+    backward of step 1" for an exit edge), or the phase when no module event was written."""
+    modules = [e for e in rank.events if e.get("kind") == "module"]
+    if not modules:
+        phase = rank.events[-1].get("phase") if rank.events else "startup"
+        return f"in {phase} (no module heartbeat)"
+    last = modules[-1]
+    where = f"{last['module']} {last['phase']}"
+    where = f"just after {where}" if last.get("edge") == "exit" else f"in {where}"
+    return f"{where} of step {last.get('step')}"
+
+
+def waiting_in(rank: RankEvidence) -> dict[str, Any] | None:
+    """The collective the rank waits in: its oldest unfinished one, else the oldest one that
+    failed; None when its heartbeats show neither."""
+    collectives = rank.collectives or {}
+    found = (collectives.get("open") or []) + (collectives.get("failed") or [])
+    return found[0] if found else None
+
+
+def describe_collective(c: dict[str, Any]) -> str:
+    """"all_reduce #3 (DDP bucket 0, 41 tensors)"."""
+    return f"{c.get('op')} #{c.get('n')} ({c.get('detail')})"
+
+
+def _signature(c: dict[str, Any]) -> tuple:
+    return (c.get("op"), c.get("origin"), c.get("phase"),
+            tuple(tuple(s) for s in c.get("shapes") or []))
+
+
+def _kind(c: dict[str, Any]) -> str:
+    issuer = "DDP" if c.get("origin") == "ddp" else "a torch.distributed call"
+    return f"{c.get('op')} from {issuer} in {c.get('phase')} of step {c.get('step')}"
+
+
+def _previous_step_match(rank: RankEvidence, c: dict[str, Any]) -> bool | None:
+    """Whether collective ``c`` is what the rank issued at the same place (index within
+    its step) in the previous step; None when the previous step is not on record."""
+    step = c.get("step")
+    if not isinstance(step, int) or step == 0:
+        return None
+    this_step = [s for s in rank.started if s.get("step") == step]
+    before = [s for s in rank.started if s.get("step") == step - 1]
+    index = next((i for i, s in enumerate(this_step) if s.get("n") == c.get("n")), None)
+    if index is None or len(before) <= index:
+        return None
+    return _signature(before[index]) == _signature(c)
+
+
+def divergence(ranks: Sequence[RankEvidence]) -> dict[str, Any] | None:
+    """The first collective number at which the ranks disagree: {n, odd (ranks), why}.
+
+    Ranks disagree at n when their n-th collectives differ in op, issuer, pass or shapes,
+    or when some rank has not issued an n-th one. None when they agree on every number
+    all of them have on record.
+    """
+    by_rank = {r.rank: {c["n"]: c for c in r.started} for r in ranks}
+    numbers = sorted({n for started in by_rank.values() for n in started})
+    for n in numbers:
+        if all(n not in started for started in by_rank.values()):
+            continue
+        missing = [rank for rank, started in by_rank.items() if n not in started]
+        present = {rank: started[n] for rank, started in by_rank.items() if n in started}
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for rank, c in present.items():
+            groups[_signature(c)].append(rank)
+        if len(groups) == 1 and not missing:
+            continue
+        if len(groups) == 1:
+            c = next(iter(present.values()))
+            return {"n": n, "odd": sorted(missing), "why": (
+                f"rank(s) {_join(missing)} never issued collective #{n}, which rank(s) "
+                f"{_join(sorted(present))} issued ({_kind(c)})")}
+        return _split(n, groups, present, {r.rank: r for r in ranks})
+    return None
+
+
+def _split(n: int, groups: dict[tuple, list[int]], present: dict[int, dict[str, Any]],
+           ranks: dict[int, RankEvidence]) -> dict[str, Any]:
+    sizes = sorted(len(members) for members in groups.values())
+    kinds = "; ".join(f"rank(s) {_join(members)}: {_kind(present[members[0]])}"
+                      for members in groups.values())
+    if sizes[0] < sizes[-1]:
+        odd = sorted(r for members in groups.values() if len(members) == sizes[0]
+                     for r in members)
+        return {"n": n, "odd": odd, "why": f"collective #{n} differs between ranks ({kinds}); "
+                f"rank(s) {_join(odd)} are the minority"}
+    deviating = [rank for rank, c in present.items()
+                 if _previous_step_match(ranks[rank], c) is False]
+    keeping = [rank for rank, c in present.items() if _previous_step_match(ranks[rank], c)]
+    if deviating and keeping:
+        return {"n": n, "odd": sorted(deviating), "why": (
+            f"collective #{n} differs between ranks ({kinds}); rank(s) {_join(deviating)} "
+            f"issued something other than in the previous step, rank(s) "
+            f"{_join(keeping)} the same as before")}
+    return {"n": n, "odd": [], "why": f"collective #{n} differs between ranks ({kinds}); "
+            f"which side left the common path cannot be told from these ranks"}
+
+
+def _join(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+# ---- the verdict --------------------------------------------------------------------------
+
+
+def _exception_time(rank: RankEvidence) -> float:
+    """When the rank's exception was recorded: its "end" event, else its last event."""
+    ends = [e["t"] for e in rank.events if e.get("kind") == "end"]
+    if ends:
+        return ends[-1]
+    return rank.events[-1]["t"] if rank.events else float("inf")
+
+
+def _failed_ranks(ranks: Sequence[RankEvidence]) -> list[RankEvidence]:
+    """Ranks whose result holds an exception, earliest first."""
+    failed = [r for r in ranks if (r.result or {}).get("exception")]
+    return sorted(failed, key=_exception_time)
+
+
+def _is_collective_failure(rank: RankEvidence) -> bool:
+    exception = (rank.result or {}).get("exception") or {}
+    text = f"{exception.get('type', '')}: {exception.get('message', '')}"
+    return bool(COLLECTIVE_FAILURE.search(text))
+
+
+def rank_table(ranks: Sequence[RankEvidence], now: float | None) -> list[dict[str, Any]]:
+    """One row per rank: rank, pid, state, issued, last collective, waiting, position."""
+    rows = []
+    for r in ranks:
+        waiting = waiting_in(r)
+        last = (r.collectives or {}).get("last")
+        since = now - waiting["t"] if waiting and now is not None and waiting.get("t") else None
+        rows.append({"rank": r.rank, "pid": r.pid, "state": r.state or _state_of(r),
+                     "issued": (r.collectives or {}).get("issued", 0),
+                     "last_collective": describe_collective(last) if last else None,
+                     "waiting": describe_collective(waiting) if waiting else None,
+                     "waiting_since_s": since, "position": position(r)})
+    return rows
+
+
+def _state_of(rank: RankEvidence) -> str:
+    """The state from heartbeats and result when no stack sample classified it."""
+    result = rank.result or {}
+    if result.get("status") == "ok":
+        return "finished"
+    if result.get("exception"):
+        return f"raised {result['exception'].get('type')}"
+    if waiting_in(rank):
+        return "in-collective (heartbeats)"
+    return "unknown (no stacks)"
+
+
+def decide_ranks(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
+    """The verdict of a DDP job (see the module docstring)."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    if ranks and all((r.result or {}).get("status") == "ok" for r in ranks) and \
+            job.outcome.exit_code == 0:
+        return _ok(job, ranks)
+    failed = _failed_ranks(ranks)
+    if failed and _is_collective_failure(failed[0]):
+        first = failed[0]
+        message = str(first.result["exception"].get("message", "")).splitlines()[0]
+        return _stall_collective(job, ranks, [
+            f"rank {first.rank} gave up on a collective first: "
+            f"{first.result['exception'].get('type')}: {message}"])
+    if failed:
+        return _rank_verdict(job, ranks, failed[0], "raised first")
+    outcome = job.outcome
+    if outcome.killed_by_runner and outcome.kill_reason == "stall":
+        if any(waiting_in(r) or (r.stall and find_collective(r.stall.samples)) for r in ranks):
+            return _stall_collective(job, ranks, [])
+    focus = _standout(ranks) or (ranks[0] if ranks else None)
+    if focus is None:
+        return decide(job)
+    return _rank_verdict(job, ranks, focus, "stands out")
+
+
+def _ok(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
+    counts = {r.rank: r.result.get("collectives_issued") for r in ranks}
+    steps = {r.rank: r.result.get("steps_done") for r in ranks}
+    facts = {"world_size": len(ranks), "collectives_issued": counts, "steps_done": steps,
+             "wall_s": job.outcome.wall_s, "ranks": rank_table(ranks, None)}
+    same = len(set(counts.values())) == 1
+    reasons = [f"all {len(ranks)} ranks finished {steps[ranks[0].rank]} of "
+               f"{job.total_steps} steps with status ok; the launcher exited 0 in "
+               f"{job.outcome.wall_s:.1f} s",
+               (f"every rank issued {counts[ranks[0].rank]} collectives" if same else
+                f"collective counts differ between ranks: {counts}")]
+    return Verdict("OK", reasons, facts)
+
+
+def _rank_verdict(job: Evidence, ranks: Sequence[RankEvidence], focus: RankEvidence,
+                  why: str) -> Verdict:
+    verdict = decide(focus.as_evidence(job))
+    facts = {**verdict.facts, "rank": focus.rank, "world_size": len(ranks),
+             "ranks": rank_table(ranks, job.outcome.ended_at)}
+    reasons = [f"rank {focus.rank} {why}: {verdict.reasons[0]}", *verdict.reasons[1:]]
+    return Verdict(verdict.name, reasons, facts)
+
+
+def _standout(ranks: Sequence[RankEvidence]) -> RankEvidence | None:
+    """The one rank whose stack signature no other rank shares, when the others agree."""
+    signatures = Counter(r.signature for r in ranks if r.signature)
+    if len(signatures) < 2:
+        return None
+    alone = [r for r in ranks if r.signature and signatures[r.signature] == 1]
+    return alone[0] if len(alone) == 1 and max(signatures.values()) > 1 else None
+
+
+def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],
+                      preface: list[str]) -> Verdict:
+    now = job.outcome.ended_at
+    table = rank_table(ranks, now)
+    split = divergence(ranks)
+    odd = set(split["odd"]) if split else set()
+    ordered = sorted(table, key=lambda row: (row["rank"] not in odd, row["rank"]))
+    sentences = [_rank_sentence(row, ranks) for row in ordered]
+    reasons = [*preface, "; ".join(sentences)]
+    if split:
+        reasons.append(split["why"])
+    for r in ranks:
+        found = find_collective(r.stall.samples) if r.stall else None
+        if found:
+            reasons.append(f"rank {r.rank}'s stacks: {found[0].name or 'a thread'} in "
+                           f"{found[1].where()} in {found[2]} of {len(r.stall.samples)} "
+                           f"samples")
+    culprit = sorted(odd)
+    facts = {"world_size": len(ranks), "ranks": table, "odd_ranks": culprit,
+             "diverged_at": split["n"] if split else None,
+             "waiting": {row["rank"]: row["waiting"] for row in table if row["waiting"]},
+             "pg_timeout": bool(preface), "confidence": "high" if culprit else "medium"}
+    return Verdict("STALL-COLLECTIVE", reasons, facts)
+
+
+def _rank_sentence(row: dict[str, Any], ranks: Sequence[RankEvidence]) -> str:
+    where = f"is {row['position']} / issued {row['issued']} collectives"
+    if row["waiting"] is None:
+        rank = next(r for r in ranks if r.rank == row["rank"])
+        found = find_collective(rank.stall.samples) if rank.stall else None
+        if found:
+            return f"rank {row['rank']} waits in {found[1].where()} (stacks) and {where}"
+        return f"rank {row['rank']} {where}"
+    since = (f" for {row['waiting_since_s']:.1f} s"
+             if row["waiting_since_s"] is not None else "")
+    return f"rank {row['rank']} waits in {row['waiting']}{since} and {where}"
