@@ -241,6 +241,11 @@ def triage_cmd(
         budget: float = typer.Option(600.0, help="Seconds per trial at most (the time "
                                                   "limit may plan less)."),
         memory_cap_mb: int = typer.Option(None), seed: int = typer.Option(0),
+        world_size: int = typer.Option(1, "--world-size", help="Processes per trial; above "
+                                       "1 each trial runs under torchrun (nsadiag ddp)."),
+        ddp_backend: str = typer.Option("gloo", help="gloo (CPU) or nccl, with --world-size."),
+        checks: bool = typer.Option(True, "--checks/--no-checks",
+                                    help="Correctness checks before the sweep."),
         isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                      help="Branch isolation on a failure."),
         bisect: bool = typer.Option(True, "--bisect/--no-bisect",
@@ -259,8 +264,9 @@ def triage_cmd(
     minimal failing configuration; report. Exit 0 healthy, 1 failure, 2 usage, 3 regression."""
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
-    options = TriageOptions(max_layers=max_layers, max_minutes=max_minutes, isolate=isolate,
-                            bisect=bisect, no_redact=no_redact)
+    options = TriageOptions(max_layers=max_layers, max_minutes=max_minutes, checks=checks,
+                            isolate=isolate, bisect=bisect, world_size=world_size,
+                            ddp_backend=ddp_backend, no_redact=no_redact)
     run_dir = out or default_run_dir("triage")
     args = (base, options, run_dir, _argv())
     extra = dict(baseline=baseline, regression_threshold=regression_threshold, ci=ci)

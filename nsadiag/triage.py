@@ -235,15 +235,17 @@ class TimeLimit:
     def remaining(self, now: float) -> float:
         return self.deadline - now
 
-    def trial_budget(self, now: float) -> float:
+    def trial_budget(self, now: float, extra_overhead_s: float = 0.0) -> float:
         """The budget for a trial starting at ``now``: the planned one, or what is left when
         less (then a SLOW verdict says only that the time ran out); OutOfTime when less
-        than min(planned, MIN_TRIAL_BUDGET_S) is left."""
-        room = self.remaining(now) - TRIAL_OVERHEAD_S
+        than min(planned, MIN_TRIAL_BUDGET_S) is left. ``extra_overhead_s`` is wall time
+        the trial takes beyond TRIAL_OVERHEAD_S (several ranks to sample)."""
+        overhead = TRIAL_OVERHEAD_S + extra_overhead_s
+        room = self.remaining(now) - overhead
         floor = min(self.planned_budget_s, MIN_TRIAL_BUDGET_S)
         if room < floor:
             raise OutOfTime(f"{max(0.0, self.remaining(now)):.0f} s left, a trial needs at "
-                            f"least {floor + TRIAL_OVERHEAD_S:.0f} s")
+                            f"least {floor + overhead:.0f} s")
         return min(self.planned_budget_s, room)
 
 

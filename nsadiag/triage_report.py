@@ -47,6 +47,10 @@ KNOB_ADVICE = {
 }
 
 
+WRONG_ADVICE = ("A correctness check failed: the module it names computes something else than "
+                "its reference; rerun `nsadiag check` on the minimal configuration after a fix.")
+
+
 def _records(run_dir: Path) -> dict[str, TrialRecord]:
     return {Path(r.trial_dir).name: r for r in load_records(run_dir / "trials.jsonl")}
 
@@ -127,6 +131,8 @@ def _minimal_spec(state: dict[str, Any], records: dict[str, TrialRecord]) -> Tri
 
 
 def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
+    if failure and failure.get("check"):
+        return f"WRONG: the {failure['check']} check fails in {failure['module'] or '?'}"
     if failure:
         text = f"{failure['verdict']} at {failure['n_layers']} layer(s)"
         if failure.get("module"):
@@ -141,8 +147,21 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
     return f"healthy: OK up to {deepest} layer(s)"
 
 
+def _wrong_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in (state.get("checks") or {}).get("results", [])
+            if c["verdict"]["name"] == "WRONG"]
+
+
 def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | None:
+    """The finding: the sweep's failing trial, else the first WRONG check; None if healthy."""
     failing = (state.get("sweep") or {}).get("failing")
+    wrong = _wrong_checks(state)
+    if not failing and wrong:
+        check = wrong[0]
+        return {"verdict": "WRONG", "n_layers": state["checks"]["n_layers"], "trial": None,
+                "check": check["name"], "reason": check["summary"], "confidence": None,
+                "module": check["module"], "branches": [], "hot_frame": None,
+                "user_frame": None, "minimal": None, "minimal_trial": None}
     if not failing:
         return None
     hot = _hot_module(state)
@@ -164,7 +183,10 @@ def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | 
 
 def _summary_section(state, failure, frames, regressed) -> list[str]:
     lines = []
-    if failure:
+    for check in _wrong_checks(state):
+        lines.append(f"**WRONG**: the {check['name']} check names `{check['module']}`: "
+                     f"{check['summary']}.")
+    if failure and not failure.get("check"):
         conf = failure["confidence"]
         sure = f" in {conf['agreeing']} of {conf['total']} runs" if conf else ""
         lines.append(f"The target fails at **{failure['n_layers']} layer(s)** with "
@@ -191,8 +213,17 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
                           " on top of the healthy baseline.") if failure["minimal"] else
                          "The failure reproduces with every knob at the healthy baseline.")
-    else:
-        lines.append(_headline(state, None) + ": no trial ended other than OK.")
+    elif not failure:
+        lines.append(_sentence(_headline(state, None)) + ": no trial ended other than OK.")
+    if failure and failure["verdict"] == "SLOW" and \
+            state["trial_budget_s"] < state["user_budget_s"]:
+        lines.append(f"The time limit lowered each trial's budget from "
+                     f"{state['user_budget_s']:g} s to {state['trial_budget_s']:.0f} s: SLOW "
+                     f"here means not finished within {state['trial_budget_s']:.0f} s (see the "
+                     f"ETA).")
+    if failure and failure.get("check"):
+        lines.append(_headline({**state, "sweep": state.get("sweep") or {}}, None)
+                     .replace("healthy: ", "The layer sweep: ") + ".")
     if regressed:
         lines.append(f"**Regression** against the baseline: {len(regressed)} measurement(s) "
                      f"worse than the threshold.")
@@ -215,6 +246,24 @@ def _env_section(state) -> list[str]:
              f"| ptrace | {env.get('ptrace')} |"]
     problems = state.get("env_problems") or []
     lines += ["", "Problems: " + ("; ".join(problems) if problems else "none found.")]
+    return lines
+
+
+def _checks_section(state) -> list[str]:
+    checks = state.get("checks") or {}
+    if checks.get("skipped"):
+        return [f"Skipped ({checks['skipped']})."]
+    results = checks.get("results") or []
+    if not results:
+        return ["No check ran."]
+    lines = [f"At {checks['n_layers']} layer(s):", "",
+             "| check | verdict | module | finding |", "|---|---|---|---|"]
+    for c in results:
+        lines.append(f"| {c['name']} | {c['verdict']['name']} | {c['module'] or '-'} | "
+                     f"{c['summary']} |")
+    unfinished = [c["name"] for c in results if not c.get("finished", True)]
+    if unfinished:
+        lines += ["", f"Did not finish (decides nothing): {', '.join(unfinished)}."]
     return lines
 
 
@@ -245,7 +294,8 @@ def _config_section(state, records) -> list[str]:
 
 
 def _results_section(state, records, rows) -> list[str]:
-    lines = ["### Layer threshold", ""]
+    lines = ["### Correctness checks", ""] + _checks_section(state)
+    lines += ["", "### Layer threshold", ""]
     sweep = state.get("sweep") or {}
     probed = sweep.get("probed") or []
     if probed:
@@ -317,7 +367,15 @@ def _root_cause(state, records, failure, frames) -> list[str]:
         deepest = max(ok, key=lambda r: r["n_layers"])
         ruled_out.append(f"A failure at {deepest['n_layers']} layer(s) or fewer with this "
                          f"configuration: trial `{deepest['trial']}` is OK.")
-    if failure:
+    for check in (state.get("checks") or {}).get("results", []):
+        if check["verdict"]["name"] == "OK" and not check["summary"].startswith(
+                "not applicable"):
+            ruled_out.append(f"Wrong results of the kind the {check['name']} check looks "
+                             f"for: {check['summary']}.")
+        elif check["verdict"]["name"] == "WRONG":
+            implicated.append(f"`{check['module']}` ({check['name']} check): "
+                              f"{check['summary']}.")
+    if failure and not failure.get("check"):
         verdict = failure["verdict"]
         implicated.append(f"Depth: {failure['n_layers']} layer(s) end as {verdict} (trial "
                           f"`{failure['trial']}`).")
@@ -354,11 +412,34 @@ def _root_cause(state, records, failure, frames) -> list[str]:
                 evidence = f" (trial `{test['trial']}`: {test['verdict']})" if test else ""
                 implicated.append(f"{knob}={value}: with {knob}={base} instead, the failure "
                                   f"goes away{evidence}.")
-    else:
+    elif not failure:
         implicated.append("Nothing: no trial ended other than OK.")
     return (["The issue is NOT caused by:", ""] + [f"- {x}" for x in ruled_out or ["(nothing "
             "ruled out yet)"]] + ["", "The issue IS tied to:", ""] +
             [f"- {x}" for x in implicated])
+
+
+def _check_reproduction(state, failure) -> list[str]:
+    """The failing check alone, with the triage's own trial options."""
+    argv = list(state.get("argv") or [])
+    keep, skip_next = [], False
+    dropped = {"--max-layers", "--max-minutes", "--baseline", "--regression-threshold",
+               "--out", "--world-size", "--ddp-backend"}
+    for arg in argv[2:]:  # after "nsadiag triage"
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in dropped:
+            skip_next = True
+            continue
+        if arg.split("=")[0] in dropped or arg.startswith("--") and arg.lstrip("-") in (
+                "ci", "no-redact", "checks", "no-checks", "isolate", "no-isolate", "bisect",
+                "no-bisect"):
+            continue
+        keep.append(arg)
+    command = ["nsadiag", "check", failure["check"], "--layers", str(failure["n_layers"]),
+               *keep]
+    return ["The failing check alone:", "", "```", shlex.join(command), "```"]
 
 
 def _recommendations(state, failure) -> list[str]:
@@ -366,7 +447,7 @@ def _recommendations(state, failure) -> list[str]:
         return ["Healthy at every tested depth. If the full run still stops, triage its own "
                 "configuration (sequence length, dtype, world size) with a larger "
                 "--max-layers."]
-    lines = [f"1. {RECOMMENDATIONS.get(failure['verdict'], '')}"]
+    lines = [f"1. {RECOMMENDATIONS.get(failure['verdict'], WRONG_ADVICE)}"]
     for knob in failure.get("minimal") or {}:
         lines.append(f"{len(lines) + 1}. {_sentence(KNOB_ADVICE[knob])}.")
     if failure.get("user_frame"):
@@ -394,7 +475,7 @@ def _regression_section(regression) -> list[str]:
 
 
 def _time_section(state) -> list[str]:
-    stages = ["env", "sweep", "repeats", "attribution", "branches", "bisection"]
+    stages = ["env", "checks", "sweep", "repeats", "attribution", "branches", "bisection"]
     missing = [s for s in stages if s not in state.get("stages_done", [])]
     lines = [f"Limit {state['max_minutes']:g} min; used {state.get('elapsed_s', 0):.0f} s. "
              f"Trial budget {state['trial_budget_s']:.0f} s (asked: "
@@ -424,13 +505,16 @@ def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = 
     md += ["", "## Environment", ""] + _env_section(state)
     md += ["", "## Configuration comparison", ""] + _config_section(state, records)
     md += ["", "## Systematic results", ""] + _results_section(state, records, rows)
-    failing_record = records.get(failure["trial"]) if failure else None
+    failing_record = records.get(failure["trial"]) if failure and failure["trial"] else None
     md += ["", "## Evidence", ""]
     md += evidence_section(failing_record) if failing_record else [
         "No failing trial: the evidence of every trial is in its `trial-<n>/evidence.json`."]
     md += ["", "## Root cause", ""] + _root_cause(state, records, failure, frames)
-    minimal = _minimal_spec(state, records) if failure else None
-    md += ["", "## Minimal reproduction", ""] + reproduction(state.get("argv"), minimal)
+    minimal = _minimal_spec(state, records) if failure and failure["trial"] else None
+    if failure and failure.get("check"):
+        md += ["", "## Minimal reproduction", ""] + _check_reproduction(state, failure)
+    else:
+        md += ["", "## Minimal reproduction", ""] + reproduction(state.get("argv"), minimal)
     if failure:
         md += ["", "The triage itself, to rerun or resume:", "", "```",
                shlex.join(state.get("argv") or []), "```"]
@@ -444,7 +528,11 @@ def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = 
                "complete": not state.get("stopped"), "stopped": state.get("stopped"),
                "threshold": (state.get("sweep") or {}).get("threshold"),
                "deepest_ok": (state.get("sweep") or {}).get("deepest_ok"),
-               "failure": failure, "env_problems": state.get("env_problems", []),
+               "failure": failure, "checks": [
+                   {k: c[k] for k in ("name", "passed", "module", "summary")} |
+                   {"verdict": c["verdict"]["name"]}
+                   for c in (state.get("checks") or {}).get("results", [])],
+               "env_problems": state.get("env_problems", []),
                "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
                             for r in rows],
                "rows": [r.to_dict() for r in rows],

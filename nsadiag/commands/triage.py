@@ -3,6 +3,9 @@
 Stages, in order (each stores what it learnt in <run_dir>/triage.json before the next):
 
 1. env      collect_env() and the problems that weaken the evidence (no py-spy, ...)
+   checks   nsadiag.checks causality, parity, ckpt (and ddp with world_size > 1) at
+            min(2, max_layers) layers; a WRONG check is a failure, a check that did not
+            finish (its budget, a crash) is reported but decides nothing
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first non-OK one (nsadiag.triage)
 3. on a non-OK verdict at the threshold:
@@ -10,7 +13,8 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    attribution  where the failing trial's time went, from its heartbeat events
    branches     for NSA targets: each branch alone at the threshold depth
    bisection    delta debugging of the knobs that differ from the healthy baseline
-                (grad_ckpt, dtype, backend, branches, seq_len) to a 1-minimal failing set
+                (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
+                failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
 4. report   report.md and summary.json (nsadiag.triage_report), optionally compared with a
             baseline summary.json for regressions in step time and peak memory.
 
@@ -37,7 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsadiag.checks import run_check
 from nsadiag.ci import exit_code, write_step_summary
+from nsadiag.commands.ddp import check_ddp, run_ddp_trial
 from nsadiag.commands.sweep import Callbacks, check_target, prepare_run_dir
 from nsadiag.compare import DEFAULT_THRESHOLD, load_summary
 from nsadiag.envinfo import collect_env
@@ -65,6 +71,9 @@ from nsadiag.triage import (
 from nsadiag.triage_report import render_triage
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
+DDP_EXTRA_OVERHEAD_S = 20.0
+"""A DDP trial's evidence takes longer: py-spy samples of every rank (up to
+nsadiag.commands.ddp.SAMPLE_TIMEOUT_S each) and the ranks' teardown."""
 
 
 @dataclass
@@ -74,8 +83,11 @@ class TriageOptions:
 
     max_layers: int = 8
     max_minutes: float = 10.0
+    checks: bool = True
     isolate: bool = True
     bisect: bool = True
+    world_size: int = 1
+    ddp_backend: str = "gloo"
     no_redact: bool = False
 
     def validate(self) -> TriageOptions:
@@ -83,6 +95,8 @@ class TriageOptions:
             raise ValueError(f"max-layers: must be a positive integer, got {self.max_layers!r}")
         if not self.max_minutes > 0:
             raise ValueError(f"max-minutes: must be > 0, got {self.max_minutes:g}")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world-size: must be an integer >= 1, got {self.world_size!r}")
         return self
 
 
@@ -108,23 +122,30 @@ class _Book:
         for record in load_records(self.run_dir / "trials.jsonl"):
             self.stored.setdefault(_config_key(record.spec), []).append(record)
 
-    def run(self, spec: TrialSpec) -> TrialRecord:
-        """The next record of ``spec`` (budget and directory filled in here); OutOfTime
-        when the limit leaves no room, or when a trial shortened by it ended SLOW."""
-        key = _config_key(json.loads(spec.to_json()))
+    def run(self, spec: TrialSpec, world_size: int = 1, ddp_backend: str = "gloo"
+            ) -> TrialRecord:
+        """The next record of ``spec`` on ``world_size`` processes (budget and directory
+        filled in here); OutOfTime when the limit leaves no room, or when a trial shortened
+        by it ended SLOW; TriageStop when its budget ran out before training started."""
+        key = _config_key({**json.loads(spec.to_json()), "world_size": world_size})
         index = self.used[key]
         stored = [r for r in self.stored.get(key, []) if not _cut_short(r, self.limit)]
         if index < len(stored):
             self.used[key] += 1
             record = stored[index]
         else:
-            budget = self.limit.trial_budget(self.clock())
+            extra = DDP_EXTRA_OVERHEAD_S if world_size > 1 else 0.0
+            budget = self.limit.trial_budget(self.clock(), extra)
             trial_dir = self.run_dir / f"trial-{_next_index(self.run_dir)}"
             spec = spec.replace(budget_s=budget, out_dir=str(trial_dir),
                                 stall_timeout_s=min(spec.stall_timeout_s, budget))
             if self.callbacks.on_trial:
                 self.callbacks.on_trial(spec.n_layers or 0, spec)
-            record = run_trial(spec, on_events=self.callbacks.on_events)
+            if world_size > 1:
+                record = run_ddp_trial(spec, world_size, ddp_backend,
+                                       on_events=self.callbacks.on_events)
+            else:
+                record = run_trial(spec, on_events=self.callbacks.on_events)
             append_record(self.run_dir / "trials.jsonl", record)
             self.used[key] += 1
         if self.callbacks.on_record:
@@ -161,26 +182,28 @@ def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
 
 def _trial_ref(record: TrialRecord) -> dict[str, Any]:
     """How triage.json points at a trial: directory name, verdict, first reason."""
+    world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
     return {"trial": Path(record.trial_dir).name, "verdict": record.verdict_name,
-            "n_layers": record.spec.get("n_layers"), "reason": record.verdict["reasons"][0]}
+            "n_layers": record.spec.get("n_layers"), "world_size": world_size,
+            "reason": record.verdict["reasons"][0]}
 
 
 def accepted_knobs(spec: TrialSpec) -> list[str]:
-    """The bisection knobs this target can vary: all for "nsa"; for a factory, dtype and
-    seq_len (the trial honours them) plus those its signature declares."""
+    """The bisection knobs this target can vary: all for "nsa"; for a factory, dtype,
+    seq_len and world_size (the trial honours them) plus those its signature declares."""
     if spec.target == "nsa":
-        return [k for k in BASELINE if k != "world_size"]
+        return list(BASELINE)
     params = inspect.signature(load_factory(spec.target)).parameters
-    return ["dtype", "seq_len", *[k for k in ("grad_ckpt", "backend", "branches")
-                                  if k in params]]
+    return ["dtype", "seq_len", "world_size",
+            *[k for k in ("grad_ckpt", "backend", "branches") if k in params]]
 
 
-def spec_knobs(spec: TrialSpec) -> dict[str, Any]:
-    """The spec's value of every bisection knob (world_size 1 when the spec has none)."""
-    values = {k: getattr(spec, k, 1 if k == "world_size" else None) for k in BASELINE}
+def spec_knobs(spec: TrialSpec, world_size: int = 1) -> dict[str, Any]:
+    """The value of every bisection knob: the spec's fields and the world size."""
+    values = {k: getattr(spec, k) for k in BASELINE if k != "world_size"}
     if values["branches"] is not None:
         values["branches"] = list(values["branches"])
-    return values
+    return {**values, "world_size": world_size}
 
 
 class Triage:
@@ -204,9 +227,9 @@ class Triage:
     # ---- driving -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        stages = [("env", self.env), ("sweep", self.sweep), ("repeats", self.repeats),
-                  ("attribution", self.attribution), ("branches", self.branches),
-                  ("bisection", self.bisection)]
+        stages = [("env", self.env), ("checks", self.checks), ("sweep", self.sweep),
+                  ("repeats", self.repeats), ("attribution", self.attribution),
+                  ("branches", self.branches), ("bisection", self.bisection)]
         try:
             for name, stage in stages:
                 if self.callbacks.on_stage:
@@ -232,12 +255,34 @@ class Triage:
     def _depth_spec(self, n_layers: int, **changes: Any) -> TrialSpec:
         return self.base.replace(n_layers=n_layers, **changes)
 
+    def _run(self, spec: TrialSpec, world_size: int | None = None) -> TrialRecord:
+        """A trial on the triage's world size (or ``world_size``)."""
+        size = self.options.world_size if world_size is None else world_size
+        return self.book.run(spec, size, self.options.ddp_backend)
+
     # ---- stages --------------------------------------------------------------------------
 
     def env(self) -> None:
         env = collect_env().as_dict()
         self.state["env"] = env
         self.state["env_problems"] = env_problems(env, self.base.device)
+
+    def checks(self) -> None:
+        if not self.options.checks:
+            self.state["checks"] = {"skipped": "--no-checks"}
+            return
+        names = ["causality", "parity", "ckpt"] + (["ddp"] if self.options.world_size > 1
+                                                   and _has_check("ddp") else [])
+        results: list[dict[str, Any]] = []
+        self.state["checks"] = {"n_layers": min(2, self.options.max_layers), "results": results}
+        for name in names:
+            budget = self.limit.trial_budget(self.clock())
+            spec = self._depth_spec(self.state["checks"]["n_layers"], budget_s=budget,
+                                    stall_timeout_s=min(self.base.stall_timeout_s, budget))
+            found = run_check(name, spec, self.run_dir / "checks").to_dict()
+            found["finished"] = found["verdict"]["name"] in ("OK", "WRONG")
+            results.append(found)
+            self._save()
 
     def sweep(self) -> None:
         records: dict[int, TrialRecord] = {}
@@ -246,7 +291,7 @@ class Triage:
         self.state["sweep"] = sweep
 
         def fails(n: int) -> bool:
-            records[n] = self.book.run(self._depth_spec(n))
+            records[n] = self._run(self._depth_spec(n))
             sweep["probed"].append(_trial_ref(records[n]))
             sweep["deepest_ok"], sweep["threshold"] = bracket(
                 {k: r.verdict_name != "OK" for k, r in records.items()})
@@ -266,7 +311,7 @@ class Triage:
         refs = [self.failing]
         self.state["repeats"] = {"runs": refs}
         while needs_repeat([r["verdict"] for r in refs], MAX_RUNS):
-            refs.append(_trial_ref(self.book.run(spec)))
+            refs.append(_trial_ref(self._run(spec)))
             self.state["repeats"]["confidence"] = confidence(
                 [r["verdict"] for r in refs]).to_dict()
         self.state["repeats"]["confidence"] = confidence([r["verdict"] for r in refs]).to_dict()
@@ -300,16 +345,15 @@ class Triage:
         runs: list[dict[str, Any]] = []
         self.state["branches"] = {"n_layers": self.failing["n_layers"], "runs": runs}
         for branch in names:
-            record = self.book.run(self._depth_spec(self.failing["n_layers"],
-                                                    branches=(branch,)))
+            record = self._run(self._depth_spec(self.failing["n_layers"], branches=(branch,)))
             runs.append({"branch": branch, **_trial_ref(record)})
 
     def bisection(self) -> None:
         if not (self.failing and self.options.bisect):
             return
-        failing_spec = self._record(self.failing["trial"]).spec
-        changes = knob_changes(spec_knobs(self.base), accepted_knobs(self.base))
-        baseline = baseline_values(spec_knobs(self.base), changes)
+        knobs = spec_knobs(self.base, self.options.world_size)
+        changes = knob_changes(knobs, accepted_knobs(self.base))
+        baseline = baseline_values(knobs, changes)
         verdict, depth = self.failing["verdict"], self.failing["n_layers"]
         tests: list[dict[str, Any]] = []
         bisection = {"verdict": verdict, "n_layers": depth, "changes": changes,
@@ -321,9 +365,10 @@ class Triage:
 
         def fails(subset: frozenset[str]) -> bool:
             knobs = {**baseline, **{k: changes[k] for k in subset}}
+            world_size = knobs.pop("world_size", self.options.world_size)
             spec = self._depth_spec(depth, **_as_spec_fields(knobs))
             ref = {"applied": sorted(subset, key=list(changes).index),
-                   **_trial_ref(self.book.run(spec))}
+                   **_trial_ref(self._run(spec, world_size))}
             tests.append(ref)
             by_subset[subset] = ref
             return ref["verdict"] == verdict
@@ -331,7 +376,6 @@ class Triage:
         minimal = ddmin(list(changes), fails)
         bisection["minimal"] = {k: changes[k] for k in minimal}
         bisection["minimal_trial"] = by_subset[frozenset(minimal)]["trial"]
-        bisection["failing_spec"] = {k: failing_spec.get(k) for k in BASELINE}
 
     def _record(self, trial: str) -> TrialRecord:
         for record in load_records(self.run_dir / "trials.jsonl"):
@@ -341,13 +385,18 @@ class Triage:
 
 
 def _as_spec_fields(knobs: dict[str, Any]) -> dict[str, Any]:
-    """Knob values as TrialSpec fields (branches as a tuple; world_size only above 1)."""
+    """Knob values (without world_size) as TrialSpec fields: branches as a tuple."""
     fields = dict(knobs)
     if fields.get("branches") is not None:
         fields["branches"] = tuple(fields["branches"])
-    if fields.get("world_size", 1) == 1:
-        fields.pop("world_size", None)
     return fields
+
+
+def _has_check(name: str) -> bool:
+    """Whether this installation has the check module ``name``."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"nsadiag.checks.{name}") is not None
 
 
 @dataclass
@@ -372,6 +421,8 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     to $GITHUB_STEP_SUMMARY when that is set.
     """
     options.validate()
+    if options.world_size > 1:
+        check_ddp(base, options.world_size, options.ddp_backend)
     if not regression_threshold >= 0:
         raise ValueError(f"regression-threshold: must be >= 0, got {regression_threshold!r}")
     baseline_rows = load_summary(baseline)["rows"] if baseline is not None else None
