@@ -15,7 +15,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
+from nsadiag.checks import CHECK_NAMES
 from nsadiag.ci import EXIT_REGRESSION
+from nsadiag.commands.check import check_command
 from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.memory import memory_command
 from nsadiag.commands.selftest import self_test
@@ -454,6 +456,45 @@ def trace_cmd(target: str = TARGET, set_: list[str] = SET,
     console.print(f"step {summary['step_s_untraced']:.3f} s untraced, "
                   f"{summary['step_s_traced']:.3f} s traced ({summary['overhead_pct']:+.1f}%), "
                   f"{summary['events']} events; Perfetto trace: {summary['trace_json']}")
+
+
+@app.command("check")
+def check_cmd(which: str = typer.Argument(..., help="causality, parity, ckpt, ddp or all."),
+              target: str = TARGET, set_: list[str] = SET,
+              layers: int = typer.Option(None, help="Number of layers."),
+              seq_len: int = typer.Option(128), batch: int = typer.Option(2),
+              device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+              world_size: int = typer.Option(2, help="Ranks of the ddp check."),
+              stall_timeout: float = typer.Option(60.0, help="Seconds without a heartbeat."),
+              budget: float = typer.Option(600.0, help="Seconds per check."),
+              seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory."),
+              no_redact: bool = typer.Option(False, "--no-redact"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Correctness checks: WRONG naming the first module that differs; exit 1 on a failure."""
+    if which not in (*CHECK_NAMES, "all"):
+        fail(f"check: must be one of {', '.join(CHECK_NAMES)} or all, got {which!r}")
+    if world_size < 2:
+        fail(f"world-size: the ddp check needs at least 2 ranks, got {world_size}")
+    base = _base_spec(target, set_, seq_len, batch, "float32", False, device, backend, 1,
+                      stall_timeout, budget, None, seed)
+    try:
+        spec = base.replace(n_layers=layers)
+        results, report = check_command([which], spec, out or default_run_dir("check"),
+                                        _argv(), world_size, no_redact)
+    except ValueError as err:
+        fail(str(err).splitlines()[0])
+    if as_json:
+        print(json.dumps([r.to_dict() for r in results], indent=1))
+    else:
+        table = Table("check", "verdict", "module", "summary")
+        for r in results:
+            style = "green" if r.passed else "red"
+            table.add_row(r.name, f"[{style}]{r.verdict.name}[/{style}]", r.module or "-",
+                          r.summary)
+        console.print(table)
+        console.print(f"report: {report}")
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
 
 
 @app.command("stacks")

@@ -31,6 +31,8 @@ rm -rf runs/example-trace
     > reports/trace/summary.json
 cp runs/example-trace/trace.json reports/trace/trace.json
 
+run check-ckpt check ckpt --target repro.late_bound_ckpt:make --seq-len 16
+
 # triage of a zoo entry: threshold, repeats, where the time goes, bisection (exit 1 expected)
 run triage-per-token-loop triage --target repro.per_token_loop:make --seq-len 512 --steps 200 \
     --budget 20 --stall-timeout 20 --max-layers 4 --max-minutes 8

@@ -13,4 +13,6 @@ ZOO = {
     "backward_error": ("ERROR", dict(seq_len=64)),
     "hard_crash": ("CRASH", dict(seq_len=64)),
     "dense_masks": ("OOM", dict(seq_len=4096, memory_cap_bytes=5 * 2**30 // 4)),
+    # "check": diagnosed by that nsadiag check (nsadiag.checks.run_check), not by a trial
+    "late_bound_ckpt": ("WRONG", dict(seq_len=16, stall_timeout_s=30.0, check="ckpt")),
 }

@@ -3,6 +3,7 @@
     future_peek        block `peek_layer` mixes in the next token's features: x[:, t + 1]
     broken_backend     NSA model whose non-naive attention path is off by 1%
     checkpointed_tiny  a healthy TinyLM that honours grad_ckpt (a factory target that passes)
+    drifting_recompute checkpointed TinyLM whose layer 1 returns something else each call
 """
 
 from __future__ import annotations
@@ -67,3 +68,21 @@ class CheckpointedTinyLM(TinyLM):
 
 def checkpointed_tiny(n_layers: int = 3, grad_ckpt: bool = False) -> nn.Module:
     return CheckpointedTinyLM(n_layers, grad_ckpt)
+
+
+class DriftingBlock(TinyBlock):
+    """Input scaled by 1 + 1e-3 * (calls so far): its checkpoint recompute is not exact."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x * (1 + 1e-3 * self.calls))
+
+
+def drifting_recompute(n_layers: int = 3, grad_ckpt: bool = False) -> nn.Module:
+    model = CheckpointedTinyLM(n_layers, grad_ckpt)
+    model.layers[1] = DriftingBlock(DIM)
+    return model

@@ -3,8 +3,10 @@ and no process of any trial outlives it."""
 
 import psutil
 
+from nsadiag.checks import run_check
 from nsadiag.runner import run_trial
 from nsadiag.spec import TrialSpec
+from repro import ZOO
 
 QUICK = dict(seq_len=64, batch=2, steps=2, stall_timeout_s=3.0, budget_s=60.0)
 
@@ -80,3 +82,19 @@ def test_verdict_still_comes_without_py_spy(tmp_path, monkeypatch):
     assert record.verdict_name == "DEADLOCK", record.verdict
     assert "py-spy: not found on PATH" in record.evidence["stall"]["unavailable"]
     assert any("stacks unavailable" in reason for reason in record.verdict["reasons"])
+
+
+def test_late_bound_checkpoint_closure_is_wrong_through_the_ckpt_check(tmp_path):
+    """A plain trial of this entry finishes and looks healthy; its ZOO settings name the
+    check that sees the defect."""
+    expected, settings = ZOO["late_bound_ckpt"]
+    settings = dict(settings)
+    check = settings.pop("check")
+    spec = TrialSpec(target="repro.late_bound_ckpt:make", out_dir=str(tmp_path / "trial"),
+                     **{**QUICK, **settings}).validate()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = run_check(check, spec, tmp_path)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert result.verdict.name == expected == "WRONG", result.summary
+    assert result.module == "blocks.0"
+    assert "recompute of blocks.0 ran blocks.3's parameters" in result.summary

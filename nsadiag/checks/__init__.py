@@ -28,6 +28,7 @@ from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
 
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
+DDP_WORLD_SIZE = 2
 TOLERANCE = 1e-5
 """fp32 tolerance on max abs error, relative to max(1, max |reference|)."""
 
@@ -74,26 +75,34 @@ def not_applicable(name: str, why: str) -> CheckResult:
     return finding(name, True, None, f"not applicable: {why}", [], applicable=False)
 
 
-def run_check(name: str, spec: TrialSpec, out_dir: Path) -> CheckResult:
-    """Run check `name` on `spec`'s target in a watched child; files go to out_dir/name."""
+def run_check(name: str, spec: TrialSpec, out_dir: Path,
+              world_size: int = DDP_WORLD_SIZE) -> CheckResult:
+    """Run check `name` on `spec`'s target in a watched child; files go to out_dir/name.
+    `world_size` is the number of ranks of the ddp check."""
     if name not in CHECK_NAMES:
         raise ValueError(f"check: must be one of {', '.join(CHECK_NAMES)} or all, got {name!r}")
+    if name == "ddp" and world_size < 2:
+        raise ValueError(f"world_size: the ddp check needs at least 2 ranks, got {world_size}")
     check_dir = Path(out_dir) / name
-    record = run_trial(spec.replace(out_dir=str(check_dir)), child=("nsadiag.checks.child", name))
+    record = run_trial(spec.replace(out_dir=str(check_dir)),
+                       child=("nsadiag.checks.child", name, str(world_size)))
     found = check_dir / "check.json"
     if record.verdict_name == "OK" and found.exists():
         return CheckResult.from_dict(json.loads(found.read_text()))
     return _did_not_finish(name, record)
 
 
-def run_checks(names: Sequence[str], spec: TrialSpec, out_dir: Path) -> list[CheckResult]:
+def run_checks(names: Sequence[str], spec: TrialSpec, out_dir: Path,
+               world_size: int = DDP_WORLD_SIZE) -> list[CheckResult]:
     """Each check in turn (see run_check); "all" stands for every check."""
     expanded = [n for name in names for n in (CHECK_NAMES if name == "all" else (name,))]
     for name in expanded:  # refuse a bad name before any child starts
         if name not in CHECK_NAMES:
             raise ValueError(f"check: must be one of {', '.join(CHECK_NAMES)} or all, "
                              f"got {name!r}")
-    return [run_check(name, spec, out_dir) for name in dict.fromkeys(expanded)]
+    if "ddp" in expanded and world_size < 2:
+        raise ValueError(f"world_size: the ddp check needs at least 2 ranks, got {world_size}")
+    return [run_check(name, spec, out_dir, world_size) for name in dict.fromkeys(expanded)]
 
 
 def _did_not_finish(name: str, record: TrialRecord) -> CheckResult:

@@ -1,0 +1,237 @@
+"""nsadiag check: each check passes on the built-in NSA target and names the module of a
+planted defect; the CLI's exit codes; a check whose child fails reports the runner's verdict.
+
+The checks' library functions run in this process (fast); run_check and the CLI run them in
+a watched child, as users do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from nsadiag.checks import causality, ckpt, ddp, parity, run_check, run_checks
+from nsadiag.heartbeat import HeartbeatWriter
+from nsadiag.spec import TrialSpec
+
+TINY_NSA = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3, w=16)
+TINY_FLAGS = [f"--set={k}={v}" for k, v in TINY_NSA.items()]
+
+
+def nsa_spec(**changes) -> TrialSpec:
+    settings = {"n_layers": 2, "seq_len": 64, "batch": 2, "stall_timeout_s": 30.0, **changes}
+    return TrialSpec(target="nsa", overrides=TINY_NSA, **settings).validate()
+
+
+def factory_spec(target: str, **changes) -> TrialSpec:
+    settings = {"seq_len": 16, "batch": 2, "stall_timeout_s": 30.0, **changes}
+    return TrialSpec(target=target, **settings).validate()
+
+
+@pytest.fixture
+def writer(tmp_path):
+    beat = HeartbeatWriter(tmp_path / "events.jsonl")
+    yield beat
+    beat.close()
+
+
+# ---------------------------------------------------------------- causality
+
+def test_causality_passes_on_nsa_and_the_perturbation_reaches_the_future(writer):
+    result = causality.measure(nsa_spec(), writer)
+    assert result.passed and result.verdict.name == "OK", result.summary
+    assert result.verdict.facts["reached_future"]  # not vacuous: rows >= t did change
+    names = {row["module"] for row in result.table}
+    assert {"blocks.0", "blocks.1", "blocks.1.attn.select", "blocks.1.attn.win"} <= names
+    assert all(row["max abs diff before t"] <= row["tol"] for row in result.table)
+
+
+def test_causality_names_the_block_that_reads_the_next_token(writer):
+    result = causality.measure(factory_spec("tests.check_targets:future_peek"), writer)
+    assert result.verdict.name == "WRONG"
+    assert result.module == "layers.1"  # layers.0 is causal; the leak starts at layers.1
+    rows = {row["module"]: row for row in result.table}
+    assert not rows["layers.0"]["changed"] and rows["layers.1"]["changed"]
+    assert "layers.1" in result.summary and "before position 8" in result.summary
+
+
+# ---------------------------------------------------------------- parity
+
+def test_parity_passes_on_nsa_with_errors_far_below_tolerance(writer):
+    result = parity.measure(nsa_spec(), writer)
+    assert result.passed and result.verdict.name == "OK", result.summary
+    compared = [r for r in result.table if r["backend"] == "torch"]
+    assert {r["module"] for r in compared} == {"blocks.0.attn", "blocks.1.attn"}
+    assert {r["tensor"].split(" (")[0].split(" ")[0] for r in compared} == {"output", "grad"}
+    assert max(r["max abs err"] for r in compared) < 1e-6  # 1e-5 tolerance, with margin
+
+
+def test_parity_names_the_layer_of_a_broken_backend(writer):
+    result = parity.measure(factory_spec("tests.check_targets:broken_backend", seq_len=64),
+                            writer)
+    assert result.verdict.name == "WRONG"
+    assert result.module == "blocks.0.attn"
+    assert result.verdict.facts["backend"] == "torch"
+    output = next(r for r in result.table if r["tensor"] == "output")
+    # the mix is scaled by 1.01: the error is 1% of the output's magnitude
+    assert output["max abs err"] == pytest.approx(0.01 * output["scale"], rel=0.05)
+
+
+def test_parity_lists_a_backend_that_refuses_as_not_available(writer, monkeypatch):
+    import nsa.config
+    import nsa.layer
+
+    resolve = nsa.layer.resolve_backend
+
+    def refusing(cfg):
+        if cfg.backend == "gpu-only":
+            raise ValueError("backend: gpu-only needs CUDA")
+        return resolve(cfg)
+
+    monkeypatch.setattr(nsa.config, "BACKENDS", (*nsa.config.BACKENDS, "gpu-only"))
+    monkeypatch.setattr(nsa.layer, "resolve_backend", refusing)
+    result = parity.measure(nsa_spec(n_layers=1), writer)
+    assert result.passed, result.summary
+    refused = [r for r in result.table if r["backend"] == "gpu-only"]
+    assert [r["tensor"] for r in refused] == ["not available: backend: gpu-only needs CUDA"]
+    assert "not available: gpu-only" in result.summary
+
+
+def test_parity_without_nsa_layers_is_not_applicable(writer):
+    result = parity.measure(factory_spec("tests.check_targets:future_peek"), writer)
+    assert result.passed and result.summary.startswith("not applicable: parity needs")
+    assert result.verdict.facts["applicable"] is False and result.table == []
+
+
+# ---------------------------------------------------------------- ckpt
+
+def test_ckpt_passes_on_nsa_with_every_recompute_matched(writer):
+    result = ckpt.measure(nsa_spec(), writer)
+    assert result.passed and result.verdict.name == "OK", result.summary
+    assert result.verdict.facts["recomputed_calls"] > 0
+    assert all(r["ok"] and r["max abs err"] <= r["tol"] for r in result.table)
+    assert {r["module"] for r in result.table} >= {"blocks.0", "blocks.1"}
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_ckpt_names_the_block_of_the_late_bound_closure(writer, reentrant):
+    spec = factory_spec("repro.late_bound_ckpt:make", overrides={"reentrant": reentrant})
+    result = ckpt.measure(spec, writer)
+    assert result.verdict.name == "WRONG"
+    assert result.module == "blocks.0"
+    assert result.summary.startswith("recompute of blocks.0 ran blocks.3's parameters")
+    grads = {r["module"]: r for r in result.table if r["part"] == "gradients"}
+    assert not grads["blocks.0"]["ok"] and grads["head.weight"]["ok"]
+    if reentrant:  # the reentrant recompute sends blocks 0-2's gradients to blocks.3
+        assert "no gradient with checkpointing" in grads["blocks.0"]["detail"]
+
+
+def test_ckpt_names_a_module_whose_recompute_is_not_exact(writer):
+    result = ckpt.measure(factory_spec("tests.check_targets:drifting_recompute"), writer)
+    assert result.verdict.name == "WRONG"
+    assert result.module == "layers.1"
+    assert result.summary.startswith("recompute of layers.1 diverged from its forward: "
+                                     "inside it, layers.1.mix received an input")
+    grads = {r["module"]: r for r in result.table if r["part"] == "gradients"}
+    assert not grads["layers.1"]["ok"] and grads["layers.2"]["ok"]
+
+
+def test_ckpt_passes_on_a_healthy_checkpointed_factory(writer):
+    result = ckpt.measure(factory_spec("tests.check_targets:checkpointed_tiny"), writer)
+    assert result.passed and result.verdict.facts["recomputed_calls"] > 0, result.summary
+
+
+def test_ckpt_on_a_target_that_cannot_checkpoint_is_not_applicable(writer):
+    result = ckpt.measure(factory_spec("tests.check_targets:future_peek"), writer)
+    assert result.passed and "does not accept 'grad_ckpt'" in result.summary
+
+
+# ---------------------------------------------------------------- in a child, ddp
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_ddp_check_matches_one_process_on_nsa_and_leaves_no_process(tmp_path):
+    before = _children()
+    result = run_check("ddp", nsa_spec(), tmp_path)
+    assert _children() <= before
+    assert result.passed and result.verdict.name == "OK", result.summary
+    assert result.verdict.facts["world_size"] == 2
+    assert max(r["max abs err"] for r in result.table) < 1e-6
+
+
+def test_ddp_check_with_reentrant_late_bound_closure_is_an_error_naming_the_cause(tmp_path):
+    spec = factory_spec("repro.late_bound_ckpt:make", grad_ckpt=True,
+                        overrides={"reentrant": True})
+    before = _children()
+    result = run_check("ddp", spec, tmp_path)
+    assert _children() <= before
+    assert not result.passed and result.verdict.name == "ERROR"
+    assert "Expected to mark a variable ready only once" in result.summary
+
+
+def test_ddp_process_group_timeout_is_short():
+    assert ddp.pg_timeout_s(nsa_spec()) == 15.0
+    assert ddp.pg_timeout_s(nsa_spec(stall_timeout_s=600.0)) == 30.0
+
+
+def test_a_check_whose_target_fails_reports_the_runner_verdict(tmp_path):
+    (result,) = run_checks(["causality"], factory_spec("tests.diag_targets:sleepy",
+                                                       stall_timeout_s=3.0,
+                                                       overrides={"sleep_s": 60.0}), tmp_path)
+    assert not result.passed
+    assert result.verdict.name == "DEADLOCK", result.summary
+    assert result.summary.startswith("the causality check did not finish: DEADLOCK")
+
+
+def test_an_unknown_check_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="check: must be one of causality, parity, ckpt, ddp"):
+        run_checks(["causality", "speed"], nsa_spec(), tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- CLI
+
+def nsadiag(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path):
+    out = tmp_path / "run"
+    done = nsadiag("check", "ckpt", "--target", "repro.late_bound_ckpt:make", "--seq-len",
+                   "16", "--out", str(out), "--json")
+    assert done.returncode == 1, done.stderr
+    (found,) = json.loads(done.stdout)
+    assert found["verdict"]["name"] == "WRONG" and found["module"] == "blocks.0"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["headline"] == "ckpt WRONG at blocks.0" and not summary["passed"]
+    report = (out / "report.md").read_text()
+    for section in ("## Executive summary", "## Configuration", "## Results", "## Evidence",
+                    "## Minimal reproduction", "## Recommendations"):
+        assert section in report
+    assert "recompute of blocks.0 ran blocks.3's parameters" in report
+
+
+def test_cli_check_passes_with_exit_0(tmp_path):
+    done = nsadiag("check", "causality", *TINY_FLAGS, "--layers", "1", "--seq-len", "32",
+                   "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert "causality" in done.stdout and "OK" in done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "speed"], "check: must be one of causality, parity, ckpt, ddp or all"),
+    (["check", "ddp", "--world-size", "1"], "world-size: the ddp check needs at least 2"),
+    (["check", "ckpt", "--set", "n_heads=3"], "n_heads: must be a multiple of n_kv_heads"),
+    (["check", "ckpt", "--target", "no.such.module:make"], "target: cannot import"),
+])
+def test_cli_usage_errors_exit_2_with_one_line(tmp_path, args, message):
+    done = nsadiag(*args, "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
