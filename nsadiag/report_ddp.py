@@ -12,7 +12,7 @@ import json
 import shlex
 from typing import Any
 
-from nsadiag.report import RECOMMENDATIONS, _last_events, _stack_excerpt, redact
+from nsadiag.report import RECOMMENDATIONS, _cli_value, _last_events, _stack_excerpt, redact
 from nsadiag.runner import TrialRecord
 
 
@@ -72,6 +72,7 @@ def _reproduction(record: TrialRecord, meta: dict[str, Any]) -> list[str]:
     args = ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--backend",
             str(ddp.get("backend")), "--target", spec["target"], "--seq-len",
             str(spec["seq_len"]), "--batch", str(spec["batch"]), "--dtype", spec["dtype"],
+            "--device", spec["device"],
             "--steps", str(spec["steps"]), "--stall-timeout", f"{spec['stall_timeout_s']:g}",
             "--budget", f"{spec['budget_s']:g}"]
     if spec.get("n_layers") is not None:
@@ -79,7 +80,7 @@ def _reproduction(record: TrialRecord, meta: dict[str, Any]) -> list[str]:
     if spec.get("grad_ckpt"):
         args.append("--grad-ckpt")
     for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={value}"]
+        args += ["--set", f"{key}={_cli_value(value)}"]
     return ["```", shlex.join(args), "```"]
 
 

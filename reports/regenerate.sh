@@ -21,6 +21,8 @@ run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --se
     --steps 30 --budget 10 --stall-timeout 30
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
+run ddp-stall ddp --world-size 2 --backend gloo --target repro.rank_divergent:make \
+    --seq-len 64 --batch 2 --steps 3 --stall-timeout 3
 
 mkdir -p reports/memory reports/trace
 "${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --json > reports/memory/memory-cpu.json

@@ -16,3 +16,11 @@ ZOO = {
     # "check": diagnosed by that nsadiag check (nsadiag.checks.run_check), not by a trial
     "late_bound_ckpt": ("WRONG", dict(seq_len=16, stall_timeout_s=30.0, check="ckpt")),
 }
+
+# entry -> (expected verdict, world size, TrialSpec settings) for `nsadiag ddp` on gloo/CPU
+DDP_ZOO = {
+    "rank_divergent": ("STALL-COLLECTIVE", 2, dict(seq_len=64, batch=2, steps=3,
+                                                   stall_timeout_s=3.0)),
+    "late_bound_ckpt": ("ERROR", 2, dict(seq_len=64, batch=2, grad_ckpt=True,
+                                         overrides={"reentrant": True})),
+}
