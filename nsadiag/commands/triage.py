@@ -120,7 +120,9 @@ class _Book:
 
     def __post_init__(self) -> None:
         for record in load_records(self.run_dir / "trials.jsonl"):
-            self.stored.setdefault(_config_key(record.spec), []).append(record)
+            world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+            self.stored.setdefault(_config_key({**record.spec, "world_size": world_size}),
+                                   []).append(record)
 
     def run(self, spec: TrialSpec, world_size: int = 1, ddp_backend: str = "gloo"
             ) -> TrialRecord:
