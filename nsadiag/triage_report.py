@@ -17,6 +17,7 @@ from nsadiag.compare import compare_rows, regressions
 from nsadiag.evidence import StackSample
 from nsadiag.report import (
     RECOMMENDATIONS,
+    _cli_value,
     _fmt_bytes,
     _fmt_s,
     evidence_section,
@@ -137,8 +138,10 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
         text = f"{failure['verdict']} at {failure['n_layers']} layer(s)"
         if failure.get("module"):
             text += f" in {failure['module']}"
-        if failure.get("minimal") is not None:
+        if failure.get("minimal"):
             text += f"; minimal failing change: {_knob_text(failure['minimal'])}"
+        elif failure.get("minimal") == {}:
+            text += "; fails at the healthy baseline's knobs too"
         return text
     sweep = state.get("sweep") or {}
     deepest = sweep.get("deepest_ok")
@@ -207,7 +210,7 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
                          f"alone reproduces {failure['verdict']}.")
         if frames.get("hot_frame"):
             lines.append(f"Hot frame: {frames['hot_frame']}.")
-        if frames.get("user_frame"):
+        if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
         if failure["minimal"] is not None:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
@@ -395,7 +398,7 @@ def _root_cause(state, records, failure, frames) -> list[str]:
         if frames.get("hot_frame"):
             implicated.append(f"Hot frame {frames['hot_frame']} ({frames.get('hot_count')} of "
                               f"{frames['samples']} stack samples of the failing runs).")
-        if frames.get("user_frame"):
+        if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             implicated.append(f"In the target's code: {frames['user_frame']}.")
         bisection = state.get("bisection") or {}
         minimal = bisection.get("minimal")
@@ -420,25 +423,19 @@ def _root_cause(state, records, failure, frames) -> list[str]:
 
 
 def _check_reproduction(state, failure) -> list[str]:
-    """The failing check alone, with the triage's own trial options."""
-    argv = list(state.get("argv") or [])
-    keep, skip_next = [], False
-    dropped = {"--max-layers", "--max-minutes", "--baseline", "--regression-threshold",
-               "--out", "--world-size", "--ddp-backend"}
-    for arg in argv[2:]:  # after "nsadiag triage"
-        if skip_next:
-            skip_next = False
-            continue
-        if arg in dropped:
-            skip_next = True
-            continue
-        if arg.split("=")[0] in dropped or arg.startswith("--") and arg.lstrip("-") in (
-                "ci", "no-redact", "checks", "no-checks", "isolate", "no-isolate", "bisect",
-                "no-bisect"):
-            continue
-        keep.append(arg)
-    command = ["nsadiag", "check", failure["check"], "--layers", str(failure["n_layers"]),
-               *keep]
+    """The failing check alone, with the triage's trial options that `nsadiag check` takes."""
+    spec = state.get("base_spec") or {}
+    command = ["nsadiag", "check", failure["check"], "--target", spec.get("target", "nsa"),
+               "--layers", str(failure["n_layers"]), "--seq-len", str(spec.get("seq_len")),
+               "--batch", str(spec.get("batch")), "--device", str(spec.get("device")),
+               "--stall-timeout", f"{spec.get('stall_timeout_s', 60):g}",
+               "--seed", str(spec.get("seed", 0))]
+    if spec.get("backend"):
+        command += ["--backend", spec["backend"]]
+    if failure["check"] == "ddp":
+        command += ["--world-size", str(state.get("world_size", 2))]
+    for key, value in sorted((spec.get("overrides") or {}).items()):
+        command += ["--set", f"{key}={_cli_value(value)}"]
     return ["The failing check alone:", "", "```", shlex.join(command), "```"]
 
 

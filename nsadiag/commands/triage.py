@@ -224,7 +224,8 @@ class Triage:
         self.state: dict[str, Any] = {
             "target": base.target, "argv": list(argv), "max_layers": options.max_layers,
             "max_minutes": options.max_minutes, "trial_budget_s": planned,
-            "user_budget_s": base.budget_s, "stages_done": [], "stopped": None}
+            "user_budget_s": base.budget_s, "stages_done": [], "stopped": None,
+            "base_spec": json.loads(base.to_json()), "world_size": options.world_size}
 
     # ---- driving -------------------------------------------------------------------------
 
