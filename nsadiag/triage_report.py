@@ -264,9 +264,11 @@ def _checks_section(state) -> list[str]:
     for c in results:
         lines.append(f"| {c['name']} | {c['verdict']['name']} | {c['module'] or '-'} | "
                      f"{c['summary']} |")
-    unfinished = [c["name"] for c in results if not c.get("finished", True)]
+    unfinished = [f"{c['name']} ({c['verdict']['name']})" for c in results
+                  if not c.get("finished", True)]
     if unfinished:
-        lines += ["", f"Did not finish (decides nothing): {', '.join(unfinished)}."]
+        lines += ["", f"Did not finish, so neither passed nor failed: {', '.join(unfinished)}; "
+                      f"the check's directory under checks/ holds its evidence."]
     return lines
 
 

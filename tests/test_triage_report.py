@@ -51,7 +51,7 @@ def test_a_check_that_did_not_finish_decides_nothing(tmp_path):
     text, summary = build_triage_report(
         tmp_path, _state(checks={"n_layers": 2, "results": [unfinished]}), no_redact=True)
     assert summary["status"] == "healthy" and exit_code(summary) == 0
-    assert "Did not finish (decides nothing): parity." in text
+    assert "Did not finish, so neither passed nor failed: parity (SLOW)" in text
 
 
 def test_a_stopped_triage_says_what_it_did_not_reach(tmp_path):

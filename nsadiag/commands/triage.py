@@ -5,7 +5,8 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
 1. env      collect_env() and the problems that weaken the evidence (no py-spy, ...)
    checks   nsadiag.checks causality, parity, ckpt (and ddp with world_size > 1) at
             min(2, max_layers) layers; a WRONG check is a failure, a check that did not
-            finish (its budget, a crash) is reported but decides nothing
+            finish (its budget, a crash) is reported but decides nothing; checks are not
+            resumed: a rerun runs them again
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first non-OK one (nsadiag.triage)
 3. on a non-OK verdict at the threshold:
@@ -275,14 +276,15 @@ class Triage:
             self.state["checks"] = {"skipped": "--no-checks"}
             return
         names = ["causality", "parity", "ckpt"] + (["ddp"] if self.options.world_size > 1
-                                                   and _has_check("ddp") else [])
+                                                   else [])
         results: list[dict[str, Any]] = []
         self.state["checks"] = {"n_layers": min(2, self.options.max_layers), "results": results}
         for name in names:
             budget = self.limit.trial_budget(self.clock())
             spec = self._depth_spec(self.state["checks"]["n_layers"], budget_s=budget,
                                     stall_timeout_s=min(self.base.stall_timeout_s, budget))
-            found = run_check(name, spec, self.run_dir / "checks").to_dict()
+            found = run_check(name, spec, self.run_dir / "checks",
+                              world_size=max(2, self.options.world_size)).to_dict()
             found["finished"] = found["verdict"]["name"] in ("OK", "WRONG")
             results.append(found)
             self._save()
@@ -393,13 +395,6 @@ def _as_spec_fields(knobs: dict[str, Any]) -> dict[str, Any]:
     if fields.get("branches") is not None:
         fields["branches"] = tuple(fields["branches"])
     return fields
-
-
-def _has_check(name: str) -> bool:
-    """Whether this installation has the check module ``name``."""
-    import importlib.util
-
-    return importlib.util.find_spec(f"nsadiag.checks.{name}") is not None
 
 
 @dataclass
