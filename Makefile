@@ -1,5 +1,6 @@
 # make demo  - train a tiny NSA model on the CPU for a few steps (creates .venv when missing)
 # make test  - run the test suite (CPU; GPU tests skip cleanly)
+# make ci-triage - a small CPU triage of the built-in model into runs/ci-triage (--ci)
 # CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-gpu clean
+.PHONY: demo test lint bench bench-gpu ci-triage clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,15 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check nsa nsadiag repro tests bench
+
+# tiny NSA shapes: the checks and depths 1, 2, 4 take about two minutes on 2 cores; the
+# 12-minute limit plans 50 s per trial, so a loaded machine does not read as SLOW
+ci-triage: $(STAMP)
+	rm -rf runs/ci-triage
+	$(PY) -m nsadiag.cli triage --ci --max-layers 4 --max-minutes 12 --seq-len 128 --steps 2 \
+		--stall-timeout 60 --budget 120 --set dim=32 --set n_heads=4 --set n_kv_heads=2 \
+		--set head_dim=8 --set l=8 --set d=4 --set l_sel=16 --set n_sel=3 --set w=32 \
+		--out runs/ci-triage
 
 bench: $(STAMP)
 	$(PY) bench/bench_layer.py --model-step

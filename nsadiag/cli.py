@@ -16,6 +16,7 @@ from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
 from nsadiag.checks import CHECK_NAMES
+from nsadiag.ci import EXIT_REGRESSION
 from nsadiag.commands.check import check_command
 from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.memory import memory_command
@@ -30,6 +31,8 @@ from nsadiag.commands.sweep import (
     sweep_layers,
 )
 from nsadiag.commands.trace import trace_command
+from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
+from nsadiag.compare import compare_runs
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.runner import TrialRecord
@@ -214,6 +217,119 @@ def isolate_branch_cmd(
     run_dir = out or default_run_dir("isolate-branch")
     _print_report(_run(isolate_branch, base, branch, counts, run_dir, _argv(),
                        total=2 * len(counts)))
+
+
+class _TriageFollow(_Follow):
+    """The sweep's progress bar, plus a line per triage stage and per trial."""
+
+    def callbacks(self) -> TriageCallbacks:
+        return TriageCallbacks(on_trial=self.on_trial, on_events=self.on_events,
+                               on_record=self.on_record, on_stage=self.on_stage)
+
+    def on_stage(self, stage: str) -> None:
+        self.progress.console.print(f"[bold]{stage}[/bold]")
+
+
+@app.command("triage")
+def triage_cmd(
+        target: str = TARGET, set_: list[str] = SET,
+        max_layers: int = typer.Option(8, help="Deepest layer count the sweep may try."),
+        max_minutes: float = typer.Option(10.0, help="Wall-clock limit of the whole triage."),
+        seq_len: int = typer.Option(2048), batch: int = typer.Option(1),
+        dtype: str = typer.Option("float32"),
+        grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+        device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+        steps: int = typer.Option(2), stall_timeout: float = typer.Option(60.0),
+        budget: float = typer.Option(600.0, help="Seconds per trial at most (the time "
+                                                  "limit may plan less)."),
+        memory_cap_mb: int = typer.Option(None), seed: int = typer.Option(0),
+        world_size: int = typer.Option(1, "--world-size", help="Processes per trial; above "
+                                       "1 each trial runs under torchrun (nsadiag ddp)."),
+        ddp_backend: str = typer.Option("gloo", help="gloo (CPU) or nccl, with --world-size."),
+        checks: bool = typer.Option(True, "--checks/--no-checks",
+                                    help="Correctness checks before the sweep."),
+        isolate: bool = typer.Option(True, "--isolate/--no-isolate",
+                                     help="Branch isolation on a failure."),
+        bisect: bool = typer.Option(True, "--bisect/--no-bisect",
+                                    help="Knob bisection on a failure."),
+        ci: bool = typer.Option(False, "--ci", help="Also append the report to "
+                                "$GITHUB_STEP_SUMMARY; plain output."),
+        baseline: Path = typer.Option(None, help="summary.json (or run directory) to compare "
+                                      "step time and peak memory with; exit 3 on a "
+                                      "regression."),
+        regression_threshold: float = typer.Option(0.2, help="Relative slowdown or growth "
+                                                   "that counts as a regression."),
+        no_redact: bool = typer.Option(False, "--no-redact",
+                                       help="Keep host names, IPs and user names."),
+        out: Path = typer.Option(None, help="Run directory.")):
+    """Env doctor, layer threshold, repeats, branch isolation and knob bisection to a
+    minimal failing configuration; report. Exit 0 healthy, 1 failure, 2 usage, 3 regression."""
+    base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
+                      stall_timeout, budget, memory_cap_mb, seed)
+    options = TriageOptions(max_layers=max_layers, max_minutes=max_minutes, checks=checks,
+                            isolate=isolate, bisect=bisect, world_size=world_size,
+                            ddp_backend=ddp_backend, no_redact=no_redact)
+    run_dir = out or default_run_dir("triage")
+    args = (base, options, run_dir, _argv())
+    extra = dict(baseline=baseline, regression_threshold=regression_threshold, ci=ci)
+    try:
+        if ci:
+            outcome = triage(*args, callbacks=_plain_callbacks(), **extra)
+        else:
+            columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=console, transient=True) as progress:
+                outcome = triage(*args, callbacks=_TriageFollow(progress, None).callbacks(),
+                                 **extra)
+    except ValueError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        print(f"nsadiag: interrupted: children killed; finished trials are kept in "
+              f"{run_dir}/trials.jsonl; rerun with --out {run_dir} to resume", file=sys.stderr)
+        raise typer.Exit(130) from None
+    _print_report(outcome.report)
+    if outcome.step_summary:
+        console.print(f"step summary appended to {outcome.step_summary}")
+    raise typer.Exit(outcome.exit_code)
+
+
+def _plain_callbacks() -> TriageCallbacks:
+    """One plain line per stage and per finished trial (CI logs have no live display)."""
+    def on_record(record: TrialRecord) -> None:
+        print(f"  {record.spec.get('n_layers')} layers  {record.verdict_name}  "
+              f"{record.wall_s:.1f} s  {Path(record.trial_dir).name}", flush=True)
+
+    return TriageCallbacks(on_stage=lambda stage: print(f"triage: {stage}", flush=True),
+                           on_record=on_record)
+
+
+@app.command("compare")
+def compare_cmd(before: Path = typer.Argument(..., help="Run directory or summary.json."),
+                after: Path = typer.Argument(..., help="Run directory or summary.json."),
+                threshold: float = typer.Option(0.2, help="Relative growth that counts as a "
+                                                "regression."),
+                as_json: bool = typer.Option(False, "--json")):
+    """Diff two runs' summary.json: verdict changes, step time and peak memory; exit 3 on a
+    regression."""
+    try:
+        result = compare_runs(before, after, threshold)
+    except ValueError as err:
+        fail(str(err))
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        for change in result["verdict_changes"]:
+            console.print(f"{change['label'] or '-'} {change['n_layers']} layers: "
+                          f"{change['before']} -> {change['after']}")
+        table = Table("run", "layers", "quantity", "before", "after", "change")
+        for d in result["deltas"]:
+            style = "red" if d["regressed"] else "green"
+            table.add_row(d["label"] or "-", str(d["n_layers"]), d["quantity"],
+                          f"{d['before']:.4g}", f"{d['after']:.4g}",
+                          f"[{style}]{d['change']:+.0%}[/{style}]")
+        console.print(table)
+        console.print(f"{len(result['regressions'])} regression(s) above "
+                      f"+{100 * threshold:.0f}%")
+    raise typer.Exit(EXIT_REGRESSION if result["regressions"] else 0)
 
 
 @app.command("ddp")

@@ -9,6 +9,7 @@ re-renders everything from `trials.jsonl` (and `run.json`, what the command was 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -36,17 +37,74 @@ RECOMMENDATIONS = {
 }
 
 _IP = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
+# full IPv6, and compressed forms with at least four groups (C++ names like c10::add have two)
+_IPV6 = re.compile(r"(?<![\w:])(?:(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|"
+                   r"(?=(?:[0-9a-fA-F]{0,4}:){4})[0-9a-fA-F]{0,4}(?::[0-9a-fA-F]{1,4})*::"
+                   r"[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{1,4})*)(?![\w:])")
 _USER_HOST = re.compile(r"\b[\w.-]+@[\w.-]+\b")
-_HOME = re.compile(r"/(home|Users)/[^/\s]+")
-_SECRET = re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY|KEY)[A-Z0-9_]*)=\S+")
+_HOME = re.compile(r"/(home|Users)/[^/\s\"'`]+")
+_PYTEST_USER = re.compile(r"pytest-of-[^/\s\"'`]+")
+_INTERNAL_HOST = re.compile(r"\b(?:[a-zA-Z0-9-]+\.)+"
+                            r"(?:internal|local|lan|corp|intra|localdomain)\b")
+_SECRET_NAME = r"[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|KEY|CREDENTIAL|AUTH)[A-Z0-9_]*"
+_SECRET = re.compile(rf"(?i)\b({_SECRET_NAME})=[^\s\"'`,;]+")
+_SECRET_JSON = re.compile(rf'(?i)("{_SECRET_NAME}"\s*:\s*)"[^"]*"')
+_TOKEN_VALUE = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|hf_[A-Za-z0-9]{20,}|"
+                          r"sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})")
+GENERIC_ACCOUNTS = frozenset({"root", "user", "admin", "nobody", "runner", "ubuntu"})
+"""Account names shared by countless machines: they identify no one, and "root" or "user"
+also occur as ordinary words, so they are not hidden as whole words."""
 
 
-def redact(text: str) -> str:
-    """Hide IP addresses, user@host, home directories and secret-looking NAME=value pairs."""
+def machine_names() -> tuple[set[str], set[str]]:
+    """(host names, user names) of this machine and process, read when called."""
+    import getpass
+    import platform
+    import socket
+
+    hosts = {socket.gethostname(), platform.node()}
+    try:
+        hosts.add(socket.getfqdn())
+    except OSError:
+        pass
+    users = {os.environ.get(name, "") for name in ("USER", "LOGNAME", "USERNAME")}
+    try:
+        users.add(getpass.getuser())
+    except (KeyError, OSError):
+        pass
+    # two-letter names ("vm") are generic and too likely to occur as words
+    hosts = {h for h in hosts if len(h) >= 3 and h not in ("localhost", "localhost.localdomain")}
+    users = {u for u in users if len(u) >= 2 and u not in GENERIC_ACCOUNTS}
+    return hosts, users
+
+
+def _whole_word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
+
+
+def redact(text: str, hosts: set[str] | None = None, users: set[str] | None = None) -> str:
+    """Hide secret-looking values (NAME=value and "NAME": "value" pairs whose name says
+    token, secret, password, key, credential or auth, and well-known token formats), IPv4
+    and IPv6 addresses, user@host, home directories, internal host names (*.internal,
+    *.local, ...) and this machine's host and user names (``machine_names()`` unless given)."""
+    if hosts is None or users is None:
+        found_hosts, found_users = machine_names()
+        hosts = found_hosts if hosts is None else hosts
+        users = found_users if users is None else users
     text = _SECRET.sub(r"\1=<redacted>", text)
+    text = _SECRET_JSON.sub(r'\1"<redacted>"', text)
+    text = _TOKEN_VALUE.sub("<redacted>", text)
     text = _USER_HOST.sub("<user>@<host>", text)
     text = _IP.sub("<ip>", text)
-    return _HOME.sub(r"/\1/<user>", text)
+    text = _IPV6.sub("<ip>", text)
+    text = _HOME.sub(r"/\1/<user>", text)
+    text = _PYTEST_USER.sub("pytest-of-<user>", text)
+    for host in sorted(hosts, key=len, reverse=True):  # the FQDN before its first label
+        text = _whole_word(host).sub("<host>", text)
+    text = _INTERNAL_HOST.sub("<host>", text)
+    for user in sorted(users, key=len, reverse=True):
+        text = _whole_word(user).sub("<user>", text)
+    return text
 
 
 def _fmt_s(value: float | None) -> str:
@@ -323,7 +381,12 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
 
 
 def render_run(run_dir: Path, no_redact: bool = False) -> Path:
-    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md."""
+    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md.
+    A triage run directory (with triage.json) gets the triage report."""
+    if (run_dir / "triage.json").exists():
+        from nsadiag.triage_report import render_triage  # it builds on this module
+
+        return render_triage(run_dir, no_redact)
     records = load_records(run_dir / "trials.jsonl")
     if not records:
         raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")

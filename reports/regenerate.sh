@@ -34,3 +34,15 @@ rm -rf runs/example-trace
 cp runs/example-trace/trace.json reports/trace/trace.json
 
 run check-ckpt check ckpt --target repro.late_bound_ckpt:make --seq-len 16
+
+# triage of a zoo entry: threshold, repeats, where the time goes, bisection (exit 1 expected)
+run triage-per-token-loop triage --target repro.per_token_loop:make --seq-len 512 --steps 200 \
+    --budget 20 --stall-timeout 20 --max-layers 4 --max-minutes 8
+
+# the CI summary: `make ci-triage` (what .ci/run runs) with a step summary file
+mkdir -p reports/ci-summary
+rm -f reports/ci-summary/step-summary.md
+code=0
+GITHUB_STEP_SUMMARY=reports/ci-summary/step-summary.md make -s ci-triage PY="$PY" || code=$?
+echo "exit code $code" > reports/ci-summary/exit-code.txt
+cp runs/ci-triage/{report.md,summary.json} reports/ci-summary/

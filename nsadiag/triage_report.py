@@ -1,0 +1,554 @@
+"""The triage report: Markdown and summary.json from triage.json and the stored trials.
+
+The shape is the hand-written hang reports' (executive summary, configuration comparison,
+systematic results, evidence, root cause with what is ruled out and what is implicated,
+minimal reproduction, recommendations); every sentence quotes a trial or a measurement.
+`render_triage(run_dir)` is what `nsadiag report` calls for a triage run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from nsadiag.compare import compare_rows, regressions
+from nsadiag.evidence import StackSample
+from nsadiag.report import (
+    RECOMMENDATIONS,
+    _cli_value,
+    _fmt_bytes,
+    _fmt_s,
+    evidence_section,
+    redact,
+    reproduction,
+    results_table,
+)
+from nsadiag.runner import TrialRecord, load_records
+from nsadiag.sweep import SweepRow, row_from_record
+from nsadiag.triage import BASELINE, user_frame
+from nsadiag.verdict import hot_frame
+
+KNOB_ADVICE = {
+    "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "
+                 "and without it (`nsadiag check ckpt`) and check what the recompute closes "
+                 "over",
+    "dtype": "the failure needs the lower precision: look for overflow, dtype casts and "
+             "autocast regions in the implicated module",
+    "backend": "the failure follows the attention backend: run `nsadiag check parity` and "
+               "compare the backends' memory (`nsadiag memory --backend ...`)",
+    "branches": "the failure follows the set of computed branches: see the branch isolation "
+                "table",
+    "seq_len": "the failure needs the long sequence: the cost grows with sequence length "
+               "(per-token work, O(S^2) masks or buffers); measure it with `nsadiag memory` "
+               "at two lengths",
+    "world_size": "the failure needs several processes: run `nsadiag ddp` and compare the "
+                  "ranks' collectives",
+}
+
+
+WRONG_ADVICE = ("A correctness check failed: the module it names computes something else than "
+                "its reference; rerun `nsadiag check` on the minimal configuration after a fix.")
+
+
+def _records(run_dir: Path) -> dict[str, TrialRecord]:
+    return {Path(r.trial_dir).name: r for r in load_records(run_dir / "trials.jsonl")}
+
+
+def _row(records: dict[str, TrialRecord], trial: str, label: str) -> SweepRow | None:
+    record = records.get(trial)
+    return row_from_record(record, label) if record else None
+
+
+def _rows(state: dict[str, Any], records: dict[str, TrialRecord]) -> list[SweepRow]:
+    """Every trial of the triage once, labelled by the stage that ran it."""
+    labelled: dict[str, str] = {}
+    for ref in state.get("sweep", {}).get("probed", []):
+        labelled.setdefault(ref["trial"], "sweep")
+    for ref in state.get("repeats", {}).get("runs", [])[1:]:
+        labelled.setdefault(ref["trial"], "repeat")
+    for ref in state.get("branches", {}).get("runs", []):
+        labelled.setdefault(ref["trial"], f"{ref['branch']} only")
+    for ref in (state.get("bisection") or {}).get("tests", []):
+        applied = ", ".join(ref["applied"]) or "none"
+        labelled.setdefault(ref["trial"], f"bisect: {applied}")
+    rows = [_row(records, trial, label) for trial, label in labelled.items()]
+    return [row for row in rows if row is not None]
+
+
+def _samples(records: list[TrialRecord]) -> list[StackSample]:
+    return [StackSample.from_dict(sample) for record in records
+            for sample in ((record.evidence.get("stall") or {}).get("samples") or [])]
+
+
+def _frames(state: dict[str, Any], records: dict[str, TrialRecord]) -> dict[str, Any]:
+    """The hot frame and the hot frame in the user's code over every run of the failing
+    configuration (the first run and its repeats)."""
+    runs = [records[r["trial"]] for r in state.get("repeats", {}).get("runs", [])
+            if r["trial"] in records]
+    samples = _samples(runs)
+    found: dict[str, Any] = {"samples": len(samples), "hot_frame": None, "user_frame": None}
+    hot = hot_frame(samples)
+    if hot:
+        found["hot_frame"] = f"{hot[0].where()}" + (f" `{hot[0].code}`" if hot[0].code else "")
+        found["hot_count"] = hot[1]
+    own = user_frame(samples)
+    if own:
+        found["user_frame"] = f"{own[0].where()}" + (f" `{own[0].code}`" if own[0].code else "")
+        found["user_count"] = own[1]
+    return found
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _share_text(seconds: float, span: float) -> str:
+    return f"{100 * seconds / span:.0f}%" if span > 0 else "-"
+
+
+def _hot_module(state: dict[str, Any]) -> dict[str, Any] | None:
+    patterns = (state.get("attribution") or {}).get("by_pattern") or []
+    return patterns[0] if patterns else None
+
+
+def _implicated_branches(state: dict[str, Any], verdict: str) -> tuple[list[str], list[str]]:
+    runs = (state.get("branches") or {}).get("runs") or []
+    bad = [r["branch"] for r in runs if r["verdict"] == verdict]
+    good = [r["branch"] for r in runs if r["verdict"] == "OK"]
+    return bad, good
+
+
+def _knob_text(knobs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "none"
+
+
+def _minimal_spec(state: dict[str, Any], records: dict[str, TrialRecord]) -> TrialRecord | None:
+    bisection = state.get("bisection") or {}
+    trial = bisection.get("minimal_trial") or (state.get("sweep", {}).get("failing") or {}
+                                               ).get("trial")
+    return records.get(trial) if trial else None
+
+
+def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
+    if failure and failure.get("check"):
+        return f"WRONG: the {failure['check']} check fails in {failure['module'] or '?'}"
+    if failure:
+        text = f"{failure['verdict']} at {failure['n_layers']} layer(s)"
+        if failure.get("module"):
+            text += f" in {failure['module']}"
+        if failure.get("minimal"):
+            text += f"; minimal failing change: {_knob_text(failure['minimal'])}"
+        elif failure.get("minimal") == {}:
+            text += "; fails at the healthy baseline's knobs too"
+        return text
+    sweep = state.get("sweep") or {}
+    deepest = sweep.get("deepest_ok")
+    if not sweep.get("complete"):
+        return f"no failure found before the triage stopped (OK up to {deepest or 0} layer(s))"
+    return f"healthy: OK up to {deepest} layer(s)"
+
+
+def _wrong_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in (state.get("checks") or {}).get("results", [])
+            if c["verdict"]["name"] == "WRONG"]
+
+
+def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | None:
+    """The finding: the sweep's failing trial, else the first WRONG check; None if healthy."""
+    failing = (state.get("sweep") or {}).get("failing")
+    wrong = _wrong_checks(state)
+    if not failing and wrong:
+        check = wrong[0]
+        return {"verdict": "WRONG", "n_layers": state["checks"]["n_layers"], "trial": None,
+                "check": check["name"], "reason": check["summary"], "confidence": None,
+                "module": check["module"], "branches": [], "hot_frame": None,
+                "user_frame": None, "minimal": None, "minimal_trial": None}
+    if not failing:
+        return None
+    hot = _hot_module(state)
+    bad_branches, _ = _implicated_branches(state, failing["verdict"])
+    conf = (state.get("repeats") or {}).get("confidence")
+    bisection = state.get("bisection") or {}
+    return {"verdict": failing["verdict"], "n_layers": failing["n_layers"],
+            "trial": failing["trial"], "reason": failing["reason"],
+            "confidence": conf,
+            "module": f"{hot['module']} {hot['phase']}" if hot else None,
+            "branches": bad_branches, "hot_frame": frames.get("hot_frame"),
+            "user_frame": frames.get("user_frame"),
+            "minimal": bisection.get("minimal"),
+            "minimal_trial": bisection.get("minimal_trial")}
+
+
+# ---- sections -----------------------------------------------------------------------------
+
+
+def _summary_section(state, failure, frames, regressed) -> list[str]:
+    lines = []
+    for check in _wrong_checks(state):
+        lines.append(f"**WRONG**: the {check['name']} check names `{check['module']}`: "
+                     f"{check['summary']}.")
+    if failure and not failure.get("check"):
+        conf = failure["confidence"]
+        sure = f" in {conf['agreeing']} of {conf['total']} runs" if conf else ""
+        lines.append(f"The target fails at **{failure['n_layers']} layer(s)** with "
+                     f"**{failure['verdict']}**{sure}: {failure['reason']}.")
+        deepest = state["sweep"].get("deepest_ok")
+        lines.append(f"{deepest} layer(s) are OK." if deepest else
+                     "Even one layer fails.")
+        if conf and conf["total"] > 1 and conf["agreeing"] < conf["total"]:
+            lines.append(f"The verdict is flaky: the runs gave {', '.join(conf['verdicts'])}.")
+        hot = _hot_module(state)
+        if hot:
+            span = state["attribution"]["span_s"]
+            lines.append(f"Time goes to `{hot['module']}` in {hot['phase']} "
+                         f"({hot['seconds']:.1f} s, {_share_text(hot['seconds'], span)} of the "
+                         f"{span:.1f} s of training).")
+        if failure["branches"]:
+            lines.append(f"Branch isolation: the {', '.join(failure['branches'])} branch "
+                         f"alone reproduces {failure['verdict']}.")
+        if frames.get("hot_frame"):
+            lines.append(f"Hot frame: {frames['hot_frame']}.")
+        if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
+            lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
+        if failure["minimal"] is not None:
+            lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
+                          " on top of the healthy baseline.") if failure["minimal"] else
+                         "The failure reproduces with every knob at the healthy baseline.")
+    elif not failure:
+        lines.append(_sentence(_headline(state, None)) + ": no trial ended other than OK.")
+    if failure and failure["verdict"] == "SLOW" and \
+            state["trial_budget_s"] < state["user_budget_s"]:
+        lines.append(f"The time limit lowered each trial's budget from "
+                     f"{state['user_budget_s']:g} s to {state['trial_budget_s']:.0f} s: SLOW "
+                     f"here means not finished within {state['trial_budget_s']:.0f} s (see the "
+                     f"ETA).")
+    if failure and failure.get("check"):
+        lines.append(_headline({**state, "sweep": state.get("sweep") or {}}, None)
+                     .replace("healthy: ", "The layer sweep: ") + ".")
+    if regressed:
+        lines.append(f"**Regression** against the baseline: {len(regressed)} measurement(s) "
+                     f"worse than the threshold.")
+    if state.get("stopped"):
+        lines.append(f"**Incomplete:** {state['stopped']}; the stages not reached are "
+                     f"listed under Time.")
+    return [" ".join(lines)]
+
+
+def _env_section(state) -> list[str]:
+    env = state.get("env") or {}
+    if not env:
+        return ["The environment was not recorded."]
+    lines = ["| item | value |", "|---|---|",
+             f"| python | {env.get('python')} |",
+             f"| torch | {(env.get('packages') or {}).get('torch')} |",
+             f"| platform | {env.get('platform')} |",
+             f"| CPUs / torch threads | {env.get('cpu_count')} / {env.get('torch_threads')} |",
+             f"| CUDA | {env.get('cuda')} |", f"| py-spy | {env.get('py_spy')} |",
+             f"| ptrace | {env.get('ptrace')} |"]
+    problems = state.get("env_problems") or []
+    lines += ["", "Problems: " + ("; ".join(problems) if problems else "none found.")]
+    return lines
+
+
+def _checks_section(state) -> list[str]:
+    checks = state.get("checks") or {}
+    if checks.get("skipped"):
+        return [f"Skipped ({checks['skipped']})."]
+    results = checks.get("results") or []
+    if not results:
+        return ["No check ran."]
+    lines = [f"At {checks['n_layers']} layer(s):", "",
+             "| check | verdict | module | finding |", "|---|---|---|---|"]
+    for c in results:
+        lines.append(f"| {c['name']} | {c['verdict']['name']} | {c['module'] or '-'} | "
+                     f"{c['summary']} |")
+    unfinished = [f"{c['name']} ({c['verdict']['name']})" for c in results
+                  if not c.get("finished", True)]
+    if unfinished:
+        lines += ["", f"Did not finish, so neither passed nor failed: {', '.join(unfinished)}; "
+                      f"the check's directory under checks/ holds its evidence."]
+    return lines
+
+
+def _config_section(state, records) -> list[str]:
+    sweep = state.get("sweep") or {}
+    columns: list[tuple[str, TrialRecord]] = []
+    by_depth = {r["n_layers"]: r["trial"] for r in sweep.get("probed", [])}
+    if sweep.get("deepest_ok") in by_depth:
+        columns.append(("healthy (deepest OK)", records.get(by_depth[sweep["deepest_ok"]])))
+    if sweep.get("failing"):
+        columns.append(("failing", records.get(sweep["failing"]["trial"])))
+    minimal = (state.get("bisection") or {}).get("minimal_trial")
+    if minimal and minimal != (sweep.get("failing") or {}).get("trial"):
+        columns.append(("minimal failing", records.get(minimal)))
+    columns = [(name, record) for name, record in columns if record is not None]
+    if not columns:
+        return ["No trial finished."]
+    fields = ["target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "branches",
+              "backend", "world_size", "device", "steps", "budget_s", "overrides"]
+    lines = ["| field | " + " | ".join(name for name, _ in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for key in fields:
+        values = [r.spec.get(key, 1 if key == "world_size" else None) for _, r in columns]
+        lines.append(f"| {key} | " + " | ".join(str(v) for v in values) + " |")
+    lines.append("| **verdict** | " + " | ".join(f"**{r.verdict_name}**" for _, r in columns)
+                 + " |")
+    return lines
+
+
+def _results_section(state, records, rows) -> list[str]:
+    lines = ["### Correctness checks", ""] + _checks_section(state)
+    lines += ["", "### Layer threshold", ""]
+    sweep = state.get("sweep") or {}
+    probed = sweep.get("probed") or []
+    if probed:
+        lines.append("Probed in this order (doubling, then bisecting): " + ", ".join(
+            f"{r['n_layers']} → {r['verdict']}" for r in probed) + ".")
+    if sweep.get("threshold"):
+        lines.append(f"Threshold: **{sweep['threshold']} layer(s)** "
+                     f"(deepest OK: {sweep.get('deepest_ok') or 'none'}).")
+    elif sweep.get("complete"):
+        lines.append(f"Every probed depth up to {state['max_layers']} layer(s) is OK.")
+    lines += ["", "All trials:", ""] + results_table(rows)
+    repeats = state.get("repeats") or {}
+    if repeats.get("confidence"):
+        conf = repeats["confidence"]
+        lines += ["", "### Repeats of the failing configuration", "",
+                  f"Verdicts: {', '.join(conf['verdicts'])} — **{conf['verdict']}** in "
+                  f"{conf['agreeing']} of {conf['total']} runs"
+                  + (" (flaky)." if conf["flaky"] else ".")]
+    attribution = state.get("attribution") or {}
+    if attribution.get("by_pattern"):
+        span = attribution["span_s"]
+        lines += ["", f"### Where the time goes (trial `{attribution['trial']}`, "
+                      f"{span:.1f} s from the first step on, by heartbeat events)", "",
+                  "| module (all layers) | phase | seconds | share | still open at the end |",
+                  "|---|---|---|---|---|"]
+        for t in attribution["by_pattern"]:
+            lines.append(f"| {t['module']} | {t['phase']} | {t['seconds']:.2f} | "
+                         f"{_share_text(t['seconds'], span)} | {t['open']} |")
+    branches = state.get("branches") or {}
+    if branches.get("skipped"):
+        lines += ["", "### Branch isolation", "", f"Skipped: {branches['skipped']}."]
+    elif branches.get("runs"):
+        lines += ["", f"### Branch isolation ({branches['n_layers']} layer(s), one branch "
+                      f"computed)", "", "| branch | verdict | step s | peak RSS | trial |",
+                  "|---|---|---|---|---|"]
+        for ref in branches["runs"]:
+            row = _row(records, ref["trial"], "")
+            lines.append(f"| {ref['branch']} | {ref['verdict']} | "
+                         f"{_fmt_s(row.step_s if row else None)} | "
+                         f"{_fmt_bytes(row.peak_rss if row else None)} | {ref['trial']} |")
+    bisection = state.get("bisection")
+    if bisection:
+        lines += ["", "### Knob bisection (delta debugging towards the healthy baseline)", "",
+                  f"Changes against the baseline: {_knob_text(bisection['changes'])} "
+                  f"(baseline: {_knob_text(bisection['baseline'])}). A test applies some "
+                  f"changes to the baseline at {bisection['n_layers']} layer(s) and fails "
+                  f"when it ends {bisection['verdict']}.", ""]
+        if not bisection["changes"]:
+            lines.append("No knob differs from the baseline: nothing to bisect.")
+        else:
+            lines += ["| changes applied | verdict | trial |", "|---|---|---|"]
+            lines.append(f"| all ({', '.join(bisection['changes'])}) | {bisection['verdict']} "
+                         f"| {state['sweep']['failing']['trial']} |")
+            for test in bisection["tests"]:
+                lines.append(f"| {', '.join(test['applied']) or 'none (baseline)'} | "
+                             f"{test['verdict']} | {test['trial']} |")
+        if bisection.get("minimal") is not None:
+            lines += ["", f"Minimal failing change set: **{_knob_text(bisection['minimal'])}**"
+                          f" (trial `{bisection['minimal_trial']}`)."]
+    return lines
+
+
+def _root_cause(state, records, failure, frames) -> list[str]:
+    ruled_out, implicated = [], []
+    sweep = state.get("sweep") or {}
+    by_trial = {r["trial"]: r for r in sweep.get("probed", [])}
+    ok = [r for r in by_trial.values() if r["verdict"] == "OK"]
+    if ok:
+        deepest = max(ok, key=lambda r: r["n_layers"])
+        ruled_out.append(f"A failure at {deepest['n_layers']} layer(s) or fewer with this "
+                         f"configuration: trial `{deepest['trial']}` is OK.")
+    for check in (state.get("checks") or {}).get("results", []):
+        if check["verdict"]["name"] == "OK" and not check["summary"].startswith(
+                "not applicable"):
+            ruled_out.append(f"Wrong results of the kind the {check['name']} check looks "
+                             f"for: {check['summary']}.")
+        elif check["verdict"]["name"] == "WRONG":
+            implicated.append(f"`{check['module']}` ({check['name']} check): "
+                              f"{check['summary']}.")
+    if failure and not failure.get("check"):
+        verdict = failure["verdict"]
+        implicated.append(f"Depth: {failure['n_layers']} layer(s) end as {verdict} (trial "
+                          f"`{failure['trial']}`).")
+        if verdict == "SLOW":
+            ruled_out.append("A hang: heartbeats kept arriving until the budget ran out.")
+        bad, good = _implicated_branches(state, verdict)
+        if bad:
+            implicated.append(f"Branch(es) {', '.join(bad)}: alone they end {verdict}.")
+        if good:
+            ruled_out.append(f"Branch(es) {', '.join(good)}: alone they are OK.")
+        hot = _hot_module(state)
+        if hot:
+            span = state["attribution"]["span_s"]
+            implicated.append(f"`{hot['module']}` {hot['phase']}: "
+                              f"{_share_text(hot['seconds'], span)} of the failing trial's "
+                              f"time.")
+        if frames.get("hot_frame"):
+            implicated.append(f"Hot frame {frames['hot_frame']} ({frames.get('hot_count')} of "
+                              f"{frames['samples']} stack samples of the failing runs).")
+        if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
+            implicated.append(f"In the target's code: {frames['user_frame']}.")
+        bisection = state.get("bisection") or {}
+        minimal = bisection.get("minimal")
+        if minimal is not None:
+            tests = {tuple(t["applied"]): t for t in bisection["tests"]}
+            for knob, value in bisection["changes"].items():
+                base = bisection["baseline"][knob]
+                if knob not in minimal:
+                    ruled_out.append(f"{knob}={value}: the failure reproduces with {knob}={base} "
+                                     f"(trial `{bisection['minimal_trial']}`).")
+                    continue
+                without = tuple(k for k in minimal if k != knob)
+                test = tests.get(without)
+                evidence = f" (trial `{test['trial']}`: {test['verdict']})" if test else ""
+                implicated.append(f"{knob}={value}: with {knob}={base} instead, the failure "
+                                  f"goes away{evidence}.")
+    elif not failure:
+        implicated.append("Nothing: no trial ended other than OK.")
+    return (["The issue is NOT caused by:", ""] + [f"- {x}" for x in ruled_out or ["(nothing "
+            "ruled out yet)"]] + ["", "The issue IS tied to:", ""] +
+            [f"- {x}" for x in implicated])
+
+
+def _check_reproduction(state, failure) -> list[str]:
+    """The failing check alone, with the triage's trial options that `nsadiag check` takes."""
+    spec = state.get("base_spec") or {}
+    command = ["nsadiag", "check", failure["check"], "--target", spec.get("target", "nsa"),
+               "--layers", str(failure["n_layers"]), "--seq-len", str(spec.get("seq_len")),
+               "--batch", str(spec.get("batch")), "--device", str(spec.get("device")),
+               "--stall-timeout", f"{spec.get('stall_timeout_s', 60):g}",
+               "--seed", str(spec.get("seed", 0))]
+    if spec.get("backend"):
+        command += ["--backend", spec["backend"]]
+    if failure["check"] == "ddp":
+        command += ["--world-size", str(state.get("world_size", 2))]
+    for key, value in sorted((spec.get("overrides") or {}).items()):
+        command += ["--set", f"{key}={_cli_value(value)}"]
+    return ["The failing check alone:", "", "```", shlex.join(command), "```"]
+
+
+def _recommendations(state, failure) -> list[str]:
+    if not failure:
+        return ["Healthy at every tested depth. If the full run still stops, triage its own "
+                "configuration (sequence length, dtype, world size) with a larger "
+                "--max-layers."]
+    lines = [f"1. {RECOMMENDATIONS.get(failure['verdict'], WRONG_ADVICE)}"]
+    for knob in failure.get("minimal") or {}:
+        lines.append(f"{len(lines) + 1}. {_sentence(KNOB_ADVICE[knob])}.")
+    if failure.get("user_frame"):
+        lines.append(f"{len(lines) + 1}. Start reading at {failure['user_frame']}.")
+    if failure.get("confidence") and failure["confidence"]["flaky"]:
+        lines.append(f"{len(lines) + 1}. The verdict is flaky: rerun the minimal reproduction "
+                     f"several times before and after a fix.")
+    return lines
+
+
+def _regression_section(regression) -> list[str]:
+    lines = [f"Baseline: `{regression['path']}`; threshold +{100 * regression['threshold']:.0f}%"
+             f" in step time or peak RSS.", ""]
+    deltas = regression["deltas"]
+    if not deltas:
+        return lines + ["No OK trial of this run matches an OK trial of the baseline."]
+    lines += ["| run | layers | quantity | baseline | now | change | regression |",
+              "|---|---|---|---|---|---|---|"]
+    for d in deltas:
+        unit = _fmt_bytes if d["quantity"] == "peak_rss" else _fmt_s
+        lines.append(f"| {d['label'] or '-'} | {d['n_layers']} | {d['quantity']} | "
+                     f"{unit(d['before'])} | {unit(d['after'])} | {d['change']:+.0%} | "
+                     f"{'**yes**' if d['regressed'] else 'no'} |")
+    return lines
+
+
+def _time_section(state) -> list[str]:
+    stages = ["env", "checks", "sweep", "repeats", "attribution", "branches", "bisection"]
+    missing = [s for s in stages if s not in state.get("stages_done", [])]
+    lines = [f"Limit {state['max_minutes']:g} min; used {state.get('elapsed_s', 0):.0f} s. "
+             f"Trial budget {state['trial_budget_s']:.0f} s (asked: "
+             f"{state['user_budget_s']:g} s)."]
+    if state.get("stopped"):
+        lines.append(f"{_sentence(state['stopped'])}. Not reached: "
+                     f"{', '.join(missing) or 'nothing'}. Rerun with the same --out to resume.")
+    return [" ".join(lines)]
+
+
+def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = False
+                        ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary) of a triage run directory."""
+    records = _records(run_dir)
+    rows = _rows(state, records)
+    frames = _frames(state, records)
+    failure = _failure(state, frames)
+    regression = state.get("regression")
+    regressed = []
+    if regression:
+        regression["deltas"] = [d.to_dict() for d in compare_rows(
+            regression["rows"], [r.to_dict() for r in rows], regression["threshold"])]
+        regressed = regressions(regression["deltas"])
+    headline = _headline(state, failure)
+    md = [f"# nsadiag triage: {headline}", "", f"Target `{state['target']}`.", "",
+          "## Executive summary", ""] + _summary_section(state, failure, frames, regressed)
+    md += ["", "## Environment", ""] + _env_section(state)
+    md += ["", "## Configuration comparison", ""] + _config_section(state, records)
+    md += ["", "## Systematic results", ""] + _results_section(state, records, rows)
+    failing_record = records.get(failure["trial"]) if failure and failure["trial"] else None
+    md += ["", "## Evidence", ""]
+    md += evidence_section(failing_record) if failing_record else [
+        "No failing trial: the evidence of every trial is in its `trial-<n>/evidence.json`."]
+    md += ["", "## Root cause", ""] + _root_cause(state, records, failure, frames)
+    minimal = _minimal_spec(state, records) if failure and failure["trial"] else None
+    if failure and failure.get("check"):
+        md += ["", "## Minimal reproduction", ""] + _check_reproduction(state, failure)
+    else:
+        md += ["", "## Minimal reproduction", ""] + reproduction(state.get("argv"), minimal)
+    if failure:
+        md += ["", "The triage itself, to rerun or resume:", "", "```",
+               shlex.join(state.get("argv") or []), "```"]
+    md += ["", "## Recommendations", ""] + _recommendations(state, failure)
+    if regression:
+        md += ["", "## Regression against the baseline", ""] + _regression_section(regression)
+    md += ["", "## Time", ""] + _time_section(state)
+    text = "\n".join(md) + "\n"
+    summary = {"command": "triage", "target": state["target"],
+               "status": "failure" if failure else "healthy", "headline": headline,
+               "complete": not state.get("stopped"), "stopped": state.get("stopped"),
+               "threshold": (state.get("sweep") or {}).get("threshold"),
+               "deepest_ok": (state.get("sweep") or {}).get("deepest_ok"),
+               "failure": failure, "checks": [
+                   {k: c[k] for k in ("name", "passed", "module", "summary")} |
+                   {"verdict": c["verdict"]["name"]}
+                   for c in (state.get("checks") or {}).get("results", [])],
+               "env_problems": state.get("env_problems", []),
+               "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
+                            for r in rows],
+               "rows": [r.to_dict() for r in rows],
+               "regression": ({"baseline": regression["path"],
+                               "threshold": regression["threshold"],
+                               "regressions": regressed} if regression else None),
+               "elapsed_s": state.get("elapsed_s"), "baseline_knobs": dict(BASELINE)}
+    if not no_redact:
+        text = redact(text)
+        summary = json.loads(redact(json.dumps(summary)))
+    return text, summary
+
+
+def render_triage(run_dir: Path, no_redact: bool = False) -> Path:
+    """Write report.md and summary.json of a triage run directory; returns report.md."""
+    state = json.loads((run_dir / "triage.json").read_text())
+    text, summary = build_triage_report(run_dir, state, no_redact)
+    (run_dir / "report.md").write_text(text)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return run_dir / "report.md"

@@ -1,0 +1,50 @@
+"""nsadiag triage on the per-token-loop zoo entry: SLOW, with the module the time goes to and
+the hot frame; --ci appends the report to $GITHUB_STEP_SUMMARY and exits 1 (failure)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+
+from nsadiag.report import render_run
+
+
+def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
+    out, step_summary = tmp_path / "run", tmp_path / "step-summary.md"
+    step_summary.write_text("earlier step\n")
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(step_summary)}
+    # 1000 steps cannot finish within 15 s on any machine: SLOW by construction, and a
+    # single block's backward at 256 tokens is far shorter than the 15 s stall timeout
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    done = subprocess.run(
+        [sys.executable, "-m", "nsadiag.cli", "triage", "--target", "repro.per_token_loop:make",
+         "--seq-len", "256", "--steps", "1000", "--budget", "15", "--stall-timeout", "15",
+         "--max-layers", "1", "--max-minutes", "5", "--no-checks", "--no-bisect", "--ci",
+         "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    summary = json.loads((out / "summary.json").read_text())
+    failure = summary["failure"]
+    assert summary["status"] == "failure" and summary["threshold"] == 1
+    assert failure["verdict"] == "SLOW"
+    assert failure["confidence"]["total"] == 2 and failure["confidence"]["verdict"] == "SLOW"
+    # the part of the model the time goes to, from the heartbeats: the block, forward or
+    # backward, with nearly all of the training time
+    assert failure["module"] in ("blocks.* forward", "blocks.* backward")
+    assert failure["hot_frame"], "no hot frame from the stack samples"
+    report = (out / "report.md").read_text()
+    for section in ("## Executive summary", "## Environment", "## Configuration comparison",
+                    "## Systematic results", "### Where the time goes", "## Evidence",
+                    "## Root cause", "The issue is NOT caused by:", "The issue IS tied to:",
+                    "## Minimal reproduction", "## Recommendations", "## Time"):
+        assert section in report, section
+    assert "A hang: heartbeats kept arriving" in report
+    assert "Hot frame" in report and failure["module"].split()[0] in report
+    assert "Branch isolation" in report and "no NSA branches" in report
+    assert "nsadiag sweep-layers --target repro.per_token_loop:make --layers 1" in report
+    assert step_summary.read_text() == "earlier step\n" + report
+    # re-rendering the run directory (what `nsadiag report` does) gives the triage report
+    (out / "report.md").unlink()
+    assert render_run(out).read_text() == report

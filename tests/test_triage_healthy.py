@@ -1,0 +1,53 @@
+"""nsadiag triage on the built-in NSA target: checks pass, every depth is OK, exit 0; the
+same run against a faster baseline is a regression, exit 3 (the rerun resumes its trials)."""
+
+import json
+import subprocess
+import sys
+
+TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
+        "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
+        "--set", "w=16", "--seq-len", "64", "--steps", "2", "--stall-timeout", "60",
+        "--max-minutes", "10"]
+
+
+def triage(*args):
+    return subprocess.run([sys.executable, "-m", "nsadiag.cli", "triage", *TINY, *args],
+                          capture_output=True, text=True, timeout=500)
+
+
+def test_builtin_target_is_healthy_then_regressed_against_a_faster_baseline(tmp_path):
+    out = tmp_path / "run"
+    done = triage("--max-layers", "2", "--out", str(out))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "healthy" and summary["failure"] is None
+    assert summary["deepest_ok"] == 2 and summary["threshold"] is None
+    assert [(v["n_layers"], v["verdict"]) for v in summary["verdicts"]] == [(1, "OK"), (2, "OK")]
+    assert {c["name"]: c["verdict"] for c in summary["checks"]} == {
+        "causality": "OK", "parity": "OK", "ckpt": "OK"}
+    report = (out / "report.md").read_text()
+    assert report.startswith("# nsadiag triage: healthy: OK up to 2 layer(s)")
+    assert "### Correctness checks" in report
+
+    # a baseline 100x faster and smaller than this run: both quantities regress
+    baseline = json.loads((out / "summary.json").read_text())
+    for row in baseline["rows"]:
+        row["step_s"] /= 100
+        row["peak_rss"] //= 100
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))
+    trials = (out / "trials.jsonl").read_text()
+    regressed = triage("--max-layers", "2", "--no-checks", "--baseline",
+                       str(tmp_path / "baseline.json"), "--out", str(out))
+    assert regressed.returncode == 3, (regressed.stdout, regressed.stderr)
+    assert (out / "trials.jsonl").read_text() == trials, "the rerun did not resume"
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(r["n_layers"], r["quantity"]) for r in summary["regression"]["regressions"]} == {
+        (1, "step_s"), (1, "peak_rss"), (2, "step_s"), (2, "peak_rss")}
+    assert "## Regression against the baseline" in (out / "report.md").read_text()
+
+    # the same run as its own baseline: no regression, exit 0
+    (tmp_path / "same.json").write_text((out / "summary.json").read_text())
+    same = triage("--max-layers", "2", "--no-checks", "--baseline", str(tmp_path / "same.json"),
+                  "--out", str(out))
+    assert same.returncode == 0, (same.stdout, same.stderr)
