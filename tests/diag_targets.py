@@ -125,3 +125,18 @@ def allocates_in_forward(nbytes: int = 1 << 20) -> TinyLM:
     model = TinyLM(1)
     model.layers[0] = AllocatingBlock(DIM, nbytes)
     return model
+
+
+class HoardingBlock(TinyBlock):
+    """Saves a [B, S, 64 * DIM] activation for backward (exp keeps its output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.exp(x.repeat(1, 1, 64) * 0.01)
+        return super().forward(x) + wide.mean(-1, keepdim=True)
+
+
+def hoards_in_layer(n_layers: int = 4, hoarder: int = 2) -> TinyLM:
+    """A TinyLM whose block `hoarder` saves about 64x what each other block saves."""
+    model = TinyLM(n_layers)
+    model.layers[hoarder] = HoardingBlock(DIM)
+    return model
