@@ -129,14 +129,17 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def sample_stacks(pid: int, count: int, interval_s: float) -> tuple[list[StackSample], list[str]]:
-    """`count` py-spy samples `interval_s` apart (native frames when py-spy can), and the
-    reasons for any sample that could not be taken."""
+def sample_stacks(pid: int, count: int, interval_s: float, faulthandler_file: Path | None = None
+                  ) -> tuple[list[StackSample], list[str]]:
+    """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
+    faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
+    not be taken."""
     samples, unavailable = [], []
     for i in range(count):
         if i:
             time.sleep(interval_s)
-        taken = stacks.capture(pid, native=True, timeout_s=max(5.0, interval_s * 4))
+        taken = stacks.capture(pid, native=True, timeout_s=max(5.0, interval_s * 4),
+                               faulthandler_file=faulthandler_file)
         if isinstance(taken, str):
             unavailable.append(taken)
         else:
@@ -147,20 +150,20 @@ def sample_stacks(pid: int, count: int, interval_s: float) -> tuple[list[StackSa
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                   faulthandler_path: Path) -> StallEvidence:
     """Stack samples spread over `window_s`, the CPU time the process used meanwhile, and a
-    faulthandler dump of all threads (SIGUSR1; the child registered the handler)."""
+    faulthandler dump of all threads into `faulthandler_path` (SIGUSR1, sent only when the
+    child has its handler installed; the samples themselves come from it when py-spy
+    cannot attach)."""
     cpu_before = stacks.process_cpu_seconds(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES)
+    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
+                                         faulthandler_path)
     elapsed = time.monotonic() - started
     cpu_after = stacks.process_cpu_seconds(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    try:
-        os.kill(pid, signal.SIGUSR1)
-        time.sleep(0.3)  # the handler writes from the child; give it a moment
-    except ProcessLookupError:
-        unavailable.append("faulthandler: process already gone")
-    if not faulthandler_path.exists() or faulthandler_path.stat().st_size == 0:
-        unavailable.append("faulthandler: no dump written")
+    if not any((s.note or "").startswith("stacks from faulthandler") for s in samples):
+        dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
+        if isinstance(dumped, str):
+            unavailable.append(dumped)
     return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
                          cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable)
 
@@ -237,7 +240,8 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                 gpu, reason = gpu_state(), "stall"
                 break
             if now - started_mono > spec.budget_s:
-                samples, unavailable = sample_stacks(proc.pid, 2, 0.5)
+                samples, unavailable = sample_stacks(proc.pid, 2, 0.5,
+                                                     trial_dir / "faulthandler.txt")
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                       samples=samples, unavailable=unavailable)
                 gpu, reason = gpu_state(), "budget"

@@ -8,7 +8,9 @@ busy-python, busy-native or in-collective. With `ranks`, the processes are the P
 children of a torchrun (or any launcher) PID; identical innermost stacks are clustered and
 a rank alone in its cluster is named the odd one out.
 
-Before anything, ptrace permission is checked; a refusal is one clear line.
+Before anything, ptrace permission is checked; a refusal is one clear line, unless the
+process is an nsadiag trial child with faulthandler armed: then its samples come from
+faulthandler dumps (the capture ladder's last rung, see probes.stacks).
 """
 
 from __future__ import annotations
@@ -44,15 +46,20 @@ class ProcessReport:
 
 
 def check_can_attach(pid: int) -> None:
-    """ValueError (one line) when the process is missing or ptrace will be refused."""
+    """ValueError (one line) when the process is missing, or ptrace will be refused and the
+    faulthandler fallback is not possible either (see probes.stacks)."""
     if not psutil.pid_exists(pid):
         raise ValueError(f"pid: no process {pid}")
     permission = ptrace_permission()
     if permission.startswith("refused"):
-        raise ValueError(f"ptrace: {permission}")
-    if permission.startswith("children only") and pid not in _own_descendants():
-        raise ValueError(f"ptrace: process {pid} is not a child of this shell and "
-                         f"{permission}")
+        reason = permission
+    elif permission.startswith("children only") and pid not in _own_descendants():
+        reason = f"process {pid} is not a child of this shell and {permission}"
+    else:
+        return
+    fallback = stacks.faulthandler_target(pid)
+    if isinstance(fallback, str):  # py-spy cannot attach and faulthandler cannot stand in
+        raise ValueError(f"ptrace: {reason}; {fallback}")
 
 
 def _own_descendants() -> set[int]:
