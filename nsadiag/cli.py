@@ -18,7 +18,7 @@ from nsa.train import UsageError, parse_overrides
 from nsadiag.commands.memory import ab_expandable_segments as ab_compare
 from nsadiag.commands.memory import memory_command, require_cuda
 from nsadiag.commands.selftest import self_test
-from nsadiag.commands.stacks import stacks_command
+from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.commands.sweep import (
     Callbacks,
     check_target,
@@ -359,12 +359,17 @@ def stacks_cmd(pid: int = typer.Argument(..., help="A process, or a launcher wit
                native: bool = typer.Option(False, "--native", help="Native frames too."),
                samples: int = typer.Option(3, help="Samples per process."),
                interval: float = typer.Option(1.0, help="Seconds between samples."),
+               out: Path = typer.Option(None, help="Also write stacks.md and stacks.json."),
                as_json: bool = typer.Option(False, "--json")):
     """What a live process is doing: sampled stacks, CPU use, waiting or busy."""
     try:
+        if out is not None:
+            prepare_run_dir(out)
         summary = stacks_command(pid, ranks, samples, interval, native)
     except ValueError as err:
         fail(str(err))
+    if out is not None:
+        write_stacks_report(summary, out)
     if as_json:
         print(json.dumps(summary, indent=1))
         return

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StackSample, StallEvidence
+from nsadiag.heartbeat import OpenBackward
 from nsadiag.probes import stacks
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.spec import TrialSpec
@@ -101,10 +102,12 @@ class _Watch:
         self.step0_module_events = 0
         self.step0_done = False
         self.started_training = False
+        self.backward = OpenBackward()
 
     def add(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             self.last.append(event)
+            self.backward.add(event)
             self.counts[event.get("kind", "?")] += 1
             if event.get("kind") == "module" and event.get("step") == 0:
                 self.step0_module_events += 1
@@ -165,7 +168,8 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
         if isinstance(dumped, str):
             unavailable.append(dumped)
     return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
-                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable)
+                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable,
+                         stacks_class=stacks.classify(samples) if samples else None)
 
 
 def cgroup_oom_kills(path: Path = Path("/sys/fs/cgroup/memory.events")) -> int | None:
@@ -237,13 +241,17 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
             if quiet > limit:
                 window = min(max(1.5, spec.stall_timeout_s / 2), 6.0)
                 stall = capture_stall(proc.pid, quiet, window, trial_dir / "faulthandler.txt")
+                stall.unfinished_backward = watch.backward.modules()
                 gpu, reason = gpu_state(), "stall"
                 break
             if now - started_mono > spec.budget_s:
                 samples, unavailable = sample_stacks(proc.pid, 2, 0.5,
                                                      trial_dir / "faulthandler.txt")
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
-                                      samples=samples, unavailable=unavailable)
+                                      samples=samples, unavailable=unavailable,
+                                      stacks_class=stacks.classify(samples) if samples
+                                      else None,
+                                      unfinished_backward=watch.backward.modules())
                 gpu, reason = gpu_state(), "budget"
                 break
             time.sleep(poll_s)

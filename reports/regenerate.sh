@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the example nsadiag reports under reports/ on the CPU (about five minutes).
+# Regenerates the example nsadiag reports under reports/ on the CPU (about six minutes).
 # The layer benchmark has its own script: bench/bench_layer.py (make bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,11 +22,33 @@ run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --se
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
 
-mkdir -p reports/memory reports/trace
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --json > reports/memory/memory-cpu.json
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive --json \
-    > reports/memory/memory-cpu-naive.json
+mkdir -p reports/memory reports/trace reports/stacks
+rm -rf runs/example-memory runs/example-memory-naive
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory --json \
+    > reports/memory/memory-cpu.json
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory \
+    > reports/memory/memory-cpu.txt
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive \
+    --out runs/example-memory-naive --json > reports/memory/memory-cpu-naive.json
 rm -rf runs/example-trace
 "${NSADIAG[@]}" trace --layers 2 --seq-len 512 --out runs/example-trace --json \
     > reports/trace/summary.json
 cp runs/example-trace/trace.json reports/trace/trace.json
+
+# stacks of a live zoo child: a lock_deadlock trial, sampled once it waits in backward
+rm -rf runs/example-stacks && mkdir -p runs/example-stacks
+"$PY" -c 'from nsadiag.spec import TrialSpec
+print(TrialSpec(target="repro.lock_deadlock:make", n_layers=2, seq_len=64, steps=1,
+                out_dir="runs/example-stacks/trial").to_json())' > runs/example-stacks/spec.json
+"$PY" -m nsadiag.trial runs/example-stacks/spec.json > /dev/null 2>&1 &
+child=$!
+for _ in $(seq 300); do  # up to 60 s for torch to import and the forward to end
+  grep -q '"phase":"backward"' runs/example-stacks/trial/events.jsonl 2>/dev/null && break
+  sleep 0.2
+done
+sleep 1
+"${NSADIAG[@]}" stacks "$child" --native --samples 3 --interval 0.5 --out runs/example-stacks \
+    > /dev/null || true
+kill "$child" 2>/dev/null || true
+wait "$child" 2>/dev/null || true
+cp runs/example-stacks/stacks.{md,json} reports/stacks/

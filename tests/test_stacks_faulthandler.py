@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from nsadiag.commands.stacks import stacks_command
+from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
 from nsadiag.probes.stacks import (
@@ -141,7 +141,13 @@ def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
     assert report["state"] == "waiting" and report["unavailable"] == []
     frames = [f["function"] for t in report["samples"][-1]["threads"] for f in t["frames"]]
     assert "_wait_for_lock" in frames
-    json.dumps(summary)  # JSON-able as the CLI prints it
+    md = write_stacks_report(summary, tmp_path / "out").read_text()
+    assert md.startswith("# nsadiag stacks: waiting\n")
+    assert f"| {proc.pid} | - | **waiting** |" in md
+    assert "- note: stacks from faulthandler: py-spy: not found" in md
+    assert "_wait_for_lock (lock_deadlock.py:" in md
+    stored = json.loads((tmp_path / "out" / "stacks.json").read_text())
+    assert stored["processes"][0]["state"] == "waiting"
 
 
 def test_stacks_command_refuses_when_ptrace_is_refused_and_no_fallback(monkeypatch):
