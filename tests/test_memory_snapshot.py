@@ -184,3 +184,16 @@ def test_the_layer_that_saves_a_big_tensor_stands_out():
     assert rows["layers.2"]["saved"] - max(others) >= 32 * 64 * 16 * 4
     assert all(row["cuda_delta"] is None for row in rows.values())  # CPU: saved bytes only
     assert sum(r["saved"] for r in rows.values()) <= summary["saved_total"]
+
+
+def test_the_measuring_child_prints_its_measurement_as_json(capsys):
+    from nsadiag.commands.memory import main
+    from nsadiag.spec import TrialSpec
+
+    spec = TrialSpec(target="tests.diag_targets:tiny_lm", seq_len=8, steps=2)
+    assert main([spec.to_json(), "3"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert len(measured["largest_saved"]) == 3 and measured["step_s"] > 0
+    assert [row["layer"] for row in measured["per_layer"]] == ["layers.0", "layers.1"]
+    assert main(["{not json"]) == 2
+    assert capsys.readouterr().err.startswith("nsadiag.commands.memory: spec: not valid JSON")
