@@ -56,7 +56,9 @@ def _fmt_s(value: float | None) -> str:
 def _fmt_bytes(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value / 2**20:.0f} MiB" if value >= 2**20 else f"{value / 2**10:.0f} KiB"
 
 
 BRANCH_COLUMNS = ("cmp", "sel", "win")
@@ -64,7 +66,7 @@ BRANCH_COLUMNS = ("cmp", "sel", "win")
 
 def _fmt_branch(row: SweepRow, branch: str) -> str:
     by_branch = row.saved_by_branch
-    if by_branch is None:
+    if not by_branch:  # not recorded, or a target without NSA branches
         return "-"
     return _fmt_bytes(by_branch.get(branch, 0))
 

@@ -241,7 +241,6 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
             if quiet > limit:
                 window = min(max(1.5, spec.stall_timeout_s / 2), 6.0)
                 stall = capture_stall(proc.pid, quiet, window, trial_dir / "faulthandler.txt")
-                stall.unfinished_backward = watch.backward.modules()
                 gpu, reason = gpu_state(), "stall"
                 break
             if now - started_mono > spec.budget_s:
@@ -250,8 +249,7 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                       samples=samples, unavailable=unavailable,
                                       stacks_class=stacks.classify(samples) if samples
-                                      else None,
-                                      unfinished_backward=watch.backward.modules())
+                                      else None)
                 gpu, reason = gpu_state(), "budget"
                 break
             time.sleep(poll_s)
@@ -261,6 +259,8 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
     wall_s = ended_at - started
     oom_kills_after = cgroup_oom_kills()
     watch.add(tail.read_new())
+    if stall is not None:  # every event written before the kill has been read by now
+        stall.unfinished_backward = watch.backward.modules()
     result = _read_result(trial_dir)
     expected = (result or {}).get("expected_events_per_step") or (
         watch.step0_module_events if watch.step0_done else None)

@@ -18,7 +18,7 @@ run() {  # run NAME ARGS...: one command into runs/example-NAME, its report into
 run sweep-layers sweep-layers --layers 1-6 --seq-len 256
 run isolate-branch isolate-branch sel --layers 1-4 --seq-len 256
 run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --seq-len 1024 \
-    --steps 30 --budget 10 --stall-timeout 30
+    --steps 30 --budget 20 --stall-timeout 30
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
 
