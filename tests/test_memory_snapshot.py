@@ -197,3 +197,34 @@ def test_the_measuring_child_prints_its_measurement_as_json(capsys):
     assert [row["layer"] for row in measured["per_layer"]] == ["layers.0", "layers.1"]
     assert main(["{not json"]) == 2
     assert capsys.readouterr().err.startswith("nsadiag.commands.memory: spec: not valid JSON")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_memory_command_records_history_and_layer_deltas(tmp_path):
+    from nsadiag.commands.memory import memory_command
+    from nsadiag.spec import TrialSpec
+
+    spec = TrialSpec(target="tests.diag_targets:hoards_in_layer", n_layers=4, seq_len=64,
+                     steps=2, device="cuda").validate()
+    summary = memory_command(spec, tmp_path)
+    assert (tmp_path / "snapshot.pickle").stat().st_size > 0
+    rows = {row["layer"]: row for row in summary["per_layer"]}
+    others = [rows[name]["cuda_delta"] for name in ("layers.0", "layers.1", "layers.3")]
+    assert rows["layers.2"]["cuda_delta"] > max(others)
+    history = summary["history"]["summary"]
+    assert history["top_sites"] and history["reserved"] >= history["allocated"]
+    assert summary["cuda"]["peak_reserved"] >= summary["cuda"]["peak_allocated"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ab_expandable_segments_measures_both_in_children():
+    from nsadiag.commands.memory import ab_expandable_segments
+    from nsadiag.spec import TrialSpec
+
+    spec = TrialSpec(target="tests.diag_targets:tiny_lm", seq_len=64, steps=2,
+                     device="cuda").validate()
+    ab = ab_expandable_segments(spec)
+    assert ab["baseline"]["device"] == ab["expandable"]["device"] == "cuda"
+    rows = {row["quantity"]: row for row in ab["rows"]}
+    assert rows["reserved"]["baseline"] > 0 and rows["reserved"]["expandable"] > 0
+    assert rows["step_s"]["change"] is not None
