@@ -66,9 +66,9 @@ BRANCH_COLUMNS = ("cmp", "sel", "win")
 
 def _fmt_branch(row: SweepRow, branch: str) -> str:
     by_branch = row.saved_by_branch
-    if not by_branch:  # not recorded, or a target without NSA branches
+    if not by_branch or branch not in by_branch:  # not recorded, or not computed
         return "-"
-    return _fmt_bytes(by_branch.get(branch, 0))
+    return _fmt_bytes(by_branch[branch])
 
 
 def results_table(rows: Sequence[SweepRow]) -> list[str]:
