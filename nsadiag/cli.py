@@ -19,9 +19,10 @@ from nsadiag.checks import CHECK_NAMES
 from nsadiag.ci import EXIT_REGRESSION
 from nsadiag.commands.check import check_command
 from nsadiag.commands.ddp import ddp_command
-from nsadiag.commands.memory import memory_command
+from nsadiag.commands.memory import ab_expandable_segments as ab_compare
+from nsadiag.commands.memory import memory_command, require_cuda
 from nsadiag.commands.selftest import self_test
-from nsadiag.commands.stacks import stacks_command
+from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.commands.sweep import (
     Callbacks,
     check_target,
@@ -396,14 +397,28 @@ def memory_cmd(target: str = TARGET, set_: list[str] = SET,
                grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
                device: str = typer.Option("cpu"), backend: str = typer.Option(None),
                steps: int = typer.Option(2), top: int = typer.Option(10),
+               out: Path = typer.Option(None, help="Run directory (memory.json, "
+                                        "snapshot.pickle on CUDA)."),
+               ab_expandable_segments: bool = typer.Option(
+                   False, "--ab-expandable-segments",
+                   help="Measure again in children without and with expandable segments."),
                as_json: bool = typer.Option(False, "--json")):
-    """Bytes saved for backward per module and NSA branch, largest tensors, peak memory."""
+    """Bytes saved for backward per module, branch and layer, peak memory, CUDA history."""
     spec = _in_process_spec(target, set_, layers, seq_len, batch, dtype, grad_ckpt, device,
                             backend, steps)
-    summary = _in_process(memory_command, spec, top)
+    if ab_expandable_segments:
+        _in_process(require_cuda, spec)
+    run_dir = out or default_run_dir("memory")
+    summary = _in_process(lambda s: memory_command(s, prepare_run_dir(run_dir), top), spec)
+    if ab_expandable_segments:
+        summary["ab_expandable_segments"] = _in_process(ab_compare, spec, top)
     if as_json:
         print(json.dumps(summary, indent=1))
         return
+    _print_memory(summary, top)
+
+
+def _print_memory(summary: dict, top: int) -> None:
     console.print(f"saved for backward by the first forward: {_mib(summary['saved_total'])}")
     table = Table("module", "saved")
     for name, size in list(summary["saved_by_module"].items())[:top]:
@@ -412,17 +427,50 @@ def memory_cmd(target: str = TARGET, set_: list[str] = SET,
     if summary["saved_by_branch"]:
         console.print("by NSA branch: " + ", ".join(
             f"{b} {_mib(n)}" for b, n in summary["saved_by_branch"].items()))
+    layers = Table("layer", "saved for backward", "CUDA allocated delta")
+    for row in summary["per_layer"]:
+        style = "bold red" if row["layer"] in summary["layer_standouts"] else None
+        delta = "-" if row["cuda_delta"] is None else _mib(row["cuda_delta"])
+        layers.add_row(row["layer"], _mib(row["saved"]), delta, style=style)
+    console.print(layers)
+    for name in summary["layer_standouts"]:
+        console.print(f"[bold red]stands out:[/bold red] {name} saves more than 4x the "
+                      f"median layer")
     largest = Table("largest saved tensors", "shape", "dtype", "size")
     for entry in summary["largest_saved"]:
         largest.add_row(entry["module"], str(entry["shape"]), entry["dtype"],
                         _mib(entry["nbytes"]))
     console.print(largest)
-    console.print(f"peak RSS: {_mib(summary['peak_rss'])}")
+    console.print(f"peak RSS: {_mib(summary['peak_rss'])}, step {summary['step_s']:.3f} s")
     cuda = summary["cuda"]
     console.print(cuda if isinstance(cuda, str) else
                   ", ".join(f"{k} {v}" for k, v in cuda.items()))
+    _print_history(summary["history"])
     if isinstance(summary["gpu"], str):
         console.print(summary["gpu"])
+    if "ab_expandable_segments" in summary:
+        ab = Table("quantity", "default", "expandable_segments:True", "change")
+        for row in summary["ab_expandable_segments"]["rows"]:
+            fmt = _mib if row["unit"] == "bytes" else str
+            change = "-" if row["change"] is None else f"x{row['change']:.2f}"
+            ab.add_row(row["quantity"], fmt(row["baseline"]), fmt(row["expandable"]), change)
+        console.print(ab)
+
+
+def _print_history(history: dict) -> None:
+    if "unavailable" in history:
+        console.print(history["unavailable"])
+        return
+    found = history["summary"]
+    sites = Table("allocation site (live at peak)", "bytes", "blocks")
+    for site in found["top_sites"]:
+        sites.add_row(site["site"], _mib(site["bytes"]), str(site["blocks"]))
+    console.print(sites)
+    console.print(f"segments {found['segments']}: reserved {_mib(found['reserved'])}, "
+                  f"allocated {_mib(found['allocated'])}, {found['free_blocks']} free blocks, "
+                  f"largest free block {_mib(found['largest_free_block'])}, fragmentation "
+                  f"{found['fragmentation']:.2f}; snapshot: {history['snapshot']} "
+                  f"(open in https://pytorch.org/memory_viz)")
 
 
 def _mib(n: int) -> str:
@@ -504,12 +552,17 @@ def stacks_cmd(pid: int = typer.Argument(..., help="A process, or a launcher wit
                native: bool = typer.Option(False, "--native", help="Native frames too."),
                samples: int = typer.Option(3, help="Samples per process."),
                interval: float = typer.Option(1.0, help="Seconds between samples."),
+               out: Path = typer.Option(None, help="Also write stacks.md and stacks.json."),
                as_json: bool = typer.Option(False, "--json")):
     """What a live process is doing: sampled stacks, CPU use, waiting or busy."""
     try:
+        if out is not None:
+            prepare_run_dir(out)
         summary = stacks_command(pid, ranks, samples, interval, native)
     except ValueError as err:
         fail(str(err))
+    if out is not None:
+        write_stacks_report(summary, out)
     if as_json:
         print(json.dumps(summary, indent=1))
         return

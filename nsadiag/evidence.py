@@ -172,7 +172,11 @@ class StallEvidence:
     seconds that ended at detection (None when /proc was unreadable), so
     ``cpu_delta_s / window_s`` is the CPU fraction (above 1 with several busy threads).
     ``samples`` are stack samples spaced apart; ``unavailable`` lists evidence that could
-    not be collected, each with why, e.g. "py-spy: ptrace refused".
+    not be collected, each with why, e.g. "py-spy: ptrace refused". ``stacks_class`` is
+    what the samples read as (probes.stacks.classify: "waiting", "busy-python",
+    "busy-native" or "in-collective"; None without samples); ``unfinished_backward`` the
+    modules whose backward started in the current step and never finished, by their
+    heartbeat events, innermost (latest started) first.
     """
 
     since_last_event_s: float
@@ -180,6 +184,8 @@ class StallEvidence:
     cpu_delta_s: float | None
     samples: list[StackSample] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
+    stacks_class: str | None = None
+    unfinished_backward: list[str] = field(default_factory=list)
 
     def cpu_fraction(self) -> float | None:
         """CPU seconds per wall second over the window, None when unknown."""
@@ -194,6 +200,8 @@ class StallEvidence:
             "cpu_delta_s": self.cpu_delta_s,
             "samples": [sample.to_dict() for sample in self.samples],
             "unavailable": list(self.unavailable),
+            "stacks_class": self.stacks_class,
+            "unfinished_backward": list(self.unfinished_backward),
         }
 
     @classmethod
@@ -204,6 +212,8 @@ class StallEvidence:
             cpu_delta_s=data.get("cpu_delta_s"),
             samples=[StackSample.from_dict(sample) for sample in data.get("samples", [])],
             unavailable=[str(item) for item in data.get("unavailable", [])],
+            stacks_class=data.get("stacks_class"),
+            unfinished_backward=[str(m) for m in data.get("unfinished_backward", [])],
         )
 
 

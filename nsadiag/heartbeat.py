@@ -12,7 +12,9 @@ Every line has, in this order:
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
     cuda_reserved  torch.cuda.memory_reserved(), null likewise
 "start" marks the beginning of a phase: "build" once, then "forward", "backward",
-"optimizer" of every step. "step" (phase "optimizer") closes a finished step and carries
+"optimizer" of every step; the "backward" start of step 0 carries saved_bytes and
+saved_by_branch (what its forward saved for backward, so a trial killed later still has
+them). "step" (phase "optimizer") closes a finished step and carries
 step_s, forward_s, backward_s. "end" carries status ("ok" | "error").
 
 For module events, phase is the pass the hook belongs to: forward hooks write "forward",
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from nsadiag.targets import BranchProbe, Record, Target
+    from nsadiag.targets import BranchProbe, Emit, Record, Target
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -57,10 +59,10 @@ class HeartbeatWriter:
         self.step = 0
         self.module_events = 0
 
-    def start(self, phase: str, step: int = 0) -> None:
-        """Enter `phase` of `step` and write a "start" event."""
+    def start(self, phase: str, step: int = 0, **extra: Any) -> None:
+        """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
         self.phase, self.step = phase, step
-        self._write("start", phase)
+        self._write("start", phase, **extra)
 
     def module(self, name: str, phase: str, edge: str) -> None:
         """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
@@ -102,6 +104,38 @@ class HeartbeatWriter:
         return int(fields[1]) * _PAGE
 
 
+class OpenBackward:
+    """Follows heartbeat events: which modules' backward started in the current backward
+    phase and has not finished. A "start" event of phase "backward" begins a new phase;
+    module events of phase "backward" open ("enter") and close ("exit") a module."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}  # module -> seq of its backward enter
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind, phase = event.get("kind"), event.get("phase")
+        if kind == "start" and phase == "backward":
+            self._open.clear()
+        elif kind == "module" and phase == "backward":
+            if event.get("edge") == "enter":
+                self._open[event["module"]] = event.get("seq", 0)
+            else:
+                self._open.pop(event["module"], None)
+
+    def modules(self) -> list[str]:
+        """Open modules, the latest started (innermost) first."""
+        return [name for name, _ in sorted(self._open.items(), key=lambda item: -item[1])]
+
+
+def unfinished_backward(events: list[dict[str, Any]]) -> list[str]:
+    """Modules whose backward started in the last backward phase of `events` (heartbeat
+    events, oldest first) and never finished, innermost first."""
+    tracker = OpenBackward()
+    for event in events:
+        tracker.add(event)
+    return tracker.modules()
+
+
 def loaded_torch() -> Any:
     """The torch module if something has imported it already, else None."""
     return sys.modules.get("torch")
@@ -136,16 +170,19 @@ class Watch:
         self.remove()
 
 
-def watch(target: Target, writer: HeartbeatWriter, record: Record | None = None) -> Watch:
+def watch(target: Target, writer: HeartbeatWriter, branch_emit: Emit | None = None,
+          record: Record | None = None) -> Watch:
     """Emit module events for every block (forward pre/post, full backward pre/post hooks)
-    and for every NSA branch (see nsadiag.targets.BranchProbe); `record` also receives
-    each branch's output (see nsadiag.targets.instrument_branches)."""
+    and for every NSA branch (see nsadiag.targets.BranchProbe). Branch events go to
+    `branch_emit` when given (which must pass them on to writer.module), so another probe
+    can follow the same branch wrappers instead of installing its own; `record` also
+    receives each branch's output (see nsadiag.targets.instrument_branches)."""
     from nsadiag.targets import instrument_branches
 
     handles = []
     for name, block in target.blocks:
         handles += _hook_block(name, block, writer)
-    return Watch(handles, instrument_branches(target, writer.module, record))
+    return Watch(handles, instrument_branches(target, branch_emit or writer.module, record))
 
 
 def _hook_block(name: str, block: nn.Module, writer: HeartbeatWriter) -> list[Any]:

@@ -114,16 +114,32 @@ def _fmt_s(value: float | None) -> str:
 def _fmt_bytes(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value / 2**20:.0f} MiB" if value >= 2**20 else f"{value / 2**10:.0f} KiB"
+
+
+BRANCH_COLUMNS = ("cmp", "sel", "win")
+
+
+def _fmt_branch(row: SweepRow, branch: str) -> str:
+    by_branch = row.saved_by_branch
+    if not by_branch or branch not in by_branch:  # not recorded, or not computed
+        return "-"
+    return _fmt_bytes(by_branch[branch])
 
 
 def results_table(rows: Sequence[SweepRow]) -> list[str]:
-    lines = ["| run | layers | verdict | forward s | backward s | step s | peak RSS | "
-             "saved for backward | steps |", "|---|---|---|---|---|---|---|---|---|"]
+    """One line per trial; saved-for-backward bytes in all and per NSA branch."""
+    branch_heads = " | ".join(f"saved {b}" for b in BRANCH_COLUMNS)
+    lines = [f"| run | layers | verdict | forward s | backward s | step s | peak RSS | "
+             f"saved for backward | {branch_heads} | steps |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(BRANCH_COLUMNS) + "---|"]
     for r in rows:
+        branches = " | ".join(_fmt_branch(r, b) for b in BRANCH_COLUMNS)
         lines.append(f"| {r.label or '-'} | {r.n_layers} | {r.verdict} | {_fmt_s(r.forward_s)} "
                      f"| {_fmt_s(r.backward_s)} | {_fmt_s(r.step_s)} | {_fmt_bytes(r.peak_rss)} "
-                     f"| {_fmt_bytes(r.saved_bytes)} | {r.steps_done} |")
+                     f"| {_fmt_bytes(r.saved_bytes)} | {branches} | {r.steps_done} |")
     return lines
 
 
@@ -190,6 +206,37 @@ def _last_events(evidence: dict[str, Any], count: int = 8) -> list[str]:
     return lines
 
 
+def stall_lines(stall: dict[str, Any]) -> list[str]:
+    """What the stacks read as and which backward never finished, when the runner
+    stopped the trial (nothing for a trial that ended by itself)."""
+    if not stall:
+        return []
+    samples = stall.get("samples") or []
+    lines = []
+    if stall.get("stacks_class"):
+        note = next((s["note"] for s in samples if s.get("note")), None)
+        lines.append(f"- Stacks read as **{stall['stacks_class']}** over {len(samples)} "
+                     f"sample(s)" + (f" ({note})" if note else ""))
+    unfinished = stall.get("unfinished_backward") or []
+    lines.append("- Backward started and never finished: " + (
+        ", ".join(f"`{m}`" for m in unfinished) + " (innermost first)" if unfinished
+        else "none (no module's backward was open)"))
+    return lines
+
+
+def stall_summary(record: TrialRecord) -> dict[str, Any] | None:
+    """The stall facts of a stopped trial for summary.json, None when it ended by itself."""
+    stall = record.evidence.get("stall")
+    if not stall:
+        return None
+    return {"stacks_class": stall.get("stacks_class"),
+            "unfinished_backward": stall.get("unfinished_backward") or [],
+            "cpu_fraction": (stall["cpu_delta_s"] / stall["window_s"]
+                             if stall.get("cpu_delta_s") is not None and stall.get("window_s")
+                             else None),
+            "unavailable": stall.get("unavailable") or [], "gpu": record.gpu}
+
+
 def evidence_section(record: TrialRecord) -> list[str]:
     verdict, evidence = record.verdict, record.evidence
     lines = [f"Trial `{Path(record.trial_dir).name}` ({record.spec.get('n_layers')} layers): "
@@ -199,6 +246,7 @@ def evidence_section(record: TrialRecord) -> list[str]:
     if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
         lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
                      f"{stall['cpu_delta_s']:.2f} s")
+    lines += stall_lines(stall)
     for missing in stall.get("unavailable") or []:
         lines.append(f"- Evidence unavailable: {missing}")
     if isinstance(record.gpu, str):
@@ -373,7 +421,8 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
                "rows": [r.to_dict() for r in all_rows],
                "fits": {label: {q: f.to_dict() for q, f in a["fits"].items()}
                         for label, a in analyses.items()},
-               "failing": failing.verdict if failing else None}
+               "failing": failing.verdict if failing else None,
+               "stall": stall_summary(failing) if failing else None}
     if not no_redact:
         text = redact(text)
         summary = json.loads(redact(json.dumps(summary)))

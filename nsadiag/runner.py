@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StackSample, StallEvidence
+from nsadiag.heartbeat import OpenBackward
 from nsadiag.probes import stacks
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.spec import TrialSpec
@@ -101,10 +102,12 @@ class _Watch:
         self.step0_module_events = 0
         self.step0_done = False
         self.started_training = False
+        self.backward = OpenBackward()
 
     def add(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             self.last.append(event)
+            self.backward.add(event)
             self.counts[event.get("kind", "?")] += 1
             if event.get("kind") == "module" and event.get("step") == 0:
                 self.step0_module_events += 1
@@ -129,17 +132,18 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def sample_stacks(pid: int, count: int, interval_s: float,
-                  timeout_s: float | None = None) -> tuple[list[StackSample], list[str]]:
-    """`count` py-spy samples `interval_s` apart (native frames when py-spy can), and the
-    reasons for any sample that could not be taken. `timeout_s` bounds each sample
-    (default: max(5 s, 4 intervals))."""
+def sample_stacks(pid: int, count: int, interval_s: float, timeout_s: float | None = None,
+                  faulthandler_file: Path | None = None) -> tuple[list[StackSample], list[str]]:
+    """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
+    faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
+    not be taken. `timeout_s` bounds each sample (default: max(5 s, 4 intervals))."""
     samples, unavailable = [], []
     for i in range(count):
         if i:
             time.sleep(interval_s)
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
-        taken = stacks.capture(pid, native=True, timeout_s=limit)
+        taken = stacks.capture(pid, native=True, timeout_s=limit,
+                               faulthandler_file=faulthandler_file)
         if isinstance(taken, str):
             unavailable.append(taken)
         else:
@@ -150,23 +154,23 @@ def sample_stacks(pid: int, count: int, interval_s: float,
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                   faulthandler_path: Path, timeout_s: float | None = None) -> StallEvidence:
     """Stack samples spread over `window_s`, the CPU time the process used meanwhile, and a
-    faulthandler dump of all threads (SIGUSR1; the child registered the handler)."""
+    faulthandler dump of all threads into `faulthandler_path` (SIGUSR1, sent only when the
+    child has its handler installed; the samples themselves come from it when py-spy
+    cannot attach)."""
     cpu_before = stacks.process_cpu_seconds(pid)
     started = time.monotonic()
     samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
-                                         timeout_s)
+                                         timeout_s, faulthandler_path)
     elapsed = time.monotonic() - started
     cpu_after = stacks.process_cpu_seconds(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    try:
-        os.kill(pid, signal.SIGUSR1)
-        time.sleep(0.3)  # the handler writes from the child; give it a moment
-    except ProcessLookupError:
-        unavailable.append("faulthandler: process already gone")
-    if not faulthandler_path.exists() or faulthandler_path.stat().st_size == 0:
-        unavailable.append("faulthandler: no dump written")
+    if not any((s.note or "").startswith("stacks from faulthandler") for s in samples):
+        dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
+        if isinstance(dumped, str):
+            unavailable.append(dumped)
     return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
-                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable)
+                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable,
+                         stacks_class=stacks.classify(samples) if samples else None)
 
 
 def cgroup_oom_kills(path: Path = Path("/sys/fs/cgroup/memory.events")) -> int | None:
@@ -245,9 +249,12 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                 gpu, reason = gpu_state(), "stall"
                 break
             if now - started_mono > spec.budget_s:
-                samples, unavailable = sample_stacks(proc.pid, 2, 0.5)
+                samples, unavailable = sample_stacks(proc.pid, 2, 0.5,
+                                                     trial_dir / "faulthandler.txt")
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
-                                      samples=samples, unavailable=unavailable)
+                                      samples=samples, unavailable=unavailable,
+                                      stacks_class=stacks.classify(samples) if samples
+                                      else None)
                 gpu, reason = gpu_state(), "budget"
                 break
             time.sleep(poll_s)
@@ -257,6 +264,8 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
     wall_s = ended_at - started
     oom_kills_after = cgroup_oom_kills()
     watch.add(tail.read_new())
+    if stall is not None:  # every event written before the kill has been read by now
+        stall.unfinished_backward = watch.backward.modules()
     result = _read_result(trial_dir)
     expected = (result or {}).get("expected_events_per_step") or (
         watch.step0_module_events if watch.step0_done else None)

@@ -26,7 +26,8 @@ from nsadiag.spec import TrialSpec
 @dataclass
 class SweepRow:
     """One layer count: its verdict and the medians of its measured steps (None when the
-    trial did not complete a step)."""
+    trial did not complete a step); saved_bytes and saved_by_branch are what step 0's
+    forward saved for backward, in all and inside each NSA branch."""
 
     label: str
     n_layers: int
@@ -38,6 +39,7 @@ class SweepRow:
     saved_bytes: int | None
     steps_done: int
     trial_dir: str
+    saved_by_branch: dict[str, int] | None = None  # per NSA branch (cmp/sel/win), step 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +86,8 @@ def parse_layers(text: str) -> list[int]:
 
 def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     """The child's result, or for a trial killed before writing one, the same timings
-    rebuilt from its "step" heartbeat events."""
+    rebuilt from its "step" heartbeat events (and the saved bytes from step 0's
+    "backward" start event)."""
     result = record.evidence.get("result")
     if result:
         return result
@@ -94,6 +97,10 @@ def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     rebuilt["steps_done"] = (steps[-1]["step"] + 1) if steps else 0
     rss = [e["rss"] for e in record.evidence.get("events", []) if e.get("rss")]
     rebuilt["peak_rss"] = max(rss) if rss else None
+    saved = next((e for e in record.evidence.get("events", []) if e.get("kind") == "start"
+                  and e.get("phase") == "backward" and "saved_bytes" in e), {})
+    rebuilt["saved_bytes"] = saved.get("saved_bytes")
+    rebuilt["saved_by_branch"] = saved.get("saved_by_branch")
     return rebuilt
 
 
@@ -111,7 +118,8 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     backward_s=median("backward_s"), step_s=median("step_s"),
                     peak_rss=result.get("peak_rss"), saved_bytes=result.get("saved_bytes"),
                     steps_done=int(result.get("steps_done", 0)),
-                    trial_dir=record.trial_dir)
+                    trial_dir=record.trial_dir,
+                    saved_by_branch=result.get("saved_by_branch"))
 
 
 def _next_index(run_dir: Path) -> int:

@@ -12,6 +12,8 @@ under bf16 autocast when dtype is bfloat16), writing heartbeat events to
 result.json: status "ok" | "error", steps_done, step_s / forward_s / backward_s / loss (one
 per finished step), peak_rss (ru_maxrss, bytes), peak_cuda (max_memory_allocated or null),
 expected_events_per_step (module events of step 0; null if step 0 did not finish),
+saved_bytes and saved_by_branch (bytes saved for backward by step 0's forward, in all and
+inside each NSA branch cmp/sel/win/select; null until that forward finished),
 exception {type, message, traceback} or null, oom (the exception is an allocation failure:
 MemoryError, torch.OutOfMemoryError, or the CPU allocator's "can't allocate memory").
 Exit 0 when every step ran, 1 when an exception (MemoryError included) was recorded.
@@ -63,6 +65,22 @@ class Progress:
     loss: list[float] = field(default_factory=list)
     expected_events_per_step: int | None = None
     saved_bytes: int | None = None  # saved for backward by step 0's forward
+    saved_by_branch: dict[str, int] | None = None  # the same, inside each NSA branch
+
+
+class BranchTee:
+    """The branch events of the heartbeat's BranchProbe, written as heartbeat events and
+    passed on to the saved-tensor ledger while one is counting (step 0's forward), so the
+    ledger attributes to cmp/sel/win without wrapping the branch functions a second time."""
+
+    def __init__(self, writer: HeartbeatWriter):
+        self.writer = writer
+        self.ledger: Any = None
+
+    def __call__(self, name: str, phase: str, edge: str) -> None:
+        self.writer.module(name, phase, edge)
+        if self.ledger is not None:
+            self.ledger.branch_event(name, phase, edge)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,37 +165,48 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
     device = _device_of(target)
     optimizer = torch.optim.AdamW(target.model.parameters(), lr=LEARNING_RATE)
     generator = torch.Generator().manual_seed(spec.seed)
-    with watch(target, writer):
+    tee = BranchTee(writer)
+    with watch(target, writer, tee):
         for step in range(spec.steps):
             ids = torch.randint(target.vocab_size, (spec.batch, spec.seq_len + 1),
                                 generator=generator).to(device)
             before = writer.module_events
-            run_step(spec, target, optimizer, ids, step, writer, progress)
+            run_step(spec, target, optimizer, ids, step, writer, progress, tee)
             if step == 0:
                 progress.expected_events_per_step = writer.module_events - before
 
 
 def run_step(spec: TrialSpec, target: Target, optimizer: torch.optim.Optimizer,
              ids: torch.Tensor, step: int, writer: HeartbeatWriter,
-             progress: Progress) -> None:
-    """One step, with a "start" event per phase and a "step" event at its end."""
+             progress: Progress, tee: BranchTee | None = None) -> None:
+    """One step, with a "start" event per phase and a "step" event at its end. Step 0's
+    forward runs under the saved-tensor ledger, fed branch events by `tee`."""
     import torch
 
     from nsadiag.probes.memory import SavedTensorLedger
 
     device = ids.device
     writer.start("forward", step)
-    # the heartbeat's branch wrappers are installed already: count by module only
+    # the heartbeat's branch wrappers are installed already: the tee feeds their events
     ledger = SavedTensorLedger(target.model, branches=False) if step == 0 else None
     saving = ledger if ledger else contextlib.nullcontext()
+    if tee is not None:
+        tee.ledger = ledger
     t0 = time.perf_counter()
-    with saving, torch.autocast(device.type, dtype=torch.bfloat16,
-                                enabled=spec.dtype == "bfloat16"):
-        loss = target.loss(ids)
+    try:
+        with saving, torch.autocast(device.type, dtype=torch.bfloat16,
+                                    enabled=spec.dtype == "bfloat16"):
+            loss = target.loss(ids)
+    finally:
+        if tee is not None:
+            tee.ledger = None
     t1 = _synced_time(device)
+    saved = {}
     if ledger:
         progress.saved_bytes = ledger.total
-    writer.start("backward", step)
+        progress.saved_by_branch = ledger.by_branch()
+        saved = {"saved_bytes": ledger.total, "saved_by_branch": progress.saved_by_branch}
+    writer.start("backward", step, **saved)
     loss.backward()
     t2 = _synced_time(device)
     writer.start("optimizer", step)
@@ -233,6 +262,7 @@ def _result(status: str, progress: Progress, error: dict[str, Any] | None) -> di
             "peak_cuda": peak_cuda,
             "expected_events_per_step": progress.expected_events_per_step,
             "saved_bytes": progress.saved_bytes,
+            "saved_by_branch": progress.saved_by_branch,
             "exception": exception, "oom": bool(error and error["oom"])}
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the example nsadiag reports under reports/ on the CPU (about five minutes).
+# Regenerates the example nsadiag reports under reports/ on the CPU (about six minutes).
 # The layer benchmark has its own script: bench/bench_layer.py (make bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,16 +18,20 @@ run() {  # run NAME ARGS...: one command into runs/example-NAME, its report into
 run sweep-layers sweep-layers --layers 1-6 --seq-len 256
 run isolate-branch isolate-branch sel --layers 1-4 --seq-len 256
 run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --seq-len 1024 \
-    --steps 30 --budget 10 --stall-timeout 30
+    --steps 30 --budget 20 --stall-timeout 30
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
 run ddp-stall ddp --world-size 2 --backend gloo --target repro.rank_divergent:make \
     --seq-len 64 --batch 2 --steps 3 --stall-timeout 3
 
-mkdir -p reports/memory reports/trace
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --json > reports/memory/memory-cpu.json
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive --json \
-    > reports/memory/memory-cpu-naive.json
+mkdir -p reports/memory reports/trace reports/stacks
+rm -rf runs/example-memory runs/example-memory-naive
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory --json \
+    > reports/memory/memory-cpu.json
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory \
+    > reports/memory/memory-cpu.txt
+"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive \
+    --out runs/example-memory-naive --json > reports/memory/memory-cpu-naive.json
 rm -rf runs/example-trace
 "${NSADIAG[@]}" trace --layers 2 --seq-len 512 --out runs/example-trace --json \
     > reports/trace/summary.json
@@ -46,3 +50,21 @@ code=0
 GITHUB_STEP_SUMMARY=reports/ci-summary/step-summary.md make -s ci-triage PY="$PY" || code=$?
 echo "exit code $code" > reports/ci-summary/exit-code.txt
 cp runs/ci-triage/{report.md,summary.json} reports/ci-summary/
+
+# stacks of a live zoo child: a lock_deadlock trial, sampled once it waits in backward
+rm -rf runs/example-stacks && mkdir -p runs/example-stacks
+"$PY" -c 'from nsadiag.spec import TrialSpec
+print(TrialSpec(target="repro.lock_deadlock:make", n_layers=2, seq_len=64, steps=1,
+                out_dir="runs/example-stacks/trial").to_json())' > runs/example-stacks/spec.json
+"$PY" -m nsadiag.trial runs/example-stacks/spec.json > /dev/null 2>&1 &
+child=$!
+for _ in $(seq 300); do  # up to 60 s for torch to import and the forward to end
+  grep -q '"phase":"backward"' runs/example-stacks/trial/events.jsonl 2>/dev/null && break
+  sleep 0.2
+done
+sleep 1
+"${NSADIAG[@]}" stacks "$child" --native --samples 3 --interval 0.5 --out runs/example-stacks \
+    > /dev/null || true
+kill "$child" 2>/dev/null || true
+wait "$child" 2>/dev/null || true
+cp runs/example-stacks/stacks.{md,json} reports/stacks/

@@ -125,3 +125,46 @@ def allocates_in_forward(nbytes: int = 1 << 20) -> TinyLM:
     model = TinyLM(1)
     model.layers[0] = AllocatingBlock(DIM, nbytes)
     return model
+
+
+class HoardingBlock(TinyBlock):
+    """Saves a [B, S, 64 * DIM] activation for backward (exp keeps its output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.exp(x.repeat(1, 1, 64) * 0.01)
+        return super().forward(x) + wide.mean(-1, keepdim=True)
+
+
+def hoards_in_layer(n_layers: int = 4, hoarder: int = 2) -> TinyLM:
+    """A TinyLM whose block `hoarder` saves about 64x what each other block saves."""
+    model = TinyLM(n_layers)
+    model.layers[hoarder] = HoardingBlock(DIM)
+    return model
+
+
+_HELD = threading.Lock()
+
+
+class _WaitInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        _HELD.acquire(blocking=False)  # taken here, released nowhere
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        with _HELD:
+            return grad
+
+
+class WaitingBlock(TinyBlock):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _WaitInBackward.apply(super().forward(x))
+
+
+def waits_in_backward(n_layers: int = 2) -> TinyLM:
+    """A TinyLM whose last block deadlocks inside its own backward (after the block's
+    backward started), on a lock its forward took."""
+    model = TinyLM(n_layers)
+    model.layers[n_layers - 1] = WaitingBlock(DIM)
+    return model

@@ -180,7 +180,8 @@ def test_capture_of_a_dead_pid_returns_a_reason():
 def test_capture_timeout_returns_a_reason():
     with child("lock_child.py") as proc:
         reason = capture(proc.pid, timeout_s=0.001)
-    assert reason == f"py-spy: timed out after 0.001 s on pid {proc.pid}"
+    assert reason == (f"py-spy: timed out after 0.001 s on pid {proc.pid}; faulthandler "
+                      "fallback not possible: the process did not register SIGUSR1")
 
 
 def _fake_py_spy(tmp_path: Path, body: str) -> Path:
@@ -198,9 +199,10 @@ def test_capture_reports_missing_py_spy_and_refused_ptrace(monkeypatch, tmp_path
                                          "exit 1\n")
         monkeypatch.setattr(stacks, "py_spy_path", lambda: refused)
         denied = capture(proc.pid)
-    assert missing == "py-spy: not found beside the interpreter or on PATH"
+    no_handler = "faulthandler fallback not possible: the process did not register SIGUSR1"
+    assert missing == f"py-spy: not found beside the interpreter or on PATH; {no_handler}"
     assert denied == (f"py-spy: ptrace refused for pid {proc.pid} "
-                      "(Error: Permission denied (os error 13))")
+                      f"(Error: Permission denied (os error 13)); {no_handler}")
 
 
 def test_native_failure_falls_back_to_python_frames_with_a_note(monkeypatch, tmp_path):

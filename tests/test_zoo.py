@@ -39,6 +39,7 @@ def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
     record = _diagnose(tmp_path, "repro.lock_deadlock:make")
     assert record.verdict_name == "DEADLOCK", record.verdict
     assert "_wait_for_lock" in " ".join(record.verdict["reasons"])
+    assert record.evidence["stall"]["stacks_class"] == "waiting"
 
 
 def test_long_native_op_is_stall_busy(tmp_path):

@@ -8,14 +8,18 @@ busy-python, busy-native or in-collective. With `ranks`, the processes are the P
 children of a torchrun (or any launcher) PID; identical innermost stacks are clustered and
 a rank alone in its cluster is named the odd one out.
 
-Before anything, ptrace permission is checked; a refusal is one clear line.
+Before anything, ptrace permission is checked; a refusal is one clear line, unless the
+process is an nsadiag trial child with faulthandler armed: then its samples come from
+faulthandler dumps (the capture ladder's last rung, see probes.stacks).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,15 +48,20 @@ class ProcessReport:
 
 
 def check_can_attach(pid: int) -> None:
-    """ValueError (one line) when the process is missing or ptrace will be refused."""
+    """ValueError (one line) when the process is missing, or ptrace will be refused and the
+    faulthandler fallback is not possible either (see probes.stacks)."""
     if not psutil.pid_exists(pid):
         raise ValueError(f"pid: no process {pid}")
     permission = ptrace_permission()
     if permission.startswith("refused"):
-        raise ValueError(f"ptrace: {permission}")
-    if permission.startswith("children only") and pid not in _own_descendants():
-        raise ValueError(f"ptrace: process {pid} is not a child of this shell and "
-                         f"{permission}")
+        reason = permission
+    elif permission.startswith("children only") and pid not in _own_descendants():
+        reason = f"process {pid} is not a child of this shell and {permission}"
+    else:
+        return
+    fallback = stacks.faulthandler_target(pid)
+    if isinstance(fallback, str):  # py-spy cannot attach and faulthandler cannot stand in
+        raise ValueError(f"ptrace: {reason}; {fallback}")
 
 
 def _own_descendants() -> set[int]:
@@ -148,3 +157,49 @@ def _clusters(reports: list[ProcessReport]) -> list[dict[str, Any]]:
         groups[report.signature or "no sample"].append(report.rank if report.rank is not None
                                                         else report.pid)
     return [{"signature": sig, "members": members} for sig, members in groups.items()]
+
+
+def stacks_markdown(summary: dict[str, Any], frames: int = 14) -> str:
+    """A Markdown report of a stacks summary: one row per process, the odd ones out, and
+    each process's last sample, innermost frame first."""
+    states = sorted({p["state"] for p in summary["processes"]})
+    md = [f"# nsadiag stacks: {', '.join(states)}", "",
+          "| pid | rank | state | CPU | samples | innermost frames |", "|---|---|---|---|---|---|"]
+    for proc in summary["processes"]:
+        cpu = "-" if proc["cpu_fraction"] is None else f"{100 * proc['cpu_fraction']:.0f}%"
+        rank = "-" if proc["rank"] is None else str(proc["rank"])
+        md.append(f"| {proc['pid']} | {rank} | **{proc['state']}** | {cpu} | "
+                  f"{len(proc['samples'])} | {proc['signature'] or '-'} |")
+    if summary["odd_ones_out"]:
+        md += [""] + [f"Odd one out: pid {pid} differs from the other processes."
+                      for pid in summary["odd_ones_out"]]
+    for proc in summary["processes"]:
+        md += ["", f"## pid {proc['pid']}: {proc['state']}", "", f"`{proc['cmdline']}`", ""]
+        md += [f"- unavailable: {reason}" for reason in proc["unavailable"]]
+        if not proc["samples"]:
+            continue
+        last = proc["samples"][-1]
+        if last.get("note"):
+            md.append(f"- note: {last['note']}")
+        md += ["", "```"]
+        for thread in last["threads"]:
+            idle = "" if thread.get("active", True) else " (idle)"
+            md.append(f"thread {thread.get('name') or hex(thread['thread_id'])}{idle}:")
+            for frame in thread["frames"][:frames]:
+                where = f"{Path(frame['file'] or '?').name}:{frame['line']}"
+                native = " [native]" if frame.get("is_native") else ""
+                code = f"  # {frame['code']}" if frame.get("code") else ""
+                md.append(f"  {frame['function']} ({where}){native}{code}")
+        md.append("```")
+    return "\n".join(md) + "\n"
+
+
+def write_stacks_report(summary: dict[str, Any], out_dir: Path) -> Path:
+    """stacks.json and stacks.md (host names, IPs and user names redacted) in out_dir."""
+    from nsadiag.report import redact
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "stacks.json").write_text(redact(json.dumps(summary, indent=1)))
+    path = out_dir / "stacks.md"
+    path.write_text(redact(stacks_markdown(summary)))
+    return path

@@ -7,6 +7,10 @@ function running (cmp/sel/win), through the same wrappers the trial heartbeat us
 storage is counted once (views share it) and parameters not at all. This is what makes an
 O(S^2) path visible on a CPU, where allocator statistics do not exist.
 
+`LayerDeltas` measures, on CUDA, the allocated bytes each repeated block (layer) adds across
+its forward; `per_layer` joins them with the ledger's bytes saved inside each block, so one
+layer that keeps much more than its siblings stands out on any device.
+
 `cuda_allocator_stats` reads torch.cuda.memory_stats and the segments of a memory snapshot;
 on a machine without CUDA it returns one line saying so instead.
 """
@@ -53,7 +57,7 @@ class SavedTensorLedger:
                 self._handles.append(module.register_forward_pre_hook(self._push(name)))
                 self._handles.append(module.register_forward_hook(self._pop, always_call=True))
         if self.branches:  # off where another BranchProbe (the trial heartbeat) is installed
-            self._probe = _branch_probe(self.model, self._branch_event)
+            self._probe = _branch_probe(self.model, self.branch_event)
         self._saving.__enter__()
         return self
 
@@ -73,7 +77,10 @@ class SavedTensorLedger:
         if self._stack:
             self._stack.pop()
 
-    def _branch_event(self, name: str, phase: str, edge: str) -> None:
+    def branch_event(self, name: str, phase: str, edge: str) -> None:
+        """A BranchProbe event: forward enter/exit of an NSA branch (e.g. blocks.0.attn.sel)
+        scopes what is saved meanwhile. Pass it on from a BranchProbe installed elsewhere
+        (the trial heartbeat's) when this ledger was built with branches=False."""
         if phase != "forward":
             return
         if edge == "enter":
@@ -119,6 +126,65 @@ class SavedTensorLedger:
         return sorted(self.entries, key=lambda e: -e.nbytes)[:count]
 
 
+class LayerDeltas:
+    """Context manager over one forward: `deltas[name]` is torch.cuda.memory_allocated()
+    after the block's first forward minus before it (bytes the forward left allocated:
+    its output and what it saved). Empty off CUDA. The counter is read on the host;
+    nothing synchronises."""
+
+    def __init__(self, blocks: list[tuple[str, nn.Module]], device: torch.device):
+        self.blocks, self.device = blocks, device
+        self.deltas: dict[str, int] = {}
+        self._before: dict[str, int] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> LayerDeltas:
+        if self.device.type == "cuda":
+            for name, block in self.blocks:
+                self._handles.append(block.register_forward_pre_hook(self._enter(name)))
+                self._handles.append(block.register_forward_hook(self._exit(name)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _enter(self, name: str):
+        def hook(module: nn.Module, args: Any) -> None:
+            self._before.setdefault(name, torch.cuda.memory_allocated(self.device))
+        return hook
+
+    def _exit(self, name: str):
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if name in self._before and name not in self.deltas:
+                self.deltas[name] = torch.cuda.memory_allocated(self.device) - \
+                    self._before[name]
+        return hook
+
+
+def per_layer(ledger: SavedTensorLedger, blocks: list[tuple[str, nn.Module]],
+              deltas: dict[str, int]) -> list[dict[str, Any]]:
+    """One row per block in forward order: {layer, saved, cuda_delta (None off CUDA)}.
+    A block's saved bytes are those saved while it or any of its submodules ran."""
+    saved = {name: 0 for name, _ in blocks}
+    for entry in ledger.entries:
+        for name in saved:
+            if entry.module == name or entry.module.startswith(name + "."):
+                saved[name] += entry.nbytes
+                break
+    return [{"layer": name, "saved": saved[name], "cuda_delta": deltas.get(name)}
+            for name, _ in blocks]
+
+
+def standouts(rows: list[dict[str, Any]], factor: float = 4.0) -> list[str]:
+    """Layers that saved more than `factor` times the median of the layers' saved bytes."""
+    values = sorted(row["saved"] for row in rows)
+    if len(values) < 3:
+        return []
+    median = values[len(values) // 2]
+    return [row["layer"] for row in rows if row["saved"] > factor * max(median, 1)]
+
+
 def _branch_probe(model: nn.Module, emit):
     """The NSA branch wrappers when the model has NSAAttention layers, else None."""
     from nsa.layer import NSAAttention
@@ -140,6 +206,7 @@ def cuda_allocator_stats(device: torch.device) -> dict[str, Any] | str:
               "active": stats.get("active_bytes.all.current", 0),
               "inactive_split": stats.get("inactive_split_bytes.all.current", 0),
               "peak_allocated": stats.get("allocated_bytes.all.peak", 0),
+              "peak_reserved": stats.get("reserved_bytes.all.peak", 0),
               "fragmentation": (reserved - allocated) / reserved if reserved else 0.0,
               "num_alloc_retries": stats.get("num_alloc_retries", 0),
               "num_ooms": stats.get("num_ooms", 0)}

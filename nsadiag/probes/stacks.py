@@ -4,6 +4,20 @@
 (py-spy missing, ptrace refused, process gone, timeout). The analysis helpers at the end
 (``collective_frame``, ``wait_frame``, ``stacks_change``, ``classify``) are pure.
 
+The capture ladder: py-spy ``dump --nonblocking``; with ``native``, ``dump --native`` under
+a hard deadline (py-spy resumes the target itself); when py-spy is missing or fails on a
+live process, the faulthandler dump. That last rung sends SIGUSR1, whose default action
+terminates a process, so it is taken only when both hold:
+
+- the file the process dumps into is known: given by the caller, or the process is an
+  nsadiag trial child (its command line is ``-m nsadiag.trial SPEC``; the spec's out_dir
+  holds faulthandler.txt, registered by ``nsadiag.trial.arm_faulthandler``);
+- /proc/PID/status shows a handler installed for SIGUSR1 (the ``SigCgt`` mask), so a
+  trial child still starting up, before it armed faulthandler, is never signalled.
+
+Otherwise the reason is returned, e.g. "faulthandler fallback not possible: the process did
+not register SIGUSR1", and the process is left alone.
+
 py-spy facts this module relies on (py-spy 0.4): ``dump --json`` prints a list of Python
 threads, each with ``frames`` innermost first; a native frame has ``module`` set to its
 shared object, a Python frame has ``module: null``; unresolved native symbols are printed
@@ -18,6 +32,7 @@ import linecache
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -185,15 +200,29 @@ def _parsed(dump: _Dump, pid: int, cpu_seconds: float | None, t: float) -> Stack
         return f"py-spy: unreadable output ({err})"
 
 
-def capture(pid: int, native: bool = False, timeout_s: float = 10.0) -> StackSample | str:
-    """One stack sample of ``pid`` by py-spy, or a one-line reason why there is none.
+def capture(pid: int, native: bool = False, timeout_s: float = 10.0,
+            faulthandler_file: Path | None = None) -> StackSample | str:
+    """One stack sample of ``pid``, or a one-line reason why there is none.
 
-    Without ``native`` the dump is ``--nonblocking`` (the process is not paused). With
-    ``native`` it is ``--native``, which py-spy only does while pausing the process; if
-    that fails while the process is alive and traceable, a nonblocking Python-only dump
+    Without ``native`` the py-spy dump is ``--nonblocking`` (the process is not paused).
+    With ``native`` it is ``--native``, which py-spy only does while pausing the process;
+    if that fails while the process is alive and traceable, a nonblocking Python-only dump
     follows and the sample's ``note`` says why native frames are missing. ``timeout_s``
-    bounds all py-spy runs together. Never raises.
+    bounds all py-spy runs together. When py-spy gives nothing for a live process, the
+    faulthandler rung follows (see the module docstring; ``faulthandler_file`` names the
+    dump file when the process is not a trial child). Never raises.
     """
+    sample = _capture_py_spy(pid, native, timeout_s)
+    if isinstance(sample, StackSample) or not _alive(pid):
+        return sample
+    fallback = faulthandler_capture(pid, faulthandler_file)
+    if isinstance(fallback, StackSample):
+        fallback.note = f"stacks from faulthandler: {sample}"
+        return fallback
+    return f"{sample}; {fallback}"
+
+
+def _capture_py_spy(pid: int, native: bool, timeout_s: float) -> StackSample | str:
     exe = py_spy_path()
     if exe is None:
         return "py-spy: not found beside the interpreter or on PATH"
@@ -211,6 +240,111 @@ def capture(pid: int, native: bool = False, timeout_s: float = 10.0) -> StackSam
     if isinstance(sample, StackSample):
         sample.note = f"native frames unavailable: {first.text}"
     return sample
+
+
+# ---- faulthandler, the last rung ------------------------------------------------------------
+
+FAULTHANDLER_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+)$')
+DUMP_SETTLE_S = 0.1
+DUMP_DEADLINE_S = 3.0
+
+
+def catches_sigusr1(pid: int) -> bool:
+    """Whether /proc/PID/status shows a handler installed for SIGUSR1 (SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    return False
+
+
+def trial_dump_file(pid: int) -> Path | None:
+    """faulthandler.txt of an nsadiag trial child (from its spec's out_dir), else None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    for i, arg in enumerate(argv[:-2]):
+        if arg == "-m" and argv[i + 1] == "nsadiag.trial":
+            try:
+                spec = json.loads((cwd / argv[i + 2]).read_text())
+                return cwd / spec["out_dir"] / "faulthandler.txt"
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def faulthandler_target(pid: int, dump_file: Path | None = None) -> Path | str:
+    """The dump file to read after SIGUSR1, or why the fallback is not possible."""
+    if not catches_sigusr1(pid):
+        return "faulthandler fallback not possible: the process did not register SIGUSR1"
+    path = dump_file or trial_dump_file(pid)
+    if path is None:
+        return (f"faulthandler fallback not possible: pid {pid} is not an nsadiag trial "
+                f"child, so where its dump would be written is unknown")
+    return path
+
+
+def parse_faulthandler(text: str, pid: int, cpu_seconds: float | None, *,
+                       t: float | None = None) -> StackSample:
+    """A StackSample from one faulthandler dump of all threads ("Thread 0x... (most recent
+    call first):" then '  File "f", line N in func' lines, innermost first). faulthandler
+    does not say which threads run, so every thread counts as active. ValueError when the
+    text holds no thread."""
+    threads: list[ThreadStack] = []
+    for line in text.splitlines():
+        header = FAULTHANDLER_THREAD.match(line)
+        if header:
+            name = "current thread" if header.group(1) == "Current thread" else None
+            threads.append(ThreadStack(thread_id=int(header.group(2), 16), name=name,
+                                       frames=[]))
+            continue
+        frame = FAULTHANDLER_FRAME.match(line)
+        if frame and threads:
+            file, number = frame.group("file"), int(frame.group("line"))
+            threads[-1].frames.append(StackFrame(function=frame.group("func"), file=file,
+                                                 line=number, code=_source_line(file, number)))
+    if not threads:
+        raise ValueError("faulthandler dump: no thread in it")
+    return StackSample(t=time.time() if t is None else t, pid=pid, threads=threads,
+                       cpu_seconds=cpu_seconds, native=False)
+
+
+def _new_text(path: Path, offset: int) -> str:
+    """What was appended to `path` after `offset`, once it stopped growing."""
+    deadline = time.monotonic() + DUMP_DEADLINE_S
+    last = -1
+    while time.monotonic() < deadline:
+        size = path.stat().st_size if path.exists() else 0
+        if size > offset and size == last:
+            break
+        last = size
+        time.sleep(DUMP_SETTLE_S)
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode("utf-8", "replace")
+
+
+def faulthandler_capture(pid: int, dump_file: Path | None = None) -> StackSample | str:
+    """SIGUSR1 to a process that registered faulthandler for it, and its dump parsed;
+    a one-line reason when that is not possible or nothing was written. Never raises."""
+    target = faulthandler_target(pid, dump_file)
+    if isinstance(target, str):
+        return target
+    try:
+        offset = target.stat().st_size if target.exists() else 0
+        cpu_seconds, t = process_cpu_seconds(pid), time.time()
+        os.kill(pid, signal.SIGUSR1)
+        return parse_faulthandler(_new_text(target, offset), pid, cpu_seconds, t=t)
+    except ProcessLookupError:
+        return f"faulthandler: process {pid} is gone"
+    except (OSError, ValueError) as err:
+        return f"faulthandler: no dump read from {target} ({err})"
 
 
 # ---- pure analysis of samples ------------------------------------------------------------
