@@ -132,7 +132,7 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def sample_stacks(pid: int, count: int, interval_s: float, timeout_s: float | None = None,
+def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
                   faulthandler_file: Path | None = None) -> tuple[list[StackSample], list[str]]:
     """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
     faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
@@ -160,7 +160,8 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
     cpu_before = stacks.process_cpu_seconds(pid)
     started = time.monotonic()
     samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
-                                         timeout_s, faulthandler_path)
+                                         timeout_s=timeout_s,
+                                         faulthandler_file=faulthandler_path)
     elapsed = time.monotonic() - started
     cpu_after = stacks.process_cpu_seconds(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
@@ -249,8 +250,8 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                 gpu, reason = gpu_state(), "stall"
                 break
             if now - started_mono > spec.budget_s:
-                samples, unavailable = sample_stacks(proc.pid, 2, 0.5,
-                                                     trial_dir / "faulthandler.txt")
+                samples, unavailable = sample_stacks(
+                    proc.pid, 2, 0.5, faulthandler_file=trial_dir / "faulthandler.txt")
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                       samples=samples, unavailable=unavailable,
                                       stacks_class=stacks.classify(samples) if samples
