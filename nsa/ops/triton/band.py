@@ -22,6 +22,12 @@ import triton
 import triton.language as tl
 
 from nsa.ops.triton._common import check_shapes, dot_precision
+from nsa.ops.triton._tiles import (
+    finish_softmax,
+    load_stats,
+    online_softmax_step,
+    probs_and_score_grads,
+)
 
 __all__ = ["compressed_attention", "window_attention_with_lse"]
 
@@ -95,16 +101,8 @@ def _band_fwd(Q, K, V, O, LSE,
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         allowed = s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
         scores = tl.where(allowed, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m - m_safe)
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-    seen = denom > 0
-    o = tl.where(seen[:, None], acc / tl.where(seen, denom, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, m + tl.log(tl.where(seen, denom, 1.0)), float("-inf"))
+        m, denom, acc = online_softmax_step(scores, v, m, denom, acc, PRECISION)
+    o, lse = finish_softmax(m, denom, acc)
     tl.store(O + q_offsets, o.to(O.dtype.element_ty), mask=t_ok[:, None])
     tl.store(LSE + b * stride_lb + t * stride_ls + hq, lse, mask=t_ok)
 
@@ -126,10 +124,7 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ,
     q_offsets = b * stride_qb + t[:, None] * stride_qs + hq * stride_qh + cols[None, :]
     q = tl.load(Q + q_offsets, mask=t_ok[:, None], other=0.0)
     do = tl.load(DO + q_offsets, mask=t_ok[:, None], other=0.0)
-    stat_offsets = b * stride_lb + t * stride_ls + hq
-    lse = tl.load(LSE + stat_offsets, mask=t_ok, other=0.0)
-    lse = tl.where(lse == float("-inf"), 0.0, lse)
-    delta = tl.load(DELTA + stat_offsets, mask=t_ok, other=0.0)
+    lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + hq, t_ok)
     dq = tl.zeros([QUERY_TILE, HEAD_DIM], tl.float32)
     lo, hi = _key_range(t0, tl.minimum(t0 + QUERY_TILE, seq_len), n_keys, band_a, band_b, MODE)
     for s0 in range(lo, hi, KEY_TILE):
@@ -138,11 +133,8 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ,
         kv_offsets = b * stride_kb + s[:, None] * stride_ks + hk * stride_kh + cols[None, :]
         k = tl.load(K + kv_offsets, mask=s_ok[:, None], other=0.0)
         v = tl.load(V + kv_offsets, mask=s_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         allowed = t_ok[:, None] & s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
-        p = tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        _, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=t_ok[:, None])
 
@@ -174,16 +166,10 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
             q_offsets = b * stride_qb + t[:, None] * stride_qs + hq * stride_qh + cols[None, :]
             q = tl.load(Q + q_offsets, mask=t_ok[:, None], other=0.0)
             do = tl.load(DO + q_offsets, mask=t_ok[:, None], other=0.0)
-            stat_offsets = b * stride_lb + t * stride_ls + hq
-            lse = tl.load(LSE + stat_offsets, mask=t_ok, other=0.0)
-            lse = tl.where(lse == float("-inf"), 0.0, lse)
-            delta = tl.load(DELTA + stat_offsets, mask=t_ok, other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + hq, t_ok)
             allowed = t_ok[:, None] & s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
-            p = tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
+            p, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     tl.store(DK + kv_offsets, (dk * scale).to(DK.dtype.element_ty), mask=s_ok[:, None])
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=s_ok[:, None])

@@ -26,6 +26,12 @@ import triton
 import triton.language as tl
 
 from nsa.ops.triton._common import check_shapes, dot_precision, group_tile_rows, pow2_at_least
+from nsa.ops.triton._tiles import (
+    finish_softmax,
+    load_stats,
+    online_softmax_step,
+    probs_and_score_grads,
+)
 
 __all__ = ["ITEM_QUERIES", "selected_attention", "selected_attention_with_lse"]
 
@@ -34,6 +40,21 @@ ITEM_QUERIES = 1024
 
 DKDV_TILE_ROWS = 64
 """(query, head) rows per dK/dV tile: queries x the group's heads (padded to a power of 2)."""
+
+
+@triton.jit
+def _selected_block(K, V, index_ptr, t, b, h, stride_kb, stride_ks, stride_kh, seq_len,
+                    n_blocks, keys, cols, BLOCK: tl.constexpr):
+    """K and V of the block named at `index_ptr` [BLOCK, D] and which of its keys query t may
+    see; an index that is padding, out of range or wholly after t masks every key."""
+    j = tl.load(index_ptr).to(tl.int64)
+    usable = (j >= 0) & (j < n_blocks) & (j * BLOCK <= t)
+    pos = tl.where(usable, j, 0) * BLOCK + keys
+    key_ok = usable & (pos <= t) & (pos < seq_len)
+    offsets = b * stride_kb + pos[:, None] * stride_ks + h * stride_kh + cols[None, :]
+    k = tl.load(K + offsets, mask=key_ok[:, None], other=0.0)
+    v = tl.load(V + offsets, mask=key_ok[:, None], other=0.0)
+    return k, v, key_ok
 
 
 @triton.jit
@@ -58,25 +79,12 @@ def _selected_fwd(Q, K, V, IDX, O, LSE,
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     idx_row = IDX + b * stride_ib + t * stride_is + h * stride_ih
     for i in range(n_sel):
-        j = tl.load(idx_row + i).to(tl.int64)
-        usable = (j >= 0) & (j < n_blocks) & (j * BLOCK <= t)
-        pos = tl.where(usable, j, 0) * BLOCK + keys
-        key_ok = usable & (pos <= t) & (pos < seq_len)
-        kv_offsets = b * stride_kb + pos[:, None] * stride_ks + h * stride_kh + cols[None, :]
-        k = tl.load(K + kv_offsets, mask=key_ok[:, None], other=0.0)
-        v = tl.load(V + kv_offsets, mask=key_ok[:, None], other=0.0)
+        k, v, key_ok = _selected_block(K, V, idx_row + i, t, b, h, stride_kb, stride_ks,
+                                       stride_kh, seq_len, n_blocks, keys, cols, BLOCK)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])
-        alpha = tl.exp(m - m_safe)
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-    seen = denom > 0
-    o = tl.where(seen[:, None], acc / tl.where(seen, denom, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, m + tl.log(tl.where(seen, denom, 1.0)), float("-inf"))
+        m, denom, acc = online_softmax_step(scores, v, m, denom, acc, PRECISION)
+    o, lse = finish_softmax(m, denom, acc)
     tl.store(O + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + cols[None, :],
              o.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + b * stride_lb + t * stride_ls + heads, lse, mask=row_ok)
@@ -100,24 +108,14 @@ def _selected_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
     row_offsets = b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + cols[None, :]
     q = tl.load(Q + row_offsets, mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + row_offsets, mask=row_ok[:, None], other=0.0)
-    stat_offsets = b * stride_lb + t * stride_ls + heads
-    lse = tl.load(LSE + stat_offsets, mask=row_ok, other=float("-inf"))
-    lse = tl.where(lse == float("-inf"), 0.0, lse)
-    delta = tl.load(DELTA + stat_offsets, mask=row_ok, other=0.0)
+    lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + heads, row_ok)
     dq = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     idx_row = IDX + b * stride_ib + t * stride_is + h * stride_ih
     for i in range(n_sel):
-        j = tl.load(idx_row + i).to(tl.int64)
-        usable = (j >= 0) & (j < n_blocks) & (j * BLOCK <= t)
-        pos = tl.where(usable, j, 0) * BLOCK + keys
-        key_ok = usable & (pos <= t) & (pos < seq_len)
-        kv_offsets = b * stride_kb + pos[:, None] * stride_ks + h * stride_kh + cols[None, :]
-        k = tl.load(K + kv_offsets, mask=key_ok[:, None], other=0.0)
-        v = tl.load(V + kv_offsets, mask=key_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        p = tl.where(key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        k, v, key_ok = _selected_block(K, V, idx_row + i, t, b, h, stride_kb, stride_ks,
+                                       stride_kh, seq_len, n_blocks, keys, cols, BLOCK)
+        _, ds = probs_and_score_grads(q, k, v, do, lse, delta, key_ok[None, :], scale,
+                                      PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(DQ + row_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
@@ -160,16 +158,10 @@ def _selected_dkdv_items(Q, K, V, DO, LSE, DELTA, QUERIES, ITEM_KEY, ITEM_BEGIN,
             + cols[None, :]
         q = tl.load(Q + row_offsets, mask=row_ok[:, None], other=0.0)
         do = tl.load(DO + row_offsets, mask=row_ok[:, None], other=0.0)
-        stat_offsets = b * stride_lb + t * stride_ls + head
-        lse = tl.load(LSE + stat_offsets, mask=row_ok, other=0.0)
-        lse = tl.where(lse == float("-inf"), 0.0, lse)
-        delta = tl.load(DELTA + stat_offsets, mask=row_ok, other=0.0)
+        lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + head, row_ok)
         allowed = row_ok[:, None] & key_in_seq[None, :] & (pos[None, :] <= t[:, None])
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        p = tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
+        p, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     tile = item * BLOCK * HEAD_DIM + tl.arange(0, BLOCK)[:, None] * HEAD_DIM + cols[None, :]
     tl.store(PART_DK + tile, dk * scale)

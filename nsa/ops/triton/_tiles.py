@@ -1,0 +1,52 @@
+"""Tile steps shared by the Triton kernels (inlined by Triton into each kernel).
+
+Rows are queries (or (query, head) pairs), columns keys; scores are in units of
+scale * q.k; masked entries are -inf in the forward and 0 in the backward.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def online_softmax_step(scores, v, m, denom, acc, PRECISION: tl.constexpr):
+    """Fold one key tile into the running (max m [R], denominator [R], output acc [R, D]).
+
+    scores [R, K] with -inf where masked, v [K, D]. A row that has seen no key keeps
+    m = -inf; it is shifted by 0 instead, so nothing becomes NaN."""
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m - m_safe)
+    denom = denom * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, denom, acc
+
+
+@triton.jit
+def finish_softmax(m, denom, acc):
+    """(o [R, D], lse [R]); a row that saw no key gets o = 0 and lse = -inf."""
+    seen = denom > 0
+    safe = tl.where(seen, denom, 1.0)
+    o = tl.where(seen[:, None], acc / safe[:, None], 0.0)
+    lse = tl.where(seen, m + tl.log(safe), float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def load_stats(LSE, DELTA, offsets, ok):
+    """lse and delta = rowsum(o * do) of the rows at `offsets`; lse = -inf reads as 0 (such
+    a row has no allowed key, so its probabilities are masked to 0 anyway)."""
+    lse = tl.load(LSE + offsets, mask=ok, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    delta = tl.load(DELTA + offsets, mask=ok, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION: tl.constexpr):
+    """p [R, K] = exp(scale q.k - lse) where allowed, else 0; ds = p * (do.v - delta)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    p = tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
