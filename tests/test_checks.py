@@ -7,6 +7,7 @@ a watched child, as users do.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -94,9 +95,9 @@ def test_parity_lists_a_backend_that_refuses_as_not_available(writer):
     assert "not available: triton" in result.summary
 
 
-@pytest.mark.skipif(not torch.cuda.is_available()
-                    and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the triton kernels need CUDA or the interpreter")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or (
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
+    reason="the triton kernels need triton and CUDA or the interpreter")
 def test_parity_compares_the_triton_backend_with_the_oracle(writer):
     spec = TrialSpec(target="nsa", overrides={**TINY_NSA, "head_dim": 16}, n_layers=1,
                      seq_len=40, batch=1, stall_timeout_s=30.0).validate()

@@ -12,7 +12,10 @@ import torch
 from nsa.config import num_compressed
 from nsa.layer import NSAAttention
 from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
-from nsa.ops.triton import ops, selected
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[triton]')")
+
+from nsa.ops.triton import ops, selected  # noqa: E402
 from nsa.ops.triton._common import unsupported_reason
 from tests.conftest import tiny_config
 from tests.test_torch_ops import _assert_close, _grads, _inputs, _random_indices
