@@ -50,3 +50,16 @@ def probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION: tl
     p = tl.where(allowed, tl.exp(scores - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def tile_offsets(b, pos, head, stride_b, stride_s, stride_h, cols):
+    """[P, D] element offsets of the rows at positions `pos` [P] of one head of batch b."""
+    return b * stride_b + pos[:, None] * stride_s + head * stride_h + cols[None, :]
+
+
+@triton.jit
+def load_pair(X, Y, offsets, ok):
+    """X and Y at the same [P, D] offsets (q and do, or k and v); rows not ok read 0."""
+    return (tl.load(X + offsets, mask=ok[:, None], other=0.0),
+            tl.load(Y + offsets, mask=ok[:, None], other=0.0))

@@ -24,9 +24,11 @@ import triton.language as tl
 from nsa.ops.triton._common import check_shapes, dot_precision
 from nsa.ops.triton._tiles import (
     finish_softmax,
+    load_pair,
     load_stats,
     online_softmax_step,
     probs_and_score_grads,
+    tile_offsets,
 )
 
 __all__ = ["compressed_attention", "window_attention_with_lse"]
@@ -86,7 +88,7 @@ def _band_fwd(Q, K, V, O, LSE,
     t = t0 + tl.arange(0, QUERY_TILE)
     cols = tl.arange(0, HEAD_DIM)
     t_ok = t < seq_len
-    q_offsets = b * stride_qb + t[:, None] * stride_qs + hq * stride_qh + cols[None, :]
+    q_offsets = tile_offsets(b, t, hq, stride_qb, stride_qs, stride_qh, cols)
     q = tl.load(Q + q_offsets, mask=t_ok[:, None], other=0.0)
     m = tl.full([QUERY_TILE], float("-inf"), tl.float32)
     denom = tl.zeros([QUERY_TILE], tl.float32)
@@ -95,9 +97,8 @@ def _band_fwd(Q, K, V, O, LSE,
     for s0 in range(lo, hi, KEY_TILE):
         s = s0 + tl.arange(0, KEY_TILE)
         s_ok = s < hi
-        kv_offsets = b * stride_kb + s[:, None] * stride_ks + hk * stride_kh + cols[None, :]
-        k = tl.load(K + kv_offsets, mask=s_ok[:, None], other=0.0)
-        v = tl.load(V + kv_offsets, mask=s_ok[:, None], other=0.0)
+        k, v = load_pair(K, V, tile_offsets(b, s, hk, stride_kb, stride_ks, stride_kh, cols),
+                         s_ok)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         allowed = s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
         scores = tl.where(allowed, scores, float("-inf"))
@@ -121,18 +122,16 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ,
     t = t0 + tl.arange(0, QUERY_TILE)
     cols = tl.arange(0, HEAD_DIM)
     t_ok = t < seq_len
-    q_offsets = b * stride_qb + t[:, None] * stride_qs + hq * stride_qh + cols[None, :]
-    q = tl.load(Q + q_offsets, mask=t_ok[:, None], other=0.0)
-    do = tl.load(DO + q_offsets, mask=t_ok[:, None], other=0.0)
+    q_offsets = tile_offsets(b, t, hq, stride_qb, stride_qs, stride_qh, cols)
+    q, do = load_pair(Q, DO, q_offsets, t_ok)
     lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + hq, t_ok)
     dq = tl.zeros([QUERY_TILE, HEAD_DIM], tl.float32)
     lo, hi = _key_range(t0, tl.minimum(t0 + QUERY_TILE, seq_len), n_keys, band_a, band_b, MODE)
     for s0 in range(lo, hi, KEY_TILE):
         s = s0 + tl.arange(0, KEY_TILE)
         s_ok = s < hi
-        kv_offsets = b * stride_kb + s[:, None] * stride_ks + hk * stride_kh + cols[None, :]
-        k = tl.load(K + kv_offsets, mask=s_ok[:, None], other=0.0)
-        v = tl.load(V + kv_offsets, mask=s_ok[:, None], other=0.0)
+        k, v = load_pair(K, V, tile_offsets(b, s, hk, stride_kb, stride_ks, stride_kh, cols),
+                         s_ok)
         allowed = t_ok[:, None] & s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
         _, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -152,9 +151,8 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     s = s0 + tl.arange(0, KEY_TILE)
     cols = tl.arange(0, HEAD_DIM)
     s_ok = s < n_keys
-    kv_offsets = b * stride_kb + s[:, None] * stride_ks + hk * stride_kh + cols[None, :]
-    k = tl.load(K + kv_offsets, mask=s_ok[:, None], other=0.0)
-    v = tl.load(V + kv_offsets, mask=s_ok[:, None], other=0.0)
+    kv_offsets = tile_offsets(b, s, hk, stride_kb, stride_ks, stride_kh, cols)
+    k, v = load_pair(K, V, kv_offsets, s_ok)
     dk = tl.zeros([KEY_TILE, HEAD_DIM], tl.float32)
     dv = tl.zeros([KEY_TILE, HEAD_DIM], tl.float32)
     lo, hi = _query_range(s0, tl.minimum(s0 + KEY_TILE, n_keys), seq_len, band_a, band_b, MODE)
@@ -163,9 +161,8 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         for t0 in range(lo, hi, QUERY_TILE):
             t = t0 + tl.arange(0, QUERY_TILE)
             t_ok = t < hi
-            q_offsets = b * stride_qb + t[:, None] * stride_qs + hq * stride_qh + cols[None, :]
-            q = tl.load(Q + q_offsets, mask=t_ok[:, None], other=0.0)
-            do = tl.load(DO + q_offsets, mask=t_ok[:, None], other=0.0)
+            q, do = load_pair(Q, DO, tile_offsets(b, t, hq, stride_qb, stride_qs, stride_qh,
+                                                  cols), t_ok)
             lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + hq, t_ok)
             allowed = t_ok[:, None] & s_ok[None, :] & _visible(t, s, band_a, band_b, MODE)
             p, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)

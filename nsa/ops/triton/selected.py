@@ -28,9 +28,11 @@ import triton.language as tl
 from nsa.ops.triton._common import check_shapes, dot_precision, group_tile_rows, pow2_at_least
 from nsa.ops.triton._tiles import (
     finish_softmax,
+    load_pair,
     load_stats,
     online_softmax_step,
     probs_and_score_grads,
+    tile_offsets,
 )
 
 __all__ = ["ITEM_QUERIES", "selected_attention", "selected_attention_with_lse"]
@@ -51,9 +53,7 @@ def _selected_block(K, V, index_ptr, t, b, h, stride_kb, stride_ks, stride_kh, s
     usable = (j >= 0) & (j < n_blocks) & (j * BLOCK <= t)
     pos = tl.where(usable, j, 0) * BLOCK + keys
     key_ok = usable & (pos <= t) & (pos < seq_len)
-    offsets = b * stride_kb + pos[:, None] * stride_ks + h * stride_kh + cols[None, :]
-    k = tl.load(K + offsets, mask=key_ok[:, None], other=0.0)
-    v = tl.load(V + offsets, mask=key_ok[:, None], other=0.0)
+    k, v = load_pair(K, V, tile_offsets(b, pos, h, stride_kb, stride_ks, stride_kh, cols), key_ok)
     return k, v, key_ok
 
 
@@ -106,8 +106,7 @@ def _selected_dq(Q, K, V, IDX, DO, LSE, DELTA, DQ,
     row_ok = rows < GROUP
     heads = h * GROUP + rows
     row_offsets = b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + cols[None, :]
-    q = tl.load(Q + row_offsets, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + row_offsets, mask=row_ok[:, None], other=0.0)
+    q, do = load_pair(Q, DO, row_offsets, row_ok)
     lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + heads, row_ok)
     dq = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     idx_row = IDX + b * stride_ib + t * stride_is + h * stride_ih
@@ -141,9 +140,8 @@ def _selected_dkdv_items(Q, K, V, DO, LSE, DELTA, QUERIES, ITEM_KEY, ITEM_BEGIN,
     cols = tl.arange(0, HEAD_DIM)
     pos = j * BLOCK + tl.arange(0, BLOCK)
     key_in_seq = pos < seq_len
-    kv_offsets = b * stride_kb + pos[:, None] * stride_ks + h * stride_kh + cols[None, :]
-    k = tl.load(K + kv_offsets, mask=key_in_seq[:, None], other=0.0)
-    v = tl.load(V + kv_offsets, mask=key_in_seq[:, None], other=0.0)
+    k, v = load_pair(K, V, tile_offsets(b, pos, h, stride_kb, stride_ks, stride_kh, cols),
+                     key_in_seq)
     dk = tl.zeros([BLOCK, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK, HEAD_DIM], tl.float32)
     # rows of a tile: QUERIES_PER_TILE queries x GROUP_PAD heads of the kv group
@@ -156,8 +154,7 @@ def _selected_dkdv_items(Q, K, V, DO, LSE, DELTA, QUERIES, ITEM_KEY, ITEM_BEGIN,
         head = h * GROUP + g
         row_offsets = b * stride_qb + t[:, None] * stride_qs + head[:, None] * stride_qh \
             + cols[None, :]
-        q = tl.load(Q + row_offsets, mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + row_offsets, mask=row_ok[:, None], other=0.0)
+        q, do = load_pair(Q, DO, row_offsets, row_ok)
         lse, delta = load_stats(LSE, DELTA, b * stride_lb + t * stride_ls + head, row_ok)
         allowed = row_ok[:, None] & key_in_seq[None, :] & (pos[None, :] <= t[:, None])
         p, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
