@@ -6,6 +6,7 @@ Every probe degrades to a line that says why a piece is unavailable; nothing rai
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import subprocess
@@ -86,6 +87,22 @@ def _nvml() -> str:
         pynvml.nvmlShutdown()
 
 
+def triton_kernels(cuda_available: bool) -> str:
+    """How NSA's triton backend would run here (its kernels are built on import)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton kernels: not usable (triton is not installed: pip install -e '.[triton]')"
+    try:
+        from nsa.ops.triton import ops
+    except Exception as err:  # a broken triton install raises anything on import
+        return f"triton kernels: not usable ({type(err).__name__}: {err})"
+    if ops.INTERPRETED:
+        return ("triton kernels: CPU interpreter (TRITON_INTERPRET=1): correct but slow; "
+                "backend auto stays on torch")
+    if cuda_available:
+        return "triton kernels: compiled for CUDA; backend auto uses them for supported shapes"
+    return "triton kernels: need a CUDA device; backend auto uses the torch backend here"
+
+
 def collect_env() -> EnvReport:
     """Gather the report; importing torch is the slowest part (about a second)."""
     packages = {name: _version(name) for name in
@@ -105,6 +122,7 @@ def collect_env() -> EnvReport:
                 else f"not available on this device (torch built for CUDA {torch.version.cuda})")
         devices = []
         notes.append("CUDA memory statistics and snapshots are not available on this device")
+    notes.append(triton_kernels(torch.cuda.is_available()))
     allocator = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") or "default"
     return EnvReport(sys.version.split()[0], platform.platform(), os.cpu_count() or 0, packages,
                      torch.get_num_threads(), cuda, devices, allocator, _py_spy(),

@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from nsadiag.envinfo import collect_env, ptrace_permission
+from nsadiag.envinfo import collect_env, ptrace_permission, triton_kernels
 
 
 def test_env_reports_cpu_build_cleanly():
@@ -14,6 +14,20 @@ def test_env_reports_cpu_build_cleanly():
         assert report.cuda.startswith("not available on this device")
         assert report.devices == []
     assert any(word in ptrace_permission() for word in ("allowed", "children only", "refused"))
+
+
+def test_env_says_how_the_triton_backend_would_run(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    line = triton_kernels(torch.cuda.is_available())
+    if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+        assert line.startswith("triton kernels: CPU interpreter")  # conftest turns it on
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert triton_kernels(False) == ("triton kernels: not usable (triton is not installed: "
+                                     "pip install -e '.[triton]')")
+    assert any(n.startswith("triton kernels:") for n in collect_env().notes)
 
 
 def test_env_command_prints_json_without_traceback():
