@@ -6,6 +6,7 @@ Every error a user can cause ends as one line on stderr and exit code 2.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -589,7 +590,15 @@ def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory."),
         fail(str(err))
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # so a cancelled job unwinds through the runners' kill paths
+
+
 def main() -> None:
+    # CI cancellation and `timeout` send SIGTERM: without this Python would die on the spot
+    # and leave trial children and torchrun ranks (in their own sessions) running
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     app()
 
 

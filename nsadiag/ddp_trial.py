@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag.collectives import CollectiveCounter, RankHeartbeat
+from nsadiag.processes import die_with_parent
 from nsadiag.spec import TrialSpec
 from nsadiag.trial import (
     LEARNING_RATE,
@@ -50,6 +51,7 @@ BACKENDS = ("gloo", "nccl")
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    die_with_parent()
     try:
         spec, backend, pg_timeout_s = _parse(args)
         rank = int(os.environ["RANK"])

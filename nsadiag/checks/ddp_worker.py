@@ -19,10 +19,8 @@ starts its workers in sessions of their own, out of reach of a process-group kil
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -35,11 +33,10 @@ from torch.nn.parallel import DistributedDataParallel
 from nsadiag.checks.ckpt import compare_gradients
 from nsadiag.checks.compare import model_device, random_ids
 from nsadiag.heartbeat import HeartbeatWriter, watch
+from nsadiag.processes import die_with_parent
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 from nsadiag.trial import describe
-
-PR_SET_PDEATHSIG = 1
 
 
 class LossOf(nn.Module):
@@ -51,13 +48,6 @@ class LossOf(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self._loss(ids)
-
-
-def die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the check's own cleanup still kills us
-        pass
 
 
 def main(spec_path: str, out_dir: str, pg_timeout_s: float) -> int:

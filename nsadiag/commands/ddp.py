@@ -46,6 +46,7 @@ from nsadiag.commands.sweep import check_target, prepare_run_dir
 from nsadiag.evidence import Evidence, StallEvidence
 from nsadiag.probes import flight_recorder, stacks
 from nsadiag.probes.gpu import gpu_state
+from nsadiag.processes import rank_pids
 from nsadiag.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 from nsadiag.runner import (
     KEEP_EVENTS,
@@ -139,17 +140,8 @@ class _Ranks:
         return any(w.started_training for w in self.watches)
 
     def find_pids(self, launcher_pid: int) -> None:
-        """Rank PIDs from the launcher's process tree (RANK in their environment)."""
-        try:
-            for child in psutil.Process(launcher_pid).children(recursive=True):
-                try:
-                    rank = child.environ().get("RANK")
-                except (psutil.AccessDenied, psutil.NoSuchProcess):
-                    continue
-                if rank is not None and rank.isdigit():
-                    self.pids[int(rank)] = child.pid
-        except psutil.NoSuchProcess:
-            return
+        """Rank PIDs from the launcher's process tree (see nsadiag.processes.rank_pids)."""
+        self.pids.update(rank_pids(launcher_pid))
 
 
 def _capture_all(ranks: _Ranks, quiet: float, window: float) -> dict[int, StallEvidence]:
@@ -260,6 +252,7 @@ def run_ddp_trial(spec: TrialSpec, world_size: int, backend: str = "gloo",
             time.sleep(poll_s)
     finally:
         ended_at = time.time()
+        ranks.find_pids(proc.pid)  # a rank that started after the last scan
         results = [_result_of(d) for d in ranks.dirs]
         pids = set(ranks.pids.values()) | {r["pid"] for r in results if r and r.get("pid")}
         _kill_all(proc, sorted(pids))

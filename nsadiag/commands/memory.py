@@ -114,9 +114,14 @@ def _child_env(expandable: bool) -> dict[str, str]:
 
 
 def _measure_in_child(spec: TrialSpec, top: int, expandable: bool) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "nsadiag.commands.memory", spec.to_json(),
-                           str(top)], capture_output=True, text=True,
-                          env=_child_env(expandable), timeout=CHILD_TIMEOUT_S)
+    try:
+        done = subprocess.run([sys.executable, "-m", "nsadiag.commands.memory", spec.to_json(),
+                               str(top)], capture_output=True, text=True,
+                              env=_child_env(expandable), timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"ab-expandable-segments: the measuring child "
+                           f"(expandable_segments={expandable}) did not finish within "
+                           f"{CHILD_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise RuntimeError(f"ab-expandable-segments: the measuring child "

@@ -27,6 +27,7 @@ import psutil
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
+from nsadiag.processes import is_rank_helper
 
 
 @dataclass
@@ -82,6 +83,8 @@ def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
                 continue
             rank = child.environ().get("RANK")
         except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if is_rank_helper(child, rank):  # a worker of a rank, not a rank
             continue
         found.append((child.pid, int(rank) if rank and rank.isdigit() else None))
     if not found:

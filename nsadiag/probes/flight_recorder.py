@@ -39,9 +39,11 @@ def child_env(trial_dir: Path) -> dict[str, str]:
 
 
 def request_dumps(rank_dirs: list[Path]) -> None:
-    """Ask every rank's DumpOnRequest thread for a dump."""
+    """Ask every rank's DumpOnRequest thread for a dump (a rank that has not started yet
+    has no directory and nothing to dump)."""
     for rank_dir in rank_dirs:
-        (rank_dir / REQUEST_NAME).write_text("")
+        if rank_dir.is_dir():
+            (rank_dir / REQUEST_NAME).write_text("")
 
 
 class DumpOnRequest(threading.Thread):
