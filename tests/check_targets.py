@@ -70,6 +70,24 @@ def checkpointed_tiny(n_layers: int = 3, grad_ckpt: bool = False) -> nn.Module:
     return CheckpointedTinyLM(n_layers, grad_ckpt)
 
 
+class DropoutBlock(TinyBlock):
+    """A healthy block with dropout: checkpoint recompute restores the RNG, so it is exact."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(super().forward(x))
+
+
+def dropout_tiny(n_layers: int = 3, grad_ckpt: bool = False) -> nn.Module:
+    model = CheckpointedTinyLM(n_layers, grad_ckpt)
+    for i in range(n_layers):
+        model.layers[i] = DropoutBlock(DIM)
+    return model
+
+
 class DriftingBlock(TinyBlock):
     """Input scaled by 1 + 1e-3 * (calls so far): its checkpoint recompute is not exact."""
 

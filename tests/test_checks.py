@@ -151,6 +151,20 @@ def test_ckpt_passes_on_a_healthy_checkpointed_factory(writer):
     assert result.passed and result.verdict.facts["recomputed_calls"] > 0, result.summary
 
 
+def test_ckpt_passes_on_a_model_with_dropout(writer):
+    result = ckpt.measure(factory_spec("tests.check_targets:dropout_tiny"), writer)
+    assert result.passed, result.summary
+
+
+def test_parity_names_a_nan_gradient_even_when_it_is_not_the_first_parameter():
+    ok = torch.ones(3)
+    reference = {"output": ok, "grad input": ok, "grads": {"a": ok, "b": ok, "c": ok}}
+    got = {"output": ok, "grad input": ok,
+           "grads": {"a": ok, "b": torch.tensor([float("nan"), 1.0, 1.0]), "c": ok}}
+    rows = parity.compare("blocks.0.attn", "torch", got, reference)
+    assert rows[-1]["tensor"].startswith("grad b") and rows[-1]["ok"] is False
+
+
 def test_ckpt_on_a_target_that_cannot_checkpoint_is_not_applicable(writer):
     result = ckpt.measure(factory_spec("tests.check_targets:future_peek"), writer)
     assert result.passed and "does not accept 'grad_ckpt'" in result.summary

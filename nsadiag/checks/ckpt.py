@@ -136,9 +136,12 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter) -> CheckResult:
     ckpt.model.load_state_dict(plain.model.state_dict())
     ids = random_ids(plain.vocab_size, spec.batch, spec.seq_len + 1, spec.seed,
                      model_device(plain.model))
+    # the same RNG state for both runs: dropout draws the same masks (recompute restores it)
+    torch.manual_seed(spec.seed)
     with watch(plain, writer):
         reference = gradients(plain, ids, writer, None)
     recorder = Recorder(ckpt.model)
+    torch.manual_seed(spec.seed)
     try:
         with watch(ckpt, writer, record=recorder.branch):
             got = gradients(ckpt, ids, writer, recorder)

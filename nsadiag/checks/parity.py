@@ -15,6 +15,7 @@ A target without NSAAttention layers gets "not applicable", not a pass.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -109,10 +110,15 @@ def compare(name: str, backend: str, got: dict[str, Any],
             for tensor in ("output", "grad input")]
     params = {p: difference(got["grads"][p], reference["grads"][p]) for p in reference["grads"]}
     if params:
-        worst = max(params, key=lambda p: params[p].err / params[p].tol)
+        # a NaN error never compares greater: rank failures (NaN included) first
+        worst = max(params, key=lambda p: (not params[p].ok, _ratio(params[p])))
         rows.append(_row(name, backend, f"grad {worst} (worst of {len(params)})",
                          params[worst]))
     return rows
+
+
+def _ratio(diff) -> float:
+    return math.inf if math.isnan(diff.err) else diff.err / diff.tol
 
 
 def _row(module: str, backend: str, tensor: str, diff) -> dict[str, Any]:
