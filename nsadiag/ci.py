@@ -1,7 +1,8 @@
 """CI mode: exit codes and the GitHub Actions step summary.
 
 Exit codes of `nsadiag triage` (and `nsadiag compare` for 0, 2 and 3):
-    0  healthy: no trial and no check ended other than OK
+    0  healthy: no trial and no check ended other than OK (a check cut short by its
+       time budget is reported as not finished)
     1  a failure was found (any non-OK verdict)
     2  usage error: a bad option, target or file (one line on stderr)
     3  regression: healthy, but step time or peak memory is worse than the baseline's by

@@ -133,7 +133,8 @@ def _minimal_spec(state: dict[str, Any], records: dict[str, TrialRecord]) -> Tri
 
 def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
     if failure and failure.get("check"):
-        return f"WRONG: the {failure['check']} check fails in {failure['module'] or '?'}"
+        where = f" in {failure['module']}" if failure["module"] else ""
+        return f"{failure['verdict']}: the {failure['check']} check fails{where}"
     if failure:
         text = f"{failure['verdict']} at {failure['n_layers']} layer(s)"
         if failure.get("module"):
@@ -150,18 +151,25 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
     return f"healthy: OK up to {deepest} layer(s)"
 
 
-def _wrong_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
+INCONCLUSIVE_CHECK = "SLOW"
+"""A check cut short by its time budget is reported as not finished and decides nothing;
+every other non-OK check verdict (WRONG, ERROR, CRASH, OOM, a stall) is a failure."""
+
+
+def _failed_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in (state.get("checks") or {}).get("results", [])
-            if c["verdict"]["name"] == "WRONG"]
+            if c["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK)]
 
 
 def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | None:
-    """The finding: the sweep's failing trial, else the first WRONG check; None if healthy."""
+    """The finding: the sweep's failing trial, else the first failed check; None if
+    healthy."""
     failing = (state.get("sweep") or {}).get("failing")
-    wrong = _wrong_checks(state)
-    if not failing and wrong:
-        check = wrong[0]
-        return {"verdict": "WRONG", "n_layers": state["checks"]["n_layers"], "trial": None,
+    failed = _failed_checks(state)
+    if not failing and failed:
+        check = failed[0]
+        return {"verdict": check["verdict"]["name"], "n_layers": state["checks"]["n_layers"],
+                "trial": None,
                 "check": check["name"], "reason": check["summary"], "confidence": None,
                 "module": check["module"], "branches": [], "hot_frame": None,
                 "user_frame": None, "minimal": None, "minimal_trial": None}
@@ -186,8 +194,9 @@ def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | 
 
 def _summary_section(state, failure, frames, regressed) -> list[str]:
     lines = []
-    for check in _wrong_checks(state):
-        lines.append(f"**WRONG**: the {check['name']} check names `{check['module']}`: "
+    for check in _failed_checks(state):
+        names = f" names `{check['module']}`" if check["module"] else ""
+        lines.append(f"**{check['verdict']['name']}**: the {check['name']} check{names}: "
                      f"{check['summary']}.")
     if failure and not failure.get("check"):
         conf = failure["confidence"]
@@ -265,7 +274,7 @@ def _checks_section(state) -> list[str]:
         lines.append(f"| {c['name']} | {c['verdict']['name']} | {c['module'] or '-'} | "
                      f"{c['summary']} |")
     unfinished = [f"{c['name']} ({c['verdict']['name']})" for c in results
-                  if not c.get("finished", True)]
+                  if c["verdict"]["name"] == INCONCLUSIVE_CHECK]
     if unfinished:
         lines += ["", f"Did not finish, so neither passed nor failed: {', '.join(unfinished)}; "
                       f"the check's directory under checks/ holds its evidence."]
@@ -377,9 +386,9 @@ def _root_cause(state, records, failure, frames) -> list[str]:
                 "not applicable"):
             ruled_out.append(f"Wrong results of the kind the {check['name']} check looks "
                              f"for: {check['summary']}.")
-        elif check["verdict"]["name"] == "WRONG":
-            implicated.append(f"`{check['module']}` ({check['name']} check): "
-                              f"{check['summary']}.")
+        elif check["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK):
+            implicated.append(f"`{check['module'] or check['name']}` ({check['name']} check, "
+                              f"{check['verdict']['name']}): {check['summary']}.")
     if failure and not failure.get("check"):
         verdict = failure["verdict"]
         implicated.append(f"Depth: {failure['n_layers']} layer(s) end as {verdict} (trial "

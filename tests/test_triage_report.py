@@ -41,8 +41,19 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
     assert [c["verdict"] for c in summary["checks"]] == ["OK", "WRONG"]
     assert ("nsadiag check ckpt --target repro.late_bound_ckpt:make --layers 2 --seq-len 16 "
             "--batch 1 --device cpu --stall-timeout 60 --seed 0 --set dim=8") in text
-    assert "`blocks.0` (ckpt check): recompute of blocks.0 ran blocks.1's parameters" in text
+    assert ("`blocks.0` (ckpt check, WRONG): recompute of blocks.0 ran blocks.1's parameters"
+            in text)
     assert "the causality check looks for: nothing before t moved" in text
+
+
+def test_a_check_that_errors_is_a_failure(tmp_path):
+    error = _check("ckpt", "ERROR", summary="CheckpointError: recomputed tensors differ")
+    error["finished"] = False
+    text, summary = build_triage_report(
+        tmp_path, _state(checks={"n_layers": 2, "results": [error]}), no_redact=True)
+    assert summary["status"] == "failure" and exit_code(summary) == 1
+    assert text.startswith("# nsadiag triage: ERROR: the ckpt check fails")
+    assert "**ERROR**: the ckpt check: CheckpointError: recomputed tensors differ." in text
 
 
 def test_a_check_that_did_not_finish_decides_nothing(tmp_path):

@@ -4,9 +4,9 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
 
 1. env      collect_env() and the problems that weaken the evidence (no py-spy, ...)
    checks   nsadiag.checks causality, parity, ckpt (and ddp with world_size > 1) at
-            min(2, max_layers) layers; a WRONG check is a failure, a check that did not
-            finish (its budget, a crash) is reported but decides nothing; checks are not
-            resumed: a rerun runs them again
+            min(2, max_layers) layers; a check ending WRONG, ERROR, CRASH, OOM or in a
+            stall is a failure, one cut short by its time budget (SLOW) is reported as not
+            finished and decides nothing; checks are not resumed: a rerun runs them again
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first non-OK one (nsadiag.triage)
 3. on a non-OK verdict at the threshold:
