@@ -22,6 +22,7 @@ implementation ran last. Block selection (Eq.8-11) is the tiled torch code on ev
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -52,21 +53,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_import_error() -> str | None:
+    """Why the kernel module cannot be imported (once per process), or None."""
+    try:
+        from nsa.ops.triton import ops  # noqa: F401  (importing builds the kernels)
+    except Exception as error:  # triton missing, or broken on this platform
+        return f"backend triton: cannot import triton ({type(error).__name__}: {error})"
+    return None
+
+
 def _triton_ops():
     """The kernel module, imported on first use so that nothing compiles on other paths."""
-    try:
-        from nsa.ops.triton import ops
-    except ImportError as error:  # triton missing or broken on this platform
-        raise ValueError(f"backend triton: cannot import triton ({error})") from None
+    error = _triton_import_error()
+    if error:
+        raise ValueError(error)
+    from nsa.ops.triton import ops
     return ops
 
 
 def triton_unavailable(cfg: NSAConfig, device: torch.device) -> str | None:
     """Why the triton backend cannot run `cfg` on `device`, or None when it can."""
     reason = unsupported_reason(cfg.head_dim, cfg.l_sel if "sel" in cfg.branches else None)
-    if reason is None and device.type == "cuda":
-        return None  # checked before importing: importing compiles nothing
-    return reason or _triton_ops().device_unsupported_reason(device)
+    return reason or _triton_import_error() or _triton_ops().device_unsupported_reason(device)
 
 
 def resolve_backend(cfg: NSAConfig, device: torch.device) -> tuple[str, str | None]:

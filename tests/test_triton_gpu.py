@@ -30,15 +30,15 @@ def _inputs(seq, n_q_heads, n_kv_heads, head_dim, n_keys=None):
             make(1, n_keys, n_kv_heads, head_dim), make(1, seq, n_q_heads, head_dim))
 
 
-def _compare(run_fast, run_ref, tensors, grad_o):
-    fast = [t.detach().bfloat16().requires_grad_() for t in tensors]
+def _compare(run_fast, run_ref, tensors, grad_o, dtype=torch.bfloat16, tol=BF16_TOL):
+    fast = [t.detach().to(dtype).requires_grad_() for t in tensors]
     ref = [t.detach().requires_grad_() for t in tensors]
     o = run_fast(*fast)
     o_ref = run_ref(*ref)
-    grads = torch.autograd.grad(o, fast, grad_o.bfloat16())
+    grads = torch.autograd.grad(o, fast, grad_o.to(dtype))
     grads_ref = torch.autograd.grad(o_ref, ref, grad_o)
     for got, want in zip([o, *grads], [o_ref, *grads_ref], strict=True):
-        assert _rel_err(got, want) <= BF16_TOL
+        assert _rel_err(got, want) <= tol
 
 
 @pytest.mark.parametrize("seq,head_dim", [(2048, 128), (8192, 64)])
@@ -63,6 +63,19 @@ def test_band_kernels_bf16_match_torch_fp32(seq):
     _compare(lambda q, k, v: ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
              lambda q, k, v: torch_ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
              (q, k, v), grad_o)
+
+
+def test_fp32_kernels_match_torch_at_head_dim_128():
+    cfg = NSAConfig(n_heads=16, n_kv_heads=2, head_dim=128, l_sel=128)
+    q, k, v, grad_o = _inputs(2048, 16, 2, 128)
+    k_cmp = torch.randn(1, (2048 - cfg.l) // cfg.d + 1, 2, 128, device="cuda")
+    idx = select_blocks(q, k_cmp, cfg)
+    _compare(lambda q, k, v: ops.selected_attention(q, k, v, idx, cfg.l_sel, 0.1),
+             lambda q, k, v: torch_ops.selected_attention(q, k, v, idx, cfg.l_sel, 0.1),
+             (q, k, v), grad_o, torch.float32, 1e-4)
+    _compare(lambda q, k, v: ops.window_attention_with_lse(q, k, v, 512, 0.1)[0],
+             lambda q, k, v: torch_ops.window_attention(q, k, v, 512, 0.1), (q, k, v), grad_o,
+             torch.float32, 1e-4)
 
 
 def test_backward_is_bitwise_deterministic():

@@ -171,10 +171,23 @@ def test_auto_runs_torch_on_cpu_even_with_the_interpreter():
 
 def test_unsupported_shapes_name_the_limit():
     assert "head_dim 48" in unsupported_reason(48, 16)
+    assert "head_dim 256" in unsupported_reason(256, 64)
     assert "l_sel 24" in unsupported_reason(64, 24)
+    assert "l_sel 256" in unsupported_reason(64, 256)
     assert unsupported_reason(128, 64) is None
     with pytest.raises(ValueError, match="head_dim 8 is not supported by the triton backend"):
         NSAAttention(tiny_config(head_dim=8, backend="triton"))
+
+
+def test_auto_routes_to_torch_when_triton_cannot_be_imported(monkeypatch):
+    import nsa.layer
+
+    broken = "backend triton: cannot import triton (ImportError: libcuda.so.1: not found)"
+    monkeypatch.setattr(nsa.layer, "_triton_import_error", lambda: broken)
+    cfg = tiny_config(head_dim=16, backend="auto")
+    assert nsa.layer.resolve_backend(cfg, torch.device("cuda")) == ("torch", broken)
+    with pytest.raises(ValueError, match="cannot import triton"):
+        nsa.layer.resolve_backend(cfg.replace(backend="triton"), torch.device("cuda"))
 
 
 def test_triton_on_cpu_without_interpreter_is_one_clear_error():

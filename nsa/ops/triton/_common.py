@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import torch
 
-HEAD_DIMS = (16, 32, 64, 128, 256)
+# Larger head dims or blocks would need smaller tiles to fit the tiles of a dK/dV program
+# (q, do, k, v and two fp32 accumulators) in shared memory and registers.
+HEAD_DIMS = (16, 32, 64, 128)
 MIN_BLOCK = 16
-MAX_BLOCK = 256
+MAX_BLOCK = 128
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -60,3 +62,11 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def dot_precision(x: torch.Tensor) -> str:
     """fp32 inputs multiply in full fp32 (tf32 would miss the 1e-5 oracle parity)."""
     return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def launch_options(dtype: torch.dtype, tile_elements: int) -> dict[str, int]:
+    """num_warps / num_stages for a program whose largest tile has `tile_elements` elements:
+    fp32 tiles are twice the bytes, so they get one pipeline stage; large tiles get more
+    warps so that their fp32 accumulators fit in registers."""
+    return {"num_warps": 8 if tile_elements >= 128 * 128 else 4,
+            "num_stages": 1 if dtype == torch.float32 else 2}

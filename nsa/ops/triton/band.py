@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.ops.triton._common import check_shapes, dot_precision
+from nsa.ops.triton._common import check_shapes, dot_precision, launch_options
 from nsa.ops.triton._tiles import (
     finish_softmax,
     load_pair,
@@ -190,7 +190,8 @@ class _BandAttention(torch.autograd.Function):
         grid = (triton.cdiv(seq, QUERY_TILE), batch * n_q_heads)
         _band_fwd[grid](q, k, v, o, lse, *_launch_args(q, k, lse), n_q_heads, group,
                         band_a, band_b, scale, MODE=mode, HEAD_DIM=head_dim,
-                        QUERY_TILE=QUERY_TILE, KEY_TILE=KEY_TILE, PRECISION=dot_precision(q))
+                        QUERY_TILE=QUERY_TILE, KEY_TILE=KEY_TILE, PRECISION=dot_precision(q),
+                        **launch_options(q.dtype, QUERY_TILE * head_dim))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.band, ctx.scale = band, scale
         ctx.mark_non_differentiable(lse)
@@ -206,7 +207,8 @@ class _BandAttention(torch.autograd.Function):
         do = do.contiguous()
         delta = (o.float() * do.float()).sum(-1)
         constants = dict(MODE=mode, HEAD_DIM=head_dim, QUERY_TILE=QUERY_TILE, KEY_TILE=KEY_TILE,
-                         PRECISION=dot_precision(q))
+                         PRECISION=dot_precision(q),
+                         **launch_options(q.dtype, QUERY_TILE * head_dim))
         dq = torch.empty_like(q)
         _band_dq[(triton.cdiv(seq, QUERY_TILE), batch * n_q_heads)](
             q, k, v, do, lse, delta, dq, *_launch_args(q, k, lse), n_q_heads, group,

@@ -25,7 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.ops.triton._common import check_shapes, dot_precision, group_tile_rows, pow2_at_least
+from nsa.ops.triton._common import (
+    check_shapes,
+    dot_precision,
+    group_tile_rows,
+    launch_options,
+    pow2_at_least,
+)
 from nsa.ops.triton._tiles import (
     finish_softmax,
     load_pair,
@@ -40,8 +46,10 @@ __all__ = ["ITEM_QUERIES", "selected_attention", "selected_attention_with_lse"]
 ITEM_QUERIES = 1024
 """Queries of one block's list handled by one dK/dV program."""
 
-DKDV_TILE_ROWS = 64
-"""(query, head) rows per dK/dV tile: queries x the group's heads (padded to a power of 2)."""
+def dkdv_tile_rows(dtype: torch.dtype) -> int:
+    """(query, head) rows per dK/dV tile: queries x the group's heads (padded to a power of
+    2); half as many for fp32, whose q and do tiles take twice the bytes."""
+    return 32 if dtype == torch.float32 else 64
 
 
 @triton.jit
@@ -240,7 +248,8 @@ class _SelectedAttention(torch.autograd.Function):
                             seq, n_kv_heads, block_indices.shape[-1], n_blocks, scale,
                             GROUP=n_q_heads // n_kv_heads,
                             GROUP_PAD=group_tile_rows(n_q_heads // n_kv_heads), HEAD_DIM=head_dim,
-                            BLOCK=block_size, PRECISION=dot_precision(q))
+                            BLOCK=block_size, PRECISION=dot_precision(q),
+                            **launch_options(q.dtype, block_size * head_dim))
         ctx.save_for_backward(q, k, v, block_indices, o, lse)
         ctx.block_size, ctx.scale = block_size, scale
         ctx.mark_non_differentiable(lse)
@@ -265,7 +274,7 @@ class _SelectedAttention(torch.autograd.Function):
             block_indices.stride(0), block_indices.stride(1), block_indices.stride(2),
             lse.stride(0), lse.stride(1), seq, n_kv_heads, n_sel, n_blocks, scale,
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK=block_size,
-            PRECISION=precision)
+            PRECISION=precision, **launch_options(q.dtype, block_size * head_dim))
         queries, item_key, item_begin, item_end, key_first_item, key_items = _work_items(
             block_indices, block_size, n_blocks)
         n_items = item_key.numel()
@@ -277,8 +286,8 @@ class _SelectedAttention(torch.autograd.Function):
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             lse.stride(0), lse.stride(1), seq, n_kv_heads, n_blocks, n_keys, scale,
             GROUP=group, GROUP_PAD=pow2_at_least(group, 1), HEAD_DIM=head_dim, BLOCK=block_size,
-            QUERIES_PER_TILE=max(1, DKDV_TILE_ROWS // pow2_at_least(group, 1)),
-            PRECISION=precision)
+            QUERIES_PER_TILE=max(1, dkdv_tile_rows(q.dtype) // pow2_at_least(group, 1)),
+            PRECISION=precision, **launch_options(q.dtype, block_size * head_dim))
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         _selected_dkdv_reduce[(n_keys,)](
             part_dk, part_dv, key_first_item, key_items, dk, dv,
