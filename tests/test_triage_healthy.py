@@ -8,7 +8,7 @@ import sys
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
         "--set", "w=16", "--seq-len", "64", "--steps", "2", "--stall-timeout", "60",
-        "--max-minutes", "10"]
+        "--max-minutes", "6"]
 
 
 def triage(*args):
