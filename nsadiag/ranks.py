@@ -35,12 +35,15 @@ from nsadiag.probes.stacks import find_collective
 from nsadiag.verdict import Verdict, decide
 
 COLLECTIVE_FAILURE = re.compile(
-    r"timed out|timeout|connection closed by peer|connection reset|broken pipe|"
+    r"timed out waiting|connection closed by peer|connection reset|broken pipe|"
     r"NCCL communicator was aborted|DistBackendError|Watchdog caught collective",
     re.IGNORECASE)
 """Exception messages of a collective that could not complete: gloo raises "Timed out
 waiting ... for recv operation to complete" at the process-group timeout and "Connection
 closed by peer" when the other side died; NCCL's watchdog reports a collective timeout."""
+
+PEER_GONE = re.compile(r"connection closed by peer|connection reset|broken pipe", re.IGNORECASE)
+"""A collective that failed because the other side's process is gone: a consequence."""
 
 STARTED_KEEP = 400
 """The last this many started collectives kept per rank (to find where ranks diverge)."""
@@ -209,6 +212,26 @@ def _failed_ranks(ranks: Sequence[RankEvidence]) -> list[RankEvidence]:
     return sorted(failed, key=_exception_time)
 
 
+def _peer_gone(rank: RankEvidence) -> bool:
+    exception = (rank.result or {}).get("exception") or {}
+    return bool(PEER_GONE.search(str(exception.get("message", ""))))
+
+
+def _vanished(job: Evidence, ranks: Sequence[RankEvidence], vanished: Sequence[RankEvidence],
+              witness: RankEvidence) -> Verdict:
+    """A rank ended with neither a result nor an exception while the others only lost
+    their connection to it: it died first (a signal, the OOM killer)."""
+    names = ", ".join(f"rank {r.rank}" for r in vanished)
+    message = str(witness.result["exception"].get("message", "")).splitlines()[0]
+    reasons = [f"{names} ended without a result or an exception (killed by a signal or the "
+               f"OOM killer; the runner did not kill it), and rank {witness.rank} only lost "
+               f"its connection to it: {message}",
+               f"{names}: {position(vanished[0])} when it died"]
+    facts = {"rank": vanished[0].rank, "world_size": len(ranks),
+             "ranks": rank_table(ranks, job.outcome.ended_at)}
+    return Verdict("CRASH", reasons, facts)
+
+
 def _is_collective_failure(rank: RankEvidence) -> bool:
     exception = (rank.result or {}).get("exception") or {}
     text = f"{exception.get('type', '')}: {exception.get('message', '')}"
@@ -249,6 +272,9 @@ def decide_ranks(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
             job.outcome.exit_code == 0:
         return _ok(job, ranks)
     failed = _failed_ranks(ranks)
+    vanished = [] if job.outcome.killed_by_runner else [r for r in ranks if r.result is None]
+    if failed and vanished and all(_peer_gone(r) for r in failed):
+        return _vanished(job, ranks, vanished, failed[0])
     if failed and _is_collective_failure(failed[0]):
         first = failed[0]
         message = str(first.result["exception"].get("message", "")).splitlines()[0]

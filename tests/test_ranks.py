@@ -122,6 +122,28 @@ def test_the_first_other_exception_decides_with_its_rank():
     assert verdict.reasons[0] == "rank 1 raised first: the child raised ValueError: bad batch"
 
 
+def test_a_rank_that_died_is_the_cause_not_its_peer_that_lost_the_connection():
+    ranks = diverging_ranks()
+    ranks[0].result = {"status": "error", "exception": {
+        "type": "RuntimeError", "message": "Connection closed by peer [127.0.0.1]:4242",
+        "traceback": ""}}
+    ranks[0].events.append({"t": T0 + 6, "kind": "end", "phase": "backward", "step": 1})
+    verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)  # rank 1: no result
+    assert verdict.name == "CRASH" and verdict.facts["rank"] == 1
+    assert verdict.reasons[0].startswith("rank 1 ended without a result or an exception")
+    assert "blocks.1 forward" in verdict.reasons[1]
+
+
+def test_an_unrelated_timeout_error_is_not_a_collective_stall():
+    ranks = diverging_ranks()
+    for r in ranks:
+        r.result = {"status": "error", "exception": {
+            "type": "TimeoutError", "message": "dataset download timeout", "traceback": ""}}
+        r.events.append({"t": T0 + 2 + r.rank, "kind": "end", "phase": "forward", "step": 1})
+    verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)
+    assert verdict.name == "ERROR" and verdict.facts["rank"] == 0
+
+
 def test_all_ranks_ok_is_ok_with_counts():
     ranks = [rank(r, healthy_step(0, 0), [], {"status": "ok", "steps_done": 1,
                                                "collectives_issued": 2}) for r in (0, 1)]
