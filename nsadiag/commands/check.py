@@ -19,6 +19,7 @@ from nsadiag.checks import CheckResult, run_checks
 from nsadiag.commands.sweep import check_target, prepare_run_dir
 from nsadiag.report import redact
 from nsadiag.spec import TrialSpec
+from nsadiag.verdict import explain_exception
 
 RECOMMENDATIONS = {
     "causality": "A position reads the future: look at the named block for shifts, padding "
@@ -32,15 +33,6 @@ RECOMMENDATIONS = {
     "ddp": "DDP disagrees with one process: look for rank-dependent control flow, buffers "
            "updated in forward, or parameters used outside DDP's forward.",
 }
-KNOWN_CAUSES = {
-    "Expected to mark a variable ready only once":
-        "DDP saw the same parameter become ready twice in one backward. With reentrant "
-        "checkpointing this happens when several checkpointed segments recompute with the "
-        "same parameters, e.g. a checkpointed `lambda x: blk(x)` inside a `for blk` loop: "
-        "every segment recomputes the last block.",
-}
-
-
 def check_command(names: Sequence[str], spec: TrialSpec, run_dir: Path, argv: Sequence[str],
                   world_size: int = 2, no_redact: bool = False) -> tuple[list[CheckResult], Path]:
     """Run the checks (see nsadiag.checks.run_checks); returns them and report.md's path."""
@@ -102,8 +94,11 @@ def build_check_report(results: Sequence[CheckResult], spec: TrialSpec, argv: Se
 
 
 def known_causes(result: CheckResult) -> list[str]:
-    text = " ".join(result.verdict.reasons)
-    return [f"Cause: {why}" for marker, why in KNOWN_CAUSES.items() if marker in text]
+    """The cause and fixes of a known exception in the check's reasons (verdict.py's table)."""
+    explained = explain_exception("", " ".join(result.verdict.reasons))
+    if explained is None:
+        return []
+    return [f"Cause: {explained['cause']}."] + [f"Fix: {fix}." for fix in explained["fixes"]]
 
 
 def table_lines(rows: Sequence[dict[str, Any]], limit: int = 40) -> list[str]:

@@ -27,15 +27,15 @@ The snapshot is the dict `torch.cuda.memory._snapshot()` returns:
 from __future__ import annotations
 
 import pickle
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from nsadiag.verdict import LIBRARY_PATH
+
 NOT_AVAILABLE = "memory history: not available on this device ({device})"
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
 ALLOCATED = ("active_allocated", "active_pending_free")
 
 
