@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.probes.stacks import find_collective
+from nsadiag.probes.stacks import find_collective, odd_ones_out
 from nsadiag.verdict import Verdict, decide
 
 COLLECTIVE_FAILURE = re.compile(
@@ -318,11 +318,8 @@ def _rank_verdict(job: Evidence, ranks: Sequence[RankEvidence], focus: RankEvide
 
 def _standout(ranks: Sequence[RankEvidence]) -> RankEvidence | None:
     """The one rank whose stack signature no other rank shares, when the others agree."""
-    signatures = Counter(r.signature for r in ranks if r.signature)
-    if len(signatures) < 2:
-        return None
-    alone = [r for r in ranks if r.signature and signatures[r.signature] == 1]
-    return alone[0] if len(alone) == 1 and max(signatures.values()) > 1 else None
+    alone = odd_ones_out(ranks, lambda r: r.signature)
+    return alone[0] if len(alone) == 1 else None
 
 
 def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],

@@ -127,15 +127,8 @@ def sample_process(pid: int, rank: int | None, count: int, interval_s: float,
 
 def odd_ones_out(reports: list[ProcessReport]) -> list[ProcessReport]:
     """Processes whose stack signature no other process shares, when the others agree."""
-    clusters: dict[str, list[ProcessReport]] = defaultdict(list)
-    for report in reports:
-        if report.samples:
-            clusters[report.signature].append(report)
-    if len(clusters) < 2:
-        return []
-    largest = max(len(members) for members in clusters.values())
-    return [r for members in clusters.values() if len(members) == 1 and largest > 1
-            for r in members]
+    return stacks.odd_ones_out(
+        reports, lambda r: (r.signature or "(no Python frame)") if r.samples else "")
 
 
 def stacks_command(pid: int, ranks: bool, count: int, interval_s: float, native: bool,

@@ -36,10 +36,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nsadiag.evidence import StackFrame, StackSample, ThreadStack
 
@@ -505,3 +506,15 @@ def classify(samples: Sequence[StackSample]) -> str:
     if fraction is None and all(any(wait_frame(t) for t in s.threads) for s in samples):
         return "waiting"
     return "busy-python" if _time_in_the_interpreter(samples) else "busy-native"
+
+
+T = TypeVar("T")
+
+
+def odd_ones_out(items: Sequence[T], signature: Callable[[T], str]) -> list[T]:
+    """The items whose (non-empty) stack signature no other item shares, when at least two
+    others agree on one: the odd rank(s) out of a cluster of identical stacks."""
+    counts = Counter(signature(item) for item in items if signature(item))
+    if len(counts) < 2 or max(counts.values()) < 2:
+        return []
+    return [item for item in items if signature(item) and counts[signature(item)] == 1]
