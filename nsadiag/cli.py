@@ -27,9 +27,7 @@ from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.commands.sweep import (
     Callbacks,
     check_target,
-    default_run_dir,
     isolate_branch,
-    prepare_run_dir,
     sweep_layers,
 )
 from nsadiag.commands.trace import trace_command
@@ -37,7 +35,7 @@ from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
 from nsadiag.compare import compare_runs
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
-from nsadiag.runner import TrialRecord
+from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
 from nsadiag.spec import TrialSpec
 from nsadiag.sweep import parse_layers
 

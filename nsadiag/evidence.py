@@ -173,7 +173,7 @@ class StallEvidence:
     ``cpu_delta_s / window_s`` is the CPU fraction (above 1 with several busy threads).
     ``samples`` are stack samples spaced apart; ``unavailable`` lists evidence that could
     not be collected, each with why, e.g. "py-spy: ptrace refused". ``stacks_class`` is
-    what the samples read as (probes.stacks.classify: "waiting", "busy-python",
+    what the samples read as (probes.frames.classify: "waiting", "busy-python",
     "busy-native" or "in-collective"; None without samples); ``unfinished_backward`` the
     modules whose backward started in the current step and never finished, by their
     heartbeat events, innermost (latest started) first.

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsadiag.runner import TrialRecord, load_records
+from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.sweep import SweepRow, analyse, row_from_record
 
 RECOMMENDATIONS = {

@@ -13,7 +13,7 @@ import shlex
 from typing import Any
 
 from nsadiag.report import RECOMMENDATIONS, _cli_value, _last_events, _stack_excerpt, redact
-from nsadiag.runner import TrialRecord
+from nsadiag.rundir import TrialRecord
 
 
 def _cell(value: Any) -> str:

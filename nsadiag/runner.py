@@ -24,16 +24,16 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StackSample, StallEvidence
 from nsadiag.heartbeat import OpenBackward
-from nsadiag.probes import stacks
+from nsadiag.probes import frames, stacks
 from nsadiag.probes.gpu import gpu_state
+from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
-from nsadiag.verdict import Verdict, decide
+from nsadiag.verdict.rules import Verdict, decide
 
 KEEP_EVENTS = 400  # the last events kept as evidence
 STACK_SAMPLES = 3
@@ -42,29 +42,6 @@ STACK_SAMPLES = 3
 STARTUP_GRACE_S = 30.0
 
 
-@dataclass
-class TrialRecord:
-    """One finished trial: what ran, what was seen, what it means."""
-
-    spec: dict[str, Any]
-    evidence: dict[str, Any]
-    verdict: dict[str, Any]
-    trial_dir: str
-    wall_s: float
-    gpu: list[dict[str, Any]] | str | None = None  # NVML state when the runner stopped it
-
-    @property
-    def verdict_name(self) -> str:
-        return self.verdict["name"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec, "evidence": self.evidence, "verdict": self.verdict,
-                "trial_dir": self.trial_dir, "wall_s": self.wall_s, "gpu": self.gpu}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
-        return cls(data["spec"], data["evidence"], data["verdict"], data["trial_dir"],
-                   float(data["wall_s"]), data.get("gpu"))
 
 
 class EventTail:
@@ -171,7 +148,7 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
             unavailable.append(dumped)
     return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
                          cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable,
-                         stacks_class=stacks.classify(samples) if samples else None)
+                         stacks_class=frames.classify(samples) if samples else None)
 
 
 def cgroup_oom_kills(path: Path = Path("/sys/fs/cgroup/memory.events")) -> int | None:
@@ -254,7 +231,7 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
                     proc.pid, 2, 0.5, faulthandler_file=trial_dir / "faulthandler.txt")
                 stall = StallEvidence(since_last_event_s=quiet, window_s=1.0, cpu_delta_s=None,
                                       samples=samples, unavailable=unavailable,
-                                      stacks_class=stacks.classify(samples) if samples
+                                      stacks_class=frames.classify(samples) if samples
                                       else None)
                 gpu, reason = gpu_state(), "budget"
                 break
@@ -282,26 +259,3 @@ def run_trial(spec: TrialSpec, on_events: Callable[[list[dict]], None] | None = 
     return TrialRecord(spec=evidence.spec, evidence=evidence.to_dict(),
                        verdict=verdict.to_dict(), trial_dir=str(trial_dir), wall_s=wall_s,
                        gpu=gpu)
-
-
-def append_record(path: Path, record: TrialRecord) -> None:
-    """Append one record to trials.jsonl and fsync it before anything else runs."""
-    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-    with open(path, "a") as f:
-        # a line torn by a killed writer is ended first, or it would swallow this record
-        f.write(("\n" if torn else "") + json.dumps(record.to_dict()) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def load_records(path: Path) -> list[TrialRecord]:
-    """The records of trials.jsonl; a torn last line (killed writer) is ignored."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(TrialRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError):
-            continue
-    return records

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsadiag.runner import TrialRecord, append_record, load_records, run_trial
+from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
+from nsadiag.runner import run_trial
 from nsadiag.spec import TrialSpec
 
 
@@ -122,17 +123,6 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     saved_by_branch=result.get("saved_by_branch"))
 
 
-def _next_index(run_dir: Path) -> int:
-    """One past the highest trial-N directory: a new trial never reuses an old one's."""
-    taken = [int(p.name.split("-", 1)[1]) for p in run_dir.glob("trial-*")
-             if p.name.split("-", 1)[1].isdigit()]
-    return max(taken, default=-1) + 1
-
-
-def _spec_key(spec: dict[str, Any]) -> str:
-    """What identifies a trial for resuming: the spec without its directory."""
-    return json.dumps({k: v for k, v in spec.items() if k != "out_dir"}, sort_keys=True)
-
 
 def run_sweep(base: TrialSpec, layer_counts: Sequence[int], run_dir: Path, label: str = "",
               keep_going: bool = False,
@@ -141,12 +131,12 @@ def run_sweep(base: TrialSpec, layer_counts: Sequence[int], run_dir: Path, label
               on_record: Callable[[TrialRecord], None] | None = None) -> list[TrialRecord]:
     """Run (or resume) one trial per layer count; returns the records in layer order."""
     trials_path = run_dir / "trials.jsonl"
-    done = {_spec_key(r.spec): r for r in load_records(trials_path)}
+    done = {spec_key(r.spec): r for r in load_records(trials_path)}
     records = []
     for n_layers in layer_counts:
-        trial_dir = run_dir / f"trial-{_next_index(run_dir)}"
+        trial_dir = run_dir / f"trial-{next_trial_index(run_dir)}"
         spec = base.replace(n_layers=n_layers, out_dir=str(trial_dir))
-        key = _spec_key(json.loads(spec.to_json()))
+        key = spec_key(json.loads(spec.to_json()))
         if key in done:
             record = done[key]
         else:

@@ -15,6 +15,7 @@ from typing import Any
 
 from nsadiag.compare import compare_rows, regressions
 from nsadiag.evidence import StackSample
+from nsadiag.probes.frames import hot_frame, user_frame
 from nsadiag.report import (
     RECOMMENDATIONS,
     _cli_value,
@@ -25,10 +26,9 @@ from nsadiag.report import (
     reproduction,
     results_table,
 )
-from nsadiag.runner import TrialRecord, load_records
+from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.sweep import SweepRow, row_from_record
-from nsadiag.triage import BASELINE, user_frame
-from nsadiag.verdict import hot_frame
+from nsadiag.triage.decide import BASELINE
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "

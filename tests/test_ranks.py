@@ -4,8 +4,8 @@ and the Flight Recorder summary, on synthetic fixtures (no processes)."""
 from nsadiag.collectives import summarize
 from nsadiag.evidence import Evidence, ProcessOutcome
 from nsadiag.probes.flight_recorder import summarize_dump
-from nsadiag.ranks import RankEvidence, decide_ranks, divergence
 from nsadiag.verdict import explain_exception
+from nsadiag.verdict.ranks import RankEvidence, decide_ranks, divergence
 
 T0 = 1000.0
 

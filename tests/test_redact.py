@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from nsadiag.report import redact, render_run
-from nsadiag.runner import TrialRecord, append_record
+from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 
 SECRETS = {

@@ -1,8 +1,8 @@
 """trials.jsonl bookkeeping and report ordering, without running trials."""
 
 from nsadiag.report import build_report, reproduction
-from nsadiag.runner import TrialRecord, append_record, cgroup_oom_kills, load_records
-from nsadiag.sweep import _next_index
+from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
+from nsadiag.runner import cgroup_oom_kills
 
 
 def _record(n_layers, verdict, trial_dir, **spec):
@@ -28,10 +28,10 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
 
 
 def test_new_trials_never_reuse_an_existing_directory(tmp_path):
-    assert _next_index(tmp_path) == 0
+    assert next_trial_index(tmp_path) == 0
     (tmp_path / "trial-0").mkdir()
     (tmp_path / "trial-3").mkdir()
-    assert _next_index(tmp_path) == 4
+    assert next_trial_index(tmp_path) == 4
 
 
 def test_the_threshold_is_the_smallest_failing_depth_whatever_the_file_order(tmp_path):

@@ -15,16 +15,10 @@ from pathlib import Path
 import pytest
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StackSample, StallEvidence
-from nsadiag.probes import stacks
-from nsadiag.probes.stacks import (
-    capture,
-    classify,
-    parse_py_spy_json,
-    process_cpu_seconds,
-    stacks_change,
-    wait_frame,
-)
-from nsadiag.verdict import decide, hot_frame
+from nsadiag.probes import frames, stacks
+from nsadiag.probes.frames import classify, hot_frame, stacks_change, wait_frame
+from nsadiag.probes.stacks import capture, parse_py_spy_json, process_cpu_seconds
+from nsadiag.verdict import decide
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
 MANIFEST = json.loads((FIXTURES / "samples.json").read_text())
@@ -88,14 +82,14 @@ def test_parser_rejects_what_is_not_a_thread_list():
 
 def test_lock_child_reads_as_waiting():
     recorded = samples("lock")
-    assert stacks.cpu_fraction(recorded) == pytest.approx(0.0, abs=0.02)
+    assert frames.cpu_fraction(recorded) == pytest.approx(0.0, abs=0.02)
     assert not stacks_change(recorded)
     assert classify(recorded) == "waiting"
 
 
 def test_python_spin_reads_as_busy_python():
     recorded = samples("spin")
-    assert stacks.cpu_fraction(recorded) > 0.5
+    assert frames.cpu_fraction(recorded) > 0.5
     assert {functions(sample)[0] for sample in recorded} == {"spin"}
     assert len({sample.threads[0].frames[0].line for sample in recorded}) > 1
     assert classify(recorded) == "busy-python"
@@ -103,7 +97,7 @@ def test_python_spin_reads_as_busy_python():
 
 def test_matmul_reads_as_busy_native_with_native_frames_below_the_python_line():
     recorded = samples("matmul")
-    assert stacks.cpu_fraction(recorded) > 0.5
+    assert frames.cpu_fraction(recorded) > 0.5
     # py-spy shows one Python frame, the matmul line, in every sample: the time is below it.
     assert {(s.threads[0].frames[0].function, s.threads[0].frames[0].line)
             for s in recorded} == {("multiply", 18)}
@@ -147,7 +141,7 @@ def test_a_rank_in_all_reduce_reads_as_in_collective():
     path = Path(__file__).parent / "fixtures" / "verdict" / "collective_all_reduce.json"
     stall = Evidence.from_dict(json.loads(path.read_text())).stall
     assert classify(stall.samples) == "in-collective"
-    thread, frame, count = stacks.find_collective(stall.samples)
+    thread, frame, count = frames.find_collective(stall.samples)
     assert (thread.name, frame.function, count) == ("MainThread", "all_reduce", 3)
 
 

@@ -12,14 +12,8 @@ from pathlib import Path
 from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
-from nsadiag.probes.stacks import (
-    capture,
-    catches_sigusr1,
-    classify,
-    parse_faulthandler,
-    trial_dump_file,
-    wait_frame,
-)
+from nsadiag.probes.frames import classify, wait_frame
+from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, trial_dump_file
 from nsadiag.spec import TrialSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"

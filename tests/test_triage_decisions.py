@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from nsadiag.triage import (
+from nsadiag.triage.decide import (
     BASELINE,
     MIN_TRIAL_BUDGET_S,
     TRIAL_OVERHEAD_S,
@@ -70,7 +70,7 @@ def test_failure_at_one_layer_needs_one_probe():
 
 
 def test_an_interrupted_search_leaves_a_bracket():
-    from nsadiag.triage import OutOfTime as Stop
+    from nsadiag.triage.decide import OutOfTime as Stop
 
     probed = {}
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, ThreadStack
-from nsadiag.verdict import decide, hot_frame, progress
+from nsadiag.probes.frames import hot_frame
+from nsadiag.verdict import decide
+from nsadiag.verdict.progress import progress
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 GiB = 2**30

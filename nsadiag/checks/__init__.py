@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsadiag.runner import TrialRecord, run_trial
+from nsadiag.rundir import TrialRecord
+from nsadiag.runner import run_trial
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
 

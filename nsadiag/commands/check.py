@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.checks import CheckResult, run_checks
-from nsadiag.commands.sweep import check_target, prepare_run_dir
+from nsadiag.commands.sweep import check_target
 from nsadiag.report import redact
+from nsadiag.rundir import prepare_run_dir
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import explain_exception
 

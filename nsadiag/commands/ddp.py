@@ -21,7 +21,7 @@ files) is killed too, on every path out, and the runner waits until they are gon
 The record is a nsadiag.runner.TrialRecord: its evidence is the job's Evidence (the
 launcher's outcome; rank 0's events) plus "ranks" (RankEvidence of each) and "ddp"
 (world_size, backend, pg_timeout_s, flight_recorder dumps); its verdict comes from
-nsadiag.ranks.decide_ranks.
+nsadiag.verdict.ranks.decide_ranks.
 """
 
 from __future__ import annotations
@@ -42,25 +42,24 @@ import psutil
 
 from nsadiag.collectives import summarize
 from nsadiag.commands.stacks import _signature as stack_signature
-from nsadiag.commands.sweep import check_target, prepare_run_dir
+from nsadiag.commands.sweep import check_target
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.probes import flight_recorder, stacks
+from nsadiag.probes import flight_recorder, frames
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.processes import rank_pids
-from nsadiag.ranks import STARTED_KEEP, RankEvidence, decide_ranks
+from nsadiag.rundir import TrialRecord, append_record, prepare_run_dir
 from nsadiag.runner import (
     KEEP_EVENTS,
     STARTUP_GRACE_S,
     EventTail,
-    TrialRecord,
     _outcome,
     _Watch,
-    append_record,
     capture_stall,
     kill_group,
     sample_stacks,
 )
 from nsadiag.spec import TrialSpec
+from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 
 BACKENDS = ("gloo", "nccl")
 SAMPLE_TIMEOUT_S = 15.0
@@ -196,7 +195,7 @@ def _result_of(rank_dir: Path) -> dict[str, Any] | None:
 def _state(stall: StallEvidence | None) -> tuple[str | None, str]:
     if stall is None or not stall.samples:
         return None, ""
-    return stacks.classify(stall.samples), stack_signature(stall.samples[-1])
+    return frames.classify(stall.samples), stack_signature(stall.samples[-1])
 
 
 def run_ddp_trial(spec: TrialSpec, world_size: int, backend: str = "gloo",

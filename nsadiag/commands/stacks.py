@@ -3,7 +3,7 @@
 For each process: several py-spy samples spaced `interval_s` apart (the Python-only dump
 first; with `native`, a native dump under a hard deadline — py-spy resumes the target
 itself, and a dump that times out is abandoned, never left attached), the CPU time the
-process used meanwhile, and a classification from `probes.stacks.classify`: waiting,
+process used meanwhile, and a classification from `probes.frames.classify`: waiting,
 busy-python, busy-native or in-collective. With `ranks`, the processes are the Python
 children of a torchrun (or any launcher) PID; identical innermost stacks are clustered and
 a rank alone in its cluster is named the odd one out.
@@ -26,7 +26,7 @@ import psutil
 
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
-from nsadiag.probes import stacks
+from nsadiag.probes import frames, stacks
 from nsadiag.processes import is_rank_helper
 
 
@@ -96,7 +96,7 @@ def _signature(sample: StackSample) -> str:
     """The innermost Python frame of each busy-or-main thread: what clusters ranks."""
     parts = []
     for thread in sample.threads:
-        frame, _ = stacks.innermost_python(thread)
+        frame, _ = frames.innermost_python(thread)
         if frame is not None and (thread.active or thread.name == "MainThread"):
             parts.append(frame.where())
     return " | ".join(sorted(parts)) or "no Python frame"
@@ -119,15 +119,15 @@ def sample_process(pid: int, rank: int | None, count: int, interval_s: float,
             report.samples.append(taken)
     report.unavailable = sorted(set(report.unavailable))
     if report.samples:
-        report.cpu_fraction = stacks.cpu_fraction(report.samples)
-        report.state = stacks.classify(report.samples)
+        report.cpu_fraction = frames.cpu_fraction(report.samples)
+        report.state = frames.classify(report.samples)
         report.signature = _signature(report.samples[-1])
     return report
 
 
 def odd_ones_out(reports: list[ProcessReport]) -> list[ProcessReport]:
     """Processes whose stack signature no other process shares, when the others agree."""
-    return stacks.odd_ones_out(
+    return frames.odd_ones_out(
         reports, lambda r: (r.signature or "(no Python frame)") if r.samples else "")
 
 

@@ -7,7 +7,6 @@ nothing is written to the run directory until those checks pass.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ import torch
 from nsa.config import NSAConfig
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
-from nsadiag.runner import TrialRecord
+from nsadiag.rundir import TrialRecord, prepare_run_dir
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import run_sweep
 from nsadiag.targets import factory_kwargs, load_factory
@@ -34,22 +33,6 @@ class Callbacks:
     on_events: Callable[[list[dict]], None] | None = None
     on_record: Callable[[TrialRecord], None] | None = None
 
-
-def default_run_dir(command: str) -> Path:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path("runs") / f"{stamp}-{command}"
-
-
-def prepare_run_dir(path: Path) -> Path:
-    """Create the run directory (or reuse it to resume) and prove it is writable."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
-    return path
 
 
 def check_target(spec: TrialSpec) -> None:

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nsadiag.verdict import LIBRARY_PATH
+from nsadiag.probes.frames import LIBRARY_PATH
 
 NOT_AVAILABLE = "memory history: not available on this device ({device})"
 ALLOCATED = ("active_allocated", "active_pending_free")

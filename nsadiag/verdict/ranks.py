@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.probes.stacks import find_collective, odd_ones_out
-from nsadiag.verdict import Verdict, decide
+from nsadiag.probes.frames import find_collective, odd_ones_out
+from nsadiag.verdict.rules import Verdict, decide
 
 COLLECTIVE_FAILURE = re.compile(
     r"timed out waiting|connection closed by peer|connection reset|broken pipe|"
@@ -53,7 +53,7 @@ STARTED_KEEP = 400
 class RankEvidence:
     """One rank. ``started`` lists the collective "start" events (oldest first);
     ``collectives`` is nsadiag.collectives.summarize of all its collective events;
-    ``state`` the stack classification (probes.stacks.classify) when samples were taken;
+    ``state`` the stack classification (probes.frames.classify) when samples were taken;
     ``signature`` the innermost Python frames of its last sample (for clustering)."""
 
     rank: int

@@ -353,26 +353,3 @@ def by_layer_pattern(times: Sequence[ModuleTime]) -> list[ModuleTime]:
         entry.seconds += t.seconds
         entry.open += t.open
     return sorted(grouped.values(), key=lambda t: t.seconds, reverse=True)
-
-
-def user_frame(samples: Sequence[Any]) -> tuple[Any, int] | None:
-    """The most common innermost frame of the user's own code (not the standard library,
-    not an installed package, not nsadiag's trial harness) over the running threads of
-    ``samples`` (StackSample objects), with its count; None when no sample shows one —
-    e.g. a backward pass, whose Python stack ends in the autograd engine."""
-    from nsadiag.probes.stacks import busy_threads
-    from nsadiag.verdict import LIBRARY_PATH
-
-    seen = []
-    for sample in samples:
-        for thread in busy_threads(sample):
-            own = [f for f in thread.frames if not f.is_native and f.file
-                   and not LIBRARY_PATH.search(f.file) and "/nsadiag/" not in f.file]
-            if own:
-                seen.append(own[0])  # frames are innermost first
-    if not seen:
-        return None
-    (function, file), count = Counter((f.function, f.file) for f in seen).most_common(1)[0]
-    same = [f for f in seen if (f.function, f.file) == (function, file)]
-    line = Counter(f.line for f in same).most_common(1)[0][0]
-    return next(f for f in same if f.line == line), count

@@ -1,4 +1,4 @@
-"""Evidence -> verdict, with the measured facts and the reasons that decided it.
+"""The verdict rules: evidence -> verdict, with the measured facts and the reasons that decided it.
 
 Pure functions: no I/O, no clock. ``decide`` tries the rules below in order and the first
 that applies names the verdict; every reason is a sentence tied to a measured fact.
@@ -18,44 +18,38 @@ run that stopped is classified by what its process was doing.
 
 from __future__ import annotations
 
-import re
 import signal as signals
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
-from nsadiag.probes.stacks import (
+from nsadiag.probes.frames import (
     IDLE_CPU_FRACTION,
     busy_threads,
     classify,
     find_collective,
-    innermost_python,
+    hot_frame,
     stacks_change,
     wait_frame,
 )
+from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
+from nsadiag.verdict.progress import Progress, module_events, progress
 
-NAMES = ("OK", "SLOW", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM", "ERROR", "CRASH",
-         "WRONG")  # WRONG comes from nsadiag.checks, never from a trial's evidence
+NAMES = ("OK", "SLOW", "INCONCLUSIVE", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM",
+         "ERROR", "CRASH", "WRONG")
+"""Every verdict. WRONG comes from nsadiag.checks, never from a trial's evidence. INCONCLUSIVE
+is a timing verdict (SLOW, STALL-BUSY) that did not reproduce or that machine contention
+explains; it is never a failure."""
+
+FAILURES = frozenset(NAMES) - {"OK", "INCONCLUSIVE"}
+"""Verdicts that are a failure found (exit code 1)."""
 
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
 
 DEFAULT_STALL_WINDOW_S = 30.0
 """Stall window assumed when the evidence does not carry the runner's stall timeout."""
-
-RATE_WINDOW_S = 30.0
-"""Progress rates are measured over the heartbeats of the last this many seconds."""
-
-OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
-OOM_MESSAGE = re.compile(
-    r"out of memory|can't allocate memory|cannot allocate memory|not enough memory",
-    re.IGNORECASE)
-TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$',
-                             re.MULTILINE)
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
-"""Traceback files that belong to installed packages or the standard library."""
 
 
 @dataclass
@@ -74,140 +68,6 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-
-@dataclass
-class Progress:
-    """How far a run got and how fast it moves.
-
-    ``rate`` is module events per second over the last ``window_s`` seconds of heartbeats
-    (None with fewer than two); ``fraction`` the part of the run done, from module events
-    when a step's event count is known, else from steps plus the position inside the
-    current step (``basis`` says which); ``eta_s`` the seconds left at that pace.
-    """
-
-    rate: float | None
-    window_s: float
-    events_done: int
-    events_expected: int | None
-    fraction: float | None
-    eta_s: float | None
-    basis: str
-
-
-# ---- progress -----------------------------------------------------------------------------
-
-
-def _module_events(events: Sequence[dict]) -> list[dict]:
-    return [event for event in events if event.get("kind") == "module"]
-
-
-def _rate(module_events: Sequence[dict], window_s: float) -> tuple[float | None, float]:
-    """Module events per second over the last ``window_s`` seconds, and the span used.
-
-    Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
-    """
-    if len(module_events) < 2:
-        return None, 0.0
-    last_t = module_events[-1]["t"]
-    recent = [event for event in module_events if event["t"] >= last_t - window_s]
-    span = recent[-1]["t"] - recent[0]["t"]
-    if len(recent) < 2 or span <= 0:
-        return None, span
-    return (len(recent) - 1) / span, span
-
-
-def _in_step_fraction(events: Sequence[dict], step: int) -> float:
-    """Position inside step ``step`` from its heartbeats: 0 in forward (its length is not
-    known yet), 0.5 + half the backward events per forward event in backward, 1 in the
-    optimizer. The phase is the one the last event of the step belongs to ("start" events
-    open phases); backward emits about as many backward module events as forward did."""
-    current = [event for event in events if event.get("step") == step]
-    if not current:
-        return 0.0
-    phase = current[-1].get("phase")
-    if phase == "optimizer":
-        return 1.0
-    if phase != "backward":
-        return 0.0
-    modules = _module_events(current)
-    forward = sum(1 for event in modules if event.get("phase") == "forward")
-    backward = sum(1 for event in modules if event.get("phase") == "backward")
-    return 0.5 + 0.5 * min(1.0, backward / forward) if forward else 0.5
-
-
-def _elapsed_since_start(events: Sequence[dict]) -> float | None:
-    """Seconds from the run's first event (seq 0, the "build" start) to the last one."""
-    starts = [event for event in events if event.get("seq") == 0 or
-              (event.get("kind") == "start" and event.get("phase") == "build")]
-    return events[-1]["t"] - starts[0]["t"] if starts else None
-
-
-def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | None:
-    """(finished steps + position in the current step) / total steps."""
-    if not events or total_steps <= 0:
-        return None
-    last = events[-1]
-    if last.get("kind") in ("step", "end"):
-        return min(1.0, (int(last.get("step", 0)) + 1) / total_steps)
-    step = int(last.get("step", 0))
-    return min(1.0, (step + _in_step_fraction(events, step)) / total_steps)
-
-
-def progress(events: Sequence[dict], expected_events_per_step: int | None, total_steps: int,
-             *, module_events_done: int | None = None,
-             window_s: float = RATE_WINDOW_S) -> Progress:
-    """Rate, fraction done and ETA of a run from its last heartbeat events.
-
-    ``module_events_done`` is the number of module events of the whole run (the runner's
-    count); when omitted the module events in ``events`` are counted, which is exact only
-    when ``events`` holds the whole heartbeat file. With ``expected_events_per_step`` the
-    fraction is events done / (events per step * total steps) and the ETA is the events
-    left at the current rate; without it the fraction comes from steps and the in-step
-    position, and the ETA extrapolates the time since the start event.
-    """
-    modules = _module_events(events)
-    done = len(modules) if module_events_done is None else module_events_done
-    rate, span = _rate(modules, window_s)
-    if expected_events_per_step and total_steps > 0:
-        expected = expected_events_per_step * total_steps
-        fraction = min(1.0, done / expected)
-        eta = max(0, expected - done) / rate if rate else None
-        return Progress(rate, span, done, expected, fraction, eta, "module events")
-    fraction = _fraction_from_steps(events, total_steps)
-    elapsed = _elapsed_since_start(events)
-    eta = elapsed * (1 - fraction) / fraction if fraction and elapsed is not None else None
-    return Progress(rate, span, done, None, fraction, eta, "steps and in-step position")
-
-
-# ---- stacks -------------------------------------------------------------------------------
-
-
-def hot_frame(samples: Sequence[StackSample]) -> tuple[StackFrame, int, bool] | None:
-    """The most common innermost frame over the running threads of all samples.
-
-    Each running thread (py-spy's ``active``; all threads when none runs) contributes its
-    innermost Python frame, or its innermost frame when it has no Python one. Frames count
-    as the same by function and file; the line reported is their most common line.
-    Returns (frame, occurrences, native frames sat below it in any occurrence), or None
-    when no sample has a frame.
-    """
-    seen: list[tuple[StackFrame, bool]] = []
-    for sample in samples:
-        for thread in busy_threads(sample):
-            frame, below = innermost_python(thread)
-            if frame is None and thread.frames:
-                frame, below = thread.frames[0], False
-            if frame is not None:
-                seen.append((frame, below))
-    if not seen:
-        return None
-    keys = Counter((frame.function, frame.file) for frame, _ in seen)
-    (function, file), count = keys.most_common(1)[0]
-    same = [(frame, below) for frame, below in seen if (frame.function, frame.file) ==
-            (function, file)]
-    line = Counter(frame.line for frame, _ in same).most_common(1)[0][0]
-    frame = next(frame for frame, _ in same if frame.line == line)
-    return frame, count, any(below for _, below in same)
 
 
 def _thread_label(thread: ThreadStack) -> str:
@@ -235,7 +95,7 @@ def _position(evidence: Evidence) -> dict[str, Any]:
     """Where the run was at its last heartbeat: module, edge, phase, step, steps done."""
     facts: dict[str, Any] = {"events_total": sum(evidence.event_counts.values()),
                              "steps_done": evidence.event_counts.get("step", 0)}
-    modules = _module_events(evidence.events)
+    modules = module_events(evidence.events)
     if modules:
         last = modules[-1]
         facts.update(last_module=last.get("module"), last_edge=last.get("edge"),
@@ -261,59 +121,6 @@ def _signal_name(number: int, name: str | None) -> str:
     except ValueError:
         return f"signal {number}"
 
-
-def _project_frame(traceback: str) -> str | None:
-    """The innermost traceback frame outside installed packages and the standard library,
-    preferring the model's code over nsadiag's own trial harness."""
-    frames = [m for m in TRACEBACK_FRAME.finditer(traceback) if not LIBRARY_PATH.search(m["file"])]
-    preferred = [m for m in frames if "/nsadiag/" not in m["file"]] or frames
-    if not preferred:
-        return None
-    match = preferred[-1]
-    return f"{match['file']}:{match['line']} in {match['func'].strip()}"
-
-
-def _is_oom_exception(exception: dict[str, Any], child_says_oom: bool) -> bool:
-    """True when the child flagged the exception as an allocation failure, or its type or
-    message names memory exhaustion."""
-    kind = str(exception.get("type", "")).rsplit(".", 1)[-1]
-    message = str(exception.get("message", ""))
-    return child_says_oom or kind in OOM_TYPES or bool(OOM_MESSAGE.search(message))
-
-
-# ---- known exception messages ---------------------------------------------------------------
-
-READY_TWICE = re.compile(r"Expected to mark a variable ready only once|marked as ready twice")
-READY_TWICE_PARAMETER = re.compile(r"with name (?P<name>\S+) has been marked as ready twice")
-
-
-def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
-    """The cause and the fixes of an exception whose message is known, else None.
-
-    DDP's "Expected to mark a variable ready only once" / "marked as ready twice": a
-    parameter received its gradient twice in one backward. Under reentrant gradient
-    checkpointing that happens when a segment's recompute runs other modules than its
-    forward did: a closure like ``lambda x: blk(x)`` inside ``for blk in blocks`` looks
-    ``blk`` up when the recompute calls it, after the loop, so every segment recomputes the
-    last block and back-propagates into its parameters once per segment.
-    """
-    if not READY_TWICE.search(message):
-        return None
-    named = READY_TWICE_PARAMETER.search(message)
-    parameter = named["name"] if named else None
-    cause = ("a parameter received its gradient twice in one backward"
-             + (f" ({parameter})" if parameter else "")
-             + ": with reentrant checkpointing this happens when a segment's recompute runs "
-               "other modules than its forward did, e.g. a late-bound closure `lambda x: "
-               "blk(x)` inside `for blk in blocks`, which recomputes the last block for every "
-               "segment, so its parameters become ready once per segment")
-    fixes = ["bind the block when the checkpoint is made: checkpoint(blk, x), "
-             "functools.partial(checkpoint, blk) or `lambda x, blk=blk: blk(x)`",
-             "use non-reentrant checkpointing (use_reentrant=False), then verify the "
-             "gradients with `nsadiag check ckpt`: a late-bound closure stays silently wrong "
-             "there",
-             "DDP's static_graph=True only hides the double gradient"]
-    return {"cause": cause, "parameter": parameter, "fixes": fixes}
 
 
 # ---- the rules ----------------------------------------------------------------------------
@@ -342,7 +149,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     kind = str(exception.get("type", "Exception"))
     message = str(exception.get("message", "")).strip()
     first_line = message.splitlines()[0] if message else ""
-    where = _project_frame(str(exception.get("traceback", "")))
+    where = project_frame(str(exception.get("traceback", "")))
     facts = {**_position(evidence), "exception_type": kind, "message": first_line,
              "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}
     reasons = [f"the child raised {kind}: {first_line}"]
@@ -353,7 +160,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
         facts.update(cause=explanation["cause"], fixes=explanation["fixes"])
         reasons.append(f"cause: {explanation['cause']}")
         reasons.append("fixes: " + "; ".join(explanation["fixes"]))
-    if not _is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
+    if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:
         reasons.append(f"peak RSS of the child was {_gib(facts['peak_rss'])}")
@@ -518,7 +325,7 @@ def _cpu_sentence(stall: StallEvidence) -> str:
 
 
 def _stall_collective(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict | None:
-    """STALL-COLLECTIVE when a thread waits in a collective (stacks.find_collective)."""
+    """STALL-COLLECTIVE when a thread waits in a collective (frames.find_collective)."""
     found = find_collective(stall.samples)
     if found is None:
         return None
@@ -616,7 +423,7 @@ def _partly_busy(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdi
 
 
 def _stall_cpu_unknown(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
-    """No CPU reading: the stacks alone decide (see stacks.classify); with no stacks
+    """No CPU reading: the stacks alone decide (see frames.classify); with no stacks
     either, busy and idle cannot be told apart and DEADLOCK is stated with low confidence."""
     samples = stall.samples
     if not samples:

@@ -1,0 +1,268 @@
+"""What stack samples show: pure analysis of ``StackSample`` objects (no I/O, no clock).
+
+Which frame is a collective, a lock wait, the interpreter itself; whether stacks change
+between samples; what several samples of one process read as (``classify``); the hot frame
+over the running threads and the user's own innermost frame; the odd ranks out of a group
+of processes. The capture side (py-spy, faulthandler, /proc) is ``nsadiag.probes.stacks``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from nsadiag.evidence import StackFrame, StackSample, ThreadStack
+
+IDLE_CPU_FRACTION = 0.1
+"""Below this many CPU seconds per wall second a process is idle (waiting)."""
+
+COLLECTIVE_FUNCTIONS = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "_all_gather_base", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "gather_object",
+    "scatter_object_list",
+})
+"""Python functions that are collectives wherever they are defined."""
+
+C10D_FILE = "distributed/distributed_c10d.py"
+"""Every function of torch.distributed's collective API lives in this file."""
+
+NATIVE_COLLECTIVE_MARKERS = ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI",
+                             "c10d::", "gloo::", "nccl")
+"""Substrings of native symbols inside a process group or its transport."""
+
+BACKGROUND_LOOP_MARKERS = ("runLoop", "workerLoop", "Watchdog", "watchdog", "heartbeatMonitor")
+"""Native symbols of process-group helper threads that idle in waits all the time."""
+
+WAIT_FUNCTION = re.compile(r"acquire|wait|futex|mutex|sem_|(?:^|[^a-z])lock(?:[^a-z]|$)",
+                           re.IGNORECASE)
+"""Function names of lock and condition waits, Python or native (not ``block``/``clock``)."""
+
+WAIT_CODE = re.compile(r"\.(?:acquire|wait|join)\(|^with\b.*lock\w*\s*:", re.IGNORECASE)
+"""Source lines that block on a lock: ``lock.acquire()``, ``cond.wait()``, ``with lock:``."""
+
+INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
+"""Shared objects of the CPython interpreter itself."""
+
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
+"""Traceback files that belong to installed packages or the standard library."""
+
+
+def _is_collective(frame: StackFrame) -> bool:
+    if frame.is_native:
+        return any(marker in frame.function for marker in NATIVE_COLLECTIVE_MARKERS)
+    return frame.function in COLLECTIVE_FUNCTIONS or frame.file.endswith(C10D_FILE)
+
+
+def _is_background_loop(thread: ThreadStack) -> bool:
+    return any(marker in frame.function for frame in thread.frames
+               for marker in BACKGROUND_LOOP_MARKERS)
+
+
+def collective_frame(thread: ThreadStack) -> StackFrame | None:
+    """The collective this thread is inside, None when it is in none.
+
+    Prefers a frame named like a collective API (``all_reduce``) over any other frame of
+    torch.distributed or of a process group; helper threads of a process group (their
+    run loops wait all the time) are never in a collective.
+    """
+    if _is_background_loop(thread):
+        return None
+    matches = [frame for frame in thread.frames if _is_collective(frame)]
+    named = [frame for frame in matches if frame.function in COLLECTIVE_FUNCTIONS]
+    return (named or matches or [None])[0]
+
+
+def find_collective(samples: Sequence[StackSample]
+                    ) -> tuple[ThreadStack, StackFrame, int] | None:
+    """A thread stuck in a collective: (the thread in the last sample, its collective frame,
+    the number of samples with a thread in a collective), or None.
+
+    Stuck means in a collective in the last sample and in at least half of the samples: a
+    process that passes through collectives while doing other work is not waiting in one.
+    """
+    if not samples:
+        return None
+    hits = [[(thread, frame) for thread in sample.threads
+             if (frame := collective_frame(thread)) is not None] for sample in samples]
+    count = sum(1 for found in hits if found)
+    if not hits[-1] or 2 * count < len(samples):
+        return None
+    thread, frame = hits[-1][0]
+    return thread, frame, count
+
+
+def _is_wait(frame: StackFrame) -> bool:
+    return bool(WAIT_FUNCTION.search(frame.function))
+
+
+def wait_frame(thread: ThreadStack) -> StackFrame | None:
+    """The frame this thread waits in on a lock or condition, None when it is not waiting.
+
+    The innermost Python frame that is a wait (``acquire``, ``wait``) or whose source line
+    blocks (``lock.acquire()``, ``with lock:``) wins; otherwise the innermost native wait
+    (``futex``, ``pthread_cond_wait``, ``PyThread_acquire_lock_timed``).
+    """
+    python = thread.python_frames()
+    for frame in python:
+        if _is_wait(frame) or (frame.code and WAIT_CODE.search(frame.code)):
+            return frame
+    native = [frame for frame in thread.frames if frame.is_native and _is_wait(frame)]
+    return native[0] if native else None
+
+
+def _innermost_python_index(thread: ThreadStack) -> int | None:
+    for index, frame in enumerate(thread.frames):
+        if not frame.is_native:
+            return index
+    return None
+
+
+def innermost_python(thread: ThreadStack) -> tuple[StackFrame | None, bool]:
+    """The innermost Python frame of a thread and whether native frames sit below it."""
+    index = _innermost_python_index(thread)
+    if index is None:
+        return None, bool(thread.frames)
+    return thread.frames[index], index > 0
+
+
+def busy_threads(sample: StackSample) -> list[ThreadStack]:
+    """Threads py-spy saw running, or all of them when it saw none running."""
+    active = [thread for thread in sample.threads if thread.active]
+    return active or list(sample.threads)
+
+
+def _signature(sample: StackSample, python_only: bool) -> tuple:
+    """Every thread's frames as comparable keys, independent of thread order."""
+    per_thread = []
+    for thread in sample.threads:
+        frames = thread.python_frames() if python_only else thread.frames
+        keys = tuple((frame.function, frame.file, frame.line) for frame in frames)
+        per_thread.append((thread.thread_id, keys))
+    return tuple(sorted(per_thread))
+
+
+def stacks_change(samples: Sequence[StackSample], python_only: bool = False) -> bool:
+    """True when any two samples differ in any thread's frames (function, file, line)."""
+    signatures = {_signature(sample, python_only) for sample in samples}
+    return len(signatures) > 1
+
+
+def cpu_fraction(samples: Sequence[StackSample]) -> float | None:
+    """CPU seconds per wall second between the first and last sample with a CPU reading."""
+    timed = [sample for sample in samples if sample.cpu_seconds is not None]
+    if len(timed) < 2 or timed[-1].t <= timed[0].t:
+        return None
+    return (timed[-1].cpu_seconds - timed[0].cpu_seconds) / (timed[-1].t - timed[0].t)
+
+
+def _time_in_the_interpreter(samples: Sequence[StackSample]) -> bool | None:
+    """Whether native samples show the running threads executing Python itself, None when
+    no sample has native frames.
+
+    py-spy replaces CPython's evaluation frames by the Python frames they run, so a thread
+    executing Python has no native frame (or only CPython's own) under its innermost
+    Python frame, while one inside a native op has that op's library there.
+    """
+    verdicts = []
+    for sample in samples:
+        if not sample.native:
+            continue
+        for thread in busy_threads(sample):
+            index = _innermost_python_index(thread)
+            if index is None:
+                continue
+            under = thread.frames[index - 1] if index else None
+            verdicts.append(under is None or bool(INTERPRETER_MODULE.search(under.file)))
+    return all(verdicts) if verdicts else None
+
+
+def classify(samples: Sequence[StackSample]) -> str:
+    """What several samples of one process show: "in-collective", "waiting",
+    "busy-python" or "busy-native".
+
+    - in-collective: a thread sits in a collective (see ``find_collective``).
+    - waiting: CPU rose by less than ``IDLE_CPU_FRACTION`` of the time between samples, or,
+      with no CPU readings, identical stacks with a lock/condition wait in them.
+    - busy-python: Python frames change between samples, or native samples show nothing
+      but CPython under the innermost Python frame.
+    - busy-native: CPU rises (or is unknown) while the Python frames stay put: the time is
+      spent in a native call under that line (native samples show its library there). A
+      single-line Python loop sampled without native frames looks the same.
+    Raises ValueError for no samples.
+    """
+    if not samples:
+        raise ValueError("classify: no samples")
+    if find_collective(samples) is not None:
+        return "in-collective"
+    fraction = cpu_fraction(samples)
+    if fraction is not None and fraction < IDLE_CPU_FRACTION:
+        return "waiting"
+    if stacks_change(samples, python_only=True):
+        return "busy-python"
+    if fraction is None and all(any(wait_frame(t) for t in s.threads) for s in samples):
+        return "waiting"
+    return "busy-python" if _time_in_the_interpreter(samples) else "busy-native"
+
+
+T = TypeVar("T")
+
+
+def odd_ones_out(items: Sequence[T], signature: Callable[[T], str]) -> list[T]:
+    """The items whose (non-empty) stack signature no other item shares, when at least two
+    others agree on one: the odd rank(s) out of a cluster of identical stacks."""
+    counts = Counter(signature(item) for item in items if signature(item))
+    if len(counts) < 2 or max(counts.values()) < 2:
+        return []
+    return [item for item in items if signature(item) and counts[signature(item)] == 1]
+
+
+def hot_frame(samples: Sequence[StackSample]) -> tuple[StackFrame, int, bool] | None:
+    """The most common innermost frame over the running threads of all samples.
+
+    Each running thread (py-spy's ``active``; all threads when none runs) contributes its
+    innermost Python frame, or its innermost frame when it has no Python one. Frames count
+    as the same by function and file; the line reported is their most common line.
+    Returns (frame, occurrences, native frames sat below it in any occurrence), or None
+    when no sample has a frame.
+    """
+    seen: list[tuple[StackFrame, bool]] = []
+    for sample in samples:
+        for thread in busy_threads(sample):
+            frame, below = innermost_python(thread)
+            if frame is None and thread.frames:
+                frame, below = thread.frames[0], False
+            if frame is not None:
+                seen.append((frame, below))
+    if not seen:
+        return None
+    keys = Counter((frame.function, frame.file) for frame, _ in seen)
+    (function, file), count = keys.most_common(1)[0]
+    same = [(frame, below) for frame, below in seen if (frame.function, frame.file) ==
+            (function, file)]
+    line = Counter(frame.line for frame, _ in same).most_common(1)[0][0]
+    frame = next(frame for frame, _ in same if frame.line == line)
+    return frame, count, any(below for _, below in same)
+
+
+def user_frame(samples: Sequence[StackSample]) -> tuple[StackFrame, int] | None:
+    """The most common innermost frame of the user's own code (not the standard library,
+    not an installed package, not nsadiag's trial harness) over the running threads of
+    ``samples`` (StackSample objects), with its count; None when no sample shows one —
+    e.g. a backward pass, whose Python stack ends in the autograd engine."""
+    seen = []
+    for sample in samples:
+        for thread in busy_threads(sample):
+            own = [f for f in thread.frames if not f.is_native and f.file
+                   and not LIBRARY_PATH.search(f.file) and "/nsadiag/" not in f.file]
+            if own:
+                seen.append(own[0])  # frames are innermost first
+    if not seen:
+        return None
+    (function, file), count = Counter((f.function, f.file) for f in seen).most_common(1)[0]
+    same = [f for f in seen if (f.function, f.file) == (function, file)]
+    line = Counter(f.line for f in same).most_common(1)[0][0]
+    return next(f for f in same if f.line == line), count

@@ -1,0 +1,394 @@
+"""The triage engine: stages that run trials and record what they learnt in triage.json.
+
+Stages, in order (each stores what it learnt in <run_dir>/triage.json before the next):
+
+1. env      collect_env() and the problems that weaken the evidence (no py-spy, ...)
+   checks   nsadiag.checks causality, parity, ckpt (and ddp with world_size > 1) at
+            min(2, max_layers) layers; a check ending WRONG, ERROR, CRASH, OOM or in a
+            stall is a failure, one cut short by its time budget (SLOW) is reported as not
+            finished and decides nothing; checks are not resumed: a rerun runs them again
+2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
+            between the deepest OK count and the first non-OK one (nsadiag.triage.decide)
+3. on a non-OK verdict at the threshold:
+   repeats      the failing configuration again, until the verdicts agree or 3 ran
+   attribution  where the failing trial's time went, from its heartbeat events
+   branches     for NSA targets: each branch alone at the threshold depth
+   bisection    delta debugging of the knobs that differ from the healthy baseline
+                (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
+                failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
+4. report   report.md and summary.json (nsadiag.triage_report), optionally compared with a
+            baseline summary.json for regressions in step time and peak memory.
+
+Time: the whole triage stays inside ``max_minutes``. Each trial gets the planned budget
+(``plan_trial_budget``) or what is left; when not even a minimal trial fits, the triage
+stops and the report says what is known and what was not reached. A trial cut short by the
+limit that ends SLOW only says the time ran out, and a trial whose budget ran out before
+training started says nothing; either stops the triage as well.
+
+Resuming: trials are appended to trials.jsonl; a rerun with the same options in the same
+run directory takes finished trials from there (the n-th run of a configuration reuses the
+n-th stored record) and continues where the last run stopped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsadiag.checks import run_check
+from nsadiag.commands.ddp import run_ddp_trial
+from nsadiag.commands.sweep import Callbacks
+from nsadiag.envinfo import collect_env
+from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
+from nsadiag.runner import run_trial
+from nsadiag.spec import BRANCHES, TrialSpec
+from nsadiag.targets import load_factory
+from nsadiag.triage.decide import (
+    BASELINE,
+    OutOfTime,
+    TimeLimit,
+    TriageStop,
+    baseline_values,
+    bracket,
+    by_layer_pattern,
+    confidence,
+    ddmin,
+    env_problems,
+    find_threshold,
+    knob_changes,
+    needs_repeat,
+    plan_trial_budget,
+    time_by_module,
+)
+
+MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
+DDP_EXTRA_OVERHEAD_S = 20.0
+"""A DDP trial's evidence takes longer: py-spy samples of every rank (up to
+nsadiag.commands.ddp.SAMPLE_TIMEOUT_S each) and the ranks' teardown."""
+
+
+@dataclass
+class TriageOptions:
+    """What the triage may do: the deepest layer count, the wall-clock limit, whether to
+    isolate branches and bisect knobs on a failure, and the report's redaction."""
+
+    max_layers: int = 8
+    max_minutes: float = 10.0
+    checks: bool = True
+    isolate: bool = True
+    bisect: bool = True
+    world_size: int = 1
+    ddp_backend: str = "gloo"
+    no_redact: bool = False
+
+    def validate(self) -> TriageOptions:
+        if not isinstance(self.max_layers, int) or self.max_layers < 1:
+            raise ValueError(f"max-layers: must be a positive integer, got {self.max_layers!r}")
+        if not self.max_minutes > 0:
+            raise ValueError(f"max-minutes: must be > 0, got {self.max_minutes:g}")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world-size: must be an integer >= 1, got {self.world_size!r}")
+        return self
+
+
+@dataclass
+class TriageCallbacks(Callbacks):
+    """Callbacks of a sweep plus ``on_stage(text)``, called as each stage starts."""
+
+    on_stage: Callable[[str], None] | None = None
+
+
+@dataclass
+class _Book:
+    """Trials of this run directory: run new ones, reuse finished ones on a rerun."""
+
+    run_dir: Path
+    limit: TimeLimit
+    clock: Callable[[], float]
+    callbacks: TriageCallbacks
+    stored: dict[str, list[TrialRecord]] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def __post_init__(self) -> None:
+        for record in load_records(self.run_dir / "trials.jsonl"):
+            world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+            self.stored.setdefault(_config_key({**record.spec, "world_size": world_size}),
+                                   []).append(record)
+
+    def run(self, spec: TrialSpec, world_size: int = 1, ddp_backend: str = "gloo"
+            ) -> TrialRecord:
+        """The next record of ``spec`` on ``world_size`` processes (budget and directory
+        filled in here); OutOfTime when the limit leaves no room, or when a trial shortened
+        by it ended SLOW; TriageStop when its budget ran out before training started."""
+        key = _config_key({**json.loads(spec.to_json()), "world_size": world_size})
+        index = self.used[key]
+        stored = [r for r in self.stored.get(key, []) if not _cut_short(r, self.limit)]
+        if index < len(stored):
+            self.used[key] += 1
+            record = stored[index]
+        else:
+            extra = DDP_EXTRA_OVERHEAD_S if world_size > 1 else 0.0
+            budget = self.limit.trial_budget(self.clock(), extra)
+            trial_dir = self.run_dir / f"trial-{next_trial_index(self.run_dir)}"
+            spec = spec.replace(budget_s=budget, out_dir=str(trial_dir),
+                                stall_timeout_s=min(spec.stall_timeout_s, budget))
+            if self.callbacks.on_trial:
+                self.callbacks.on_trial(spec.n_layers or 0, spec)
+            if world_size > 1:
+                record = run_ddp_trial(spec, world_size, ddp_backend,
+                                       on_events=self.callbacks.on_events)
+            else:
+                record = run_trial(spec, on_events=self.callbacks.on_events)
+            append_record(self.run_dir / "trials.jsonl", record)
+            self.used[key] += 1
+        if self.callbacks.on_record:
+            self.callbacks.on_record(record)
+        if not _started_training(record):
+            raise TriageStop(f"the {record.spec['budget_s']:.0f} s budget of "
+                             f"{Path(record.trial_dir).name} ran out before training started "
+                             f"(starting Python, importing torch and building the model took "
+                             f"longer), so its verdict decides nothing: raise --budget")
+        if _cut_short(record, self.limit) and record.verdict_name == "SLOW":
+            raise OutOfTime(f"the trial in {Path(record.trial_dir).name} was shortened to "
+                            f"{record.spec['budget_s']:.0f} s by the time limit and did not "
+                            f"finish")
+        return record
+
+
+def _config_key(spec: dict[str, Any]) -> str:
+    """What makes two trials the same configuration (not their directory or budget)."""
+    ignored = ("out_dir", "budget_s", "stall_timeout_s")
+    return json.dumps({k: v for k, v in spec.items() if k not in ignored}, sort_keys=True)
+
+
+def _started_training(record: TrialRecord) -> bool:
+    """False for a trial the budget killed while it was still starting up."""
+    outcome = record.evidence.get("outcome") or {}
+    if outcome.get("kill_reason") != "budget":
+        return True
+    return any(e.get("phase") != "build" for e in record.evidence.get("events") or [])
+
+
+def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
+    return record.spec["budget_s"] < limit.planned_budget_s - 1e-6
+
+
+def _trial_ref(record: TrialRecord) -> dict[str, Any]:
+    """How triage.json points at a trial: directory name, verdict, first reason."""
+    world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+    return {"trial": Path(record.trial_dir).name, "verdict": record.verdict_name,
+            "n_layers": record.spec.get("n_layers"), "world_size": world_size,
+            "reason": record.verdict["reasons"][0]}
+
+
+def accepted_knobs(spec: TrialSpec) -> list[str]:
+    """The bisection knobs this target can vary: all for "nsa"; for a factory, dtype,
+    seq_len and world_size (the trial honours them) plus those its signature declares."""
+    if spec.target == "nsa":
+        return list(BASELINE)
+    params = inspect.signature(load_factory(spec.target)).parameters
+    return ["dtype", "seq_len", "world_size",
+            *[k for k in ("grad_ckpt", "backend", "branches") if k in params]]
+
+
+def spec_knobs(spec: TrialSpec, world_size: int = 1) -> dict[str, Any]:
+    """The value of every bisection knob: the spec's fields and the world size."""
+    values = {k: getattr(spec, k) for k in BASELINE if k != "world_size"}
+    if values["branches"] is not None:
+        values["branches"] = list(values["branches"])
+    return {**values, "world_size": world_size}
+
+
+class Triage:
+    """One triage in one run directory; ``run()`` returns the state stored in triage.json."""
+
+    def __init__(self, base: TrialSpec, options: TriageOptions, run_dir: Path,
+                 argv: Sequence[str], callbacks: TriageCallbacks | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.base, self.options, self.run_dir = base, options, run_dir
+        self.callbacks = callbacks or TriageCallbacks()
+        self.clock = clock
+        self.started = clock()
+        planned = plan_trial_budget(options.max_minutes, base.budget_s)
+        self.limit = TimeLimit(self.started + options.max_minutes * 60.0, planned)
+        self.book = _Book(run_dir, self.limit, clock, self.callbacks)
+        self.state: dict[str, Any] = {
+            "target": base.target, "argv": list(argv), "max_layers": options.max_layers,
+            "max_minutes": options.max_minutes, "trial_budget_s": planned,
+            "user_budget_s": base.budget_s, "stages_done": [], "stopped": None,
+            "base_spec": json.loads(base.to_json()), "world_size": options.world_size}
+
+    # ---- driving -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        stages = [("env", self.env), ("checks", self.checks), ("sweep", self.sweep),
+                  ("repeats", self.repeats), ("attribution", self.attribution),
+                  ("branches", self.branches), ("bisection", self.bisection)]
+        try:
+            for name, stage in stages:
+                if self.callbacks.on_stage:
+                    self.callbacks.on_stage(name)
+                stage()
+                self.state["stages_done"].append(name)
+                self._save()
+        except TriageStop as stop:
+            self.state["stopped"] = f"stopped in the {name} stage: {stop}"
+        self.state["elapsed_s"] = self.clock() - self.started
+        self._save()
+        return self.state
+
+    def _save(self) -> None:
+        tmp = self.run_dir / "triage.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=1))
+        os.replace(tmp, self.run_dir / "triage.json")
+
+    @property
+    def failing(self) -> dict[str, Any] | None:
+        return self.state.get("sweep", {}).get("failing")
+
+    def _depth_spec(self, n_layers: int, **changes: Any) -> TrialSpec:
+        return self.base.replace(n_layers=n_layers, **changes)
+
+    def _run(self, spec: TrialSpec, world_size: int | None = None) -> TrialRecord:
+        """A trial on the triage's world size (or ``world_size``)."""
+        size = self.options.world_size if world_size is None else world_size
+        return self.book.run(spec, size, self.options.ddp_backend)
+
+    # ---- stages --------------------------------------------------------------------------
+
+    def env(self) -> None:
+        env = collect_env().as_dict()
+        self.state["env"] = env
+        self.state["env_problems"] = env_problems(env, self.base.device)
+
+    def checks(self) -> None:
+        if not self.options.checks:
+            self.state["checks"] = {"skipped": "--no-checks"}
+            return
+        names = ["causality", "parity", "ckpt"] + (["ddp"] if self.options.world_size > 1
+                                                   else [])
+        results: list[dict[str, Any]] = []
+        self.state["checks"] = {"n_layers": min(2, self.options.max_layers), "results": results}
+        for name in names:
+            budget = self.limit.trial_budget(self.clock())
+            spec = self._depth_spec(self.state["checks"]["n_layers"], budget_s=budget,
+                                    stall_timeout_s=min(self.base.stall_timeout_s, budget))
+            found = run_check(name, spec, self.run_dir / "checks",
+                              world_size=max(2, self.options.world_size)).to_dict()
+            found["finished"] = found["verdict"]["name"] in ("OK", "WRONG")
+            results.append(found)
+            self._save()
+
+    def sweep(self) -> None:
+        records: dict[int, TrialRecord] = {}
+        sweep: dict[str, Any] = {"probed": [], "threshold": None, "deepest_ok": None,
+                                 "failing": None, "complete": False}
+        self.state["sweep"] = sweep
+
+        def fails(n: int) -> bool:
+            records[n] = self._run(self._depth_spec(n))
+            sweep["probed"].append(_trial_ref(records[n]))
+            sweep["deepest_ok"], sweep["threshold"] = bracket(
+                {k: r.verdict_name != "OK" for k, r in records.items()})
+            if sweep["threshold"] is not None:  # known so far, should the time run out
+                sweep["failing"] = _trial_ref(records[sweep["threshold"]])
+            return records[n].verdict_name != "OK"
+
+        found = find_threshold(fails, self.options.max_layers)
+        sweep.update(threshold=found.threshold, deepest_ok=found.deepest_ok, complete=True)
+        if found.threshold is not None:
+            sweep["failing"] = _trial_ref(records[found.threshold])
+
+    def repeats(self) -> None:
+        if not self.failing:
+            return
+        spec = self._depth_spec(self.failing["n_layers"])
+        refs = [self.failing]
+        self.state["repeats"] = {"runs": refs}
+        while needs_repeat([r["verdict"] for r in refs], MAX_RUNS):
+            refs.append(_trial_ref(self._run(spec)))
+            self.state["repeats"]["confidence"] = confidence(
+                [r["verdict"] for r in refs]).to_dict()
+        self.state["repeats"]["confidence"] = confidence([r["verdict"] for r in refs]).to_dict()
+
+    def attribution(self) -> None:
+        if not self.failing:
+            return
+        record = self._record(self.failing["trial"])
+        events = record.evidence.get("events") or []
+        end = (record.evidence.get("outcome") or {}).get("ended_at")
+        inner = time_by_module(events, end)
+        training = [e["t"] for e in events if e.get("phase") != "build"]
+        start = training[0] if training else (events[0]["t"] if events else 0.0)
+        self.state["attribution"] = {
+            "trial": self.failing["trial"],
+            "span_s": (end or (events[-1]["t"] if events else start)) - start,
+            "by_pattern": [t.to_dict() for t in by_layer_pattern(inner)[:8]],
+            "by_module": [t.to_dict() for t in inner[:8]]}
+
+    def branches(self) -> None:
+        if not (self.failing and self.options.isolate):
+            return
+        if self.base.target != "nsa" and "branches" not in accepted_knobs(self.base):
+            self.state["branches"] = {"skipped": f"{self.base.target} has no NSA branches to "
+                                                 f"isolate"}
+            return
+        names = list(self.base.branches or BRANCHES)
+        if len(names) < 2:
+            self.state["branches"] = {"skipped": f"only the {names[0]} branch is computed"}
+            return
+        runs: list[dict[str, Any]] = []
+        self.state["branches"] = {"n_layers": self.failing["n_layers"], "runs": runs}
+        for branch in names:
+            record = self._run(self._depth_spec(self.failing["n_layers"], branches=(branch,)))
+            runs.append({"branch": branch, **_trial_ref(record)})
+
+    def bisection(self) -> None:
+        if not (self.failing and self.options.bisect):
+            return
+        knobs = spec_knobs(self.base, self.options.world_size)
+        changes = knob_changes(knobs, accepted_knobs(self.base))
+        baseline = baseline_values(knobs, changes)
+        verdict, depth = self.failing["verdict"], self.failing["n_layers"]
+        tests: list[dict[str, Any]] = []
+        bisection = {"verdict": verdict, "n_layers": depth, "changes": changes,
+                     "baseline": baseline, "tests": tests, "minimal": None,
+                     "minimal_trial": None}
+        self.state["bisection"] = bisection
+        by_subset: dict[frozenset[str], dict[str, Any]] = {
+            frozenset(changes): _trial_ref(self._record(self.failing["trial"]))}
+
+        def fails(subset: frozenset[str]) -> bool:
+            knobs = {**baseline, **{k: changes[k] for k in subset}}
+            world_size = knobs.pop("world_size", self.options.world_size)
+            spec = self._depth_spec(depth, **_as_spec_fields(knobs))
+            ref = {"applied": sorted(subset, key=list(changes).index),
+                   **_trial_ref(self._run(spec, world_size))}
+            tests.append(ref)
+            by_subset[subset] = ref
+            return ref["verdict"] == verdict
+
+        minimal = ddmin(list(changes), fails)
+        bisection["minimal"] = {k: changes[k] for k in minimal}
+        bisection["minimal_trial"] = by_subset[frozenset(minimal)]["trial"]
+
+    def _record(self, trial: str) -> TrialRecord:
+        for record in load_records(self.run_dir / "trials.jsonl"):
+            if Path(record.trial_dir).name == trial:
+                return record
+        raise KeyError(trial)
+
+
+def _as_spec_fields(knobs: dict[str, Any]) -> dict[str, Any]:
+    """Knob values (without world_size) as TrialSpec fields: branches as a tuple."""
+    fields = dict(knobs)
+    if fields.get("branches") is not None:
+        fields["branches"] = tuple(fields["branches"])
+    return fields

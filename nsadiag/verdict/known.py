@@ -1,0 +1,70 @@
+"""Exception messages whose cause is known, and how to read a child's traceback (pure)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nsadiag.probes.frames import LIBRARY_PATH
+
+OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
+OOM_MESSAGE = re.compile(
+    r"out of memory|can't allocate memory|cannot allocate memory|not enough memory",
+    re.IGNORECASE)
+TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$',
+                             re.MULTILINE)
+
+
+def project_frame(traceback: str) -> str | None:
+    """The innermost traceback frame outside installed packages and the standard library,
+    preferring the model's code over nsadiag's own trial harness."""
+    frames = [m for m in TRACEBACK_FRAME.finditer(traceback) if not LIBRARY_PATH.search(m["file"])]
+    preferred = [m for m in frames if "/nsadiag/" not in m["file"]] or frames
+    if not preferred:
+        return None
+    match = preferred[-1]
+    return f"{match['file']}:{match['line']} in {match['func'].strip()}"
+
+
+
+def is_oom_exception(exception: dict[str, Any], child_says_oom: bool) -> bool:
+    """True when the child flagged the exception as an allocation failure, or its type or
+    message names memory exhaustion."""
+    kind = str(exception.get("type", "")).rsplit(".", 1)[-1]
+    message = str(exception.get("message", ""))
+    return child_says_oom or kind in OOM_TYPES or bool(OOM_MESSAGE.search(message))
+
+
+
+READY_TWICE = re.compile(r"Expected to mark a variable ready only once|marked as ready twice")
+READY_TWICE_PARAMETER = re.compile(r"with name (?P<name>\S+) has been marked as ready twice")
+
+
+def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
+    """The cause and the fixes of an exception whose message is known, else None.
+
+    DDP's "Expected to mark a variable ready only once" / "marked as ready twice": a
+    parameter received its gradient twice in one backward. Under reentrant gradient
+    checkpointing that happens when a segment's recompute runs other modules than its
+    forward did: a closure like ``lambda x: blk(x)`` inside ``for blk in blocks`` looks
+    ``blk`` up when the recompute calls it, after the loop, so every segment recomputes the
+    last block and back-propagates into its parameters once per segment.
+    """
+    if not READY_TWICE.search(message):
+        return None
+    named = READY_TWICE_PARAMETER.search(message)
+    parameter = named["name"] if named else None
+    cause = ("a parameter received its gradient twice in one backward"
+             + (f" ({parameter})" if parameter else "")
+             + ": with reentrant checkpointing this happens when a segment's recompute runs "
+               "other modules than its forward did, e.g. a late-bound closure `lambda x: "
+               "blk(x)` inside `for blk in blocks`, which recomputes the last block for every "
+               "segment, so its parameters become ready once per segment")
+    fixes = ["bind the block when the checkpoint is made: checkpoint(blk, x), "
+             "functools.partial(checkpoint, blk) or `lambda x, blk=blk: blk(x)`",
+             "use non-reentrant checkpointing (use_reentrant=False), then verify the "
+             "gradients with `nsadiag check ckpt`: a late-bound closure stays silently wrong "
+             "there",
+             "DDP's static_graph=True only hides the double gradient"]
+    return {"cause": cause, "parameter": parameter, "fixes": fixes}
+

@@ -1,0 +1,117 @@
+"""How far a run got and how fast it moves, from its heartbeat events (pure).
+
+``progress`` turns the last heartbeat events of a run into a rate (module events per
+second over a recent window), the fraction done and an ETA. Events are the heartbeat
+format of ``nsadiag.heartbeat``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+RATE_WINDOW_S = 30.0
+"""Progress rates are measured over the heartbeats of the last this many seconds."""
+
+
+@dataclass
+class Progress:
+    """How far a run got and how fast it moves.
+
+    ``rate`` is module events per second over the last ``window_s`` seconds of heartbeats
+    (None with fewer than two); ``fraction`` the part of the run done, from module events
+    when a step's event count is known, else from steps plus the position inside the
+    current step (``basis`` says which); ``eta_s`` the seconds left at that pace.
+    """
+
+    rate: float | None
+    window_s: float
+    events_done: int
+    events_expected: int | None
+    fraction: float | None
+    eta_s: float | None
+    basis: str
+
+
+
+def module_events(events: Sequence[dict]) -> list[dict]:
+    return [event for event in events if event.get("kind") == "module"]
+
+
+def _rate(module_events: Sequence[dict], window_s: float) -> tuple[float | None, float]:
+    """Module events per second over the last ``window_s`` seconds, and the span used.
+
+    Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
+    """
+    if len(module_events) < 2:
+        return None, 0.0
+    last_t = module_events[-1]["t"]
+    recent = [event for event in module_events if event["t"] >= last_t - window_s]
+    span = recent[-1]["t"] - recent[0]["t"]
+    if len(recent) < 2 or span <= 0:
+        return None, span
+    return (len(recent) - 1) / span, span
+
+
+def _in_step_fraction(events: Sequence[dict], step: int) -> float:
+    """Position inside step ``step`` from its heartbeats: 0 in forward (its length is not
+    known yet), 0.5 + half the backward events per forward event in backward, 1 in the
+    optimizer. The phase is the one the last event of the step belongs to ("start" events
+    open phases); backward emits about as many backward module events as forward did."""
+    current = [event for event in events if event.get("step") == step]
+    if not current:
+        return 0.0
+    phase = current[-1].get("phase")
+    if phase == "optimizer":
+        return 1.0
+    if phase != "backward":
+        return 0.0
+    modules = module_events(current)
+    forward = sum(1 for event in modules if event.get("phase") == "forward")
+    backward = sum(1 for event in modules if event.get("phase") == "backward")
+    return 0.5 + 0.5 * min(1.0, backward / forward) if forward else 0.5
+
+
+def _elapsed_since_start(events: Sequence[dict]) -> float | None:
+    """Seconds from the run's first event (seq 0, the "build" start) to the last one."""
+    starts = [event for event in events if event.get("seq") == 0 or
+              (event.get("kind") == "start" and event.get("phase") == "build")]
+    return events[-1]["t"] - starts[0]["t"] if starts else None
+
+
+def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | None:
+    """(finished steps + position in the current step) / total steps."""
+    if not events or total_steps <= 0:
+        return None
+    last = events[-1]
+    if last.get("kind") in ("step", "end"):
+        return min(1.0, (int(last.get("step", 0)) + 1) / total_steps)
+    step = int(last.get("step", 0))
+    return min(1.0, (step + _in_step_fraction(events, step)) / total_steps)
+
+
+def progress(events: Sequence[dict], expected_events_per_step: int | None, total_steps: int,
+             *, module_events_done: int | None = None,
+             window_s: float = RATE_WINDOW_S) -> Progress:
+    """Rate, fraction done and ETA of a run from its last heartbeat events.
+
+    ``module_events_done`` is the number of module events of the whole run (the runner's
+    count); when omitted the module events in ``events`` are counted, which is exact only
+    when ``events`` holds the whole heartbeat file. With ``expected_events_per_step`` the
+    fraction is events done / (events per step * total steps) and the ETA is the events
+    left at the current rate; without it the fraction comes from steps and the in-step
+    position, and the ETA extrapolates the time since the start event.
+    """
+    modules = module_events(events)
+    done = len(modules) if module_events_done is None else module_events_done
+    rate, span = _rate(modules, window_s)
+    if expected_events_per_step and total_steps > 0:
+        expected = expected_events_per_step * total_steps
+        fraction = min(1.0, done / expected)
+        eta = max(0, expected - done) / rate if rate else None
+        return Progress(rate, span, done, expected, fraction, eta, "module events")
+    fraction = _fraction_from_steps(events, total_steps)
+    elapsed = _elapsed_since_start(events)
+    eta = elapsed * (1 - fraction) / fraction if fraction and elapsed is not None else None
+    return Progress(rate, span, done, None, fraction, eta, "steps and in-step position")
+
