@@ -228,8 +228,12 @@ def setup_runtime(device: str, pg_timeout: float) -> Runtime:
     return Runtime(rank, world_size, torch.device("cpu"), distributed=True)
 
 
-def teardown_runtime(runtime: Runtime) -> None:
+def teardown_runtime(runtime: Runtime, finished: bool = False) -> None:
+    """Leave the process group. A rank that ``finished`` waits for its peers first: tearing
+    gloo down while a peer still uses the connection aborts that peer (SIGABRT)."""
     if runtime.distributed and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -488,10 +492,13 @@ def train(args: TrainArgs) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     runtime = setup_runtime(args.device, args.pg_timeout)
+    finished = False
     try:
-        return _train(args, cfg, runtime)
+        summary = _train(args, cfg, runtime)
+        finished = True
+        return summary
     finally:
-        teardown_runtime(runtime)
+        teardown_runtime(runtime, finished)
 
 
 def _train(args: TrainArgs, cfg: NSAConfig, runtime: Runtime) -> dict[str, Any]:

@@ -410,7 +410,7 @@ def memory_cmd(target: str = TARGET, set_: list[str] = SET,
     run_dir = out or default_run_dir("memory")
     summary = _in_process(lambda s: memory_command(s, prepare_run_dir(run_dir), top), spec)
     if ab_expandable_segments:
-        summary["ab_expandable_segments"] = _in_process(ab_compare, spec, top)
+        summary["ab_expandable_segments"] = _in_process(ab_compare, spec, run_dir, top)
     if as_json:
         print(json.dumps(summary, indent=1))
         return

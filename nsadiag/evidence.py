@@ -177,6 +177,14 @@ class StallEvidence:
     "busy-native" or "in-collective"; None without samples); ``unfinished_backward`` the
     modules whose backward started in the current step and never finished, by their
     heartbeat events, innermost (latest started) first.
+
+    ``main_cpu_delta_s`` and ``runq_delta_s`` are the main thread's on-CPU and run-queue
+    seconds over the same window (/proc/PID/task/PID/schedstat), so ``demand()`` says how
+    much of the window the thread wanted the CPU whether or not a loaded machine gave it;
+    ``opportunity_s`` is how long the job had to progress (quiet time minus run-queue
+    waits) and ``stretched`` says the stall was declared after the watcher's longest wait
+    although the processes had less opportunity than the stall timeout (a contended
+    machine).
     """
 
     since_last_event_s: float
@@ -186,12 +194,24 @@ class StallEvidence:
     unavailable: list[str] = field(default_factory=list)
     stacks_class: str | None = None
     unfinished_backward: list[str] = field(default_factory=list)
+    main_cpu_delta_s: float | None = None
+    runq_delta_s: float | None = None
+    opportunity_s: float | None = None
+    stretched: bool = False
 
     def cpu_fraction(self) -> float | None:
         """CPU seconds per wall second over the window, None when unknown."""
         if self.cpu_delta_s is None or self.window_s <= 0:
             return None
         return self.cpu_delta_s / self.window_s
+
+    def demand(self) -> float | None:
+        """The main thread's (on-CPU + run-queue) seconds per wall second over the window:
+        near 1 for a thread that computes (however loaded the machine), near 0 for one
+        that waits; None when schedstat was unreadable."""
+        if self.main_cpu_delta_s is None or self.runq_delta_s is None or self.window_s <= 0:
+            return None
+        return (self.main_cpu_delta_s + self.runq_delta_s) / self.window_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -202,6 +222,10 @@ class StallEvidence:
             "unavailable": list(self.unavailable),
             "stacks_class": self.stacks_class,
             "unfinished_backward": list(self.unfinished_backward),
+            "main_cpu_delta_s": self.main_cpu_delta_s,
+            "runq_delta_s": self.runq_delta_s,
+            "opportunity_s": self.opportunity_s,
+            "stretched": self.stretched,
         }
 
     @classmethod
@@ -214,6 +238,10 @@ class StallEvidence:
             unavailable=[str(item) for item in data.get("unavailable", [])],
             stacks_class=data.get("stacks_class"),
             unfinished_backward=[str(m) for m in data.get("unfinished_backward", [])],
+            main_cpu_delta_s=data.get("main_cpu_delta_s"),
+            runq_delta_s=data.get("runq_delta_s"),
+            opportunity_s=data.get("opportunity_s"),
+            stretched=bool(data.get("stretched", False)),
         )
 
 
@@ -230,6 +258,13 @@ class Evidence:
     number of module events one full step emitted, measured on step 0 when it completed,
     else None. ``stall_timeout_s`` is the runner's stall timeout: a run with a
     heartbeat within that long of its end was still progressing.
+
+    ``pulses`` are the last pulses of the progress sampler (nsadiag.probes.sampler);
+    ``load`` what the machine and the child's main thread looked like over its life
+    (nsadiag.harness.jobs.machine_load: load averages and usable CPUs at start and end;
+    the main thread's wall, on-CPU and run-queue seconds, its CPU share and demand);
+    ``profile`` the sampled profile the child wrote (profile.json of
+    nsadiag.probes.sampler). Each is empty or None when not measured.
     """
 
     spec: dict[str, Any]
@@ -241,6 +276,9 @@ class Evidence:
     expected_events_per_step: int | None
     total_steps: int
     stall_timeout_s: float | None = None
+    pulses: list[dict[str, Any]] = field(default_factory=list)
+    load: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -253,6 +291,9 @@ class Evidence:
             "expected_events_per_step": self.expected_events_per_step,
             "total_steps": self.total_steps,
             "stall_timeout_s": self.stall_timeout_s,
+            "pulses": list(self.pulses),
+            "load": self.load,
+            "profile": self.profile,
         }
 
     @classmethod
@@ -268,4 +309,7 @@ class Evidence:
             expected_events_per_step=data.get("expected_events_per_step"),
             total_steps=int(data.get("total_steps", 0)),
             stall_timeout_s=data.get("stall_timeout_s"),
+            pulses=list(data.get("pulses") or []),
+            load=data.get("load"),
+            profile=data.get("profile"),
         )

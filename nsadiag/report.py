@@ -293,8 +293,11 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         implicated.append(f"{failing.spec.get('n_layers')} layers end as {name}"
                           + (f", at {where}" if where else "") + ".")
         if name == "SLOW":
-            ruled_out.append("A hang: heartbeats kept arriving until the budget ran out "
-                             + (f"(ETA {facts['eta_s']:.0f} s more)." if facts.get("eta_s")
+            gap = facts.get("since_last_event_s")
+            last = f", the last {gap:.1f} s before the kill" if gap is not None else ""
+            ruled_out.append("A hang: it was still progressing (heartbeats or sampler "
+                             f"pulses) when the budget ran out{last}"
+                             + (f"; ETA {facts['eta_s']:.0f} s more." if facts.get("eta_s")
                                 else "."))
     return ["Ruled out:", ""] + [f"- {x}" for x in ruled_out or ["nothing yet"]] + \
         ["", "Implicated:", ""] + [f"- {x}" for x in implicated or ["nothing: every trial OK"]]

@@ -1,7 +1,7 @@
 """TrialSpec: everything one trial (one child process, one configuration) needs to run.
 
 A spec is frozen and travels as JSON: the parent writes it next to the trial directory and
-the child (`python -m nsadiag.trial SPEC_JSON`) reads it back. `validate()` raises
+the child reads it back (inside the job spec below). `validate()` raises
 ValueError with one line that names the field and the allowed values.
 
 Knobs that the trial itself controls (n_layers, seq_len, grad_ckpt, dtype, branches,
@@ -182,3 +182,69 @@ def _check_branches(branches: tuple[str, ...] | None) -> None:
     if not branches or not valid:
         raise ValueError(f"branches: must be null or a non-empty subset of "
                          f"{', '.join(BRANCHES)} without repeats, got {list(branches)!r}")
+
+
+JOB_KINDS = ("trial", "check", "memory")
+DDP_BACKENDS = ("gloo", "nccl")
+CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What one watched child (or each rank of a torchrun job) runs: the one JSON file a
+    child of nsadiag.harness.child reads.
+
+    kind         "trial" (train spec.steps steps), "check" (the correctness check named
+                 `check`), "memory" (the memory probe's measurement)
+    spec         the TrialSpec: target, shape, limits, and the job directory (out_dir)
+    world_size   processes; above 1 the job runs under torchrun, each rank in
+                 <out_dir>/rank-<r>/
+    ddp_backend  "gloo" or "nccl" (world_size > 1)
+    pg_timeout_s the process-group timeout; None = nsadiag.harness.rank.pg_timeout_for
+    check        the check's name (kind "check")
+    top          rows of the largest saved tensors (kind "memory")
+    """
+
+    kind: str
+    spec: TrialSpec
+    world_size: int = 1
+    ddp_backend: str = "gloo"
+    pg_timeout_s: float | None = None
+    check: str | None = None
+    top: int = 10
+
+    def validate(self) -> JobSpec:
+        """Return self, or raise ValueError (one line naming the field)."""
+        _check_choice("kind", self.kind, JOB_KINDS)
+        self.spec.validate()
+        _check_positive_int("world_size", self.world_size, "a positive integer")
+        _check_choice("ddp_backend", self.ddp_backend, DDP_BACKENDS)
+        if self.pg_timeout_s is not None:
+            _check_positive_number("pg_timeout_s", self.pg_timeout_s)
+        if self.kind == "check":
+            _check_choice("check", self.check, CHECK_NAMES)
+        _check_positive_int("top", self.top, "a positive integer")
+        return self
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["spec"] = json.loads(self.spec.to_json())
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> JobSpec:
+        """A validated job from JSON text or a path (see TrialSpec.from_json)."""
+        text = _read_source(source)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"job: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
+            raise ValueError("job: must be a JSON object with a 'spec' object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a JobSpec field; fields are "
+                             f"{', '.join(sorted(names))}")
+        spec = TrialSpec.from_json(json.dumps(data.pop("spec")))
+        return cls(spec=spec, **data).validate()

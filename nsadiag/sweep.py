@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsadiag.harness.jobs import run_trial
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
-from nsadiag.runner import run_trial
 from nsadiag.spec import TrialSpec
 
 

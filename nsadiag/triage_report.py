@@ -16,6 +16,7 @@ from typing import Any
 from nsadiag.compare import compare_rows, regressions
 from nsadiag.evidence import StackSample
 from nsadiag.probes.frames import hot_frame, user_frame
+from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.report import (
     RECOMMENDATIONS,
     _cli_value,
@@ -97,6 +98,9 @@ def _frames(state: dict[str, Any], records: dict[str, TrialRecord]) -> dict[str,
     if own:
         found["user_frame"] = f"{own[0].where()}" + (f" `{own[0].code}`" if own[0].code else "")
         found["user_count"] = own[1]
+    profiled = next((run.evidence["profile"] for run in runs if run.evidence.get("profile")),
+                    None)
+    found["profile"] = describe_profile(profiled) if profiled else []
     return found
 
 
@@ -221,6 +225,7 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(f"Hot frame: {frames['hot_frame']}.")
         if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
+        lines += [_sentence(sentence) + "." for sentence in frames.get("profile", [])]
         if failure["minimal"] is not None:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
                           " on top of the healthy baseline.") if failure["minimal"] else
@@ -394,7 +399,8 @@ def _root_cause(state, records, failure, frames) -> list[str]:
         implicated.append(f"Depth: {failure['n_layers']} layer(s) end as {verdict} (trial "
                           f"`{failure['trial']}`).")
         if verdict == "SLOW":
-            ruled_out.append("A hang: heartbeats kept arriving until the budget ran out.")
+            ruled_out.append("A hang: it was still progressing (heartbeats or sampler "
+                             "pulses) when the budget ran out.")
         bad, good = _implicated_branches(state, verdict)
         if bad:
             implicated.append(f"Branch(es) {', '.join(bad)}: alone they end {verdict}.")

@@ -48,12 +48,14 @@ def reference_grads(world_size: int) -> dict[str, torch.Tensor]:
 
 def main(out: str) -> None:
     runtime = setup_runtime("cpu", pg_timeout=60)
+    finished = False
     try:
         grads = grads_of_step(runtime, BATCH_PER_RANK)
         if runtime.rank == 0:
             torch.save({"world_size": runtime.world_size, "grads": grads}, out)
+        finished = True
     finally:
-        teardown_runtime(runtime)
+        teardown_runtime(runtime, finished)
 
 
 if __name__ == "__main__":

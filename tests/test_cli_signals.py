@@ -19,7 +19,7 @@ def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
     children = []
     while time.monotonic() < deadline and not children:
         children = [c for c in parent.children(recursive=True)
-                    if "nsadiag.trial" in " ".join(c.cmdline())]
+                    if "nsadiag.harness.child" in " ".join(c.cmdline())]
         time.sleep(0.2)
     assert children, "the trial child never started"
     time.sleep(1.0)

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from nsadiag.cli import app
-from nsadiag.commands.ddp import run_ddp_trial
+from nsadiag.harness.jobs import run_ddp_trial
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
 

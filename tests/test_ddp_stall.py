@@ -4,7 +4,7 @@ first; no rank outlives the trial."""
 
 import psutil
 
-from nsadiag.commands.ddp import run_ddp_trial
+from nsadiag.harness.jobs import run_ddp_trial
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
 

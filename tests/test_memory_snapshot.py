@@ -186,17 +186,17 @@ def test_the_layer_that_saves_a_big_tensor_stands_out():
     assert sum(r["saved"] for r in rows.values()) <= summary["saved_total"]
 
 
-def test_the_measuring_child_prints_its_measurement_as_json(capsys):
-    from nsadiag.commands.memory import main
-    from nsadiag.spec import TrialSpec
+def test_a_memory_job_measures_in_a_watched_child(tmp_path):
+    from nsadiag.harness.jobs import run_job
+    from nsadiag.spec import JobSpec, TrialSpec
 
-    spec = TrialSpec(target="tests.diag_targets:tiny_lm", seq_len=8, steps=2)
-    assert main([spec.to_json(), "3"]) == 0
-    measured = json.loads(capsys.readouterr().out)
+    spec = TrialSpec(target="tests.diag_targets:tiny_lm", seq_len=8, steps=2,
+                     out_dir=str(tmp_path / "job")).validate()
+    record = run_job(JobSpec("memory", spec, top=3).validate())
+    assert record.verdict_name == "OK", record.verdict
+    measured = record.evidence["result"]["memory"]
     assert len(measured["largest_saved"]) == 3 and measured["step_s"] > 0
     assert [row["layer"] for row in measured["per_layer"]] == ["layers.0", "layers.1"]
-    assert main(["{not json"]) == 2
-    assert capsys.readouterr().err.startswith("nsadiag.commands.memory: spec: not valid JSON")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -217,13 +217,13 @@ def test_cuda_memory_command_records_history_and_layer_deltas(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_ab_expandable_segments_measures_both_in_children():
+def test_ab_expandable_segments_measures_both_in_children(tmp_path):
     from nsadiag.commands.memory import ab_expandable_segments
     from nsadiag.spec import TrialSpec
 
     spec = TrialSpec(target="tests.diag_targets:tiny_lm", seq_len=64, steps=2,
                      device="cuda").validate()
-    ab = ab_expandable_segments(spec)
+    ab = ab_expandable_segments(spec, tmp_path)
     assert ab["baseline"]["device"] == ab["expandable"]["device"] == "cuda"
     rows = {row["quantity"]: row for row in ab["rows"]}
     assert rows["reserved"]["baseline"] > 0 and rows["reserved"]["expandable"] > 0

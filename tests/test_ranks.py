@@ -1,8 +1,8 @@
 """The verdict across ranks, the collective counter's summary, the ready-twice explanation
 and the Flight Recorder summary, on synthetic fixtures (no processes)."""
 
-from nsadiag.collectives import summarize
 from nsadiag.evidence import Evidence, ProcessOutcome
+from nsadiag.harness.collectives import summarize
 from nsadiag.probes.flight_recorder import summarize_dump
 from nsadiag.verdict import explain_exception
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks, divergence

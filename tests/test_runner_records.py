@@ -1,8 +1,8 @@
 """trials.jsonl bookkeeping and report ordering, without running trials."""
 
+from nsadiag.harness.jobs import cgroup_oom_kills
 from nsadiag.report import build_report, reproduction
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
-from nsadiag.runner import cgroup_oom_kills
 
 
 def _record(n_layers, verdict, trial_dir, **spec):

@@ -14,7 +14,7 @@ from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
 from nsadiag.probes.frames import classify, wait_frame
 from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, trial_dump_file
-from nsadiag.spec import TrialSpec
+from nsadiag.spec import JobSpec, TrialSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
 REPO = Path(__file__).parent.parent
@@ -105,7 +105,7 @@ def test_a_process_without_the_handler_is_not_signalled(monkeypatch, tmp_path):
 
 def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
         monkeypatch, tmp_path):
-    """A real deadlocked trial child: its dump file is found from its spec."""
+    """A real deadlocked trial child: its dump file is found from its job."""
     import nsadiag.commands.stacks as command
 
     monkeypatch.setattr(stacks, "py_spy_path", lambda: None)
@@ -113,9 +113,9 @@ def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
     trial_dir = tmp_path / "trial"
     spec = TrialSpec(target="repro.lock_deadlock:make", n_layers=1, seq_len=16, steps=1,
                      out_dir=str(trial_dir))
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(spec.to_json())
-    proc = subprocess.Popen([sys.executable, "-m", "nsadiag.trial", str(spec_path)],
+    spec_path = tmp_path / "job.json"
+    spec_path.write_text(JobSpec("trial", spec).to_json())
+    proc = subprocess.Popen([sys.executable, "-m", "nsadiag.harness.child", str(spec_path)],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         events = trial_dir / "events.jsonl"

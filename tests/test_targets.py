@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import nsa.layer
 from nsa.model import NSATransformer
-from nsadiag.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, watch
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import instrument_branches, resolve
 from tests import diag_targets

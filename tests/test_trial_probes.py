@@ -9,15 +9,15 @@ import json
 import psutil
 import torch
 
-from nsadiag.heartbeat import unfinished_backward
+from nsadiag.harness.child import run, seed_everything
+from nsadiag.harness.heartbeat import unfinished_backward
+from nsadiag.harness.jobs import run_trial
 from nsadiag.probes import stacks
 from nsadiag.probes.memory import SavedTensorLedger
 from nsadiag.report import build_report, results_table
-from nsadiag.runner import run_trial
-from nsadiag.spec import TrialSpec
+from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.targets import resolve
-from nsadiag.trial import run, seed_everything
 
 TINY_NSA = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "l": 8, "d": 4,
             "l_sel": 16, "n_sel": 3, "w": 16, "query_chunk": 16, "compress_hidden": 16,
@@ -27,7 +27,7 @@ TINY_NSA = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "l": 8, "d"
 def test_trial_counts_saved_bytes_per_branch_like_the_memory_probe(tmp_path):
     spec = TrialSpec(target="nsa", overrides=TINY_NSA, n_layers=2, seq_len=64, steps=1,
                      out_dir=str(tmp_path)).validate()
-    result = run(spec, tmp_path)
+    result = run(JobSpec("trial", spec), None, tmp_path)
     assert result["status"] == "ok", result["exception"]
     seed_everything(spec.seed)
     target = resolve(spec)

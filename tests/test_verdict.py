@@ -83,8 +83,9 @@ def test_budget_kill_long_after_the_last_heartbeat_is_not_slow():
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "DEADLOCK"
     assert verdict.facts["confidence"] == "low"
-    assert verdict.reasons[0] == ("the budget ran out after 32.0 s, but the last heartbeat came "
-                                  "25.0 s before the kill (stall window 10.0 s): not progressing")
+    assert verdict.reasons[0] == ("the budget ran out after 32.0 s, but the last progress "
+                                  "(heartbeat or sampler pulse) came 25.0 s before the kill "
+                                  "(stall window 10.0 s): not progressing")
     assert any("busy cannot be told from idle" in reason for reason in verdict.reasons)
 
 
@@ -111,7 +112,7 @@ def test_idle_frozen_stacks_in_acquire_are_a_deadlock():
     assert facts["wait_function"] == "acquire"
     assert facts["wait_frame"] == "acquire (lock_deadlock.py:31)"
     assert facts["last_module"] == "blocks.0.attn.select"
-    assert verdict.reasons[0] == ("no heartbeat for 12.0 s while the process used 0.0 s of CPU "
+    assert verdict.reasons[0] == ("no progress for 12.0 s while the process used 0.0 s of CPU "
                                   "in 12.0 s (0%)")
     assert "MainThread is blocked in acquire (lock_deadlock.py:31) `self._inner.acquire()`" \
         in verdict.reasons
@@ -152,7 +153,7 @@ def test_busy_native_matmul_is_stall_busy_naming_the_python_frame_above_it():
     assert facts["hot_frame"] == "_dense_scores (dense_mask.py:27)"
     assert facts["hot_count"] == 3 and facts["native_below"] is True
     assert facts["stacks_class"] == "busy-native"
-    assert verdict.reasons[0] == ("no heartbeat for 10.0 s while the process used 9.9 s of CPU "
+    assert verdict.reasons[0] == ("no progress for 10.0 s while the process used 9.9 s of CPU "
                                   "in 10.0 s (99%)")
 
 
@@ -286,6 +287,19 @@ def test_progress_without_events_per_step_uses_the_backward_position():
     assert p.events_done == 30 and p.events_expected is None
 
 
+def test_progress_extrapolates_from_the_process_start_once_the_start_event_scrolled_away():
+    # only the last events are kept: step 1 of 4 is half done (in backward), and the
+    # build start (t = 0) is no longer among them; the process started at t = -1
+    events = [_module(10.0 + i, 100 + i, 1, "forward") for i in range(4)]
+    events += [{"t": 14.0, "seq": 104, "kind": "start", "phase": "backward", "step": 1}]
+    events += [_module(15.0, 105, 1, "backward")]
+    assert progress(events, expected_events_per_step=None, total_steps=4).eta_s is None
+    p = progress(events, expected_events_per_step=None, total_steps=4, started_t=-1.0)
+    fraction = (1 + 0.5 + 0.5 * 1 / 4) / 4
+    assert p.fraction == pytest.approx(fraction)
+    assert p.eta_s == pytest.approx(16.0 * (1 - fraction) / fraction)
+
+
 def test_progress_inside_the_first_forward_has_no_eta():
     events = [{"t": 0.0, "seq": 0, "kind": "start", "phase": "build", "step": 0},
               _module(1.0, 1, 0, "forward"), _module(2.0, 2, 0, "forward")]
@@ -304,3 +318,88 @@ def test_hot_frame_counts_running_threads_and_reports_the_common_line():
     frame, count, native_below = hot_frame([sample(10), sample(11), sample(10)])
     assert (frame.function, frame.line, count, native_below) == ("step", 10, 3, False)
     assert hot_frame([]) is None
+
+
+# ---- progress below module granularity, load and contention -------------------------------
+
+
+def _pulse(t: float, progress: bool, frame: str = "attend (model.py:42)") -> dict:
+    return {"t": t, "kind": "pulse", "progress": progress, "idle_s": 0.0, "frame": frame,
+            "cpu_s": 1.0, "runq_s": 0.0, "calls": 10, "nodes": 0, "op": None, "samples": 5}
+
+
+def test_a_budget_kill_inside_one_long_module_is_slow_when_pulses_show_progress():
+    # the last module event came 25 s before the kill (past the 10 s stall window), but
+    # the sampler saw a loop iterating until 0.5 s before it: progressing, so SLOW
+    data = raw("slow_budget.json")
+    last_event = data["events"][-1]["t"]
+    data["outcome"]["ended_at"] = last_event + 25.0
+    data["pulses"] = [_pulse(last_event + dt, True) for dt in range(1, 25)]
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW"
+    assert verdict.facts["since_last_event_s"] == pytest.approx(1.0, abs=1e-3)
+    assert "the last progress (heartbeat or sampler pulse) came 1.0 s before the kill" \
+        in verdict.reasons[0]
+
+
+def test_pulses_without_progress_do_not_count_as_progress():
+    data = raw("slow_budget.json")
+    last_event = data["events"][-1]["t"]
+    data["outcome"]["ended_at"] = last_event + 25.0
+    data["pulses"] = [_pulse(last_event + dt, False) for dt in range(1, 25)]
+    data["stall"].update(since_last_event_s=25.0, window_s=25.0, cpu_delta_s=24.6)
+    assert decide(Evidence.from_dict(data)).name == "STALL-BUSY"
+
+
+def test_a_spin_that_a_loaded_machine_gave_little_cpu_reads_as_busy_by_its_demand():
+    # 28 % of a core in a 12 s window: idle-ish by CPU share; but the main thread spent the
+    # rest of the window waiting for a core, so it wanted the CPU all the time
+    data = raw("deadlock_lock.json")
+    moving = data["stall"]["samples"]
+    moving[1]["threads"][0]["frames"][0]["line"] = 32
+    data["stall"].update(cpu_delta_s=3.4, main_cpu_delta_s=3.4, runq_delta_s=8.4)
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "STALL-BUSY" and verdict.facts["confidence"] == "high"
+    assert verdict.facts["demand"] == pytest.approx(11.8 / 12.0)
+    assert verdict.reasons[0].endswith("its main thread wanted the CPU 98% of that time "
+                                       "(8.4 s of it waiting for a core)")
+
+
+def test_a_waiting_thread_on_a_loaded_machine_is_still_a_deadlock():
+    data = raw("deadlock_lock.json")
+    data["stall"].update(main_cpu_delta_s=0.0, runq_delta_s=0.01)
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "DEADLOCK" and verdict.facts["confidence"] == "high"
+
+
+def test_a_stall_declared_on_a_contended_machine_is_inconclusive_with_the_figures():
+    data = raw("busy_matmul.json")
+    data["stall"].update(stretched=True, opportunity_s=4.2)
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "INCONCLUSIVE"
+    assert verdict.facts["would_be"] == "STALL-BUSY" and verdict.facts["contended"] is True
+    assert verdict.reasons[-1].startswith("the machine was contended: in 10.0 s without "
+                                          "progress the job had 4.2 s of CPU opportunity")
+
+
+def test_a_slow_verdict_names_the_loop_and_line_of_the_sampled_profile():
+    data = raw("slow_budget.json")
+    data["profile"] = {
+        "samples": 240, "duration_s": 30.0, "phases": {"forward": 200, "backward": 40},
+        "hot_lines": [{"where": "attend (model.py:42)", "file": "/home/u/model.py",
+                       "line": 42, "code": "o[:, t] = softmax(q[:, t] @ k[:, :t + 1].T) @ v",
+                       "count": 180, "fraction": 0.75}],
+        "loops": [{"where": "attend (model.py:40)", "variable": "t", "advanced": 812,
+                   "restarts": 0, "last": 812, "rate_per_s": 8.1, "observations": 230}],
+        "backward_ops": []}
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW"
+    assert verdict.facts["hot_line"] == "attend (model.py:42)"
+    assert verdict.facts["loop"]["variable"] == "t"
+    assert "sampled profile: 240 stacks over 30 s (forward 83%, backward 17%)" \
+        in verdict.reasons
+    assert ("hottest line of user code: attend (model.py:42) "
+            "`o[:, t] = softmax(q[:, t] @ k[:, :t + 1].T) @ v` in 75% of the samples") \
+        in verdict.reasons
+    assert ("loop variable `t` in attend (model.py:40) advanced 812 at 8.1/s: a loop "
+            "iterating") in verdict.reasons

@@ -4,7 +4,7 @@ and no process of any trial outlives it."""
 import psutil
 
 from nsadiag.checks import run_check
-from nsadiag.runner import run_trial
+from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
 from repro import ZOO
 
@@ -27,13 +27,36 @@ def test_healthy_nsa_is_ok(tmp_path):
 
 
 def test_per_token_loop_is_slow_with_an_eta(tmp_path):
-    # 12 s: a loaded 2-core machine spends ~6 s on start-up before the first block runs
-    record = _diagnose(tmp_path, "repro.per_token_loop:make", seq_len=384, steps=30,
+    # 12 s: a loaded 2-core machine spends ~6 s on start-up before the first block runs;
+    # 300 steps take minutes even on a fast machine, so the budget always cuts the run
+    record = _diagnose(tmp_path, "repro.per_token_loop:make", seq_len=384, steps=300,
                        budget_s=12.0, stall_timeout_s=5.0)
     assert record.verdict_name == "SLOW", record.verdict
     facts = record.verdict["facts"]
-    assert facts["eta_s"] > 8.0  # 30 steps at > 1 s each cannot end within the budget
     assert facts["rate"] > 0
+    assert 0 < facts["fraction_done"] < 1
+    assert facts["eta_s"] > 0  # the remainder at the measured pace
+
+
+def _longest_quiet_s(events: list[dict]) -> float:
+    """The longest time between two heartbeat events (pulses left out): how long the run
+    went without a module, step or phase event."""
+    times = [event["t"] for event in events if event["kind"] != "pulse"]
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+
+def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path):
+    # one block at S=8192: its forward is a loop of 8192 token steps and its backward
+    # about 8192 x 8 autograd nodes, each seconds long with no module event inside it;
+    # the sampler's pulses (a loop iterating, autograd nodes running) are the progress
+    record = _diagnose(tmp_path, "repro.per_token_loop:make", n_layers=1, seq_len=8192,
+                       batch=1, steps=50, stall_timeout_s=2.0, budget_s=30.0)
+    events = record.evidence["events"]
+    assert _longest_quiet_s(events) > 2.0, "no module call outlasted the stall timeout"
+    assert record.verdict_name == "SLOW", record.verdict
+    assert any(pulse.get("progress") for pulse in record.evidence["pulses"])
+    print("\n".join(record.verdict["reasons"]))
+    assert "per_token_loop.py" in record.verdict["facts"]["hot_line"]
 
 
 def test_lock_in_backward_hook_is_a_deadlock(tmp_path):

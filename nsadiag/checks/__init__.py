@@ -5,12 +5,13 @@
     ckpt       gradients with and without checkpointing, and a recompute differential
     ddp        N-rank DDP gradients against one process on the same global batch
 
-`run_check(name, spec, out_dir)` runs one check's model code in a child process
-(`python -m nsadiag.checks.child NAME SPEC_JSON`) watched by the trial runner, so a target
-that hangs, crashes or runs out of memory cannot hang the caller: the check then reports the
-runner's verdict (SLOW, STALL-*, DEADLOCK, OOM, ERROR, CRASH) and counts as failed. A check
-that ran reports OK when it passed and WRONG when it found a defect, naming the first
-module that differs. Each check writes <out_dir>/<name>/check.json beside the trial files.
+`run_check(name, spec, out_dir)` runs one check's model code as a "check" job
+(nsadiag.harness.child, watched by nsadiag.harness.jobs; the ddp check on N ranks under
+torchrun), so a target that hangs, crashes or runs out of memory cannot hang the caller:
+the check then reports the job's verdict (SLOW, STALL-*, DEADLOCK, OOM, ERROR, CRASH) and
+counts as failed. A check that ran reports OK when it passed and WRONG when it found a
+defect, naming the first module that differs. Each check writes
+<out_dir>/<name>/check.json (rank-0/check.json for ddp) beside the job's files.
 
 This module imports no torch: the child arms faulthandler before the slow import.
 """
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsadiag.harness.jobs import run_check_job
 from nsadiag.rundir import TrialRecord
-from nsadiag.runner import run_trial
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
 
@@ -85,9 +86,9 @@ def run_check(name: str, spec: TrialSpec, out_dir: Path,
     if name == "ddp" and world_size < 2:
         raise ValueError(f"world_size: the ddp check needs at least 2 ranks, got {world_size}")
     check_dir = Path(out_dir) / name
-    record = run_trial(spec.replace(out_dir=str(check_dir)),
-                       child=("nsadiag.checks.child", name, str(world_size)))
-    found = check_dir / "check.json"
+    record = run_check_job(name, spec.replace(out_dir=str(check_dir)),
+                           world_size if name == "ddp" else 1)
+    found = check_dir / ("rank-0" if name == "ddp" else "") / "check.json"
     if record.verdict_name == "OK" and found.exists():
         return CheckResult.from_dict(json.loads(found.read_text()))
     return _did_not_finish(name, record)

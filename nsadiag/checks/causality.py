@@ -21,7 +21,7 @@ import torch
 
 from nsadiag.checks import CheckResult, finding
 from nsadiag.checks.compare import difference, model_device, random_ids
-from nsadiag.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, watch
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from nsadiag.checks import TOLERANCE, CheckResult, finding, not_applicable
 from nsadiag.checks.compare import difference, model_device, random_ids
-from nsadiag.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, watch
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, factory_kwargs, load_factory, resolve
 

@@ -1,104 +1,81 @@
 """ddp: N-rank DistributedDataParallel gradients against one process on the same batch.
 
-Launches `torchrun --standalone --nproc_per_node N -m nsadiag.checks.ddp_worker` (gloo on
-the CPU, nccl on CUDA) from the check child; see ddp_worker for what each rank computes.
-The ranks' heartbeat events are relayed into the check's own heartbeat ("rank1.blocks.0"),
-so the watching runner sees progress and stalls of the ranks. The process group times out
-after half the stall timeout (5 s at least, 30 s at most): a rank stuck in a collective
-fails with that error before the runner's silence limit. torchrun runs in the check
-child's process group, and every process it started is killed when the check ends,
-whichever way. A rank that raised ends the check with its exception (type and message),
-which the runner reports as ERROR; e.g. "Expected to mark a variable ready only once" for
-the late-bound checkpoint closure with reentrant checkpointing.
+Runs as a "check" job on N ranks under torchrun (gloo on the CPU, nccl on CUDA), like any
+multi-rank job of nsadiag.harness: every rank builds the target with the spec's seed,
+wraps its loss in DistributedDataParallel (find_unused_parameters, so a model that skips
+parameters is compared, not refused) and back-propagates the next-token loss of its rows
+[rank*B, (rank+1)*B) of one global batch [N*B, S+1]; DDP averages the gradients. Rank 0
+then builds the same model from the weights DDP started from, back-propagates the whole
+global batch in this one process without any process group, and returns the finding:
+nsadiag.checks.ckpt's compare_gradients rows (DDP against one process). A rank stuck in a
+collective is the watcher's to see (STALL-COLLECTIVE); a rank that raised ends the check
+with its exception, e.g. "Expected to mark a variable ready only once" for the late-bound
+checkpoint closure with reentrant checkpointing.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
+import torch
+from torch import nn
 
 from nsadiag.checks import TOLERANCE, CheckResult, finding
-from nsadiag.heartbeat import HeartbeatWriter
-from nsadiag.runner import EventTail
+from nsadiag.checks.compare import model_device, random_ids
+from nsadiag.harness.heartbeat import HeartbeatWriter, watch
 from nsadiag.spec import TrialSpec
+from nsadiag.targets import Target, resolve
 
-WORLD_SIZE = 2
-POLL_S = 0.2
-
-
-def pg_timeout_s(spec: TrialSpec) -> float:
-    return min(30.0, max(5.0, spec.stall_timeout_s / 2))
+if TYPE_CHECKING:
+    from nsadiag.harness.rank import RankEnv
 
 
-def measure(spec: TrialSpec, writer: HeartbeatWriter, world_size: int = WORLD_SIZE) -> CheckResult:
-    if world_size < 2:
-        raise ValueError(f"world_size: the ddp check needs at least 2 ranks, got {world_size}")
-    out = Path(spec.out_dir) / "ranks"
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = out / "spec.json"
-    spec_path.write_text(spec.to_json())
-    returncode = launch(spec, world_size, spec_path, out, writer)
-    errors = sorted(out.glob("rank*.error.json"))
-    if errors:
-        error = json.loads(errors[0].read_text())
-        raise RuntimeError(f"{errors[0].name.split('.')[0]}: {error['type']}: {error['message']}")
-    if returncode != 0 or not (out / "ddp.json").exists():
-        log = (out / "torchrun.txt").read_text(errors="replace").strip().splitlines()
-        raise RuntimeError(f"torchrun exited with {returncode}: "
-                           f"{log[-1] if log else 'no output'}")
-    return judge(json.loads((out / "ddp.json").read_text()))
+class LossOf(nn.Module):
+    """forward(ids [B, S+1]) -> the target's scalar loss, so DDP wraps the whole step."""
+
+    def __init__(self, target: Target):
+        super().__init__()
+        self.model, self._loss = target.model, target.loss
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._loss(ids)
 
 
-def launch(spec: TrialSpec, world_size: int, spec_path: Path, out: Path,
-           writer: HeartbeatWriter) -> int:
-    """Run torchrun to its end, relaying rank events; nothing it started survives."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node", str(world_size), "-m", "nsadiag.checks.ddp_worker",
-           str(spec_path), str(out), f"{pg_timeout_s(spec):g}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # no event of ours until the ranks send theirs: until the first forward event the
-    # runner allows for a slow start (torchrun, then N imports of torch)
-    tails = {rank: EventTail(out / f"rank{rank}.jsonl") for rank in range(world_size)}
-    with open(out / "torchrun.txt", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    descendants: dict[int, psutil.Process] = {}
-    try:
-        while proc.poll() is None:
-            _remember(proc.pid, descendants)
-            relay(tails, writer)
-            time.sleep(POLL_S)
-        relay(tails, writer)
-        return proc.returncode
-    finally:
-        _remember(proc.pid, descendants)
-        proc.kill()
-        proc.wait()
-        for child in descendants.values():
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+def measure(spec: TrialSpec, writer: HeartbeatWriter, rank: RankEnv | None) -> CheckResult | None:
+    """This rank's part of the check; rank 0 returns the finding, the others None."""
+    from nsadiag.checks.ckpt import compare_gradients
+    from nsadiag.harness.rank import wrap_ddp
 
-
-def _remember(pid: int, known: dict[int, psutil.Process]) -> None:
-    try:
-        for child in psutil.Process(pid).children(recursive=True):
-            known.setdefault(child.pid, child)
-    except psutil.Error:
-        pass
-
-
-def relay(tails: dict[int, EventTail], writer: HeartbeatWriter) -> None:
-    for rank, tail in tails.items():
-        for event in tail.read_new():
-            if event.get("kind") == "module":
-                writer.module(f"rank{rank}.{event['module']}", event["phase"], event["edge"])
+    if rank is None or rank.world_size < 2:
+        raise ValueError("world_size: the ddp check needs at least 2 ranks under torchrun")
+    torch.manual_seed(spec.seed)
+    target = resolve(spec)
+    initial = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
+    device = model_device(target.model)
+    world, r = rank.world_size, rank.rank
+    batch = random_ids(target.vocab_size, world * spec.batch, spec.seq_len + 1, spec.seed,
+                       device)
+    ddp = wrap_ddp(LossOf(target), device, find_unused=True)
+    with watch(target, writer):
+        writer.start("forward", 0)
+        loss = ddp(batch[r * spec.batch:(r + 1) * spec.batch])
+        writer.start("backward", 0)
+        loss.backward()
+    got = {n: None if p.grad is None else p.grad.detach().clone()
+           for n, p in target.model.named_parameters()}
+    if r != 0:
+        return None
+    torch.manual_seed(spec.seed)
+    single = resolve(spec)
+    single.model.load_state_dict(initial)  # DDP broadcast rank 0's initial weights
+    with watch(single, writer):
+        writer.start("forward", 1)
+        loss = single.loss(batch)
+        writer.start("backward", 1)
+        loss.backward()
+    reference = {n: None if p.grad is None else p.grad.detach().clone()
+                 for n, p in single.model.named_parameters()}
+    return judge({"world_size": world, "rows": compare_gradients(single, got, reference)})
 
 
 def judge(found: dict) -> CheckResult:

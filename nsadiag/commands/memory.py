@@ -3,39 +3,24 @@ branch and layer saves for backward, the largest saved tensors, peak RSS and, on
 the allocator's counters, a recorded memory history (snapshot.pickle) and its summary.
 
 `memory_command` measures in this process. `ab_expandable_segments` measures twice more,
-each time in a fresh child process (`python -m nsadiag.commands.memory SPEC_JSON TOP`, which
-prints the measurement as JSON): once with the allocator configuration of this process
-minus `expandable_segments`, once with `expandable_segments:True` added. The variable is set
-in the child's environment only; the allocator reads it when CUDA initialises, so it cannot
-be switched inside a process that already used CUDA.
+each time as a "memory" job in a fresh watched child (nsadiag.harness.jobs): once with the
+allocator configuration of this process minus `expandable_segments`, once with
+`expandable_segments:True` added. The variable is set in the child's environment only; the
+allocator reads it when CUDA initialises, so it cannot be switched inside a process that
+already used CUDA.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import resource
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from nsadiag.probes.gpu import gpu_state
-from nsadiag.probes.memory import (
-    LayerDeltas,
-    SavedTensorLedger,
-    cuda_allocator_stats,
-    per_layer,
-    standouts,
-)
-from nsadiag.probes.snapshot import memory_history
-from nsadiag.spec import TrialSpec
-from nsadiag.targets import resolve, resolve_device
+from nsadiag.harness.jobs import run_job
+from nsadiag.harness.memory import measure_steps
+from nsadiag.spec import JobSpec, TrialSpec
+from nsadiag.targets import resolve_device
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 CHILD_TIMEOUT_S = 600
@@ -43,55 +28,13 @@ CHILD_TIMEOUT_S = 600
 
 def memory_command(spec: TrialSpec, out_dir: Path | None = None, top: int = 10
                    ) -> dict[str, Any]:
-    """spec.steps steps in this process; the first forward runs under the saved-tensor
-    ledger and the per-layer deltas, every step under the CUDA memory history, saved to
-    out_dir/snapshot.pickle (not recorded when out_dir is None)."""
-    torch.manual_seed(spec.seed)
-    target = resolve(spec)
-    device = next(target.model.parameters()).device
-    optimizer = torch.optim.AdamW(target.model.parameters(), lr=1e-3)
-    ledger = SavedTensorLedger(target.model)
-    layers = LayerDeltas(target.blocks, device)
-    step_s: list[float] = []
-    with contextlib.ExitStack() as stack:
-        if out_dir is None and device.type == "cuda":
-            history = {"unavailable": "memory history: not recorded in this measurement"}
-        else:
-            history = stack.enter_context(memory_history(device, out_dir))
-        for step in range(spec.steps):
-            ids = torch.randint(target.vocab_size, (spec.batch, spec.seq_len + 1),
-                                device=device)
-            _sync(device)
-            start = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16,
-                                enabled=spec.dtype == "bfloat16"):
-                if step == 0:
-                    with ledger, layers:
-                        loss = target.loss(ids)
-                else:
-                    loss = target.loss(ids)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            _sync(device)
-            step_s.append(time.perf_counter() - start)
-    rows = per_layer(ledger, target.blocks, layers.deltas)
-    timed = step_s[1:] if len(step_s) > 1 else step_s  # step 0 pays one-off costs
-    summary = {"device": device.type, "saved_total": ledger.total,
-            "saved_by_module": ledger.by_module(), "saved_by_branch": ledger.by_branch(),
-            "per_layer": rows, "layer_standouts": standouts(rows),
-            "largest_saved": [e.to_dict() for e in ledger.largest(top)],
-            "step_s": statistics.median(timed),
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "cuda": cuda_allocator_stats(device), "gpu": gpu_state(), "history": history}
+    """spec.steps steps in this process (nsadiag.harness.memory.measure_steps); the summary
+    also goes to out_dir/memory.json, and on CUDA the memory history to
+    out_dir/snapshot.pickle."""
+    summary = measure_steps(spec, out_dir, top)
     if out_dir is not None:
         (Path(out_dir) / "memory.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def alloc_conf(current: str | None, expandable: bool) -> str | None:
@@ -104,37 +47,31 @@ def alloc_conf(current: str | None, expandable: bool) -> str | None:
     return ",".join(kept) or None
 
 
-def _child_env(expandable: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    value = alloc_conf(env.get(ALLOC_CONF), expandable)
-    env.pop(ALLOC_CONF, None)
-    if value is not None:
-        env[ALLOC_CONF] = value
-    return env
-
-
-def _measure_in_child(spec: TrialSpec, top: int, expandable: bool) -> dict[str, Any]:
-    try:
-        done = subprocess.run([sys.executable, "-m", "nsadiag.commands.memory", spec.to_json(),
-                               str(top)], capture_output=True, text=True,
-                              env=_child_env(expandable), timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+def _measure_in_child(spec: TrialSpec, top: int, expandable: bool,
+                      out_dir: Path) -> dict[str, Any]:
+    """The memory job in a watched child whose allocator configuration has expandable
+    segments off or on."""
+    value = alloc_conf(os.environ.get(ALLOC_CONF), expandable)
+    label = "expandable" if expandable else "default"
+    job = JobSpec("memory", spec.replace(out_dir=str(out_dir / f"ab-{label}"),
+                                         budget_s=CHILD_TIMEOUT_S), top=top)
+    record = run_job(job, env={ALLOC_CONF: value})
+    measured = (record.evidence.get("result") or {}).get("memory")
+    if record.verdict_name != "OK" or measured is None:
+        reason = record.verdict["reasons"][0] if record.verdict["reasons"] else ""
         raise RuntimeError(f"ab-expandable-segments: the measuring child "
-                           f"(expandable_segments={expandable}) did not finish within "
-                           f"{CHILD_TIMEOUT_S:.0f} s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise RuntimeError(f"ab-expandable-segments: the measuring child "
-                           f"(expandable_segments={expandable}) failed: {last}")
-    return json.loads(done.stdout)
+                           f"(expandable_segments={expandable}) ended {record.verdict_name}: "
+                           f"{reason}")
+    return measured
 
 
-def ab_expandable_segments(spec: TrialSpec, top: int = 10) -> dict[str, Any]:
-    """The measurement without and with expandable segments, each in a fresh child, and
-    the comparison rows. ValueError when the spec's device is not CUDA."""
+def ab_expandable_segments(spec: TrialSpec, out_dir: Path, top: int = 10) -> dict[str, Any]:
+    """The measurement without and with expandable segments, each in a fresh child (its
+    files in out_dir/ab-default and out_dir/ab-expandable), and the comparison rows.
+    ValueError when the spec's device is not CUDA."""
     require_cuda(spec)
-    baseline = _measure_in_child(spec, top, expandable=False)
-    expandable = _measure_in_child(spec, top, expandable=True)
+    baseline = _measure_in_child(spec, top, False, out_dir)
+    expandable = _measure_in_child(spec, top, True, out_dir)
     return {"baseline": baseline, "expandable": expandable,
             "rows": compare_ab(baseline, expandable)}
 
@@ -165,19 +102,3 @@ def compare_ab(baseline: dict[str, Any], expandable: dict[str, Any]) -> list[dic
                      "change": b / a if numeric and a else None})
     return rows
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Child entry: measure SPEC_JSON (no memory history) and print the result as JSON."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        spec = TrialSpec.from_json(args[0]).validate()
-        summary = memory_command(spec, None, int(args[1]) if len(args) > 1 else 10)
-    except (ValueError, RuntimeError, IndexError) as err:
-        print(f"nsadiag.commands.memory: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.checks import run_check
-from nsadiag.runner import run_trial
+from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
 from repro import ZOO
 

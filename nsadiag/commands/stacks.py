@@ -92,16 +92,6 @@ def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
     return sorted(found, key=lambda item: (item[1] is None, item[1], item[0]))
 
 
-def _signature(sample: StackSample) -> str:
-    """The innermost Python frame of each busy-or-main thread: what clusters ranks."""
-    parts = []
-    for thread in sample.threads:
-        frame, _ = frames.innermost_python(thread)
-        if frame is not None and (thread.active or thread.name == "MainThread"):
-            parts.append(frame.where())
-    return " | ".join(sorted(parts)) or "no Python frame"
-
-
 def sample_process(pid: int, rank: int | None, count: int, interval_s: float,
                    native: bool, timeout_s: float) -> ProcessReport:
     try:
@@ -121,7 +111,7 @@ def sample_process(pid: int, rank: int | None, count: int, interval_s: float,
     if report.samples:
         report.cpu_fraction = frames.cpu_fraction(report.samples)
         report.state = frames.classify(report.samples)
-        report.signature = _signature(report.samples[-1])
+        report.signature = frames.stack_signature(report.samples[-1])
     return report
 
 

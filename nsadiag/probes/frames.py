@@ -208,6 +208,16 @@ def classify(samples: Sequence[StackSample]) -> str:
     return "busy-python" if _time_in_the_interpreter(samples) else "busy-native"
 
 
+def stack_signature(sample: StackSample) -> str:
+    """The innermost Python frame of each busy-or-main thread: what clusters ranks."""
+    parts = []
+    for thread in sample.threads:
+        frame, _ = innermost_python(thread)
+        if frame is not None and (thread.active or thread.name == "MainThread"):
+            parts.append(frame.where())
+    return " | ".join(sorted(parts)) or "no Python frame"
+
+
 T = TypeVar("T")
 
 

@@ -9,9 +9,10 @@ a hard deadline (py-spy resumes the target itself); when py-spy is missing or fa
 live process, the faulthandler dump. That last rung sends SIGUSR1, whose default action
 terminates a process, so it is taken only when both hold:
 
-- the file the process dumps into is known: given by the caller, or the process is an
-  nsadiag trial child (its command line is ``-m nsadiag.trial SPEC``; the spec's out_dir
-  holds faulthandler.txt, registered by ``nsadiag.trial.arm_faulthandler``);
+- the file the process dumps into is known: given by the caller, or the process is a
+  child of nsadiag (its command line is ``-m nsadiag.harness.child JOB``; the job's
+  out_dir, or its rank-<r>/, holds faulthandler.txt, registered by
+  ``nsadiag.harness.child.arm_faulthandler``);
 - /proc/PID/status shows a handler installed for SIGUSR1 (the ``SigCgt`` mask), so a
   trial child still starting up, before it armed faulthandler, is never signalled.
 
@@ -229,20 +230,35 @@ def catches_sigusr1(pid: int) -> bool:
     return False
 
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
 def trial_dump_file(pid: int) -> Path | None:
-    """faulthandler.txt of an nsadiag trial child (from its spec's out_dir), else None."""
+    """faulthandler.txt of a child of nsadiag.harness.child (the job's out_dir, or its
+    rank-<r>/ under torchrun), else None."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     except (OSError, UnicodeDecodeError):
         return None
     for i, arg in enumerate(argv[:-2]):
-        if arg == "-m" and argv[i + 1] == "nsadiag.trial":
+        if arg == "-m" and argv[i + 1] == "nsadiag.harness.child":
             try:
-                spec = json.loads((cwd / argv[i + 2]).read_text())
-                return cwd / spec["out_dir"] / "faulthandler.txt"
+                job = json.loads((cwd / argv[i + 2]).read_text())
+                directory = cwd / job["spec"]["out_dir"]
             except (OSError, ValueError, KeyError, TypeError):
                 return None
+            if int(job.get("world_size", 1)) > 1:
+                rank = _environ(pid).get("RANK")
+                if rank is None:
+                    return None
+                directory = directory / f"rank-{rank}"
+            return directory / "faulthandler.txt"
     return None
 
 

@@ -2,7 +2,7 @@
 
 ``progress`` turns the last heartbeat events of a run into a rate (module events per
 second over a recent window), the fraction done and an ETA. Events are the heartbeat
-format of ``nsadiag.heartbeat``.
+format of ``nsadiag.harness.heartbeat``.
 """
 
 from __future__ import annotations
@@ -72,11 +72,16 @@ def _in_step_fraction(events: Sequence[dict], step: int) -> float:
     return 0.5 + 0.5 * min(1.0, backward / forward) if forward else 0.5
 
 
-def _elapsed_since_start(events: Sequence[dict]) -> float | None:
-    """Seconds from the run's first event (seq 0, the "build" start) to the last one."""
+def _elapsed_since_start(events: Sequence[dict], started_t: float | None) -> float | None:
+    """Seconds from the run's first event (seq 0, the "build" start) to the last one; from
+    ``started_t`` when that event is no longer among ``events`` (a long run keeps only its
+    last events)."""
+    if not events:
+        return None
     starts = [event for event in events if event.get("seq") == 0 or
               (event.get("kind") == "start" and event.get("phase") == "build")]
-    return events[-1]["t"] - starts[0]["t"] if starts else None
+    first = starts[0]["t"] if starts else started_t
+    return events[-1]["t"] - first if first is not None else None
 
 
 def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | None:
@@ -91,7 +96,7 @@ def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | No
 
 
 def progress(events: Sequence[dict], expected_events_per_step: int | None, total_steps: int,
-             *, module_events_done: int | None = None,
+             *, module_events_done: int | None = None, started_t: float | None = None,
              window_s: float = RATE_WINDOW_S) -> Progress:
     """Rate, fraction done and ETA of a run from its last heartbeat events.
 
@@ -100,7 +105,8 @@ def progress(events: Sequence[dict], expected_events_per_step: int | None, total
     when ``events`` holds the whole heartbeat file. With ``expected_events_per_step`` the
     fraction is events done / (events per step * total steps) and the ETA is the events
     left at the current rate; without it the fraction comes from steps and the in-step
-    position, and the ETA extrapolates the time since the start event.
+    position, and the ETA extrapolates the time since the start event (or since
+    ``started_t``, the process start, when that event is not among ``events``).
     """
     modules = module_events(events)
     done = len(modules) if module_events_done is None else module_events_done
@@ -111,7 +117,7 @@ def progress(events: Sequence[dict], expected_events_per_step: int | None, total
         eta = max(0, expected - done) / rate if rate else None
         return Progress(rate, span, done, expected, fraction, eta, "module events")
     fraction = _fraction_from_steps(events, total_steps)
-    elapsed = _elapsed_since_start(events)
+    elapsed = _elapsed_since_start(events, started_t)
     eta = elapsed * (1 - fraction) / fraction if fraction and elapsed is not None else None
     return Progress(rate, span, done, None, fraction, eta, "steps and in-step position")
 

@@ -1,7 +1,7 @@
 """Per-rank evidence of a DDP trial and the verdict across ranks (pure: no I/O, no clock).
 
 `RankEvidence` holds what the parent saw of one rank: its last heartbeat events, the
-collectives it started (see nsadiag.collectives), its result, and its stall samples.
+collectives it started (see nsadiag.harness.collectives), its result, and its stall samples.
 `decide_ranks(job, ranks)` names the verdict of the whole job:
 
 1. every rank finished ok and the launcher exited 0                  -> OK
@@ -52,7 +52,7 @@ STARTED_KEEP = 400
 @dataclass
 class RankEvidence:
     """One rank. ``started`` lists the collective "start" events (oldest first);
-    ``collectives`` is nsadiag.collectives.summarize of all its collective events;
+    ``collectives`` is nsadiag.harness.collectives.summarize of all its collective events;
     ``state`` the stack classification (probes.frames.classify) when samples were taken;
     ``signature`` the innermost Python frames of its last sample (for clustering)."""
 

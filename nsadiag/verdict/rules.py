@@ -7,13 +7,16 @@ that applies names the verdict; every reason is a sentence tied to a measured fa
 2. ``rule_exception``  an exception in the result                           -> OOM | ERROR
 3. ``rule_signal``     a signal the runner did not send (or the OOM killer) -> OOM | CRASH
 4. ``rule_budget``     the runner's time budget ran out                      -> SLOW, or a
-                       stall verdict when heartbeats had stopped before the kill
-5. ``rule_stall``      the runner saw no heartbeat for the stall timeout    -> STALL-COLLECTIVE
-                       | STALL-BUSY | DEADLOCK, from CPU time and stacks
+                       stall verdict when progress had stopped before the kill
+5. ``rule_stall``      the runner saw no progress for the stall timeout     -> STALL-COLLECTIVE
+                       | STALL-BUSY | DEADLOCK, from CPU demand and stacks;
+                       INCONCLUSIVE when a contended machine explains it
 6. ``rule_exit_code``  anything else                                        -> ERROR
 
-A timer firing is never a verdict by itself: a run still emitting heartbeats is SLOW, and a
-run that stopped is classified by what its process was doing.
+Progress is a heartbeat event (a block entered or left, a step, a collective) or a pulse of
+the progress sampler that saw progress (a loop iterating inside one module, autograd nodes
+running in backward). A timer firing is never a verdict by itself: a run still progressing
+is SLOW, and a run that stopped is classified by what its process was doing.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from nsadiag.probes.frames import (
     stacks_change,
     wait_frame,
 )
+from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
 from nsadiag.verdict.progress import Progress, module_events, progress
 
@@ -201,10 +205,19 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
     return Verdict("CRASH", reasons, facts)
 
 
+def last_progress_t(evidence: Evidence) -> float | None:
+    """Time of the last progress: the last heartbeat event or the last sampler pulse that
+    saw progress, whichever came later; None when neither was recorded."""
+    times = [event["t"] for event in evidence.events if "t" in event]
+    times += [pulse["t"] for pulse in evidence.pulses if pulse.get("progress") and "t" in pulse]
+    return max(times, default=None)
+
+
 def _gap_before_end(evidence: Evidence) -> float | None:
-    """Seconds from the last heartbeat to the end of the process, None when unknown."""
-    if evidence.events and evidence.outcome.ended_at is not None:
-        return evidence.outcome.ended_at - evidence.events[-1]["t"]
+    """Seconds from the last progress to the end of the process, None when unknown."""
+    last = last_progress_t(evidence)
+    if last is not None and evidence.outcome.ended_at is not None:
+        return evidence.outcome.ended_at - last
     if evidence.stall is not None:
         return evidence.stall.since_last_event_s
     return None
@@ -216,27 +229,30 @@ def _stall_window(evidence: Evidence) -> float:
 
 def rule_budget(evidence: Evidence) -> Verdict | None:
     """The budget ran out. SLOW, with rate, fraction done, ETA and hot frame, when the last
-    heartbeat came within the stall window before the kill (or the kill time is unknown:
-    then the runner's stall watch had not fired); otherwise heartbeats had stopped and the
+    progress came within the stall window before the kill (or the kill time is unknown:
+    then the runner's stall watch had not fired); otherwise progress had stopped and the
     stall rules classify what the process was doing."""
     outcome = evidence.outcome
     if not (outcome.killed_by_runner and outcome.kill_reason == "budget"):
         return None
     gap, window = _gap_before_end(evidence), _stall_window(evidence)
-    if not evidence.events:
+    if last_progress_t(evidence) is None:
         return _stall_verdict(evidence, [f"the budget ran out after {outcome.wall_s:.1f} s "
-                                         f"before any heartbeat"])
+                                         f"before any heartbeat or progress pulse"])
     if gap is not None and gap > window:
         return _stall_verdict(evidence, [
-            f"the budget ran out after {outcome.wall_s:.1f} s, but the last heartbeat came "
-            f"{gap:.1f} s before the kill (stall window {window:.1f} s): not progressing"])
+            f"the budget ran out after {outcome.wall_s:.1f} s, but the last progress "
+            f"(heartbeat or sampler pulse) came {gap:.1f} s before the kill (stall window "
+            f"{window:.1f} s): not progressing"])
     return _slow_verdict(evidence, gap, window)
 
 
 def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdict:
     counts = evidence.event_counts
+    outcome = evidence.outcome
+    started = outcome.ended_at - outcome.wall_s if outcome.ended_at is not None else None
     p = progress(evidence.events, evidence.expected_events_per_step, evidence.total_steps,
-                 module_events_done=counts.get("module"))
+                 module_events_done=counts.get("module"), started_t=started)
     facts = {**_position(evidence), "rate": p.rate, "rate_window_s": p.window_s,
              "fraction_done": p.fraction, "eta_s": p.eta_s, "events_done": p.events_done,
              "events_expected": p.events_expected, "fraction_basis": p.basis,
@@ -245,7 +261,7 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
             if gap is not None else
             "at an unrecorded time, and the runner's stall watch had not fired")
     reasons = [f"still progressing at the budget kill after {evidence.outcome.wall_s:.1f} s: "
-               f"the last heartbeat came {when}"]
+               f"the last progress (heartbeat or sampler pulse) came {when}"]
     if p.rate is not None:
         reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
     reasons.append(_fraction_sentence(p, evidence))
@@ -257,7 +273,20 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
         reasons.append(_step_sentence(steps[-1]))
     samples = evidence.stall.samples if evidence.stall else []
     _add_hot_frame(samples, facts, reasons)
+    _add_profile(evidence, facts, reasons)
     return Verdict("SLOW", reasons, facts)
+
+
+def _add_profile(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
+    """The sampled profile's hottest user line and its loop, when the child wrote one."""
+    summary = evidence.profile
+    if not summary:
+        return
+    if summary.get("hot_lines"):
+        facts["hot_line"] = summary["hot_lines"][0]["where"]
+    if summary.get("loops"):
+        facts["loop"] = summary["loops"][0]
+    reasons.extend(describe_profile(summary))
 
 
 def _step_sentence(step: dict[str, Any]) -> str:
@@ -302,26 +331,60 @@ def rule_stall(evidence: Evidence) -> Verdict | None:
 
 def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
     """STALL-COLLECTIVE, STALL-BUSY or DEADLOCK from the stall evidence, in that order:
-    a thread stuck in a collective; CPU >= 0.5 busy; CPU < 0.1 with frozen stacks a deadlock;
-    in between, changing stacks busy and frozen ones a deadlock."""
+    a thread stuck in a collective; busy_fraction >= 0.5 busy; < 0.1 with frozen stacks a
+    deadlock; in between, changing stacks busy and frozen ones a deadlock. INCONCLUSIVE,
+    naming that verdict, when the watcher declared the stall on a contended machine."""
     stall = evidence.stall or StallEvidence(
         since_last_event_s=_gap_before_end(evidence) or 0.0, window_s=0.0, cpu_delta_s=None,
         unavailable=["no stall evidence was recorded"])
     facts = {**_position(evidence), "since_last_event_s": stall.since_last_event_s,
              "cpu_delta_s": stall.cpu_delta_s, "window_s": stall.window_s,
-             "cpu_fraction": stall.cpu_fraction(), "samples": len(stall.samples),
+             "cpu_fraction": stall.cpu_fraction(), "demand": stall.demand(),
+             "samples": len(stall.samples),
              "stacks_changed": stacks_change(stall.samples) if len(stall.samples) >= 2 else None,
              "unavailable": list(stall.unavailable)}
     reasons = [*preface, _cpu_sentence(stall), _position_sentence(facts)]
-    return _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
+    _add_profile(evidence, facts, reasons)
+    verdict = _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
+    if stall.stretched:
+        return _contended(stall, verdict)
+    return verdict
+
+
+def _contended(stall: StallEvidence, verdict: Verdict) -> Verdict:
+    """INCONCLUSIVE: the stall was declared only after STRETCH windows of wall time because
+    the machine gave the job less CPU than the stall timeout in all that time."""
+    opportunity = stall.opportunity_s
+    facts = {**verdict.facts, "would_be": verdict.name, "contended": True}
+    given = f"{opportunity:.1f} s" if opportunity is not None else "an unknown time"
+    reasons = [*verdict.reasons,
+               f"the machine was contended: in {stall.since_last_event_s:.1f} s without "
+               f"progress the job had {given} of CPU opportunity, less than the stall window; "
+               f"the stacks alone would read as {verdict.name}, which a quieter machine must "
+               f"confirm"]
+    return Verdict("INCONCLUSIVE", reasons, facts)
 
 
 def _cpu_sentence(stall: StallEvidence) -> str:
     fraction = stall.cpu_fraction()
+    quiet = f"no progress for {stall.since_last_event_s:.1f} s"
     if fraction is None:
-        return f"no heartbeat for {stall.since_last_event_s:.1f} s; process CPU time unavailable"
-    return (f"no heartbeat for {stall.since_last_event_s:.1f} s while the process used "
-            f"{stall.cpu_delta_s:.1f} s of CPU in {stall.window_s:.1f} s ({fraction:.0%})")
+        return f"{quiet}; process CPU time unavailable"
+    sentence = (f"{quiet} while the process used {stall.cpu_delta_s:.1f} s of CPU in "
+                f"{stall.window_s:.1f} s ({fraction:.0%})")
+    demand = stall.demand()
+    if demand is not None:
+        sentence += (f"; its main thread wanted the CPU {demand:.0%} of that time "
+                     f"({stall.runq_delta_s:.1f} s of it waiting for a core)")
+    return sentence
+
+
+def busy_fraction(stall: StallEvidence) -> float | None:
+    """How busy the stalled process was, relative to the CPU it could get: the larger of
+    its CPU share and its main thread's demand (on-CPU plus run-queue time), so a spin on a
+    loaded machine that got 28 % of a core still reads as busy; None when neither is known."""
+    readings = [x for x in (stall.cpu_fraction(), stall.demand()) if x is not None]
+    return max(readings) if readings else None
 
 
 def _stall_collective(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict | None:
@@ -342,8 +405,8 @@ def _no_stacks(stall: StallEvidence) -> str:
 
 
 def _stall_by_cpu(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
-    """Busy, idle or in between by CPU fraction; unknown CPU falls back on the stacks."""
-    fraction = stall.cpu_fraction()
+    """Busy, idle or in between by busy_fraction; unknown CPU falls back on the stacks."""
+    fraction = busy_fraction(stall)
     if fraction is None:
         return _stall_cpu_unknown(stall, facts, reasons)
     if fraction >= BUSY_CPU_FRACTION:

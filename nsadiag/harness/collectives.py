@@ -2,7 +2,7 @@
 
 Every collective a rank issues gets a number n = 1, 2, 3, ... (per rank, over all process
 groups) and two heartbeat events of kind "collective", written through the rank's
-heartbeat file (see nsadiag.heartbeat for the common fields):
+heartbeat file (see nsadiag.harness.heartbeat for the common fields):
 
     edge     "start" when it is issued, "end" when its work completed
     n        the rank's collective number (1-based: "all_reduce #7" is its 7th collective)
@@ -32,28 +32,12 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nsadiag.heartbeat import HeartbeatWriter
+from nsadiag.harness.heartbeat import HeartbeatWriter
 
 WRAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
            "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all_single",
            "barrier", "all_gather_object", "broadcast_object_list")
 """torch.distributed functions counted when called through the torch.distributed name."""
-
-
-class RankHeartbeat(HeartbeatWriter):
-    """A heartbeat writer for one rank: also writes "collective" events."""
-
-    def __init__(self, path: Any, rank: int):
-        super().__init__(path)
-        self.rank = rank
-
-    def collective(self, edge: str, n: int, op: str, origin: str, detail: str,
-                   shapes: list[list[int]], status: str | None = None) -> None:
-        extra: dict[str, Any] = {"edge": edge, "n": n, "op": op, "origin": origin,
-                                 "detail": detail, "shapes": shapes, "rank": self.rank}
-        if status is not None:
-            extra["status"] = status
-        self._write("collective", self.phase, **extra)
 
 
 def _shapes(values: Iterable[Any]) -> list[list[int]]:
@@ -71,7 +55,7 @@ def _shapes(values: Iterable[Any]) -> list[list[int]]:
 class CollectiveCounter:
     """Numbers the collectives of one rank and writes their start and end events."""
 
-    def __init__(self, writer: RankHeartbeat):
+    def __init__(self, writer: HeartbeatWriter):
         self.writer = writer
         self.count = 0
         self._lock = threading.Lock()

@@ -4,18 +4,22 @@ progress *inside* a step (which block, which branch, forward or backward).
 Every line has, in this order:
     t              unix time (float seconds)
     seq            0, 1, 2, ... (+1 per event of this file)
-    kind           "start" | "module" | "step" | "end"
+    kind           "start" | "module" | "step" | "end" | "pulse" | "collective"
     phase          "build" | "forward" | "backward" | "optimizer"
     step           0-based step index
     module, edge   module events only: dotted module name, "enter" | "exit"
     rss            resident bytes of this process (/proc/self/statm)
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
     cuda_reserved  torch.cuda.memory_reserved(), null likewise
-"start" marks the beginning of a phase: "build" once, then "forward", "backward",
-"optimizer" of every step; the "backward" start of step 0 carries saved_bytes and
+"start" marks the beginning of a phase: "build" once (with the process's pid, and its rank
+under torchrun), then "forward", "backward", "optimizer" of every step; the "backward"
+start of step 0 carries saved_bytes and
 saved_by_branch (what its forward saved for backward, so a trial killed later still has
 them). "step" (phase "optimizer") closes a finished step and carries
-step_s, forward_s, backward_s. "end" carries status ("ok" | "error").
+step_s, forward_s, backward_s. "end" carries status ("ok" | "error"). "pulse" events
+come from the progress sampler (nsadiag.probes.sampler: progress, idle_s, frame, cpu_s,
+runq_s, calls, nodes, op, samples); "collective" events from the collective counter of a
+rank (nsadiag.harness.collectives).
 
 For module events, phase is the pass the hook belongs to: forward hooks write "forward",
 backward hooks write "backward". Forward events inside a step's backward phase are
@@ -47,10 +51,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 class HeartbeatWriter:
     """Writes flushed JSONL events to `path` (truncated on open). Thread-safe: CUDA
-    backward hooks run on autograd's worker thread."""
+    backward hooks run on autograd's worker thread, pulses on the sampler's thread.
 
-    def __init__(self, path: str | Path):
+    ``rank`` (under torchrun) is written into collective events. ``context()`` is what the
+    process is doing now, for the sampler: the phase and the innermost watched module
+    whose forward or backward has entered and not exited."""
+
+    def __init__(self, path: str | Path, rank: int | None = None):
         self.path = Path(path)
+        self.rank = rank
         self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
         self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
         self._lock = threading.Lock()
@@ -58,15 +67,40 @@ class HeartbeatWriter:
         self.phase = "build"
         self.step = 0
         self.module_events = 0
+        self.events = 0  # every event but pulses: the sampler counts these as progress
+        self._open: list[str] = []
 
     def start(self, phase: str, step: int = 0, **extra: Any) -> None:
         """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
         self.phase, self.step = phase, step
+        self._open.clear()
         self._write("start", phase, **extra)
 
     def module(self, name: str, phase: str, edge: str) -> None:
         """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
+        if edge == "enter":
+            self._open.append(name)
+        elif name in self._open:
+            del self._open[len(self._open) - 1 - self._open[::-1].index(name)]
         self._write("module", phase, module=name, edge=edge)
+
+    def context(self) -> tuple[str | None, str | None]:
+        """(phase, innermost open module) right now."""
+        open_ = self._open
+        return self.phase, (open_[-1] if open_ else None)
+
+    def pulse(self, fields: dict[str, Any]) -> None:
+        """A progress pulse from the sampler (not counted as an event of the run)."""
+        self._write("pulse", self.phase, **fields)
+
+    def collective(self, edge: str, n: int, op: str, origin: str, detail: str,
+                   shapes: list[list[int]], status: str | None = None) -> None:
+        """A collective of this rank started or ended (nsadiag.harness.collectives)."""
+        extra: dict[str, Any] = {"edge": edge, "n": n, "op": op, "origin": origin,
+                                 "detail": detail, "shapes": shapes, "rank": self.rank}
+        if status is not None:
+            extra["status"] = status
+        self._write("collective", self.phase, **extra)
 
     def step_done(self, step_s: float, forward_s: float, backward_s: float) -> None:
         """Step `self.step` finished (after the optimizer)."""
@@ -96,6 +130,8 @@ class HeartbeatWriter:
             self._seq += 1
             if kind == "module":
                 self.module_events += 1
+            if kind != "pulse":
+                self.events += 1
             self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
             self._file.flush()
 
@@ -143,9 +179,13 @@ def loaded_torch() -> Any:
 
 def _cuda_memory() -> tuple[int | None, int | None]:
     torch = loaded_torch()
-    if torch is None or not torch.cuda.is_initialized():
+    cuda = getattr(torch, "cuda", None)  # None while torch is still being imported
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None, None
+        return cuda.memory_allocated(), cuda.memory_reserved()
+    except (AttributeError, RuntimeError):
         return None, None
-    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
 
 
 class Watch:

@@ -1,0 +1,432 @@
+"""Run one job to its verdict: launch, watch, capture evidence, stop everything, decide.
+
+``run_job(job)`` starts ``python -m nsadiag.harness.child job.json`` (under torchrun for
+world_size > 1, each rank writing <trial_dir>/rank-<r>/) in a session of its own, follows
+every process's heartbeat with the one watcher (nsadiag.harness.watch), and when the
+watcher says so captures evidence of every process at once:
+
+stall   several py-spy samples spaced over a window (faulthandler dumps when py-spy is
+        missing or refused), the CPU time and the main thread's on-CPU and run-queue time
+        over the same window, a faulthandler dump, the GPU state; with NCCL a Flight
+        Recorder dump of every rank;
+budget  two stack samples of every process (a slow run's hot frame).
+
+Then every process of the job is killed, on every path out (Ctrl-C included), and the
+record is built: the Evidence of the job (for several ranks, also each rank's
+RankEvidence, decided across ranks by nsadiag.verdict.ranks), the verdict, and the trial
+directory. ``run_trial``, ``run_ddp_trial`` and ``run_check_job`` are the three shapes of
+job the commands run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.harness.collectives import summarize
+from nsadiag.harness.rank import pg_timeout_for
+from nsadiag.harness.watch import Due, Stream, Watcher
+from nsadiag.probes import flight_recorder, frames, stacks
+from nsadiag.probes.gpu import gpu_state
+from nsadiag.probes.profile import read_profile
+from nsadiag.probes.profile import summarize as summarize_profile
+from nsadiag.rundir import TrialRecord
+from nsadiag.spec import JobSpec, TrialSpec
+from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
+from nsadiag.verdict.rules import decide
+
+STACK_SAMPLES = 3
+SAMPLE_TIMEOUT_S = 8.0
+"""Each py-spy sample of a stalled process is given this long (a loaded machine)."""
+POLL_S = 0.2
+
+OnEvents = Callable[[list[dict]], None]
+
+
+# ---- launching -------------------------------------------------------------------------------
+
+
+def child_command(job: JobSpec, job_path: Path) -> list[str]:
+    """The command line of the job's child (torchrun for several ranks)."""
+    child = ["-m", "nsadiag.harness.child", str(job_path)]
+    if job.world_size == 1:
+        return [sys.executable, *child]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(job.world_size), *child]
+
+
+def child_env(job: JobSpec, trial_dir: Path,
+              changes: dict[str, str | None] | None = None) -> dict[str, str]:
+    """This process's environment for the child, with `changes` (None removes a name)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name, value in (changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    if job.world_size > 1:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    if job.world_size > 1 and job.ddp_backend == "nccl":
+        env.update(flight_recorder.child_env(trial_dir))
+    return env
+
+
+class Launched:
+    """The job's process tree: its launcher (the child, or torchrun) in a session of its
+    own, and every process seen under it. ``kill_all`` SIGKILLs all of them and waits."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], trial_dir: Path):
+        with open(trial_dir / "stdout.txt", "wb") as out, \
+                open(trial_dir / "stderr.txt", "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env,
+                                         start_new_session=True)
+        self.pid = self.proc.pid
+        self.seen: dict[int, psutil.Process] = {}
+
+    def poll(self) -> int | None:
+        self.scan()
+        return self.proc.poll()
+
+    def scan(self) -> None:
+        """Remember every descendant now alive (torchrun's ranks leave its session)."""
+        try:
+            for child in psutil.Process(self.pid).children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def kill_all(self) -> None:
+        self.scan()
+        for process in self.seen.values():
+            try:
+                process.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                continue
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        psutil.wait_procs(list(self.seen.values()), timeout=10)
+
+
+# ---- evidence ----------------------------------------------------------------------------
+
+
+def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
+                  faulthandler_file: Path | None = None) -> tuple[list[Any], list[str]]:
+    """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
+    faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
+    not be taken. `timeout_s` bounds each sample (default: max(5 s, 4 intervals))."""
+    samples, unavailable = [], []
+    for i in range(count):
+        if i:
+            time.sleep(interval_s)
+        limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
+        taken = stacks.capture(pid, native=True, timeout_s=limit,
+                               faulthandler_file=faulthandler_file)
+        if isinstance(taken, str):
+            unavailable.append(taken)
+        else:
+            samples.append(taken)
+    return samples, sorted(set(unavailable))
+
+
+def _thread_clock(pid: int) -> tuple[float, float] | None:
+    """(on-CPU, run-queue) seconds of the main thread of `pid`."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as handle:
+            run_ns, wait_ns, _ = handle.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def capture_stall(pid: int, since_last_event_s: float, window_s: float,
+                  faulthandler_path: Path, timeout_s: float | None = None) -> StallEvidence:
+    """Stack samples spread over `window_s`, the CPU time the process used meanwhile (and its
+    main thread's on-CPU and run-queue time), and a faulthandler dump of all threads into
+    `faulthandler_path` (SIGUSR1, sent only when the process has its handler installed)."""
+    cpu_before, clock_before = stacks.process_cpu_seconds(pid), _thread_clock(pid)
+    started = time.monotonic()
+    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
+                                         timeout_s=timeout_s,
+                                         faulthandler_file=faulthandler_path)
+    elapsed = time.monotonic() - started
+    cpu_after, clock_after = stacks.process_cpu_seconds(pid), _thread_clock(pid)
+    cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    main_cpu = runq = None
+    if clock_before and clock_after:
+        main_cpu, runq = clock_after[0] - clock_before[0], clock_after[1] - clock_before[1]
+    if not any((s.note or "").startswith("stacks from faulthandler") for s in samples):
+        dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
+        if isinstance(dumped, str):
+            unavailable.append(dumped)
+    return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
+                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable,
+                         stacks_class=frames.classify(samples) if samples else None,
+                         main_cpu_delta_s=main_cpu, runq_delta_s=runq)
+
+
+def cgroup_oom_kills(path: Path = Path("/sys/fs/cgroup/memory.events")) -> int | None:
+    """The cgroup's count of kernel OOM kills (cgroup v2), None when unreadable."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def outcome_of(returncode: int | None, reason: str | None, wall_s: float, ended_at: float,
+               cap: int | None, oom_killer: bool = False) -> ProcessOutcome:
+    """How the launcher ended, as the verdict rules read it."""
+    if returncode is not None and returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = None
+        return ProcessOutcome(exit_code=None, signal=number, signal_name=name,
+                              killed_by_runner=reason is not None, kill_reason=reason,
+                              wall_s=wall_s, memory_cap_bytes=cap, ended_at=ended_at,
+                              oom_killer=oom_killer and reason is None)
+    return ProcessOutcome(exit_code=returncode, killed_by_runner=False, wall_s=wall_s,
+                          memory_cap_bytes=cap, ended_at=ended_at)
+
+
+def machine_load() -> dict[str, Any]:
+    """Load averages and usable CPUs now."""
+    try:
+        one, five, fifteen = (float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
+    except (OSError, ValueError):
+        one = five = fifteen = None
+    return {"loadavg": [one, five, fifteen], "cpus": len(os.sched_getaffinity(0))}
+
+
+@dataclass
+class _Capture:
+    """What was captured when the watcher said stop."""
+
+    due: Due | None
+    stalls: dict[str, StallEvidence]
+    gpu: Any
+
+
+def _capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
+                 stall_timeout_s: float) -> dict[str, StallEvidence]:
+    """Evidence of every process at the same time (one thread each)."""
+    found: dict[str, StallEvidence] = {}
+    window = min(max(1.5, stall_timeout_s / 2), 6.0)
+
+    def stall(name: str, pid: int) -> None:
+        found[name] = capture_stall(pid, due.quiet_s, window,
+                                    dirs[name] / "faulthandler.txt", timeout_s=SAMPLE_TIMEOUT_S)
+        found[name].opportunity_s, found[name].stretched = due.opportunity_s, due.stretched
+
+    def budget(name: str, pid: int) -> None:
+        samples, unavailable = sample_stacks(pid, 2, 0.5, timeout_s=SAMPLE_TIMEOUT_S,
+                                             faulthandler_file=dirs[name] / "faulthandler.txt")
+        found[name] = StallEvidence(since_last_event_s=due.quiet_s, window_s=1.0,
+                                    cpu_delta_s=None, samples=samples, unavailable=unavailable,
+                                    stacks_class=frames.classify(samples) if samples else None)
+
+    target = stall if due.reason == "stall" else budget
+    threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in pids.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return found
+
+
+# ---- running -----------------------------------------------------------------------------
+
+
+def prepare_trial_dir(path: Path) -> Path:
+    if path.exists():  # an interrupted earlier attempt: its files would read as ours
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POLL_S,
+            env: dict[str, str | None] | None = None) -> TrialRecord:
+    """Run `job` to its verdict (see the module docstring); job.spec.out_dir is the trial
+    directory (created, emptied). `env` changes the child's environment (None removes a
+    variable)."""
+    job = job.validate()
+    spec = job.spec
+    trial_dir = prepare_trial_dir(Path(spec.out_dir))
+    job_path = trial_dir / "job.json"
+    job_path.write_text(job.to_json())
+    (trial_dir / "spec.json").write_text(spec.to_json())
+    names = ["main"] if job.world_size == 1 else [f"rank-{r}" for r in range(job.world_size)]
+    dirs = {name: trial_dir if name == "main" else trial_dir / name for name in names}
+    streams = [Stream(name, dirs[name] / "events.jsonl", spec.steps) for name in names]
+    watcher = Watcher(streams, spec.stall_timeout_s, spec.budget_s)
+    oom_kills_before, load_before = cgroup_oom_kills(), machine_load()
+    launched = Launched(child_command(job, job_path), child_env(job, trial_dir, env),
+                        trial_dir)
+    started = time.time()
+    capture = _Capture(None, {}, None)
+    clocks: dict[str, list[tuple[float, float, float]]] = {}  # name -> [first, latest]
+    try:
+        while launched.poll() is None:
+            events = watcher.read()
+            _read_clocks(streams, clocks)
+            if events and on_events:
+                on_events([e for e in events if e.get("kind") != "pulse"] or events[-1:])
+            due = watcher.due()
+            if due is not None:
+                pids = {s.name: s.pid for s in streams if s.pid}
+                if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
+                    flight_recorder.request_dumps([dirs[n] for n in names])
+                capture = _Capture(due, _capture_all(pids, dirs, due, spec.stall_timeout_s),
+                                   gpu_state())
+                if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
+                    time.sleep(2.0)  # the ranks' dump threads write within a poll or two
+                break
+            time.sleep(poll_s)
+    finally:
+        ended_at = time.time()
+        _read_clocks(streams, clocks)
+        launched.kill_all()
+    watcher.read()
+    load = _load(load_before, clocks)
+    return _record(job, trial_dir, streams, launched.proc.returncode, capture, started,
+                   ended_at, load, _oom(oom_kills_before, cgroup_oom_kills()))
+
+
+def _read_clocks(streams: list[Stream],
+                 clocks: dict[str, list[tuple[float, float, float]]]) -> None:
+    """Keep the first and the latest (time, on-CPU, run-queue) reading of every process's
+    main thread."""
+    for stream in streams:
+        clock = _thread_clock(stream.pid) if stream.pid else None
+        if clock is not None:
+            reading = (time.monotonic(), *clock)
+            clocks.setdefault(stream.name, [reading, reading])[1] = reading
+
+
+def _load(before: dict[str, Any],
+          clocks: dict[str, list[tuple[float, float, float]]]) -> dict[str, Any]:
+    """The machine's load at start and end, and each process's main-thread CPU use over its
+    life: share (on-CPU / wall), demand ((on-CPU + run-queue) / wall) and got (on-CPU /
+    (on-CPU + run-queue): how much of the CPU it asked for it received)."""
+    use = {}
+    for name, (start, end) in clocks.items():
+        wall_s = end[0] - start[0]
+        if wall_s <= 0:
+            continue
+        cpu, runq = end[1] - start[1], end[2] - start[2]
+        use[name] = {"wall_s": wall_s, "cpu_s": cpu, "runq_s": runq, "cpu_share": cpu / wall_s,
+                     "demand": (cpu + runq) / wall_s,
+                     "got": cpu / (cpu + runq) if cpu + runq > 0 else None}
+    return {"start": before, "end": machine_load(), "main_thread": use}
+
+
+def _oom(before: int | None, after: int | None) -> bool:
+    return before is not None and after is not None and after > before
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _profile_summary(path: Path) -> dict[str, Any] | None:
+    profile = read_profile(path)
+    return summarize_profile(profile) if profile else None
+
+
+def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: int | None,
+            capture: _Capture, started: float, ended_at: float, load: dict[str, Any],
+            oom_killer: bool) -> TrialRecord:
+    spec = job.spec
+    wall_s = ended_at - started
+    reason = capture.due.reason if capture.due else None
+    outcome = outcome_of(returncode, reason, wall_s, ended_at, spec.memory_cap_bytes,
+                         oom_killer)
+    results = {s.name: _read_json(s.path.parent / "result.json") for s in streams}
+    for stream in streams:
+        stall = capture.stalls.get(stream.name)
+        if stall is not None:  # every event written before the kill has been read by now
+            stall.unfinished_backward = stream.backward.modules()
+    first = streams[0]
+    result = results[first.name]
+    evidence = Evidence(spec=json.loads(spec.to_json()), events=list(first.last),
+                        event_counts=dict(first.counts), result=result, outcome=outcome,
+                        stall=capture.stalls.get(first.name),
+                        expected_events_per_step=(result or {}).get("expected_events_per_step"),
+                        total_steps=spec.steps, stall_timeout_s=spec.stall_timeout_s,
+                        pulses=list(first.pulses), load=load,
+                        profile=_profile_summary(first.path.parent / "profile.json"))
+    if job.world_size == 1:
+        verdict = decide(evidence)
+        data = evidence.to_dict()
+    else:
+        ranks = [_rank_evidence(i, s, results[s.name], capture) for i, s in enumerate(streams)]
+        verdict = decide_ranks(evidence, ranks)
+        data = evidence.to_dict()
+        data["ranks"] = [r.to_dict() for r in ranks]
+        data["ddp"] = {"world_size": job.world_size, "backend": job.ddp_backend,
+                       "pg_timeout_s": job.pg_timeout_s or pg_timeout_for(spec.stall_timeout_s),
+                       "flight_recorder": flight_recorder.collect(trial_dir)}
+    data["job"] = {"kind": job.kind, "check": job.check, "world_size": job.world_size}
+    (trial_dir / "evidence.json").write_text(json.dumps(data, indent=1))
+    return TrialRecord(spec=data["spec"], evidence=data, verdict=verdict.to_dict(),
+                       trial_dir=str(trial_dir), wall_s=wall_s, gpu=capture.gpu)
+
+
+def _rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
+                   capture: _Capture) -> RankEvidence:
+    stall = capture.stalls.get(stream.name)
+    state = frames.classify(stall.samples) if stall and stall.samples else None
+    signature = frames.stack_signature(stall.samples[-1]) if stall and stall.samples else ""
+    started = [e for e in stream.collectives if e.get("edge") == "start"]
+    return RankEvidence(rank=rank, pid=stream.pid or (result or {}).get("pid"),
+                        events=list(stream.last), event_counts=dict(stream.counts),
+                        result=result, started=started[-STARTED_KEEP:],
+                        collectives=summarize(stream.collectives), stall=stall, state=state,
+                        signature=signature)
+
+
+# ---- the shapes of job the commands run ------------------------------------------------------
+
+
+def run_trial(spec: TrialSpec, on_events: OnEvents | None = None) -> TrialRecord:
+    """One single-process training trial (spec.out_dir is the trial directory)."""
+    return run_job(JobSpec("trial", spec), on_events)
+
+
+def run_ddp_trial(spec: TrialSpec, world_size: int, backend: str = "gloo",
+                  pg_timeout_s: float | None = None,
+                  on_events: OnEvents | None = None) -> TrialRecord:
+    """One training trial of `world_size` ranks under torchrun."""
+    return run_job(JobSpec("trial", spec, world_size=world_size, ddp_backend=backend,
+                           pg_timeout_s=pg_timeout_s), on_events)
+
+
+def run_check_job(name: str, spec: TrialSpec, world_size: int = 1,
+                  ddp_backend: str = "gloo") -> TrialRecord:
+    """One correctness check in a watched child (the ddp check on `world_size` ranks)."""
+    return run_job(JobSpec("check", spec, world_size=world_size, ddp_backend=ddp_backend,
+                           check=name))

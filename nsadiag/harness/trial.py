@@ -1,0 +1,166 @@
+"""The "trial" job: train a target for spec.steps steps under the heartbeat.
+
+Single process: steps of forward, backward and AdamW on random token ids
+[batch, seq_len + 1] (next-token cross entropy, bf16 autocast when dtype is bfloat16).
+As one rank of N: the target's loss is wrapped in DistributedDataParallel with a counting
+allreduce comm hook, torch.distributed collectives are counted, each rank trains on its
+rows [r*b, (r+1)*b) of a global batch [N*b, S + 1] drawn from spec.seed (N ranks of b rows
+see what one process of N*b rows would), and the loss is averaged over the ranks.
+
+Measured into ``Progress``: per-step phase times and loss, module events of step 0 (the
+expected events per step), and what step 0's forward saved for backward, in all and per
+NSA branch (the saved-tensor ledger, fed by the heartbeat's branch wrappers through
+``BranchTee`` so the branches are wrapped once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nsadiag.harness.heartbeat import HeartbeatWriter
+from nsadiag.harness.rank import RankEnv
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from nsadiag.spec import TrialSpec
+    from nsadiag.targets import Target
+
+LEARNING_RATE = 1e-3
+
+
+@dataclass
+class Progress:
+    """What the finished steps measured."""
+
+    step_s: list[float] = field(default_factory=list)
+    forward_s: list[float] = field(default_factory=list)
+    backward_s: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    expected_events_per_step: int | None = None
+    saved_bytes: int | None = None  # saved for backward by step 0's forward
+    saved_by_branch: dict[str, int] | None = None  # the same, inside each NSA branch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps_done": len(self.step_s), "step_s": self.step_s,
+                "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "loss": self.loss, "expected_events_per_step": self.expected_events_per_step,
+                "saved_bytes": self.saved_bytes, "saved_by_branch": self.saved_by_branch}
+
+
+class BranchTee:
+    """The branch events of the heartbeat's BranchProbe, written as heartbeat events and
+    passed on to the saved-tensor ledger while one is counting (step 0's forward)."""
+
+    def __init__(self, writer: HeartbeatWriter):
+        self.writer = writer
+        self.ledger: Any = None
+
+    def __call__(self, name: str, phase: str, edge: str) -> None:
+        self.writer.module(name, phase, edge)
+        if self.ledger is not None:
+            self.ledger.branch_event(name, phase, edge)
+
+
+def find_unused(spec: TrialSpec) -> bool:
+    """DDP must look for unused parameters where the model leaves some without a gradient:
+    the NSA selection branch alone scores blocks with the compression keys but never
+    back-propagates into them."""
+    branches = spec.branches or ()
+    return spec.target == "nsa" and "sel" in branches and "cmp" not in branches
+
+
+def loss_module(target: Target) -> nn.Module:
+    """A module whose forward(ids [B, S + 1]) is the target's loss, so that DDP, which
+    reduces only the work done inside its forward, wraps the whole loss."""
+    from torch import nn
+
+    class TargetLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = target.model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return target.loss(ids)
+
+    return TargetLoss()
+
+
+def device_of(model: nn.Module) -> torch.device:
+    import torch
+
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Progress,
+          rank: RankEnv | None = None, collectives: Any = None) -> None:
+    """spec.steps steps; measurements go to `progress`. `collectives` (a
+    CollectiveCounter) counts DDP's buckets when running as a rank."""
+    import torch
+
+    from nsadiag.harness.heartbeat import watch
+    from nsadiag.harness.rank import mean_over_ranks, wrap_ddp
+
+    device = device_of(target.model)
+    loss_of = target.loss
+    if rank is not None:
+        ddp = wrap_ddp(loss_module(target), device, find_unused(spec))
+        if collectives is not None:
+            ddp.register_comm_hook(None, collectives.ddp_hook)
+        loss_of = ddp
+    world = rank.world_size if rank else 1
+    rows = slice(rank.rank * spec.batch, (rank.rank + 1) * spec.batch) if rank else \
+        slice(0, spec.batch)
+    optimizer = torch.optim.AdamW(target.model.parameters(), lr=LEARNING_RATE)
+    generator = torch.Generator().manual_seed(spec.seed)
+    tee = BranchTee(writer)
+    with watch(target, writer, tee):
+        for step in range(spec.steps):
+            batch = torch.randint(target.vocab_size, (world * spec.batch, spec.seq_len + 1),
+                                  generator=generator)
+            before = writer.module_events
+            loss = run_step(spec, target.model, loss_of, optimizer, batch[rows].to(device),
+                            step, writer, progress, tee)
+            if step == 0:
+                progress.expected_events_per_step = writer.module_events - before
+            progress.loss.append(mean_over_ranks(loss, device, world) if rank else loss)
+
+
+def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.optim.Optimizer,
+             ids: torch.Tensor, step: int, writer: HeartbeatWriter, progress: Progress,
+             tee: BranchTee | None = None) -> float:
+    """One step (nsadiag.harness.step) with a "start" event per phase and a "step" event
+    at its end; step 0's forward runs under the saved-tensor ledger. Returns the loss."""
+    from nsadiag.harness.step import train_step
+    from nsadiag.probes.memory import SavedTensorLedger
+
+    ledger = SavedTensorLedger(model, branches=False) if step == 0 else None
+
+    def on_phase(phase: str) -> None:
+        if phase == "backward" and ledger is not None:
+            progress.saved_bytes = ledger.total
+            progress.saved_by_branch = ledger.by_branch()
+            writer.start(phase, step, saved_bytes=ledger.total,
+                         saved_by_branch=progress.saved_by_branch)
+            if tee is not None:
+                tee.ledger = None
+            return
+        writer.start(phase, step)
+        if phase == "forward" and tee is not None:
+            tee.ledger = ledger
+
+    try:
+        loss, times = train_step(loss_of, ids, optimizer, bfloat16=spec.dtype == "bfloat16",
+                                 on_phase=on_phase, forward_context=ledger)
+    finally:
+        if tee is not None:
+            tee.ledger = None
+    writer.step_done(step_s=times.step_s, forward_s=times.forward_s,
+                     backward_s=times.backward_s)
+    progress.step_s.append(times.step_s)
+    progress.forward_s.append(times.forward_s)
+    progress.backward_s.append(times.backward_s)
+    return float(loss)

@@ -1,0 +1,208 @@
+"""The one watcher: N heartbeat streams of one job, the stall clock and the budget clock.
+
+A job writes one heartbeat file per process (nsadiag.harness.heartbeat): a trial child,
+every rank of a torchrun job, every Python process of a user's own command. The watcher
+tails them all and keeps two clocks for the whole job:
+
+stall   no progress in any stream for the stall timeout. Progress is any heartbeat event
+        (a block entered or left, a step ended, a collective) or a pulse of the progress
+        sampler that saw progress (a loop iterating, autograd nodes running). Until the
+        first forward event the limit is at least STARTUP_GRACE_S (starting Python,
+        importing torch, building the model). The clock counts the time the processes
+        could have used: the run-queue wait of a stream's main thread (time it wanted
+        the CPU and a loaded machine did not give it) does not count, so a busy machine
+        does not turn a slow step into a stall; after STRETCH stall windows of wall time
+        the stall is declared anyway, and the verdict says the machine was contended.
+budget  the job's wall time reached the budget while it still progressed. A stream whose
+        last step finished (its final "step" or "end" event) is not cut off: the job gets
+        FINISH_GRACE_S more to write its results and exit.
+
+The watcher only reads; the caller captures evidence and stops the processes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsadiag.harness.heartbeat import OpenBackward
+
+KEEP_EVENTS = 400
+KEEP_PULSES = 120
+STARTUP_GRACE_S = 30.0
+STRETCH = 10.0
+FINISH_GRACE_S = 10.0
+PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})
+
+
+class EventTail:
+    """Reads the complete lines appended to a JSONL file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn line from a killed writer carries nothing reliable
+        return events
+
+
+def run_queue_seconds(pid: int) -> float | None:
+    """Seconds the main thread of `pid` has waited on a run queue, from
+    /proc/PID/task/PID/schedstat; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Stream:
+    """What the watcher has seen of one process's heartbeat file."""
+
+    name: str
+    path: Path
+    total_steps: int
+    tail: EventTail = field(init=False)
+    last: deque = field(default_factory=lambda: deque(maxlen=KEEP_EVENTS))
+    pulses: deque = field(default_factory=lambda: deque(maxlen=KEEP_PULSES))
+    counts: Counter = field(default_factory=Counter)
+    backward: OpenBackward = field(default_factory=OpenBackward)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    pid: int | None = None
+    started_training: bool = False
+    finished: bool = False
+    runq_mark: float | None = None  # run-queue seconds at the job's last progress
+
+    def __post_init__(self) -> None:
+        self.tail = EventTail(self.path)
+
+    def add(self, events: Sequence[dict[str, Any]]) -> bool:
+        """Take new events; True when any of them is progress."""
+        progressed = False
+        for event in events:
+            kind = event.get("kind", "?")
+            self.counts[kind] += 1
+            if kind == "pulse":
+                self.pulses.append(event)
+                progressed = progressed or bool(event.get("progress"))
+                continue
+            progressed = progressed or kind in PROGRESS_KINDS
+            self.last.append(event)
+            self.backward.add(event)
+            if kind == "collective":
+                self.collectives.append(event)
+            if kind == "start" and event.get("pid") and self.pid is None:
+                self.pid = int(event["pid"])
+            if event.get("phase") == "forward":
+                self.started_training = True
+            if kind == "end" or (kind == "step" and
+                                 int(event.get("step", -1)) + 1 >= self.total_steps):
+                self.finished = True
+        return progressed
+
+    def mark_run_queue(self) -> None:
+        """Remember the main thread's run-queue seconds now (the job progressed)."""
+        self.runq_mark = run_queue_seconds(self.pid) if self.pid else None
+
+    def run_queue_since_mark(self) -> float:
+        """Run-queue seconds of the main thread since the mark (0 when unknown)."""
+        if not self.pid or self.runq_mark is None:
+            return 0.0
+        now = run_queue_seconds(self.pid)
+        return max(0.0, now - self.runq_mark) if now is not None else 0.0
+
+
+@dataclass
+class Due:
+    """Why the watcher says stop: "stall" or "budget", with the clock readings."""
+
+    reason: str
+    quiet_s: float
+    opportunity_s: float
+    limit_s: float
+    stretched: bool  # the stall was declared at STRETCH windows, not by opportunity
+
+
+class Watcher:
+    """The clocks over a job's streams. ``read()`` takes new events; ``due()`` says when to
+    stop; ``streams`` can grow while the job runs (a new process of a user's command)."""
+
+    def __init__(self, streams: list[Stream], stall_timeout_s: float, budget_s: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 startup_grace_s: float = STARTUP_GRACE_S):
+        self.streams = streams
+        self.stall_timeout_s, self.budget_s = stall_timeout_s, budget_s
+        self.startup_grace_s = startup_grace_s
+        self.clock = clock
+        self.started = clock()
+        self.last_progress = self.started
+
+    def add_stream(self, stream: Stream) -> None:
+        self.streams.append(stream)
+
+    def read(self) -> list[dict[str, Any]]:
+        """New events of every stream (pulses included); updates the stall clock."""
+        now = self.clock()
+        new: list[dict[str, Any]] = []
+        progressed = False
+        for stream in self.streams:
+            events = stream.tail.read_new()
+            progressed = stream.add(events) or progressed
+            new += events
+        if progressed:
+            self.last_progress = now
+            for stream in self.streams:
+                stream.mark_run_queue()
+        return new
+
+    @property
+    def started_training(self) -> bool:
+        return any(s.started_training for s in self.streams)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.streams) and all(s.finished for s in self.streams)
+
+    def stall_limit(self) -> float:
+        if self.started_training:
+            return self.stall_timeout_s
+        return max(self.stall_timeout_s, self.startup_grace_s)
+
+    def quiet_s(self) -> float:
+        return self.clock() - self.last_progress
+
+    def due(self) -> Due | None:
+        """"stall", "budget" or None (see the module docstring)."""
+        now = self.clock()
+        quiet, limit = now - self.last_progress, self.stall_limit()
+        if quiet > limit:
+            waited = max((s.run_queue_since_mark() for s in self.streams), default=0.0)
+            opportunity = quiet - waited
+            if opportunity >= limit or quiet >= STRETCH * limit:
+                return Due("stall", quiet, opportunity, limit, opportunity < limit)
+        elapsed = now - self.started
+        if elapsed > self.budget_s:
+            if self.finished and elapsed <= self.budget_s + FINISH_GRACE_S:
+                return None
+            return Due("budget", quiet, quiet, limit, False)
+        return None

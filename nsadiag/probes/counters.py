@@ -1,0 +1,147 @@
+"""Work counters of a watched process: module calls and autograd nodes run.
+
+Both only move when the model does work, so a sampler that sees them move knows the
+process progresses even while its Python stack stands still: a loop of submodule calls
+inside one block moves ``calls``; a backward pass, whose Python stack sits in
+``loss.backward()`` from start to end, moves ``nodes``.
+
+calls   a global forward pre-hook on every ``nn.Module``
+        (``torch.nn.modules.module.register_module_forward_pre_hook``): one increment per
+        module call, about a microsecond each.
+nodes   pre-hooks on a spread of the autograd graph's nodes, installed when a backward
+        starts (``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped, which
+        ``Tensor.backward`` goes through) and removed when it returns. Walking the graph
+        costs about a microsecond per node and a hook about five, so at most MAX_HOOKS
+        nodes are hooked, evenly spread in walk order, and a backward is instrumented only
+        while backwards are long enough to matter: the first one, any after one that took
+        LONG_BACKWARD_S or more, and every RECHECK_EVERY-th. ``op`` is the name of the
+        last hooked node that ran, e.g. "MmBackward0".
+
+torch is imported by ``install``, not at module import.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAX_HOOKS = 512
+LONG_BACKWARD_S = 0.5
+RECHECK_EVERY = 10
+
+
+class WorkCounters:
+    """Module calls and autograd nodes run so far, and the last node's name.
+
+    Plain attributes written by hooks on the training threads and read by the sampler
+    thread; an int or str assignment is atomic under the GIL, so no lock is needed.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.nodes = 0
+        self.op: str | None = None
+        self.in_backward = 0  # backward calls now running (nested reentrant ones count)
+        self._handles: list[Any] = []
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._last_backward_s: float | None = None
+        self._backwards = 0
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.calls, self.nodes
+
+    # ---- installing -----------------------------------------------------------------------
+
+    def install(self) -> WorkCounters:
+        """Start counting (idempotent); ``remove`` undoes it."""
+        import torch
+        from torch.nn.modules import module as module_mod
+
+        with self._lock:
+            if self._originals:
+                return self
+            self._handles.append(module_mod.register_module_forward_pre_hook(self._on_call))
+            for name in ("backward", "grad"):
+                original = getattr(torch.autograd, name)
+                self._originals[name] = original
+                setattr(torch.autograd, name, self._wrap(original))
+        return self
+
+    def remove(self) -> None:
+        import torch
+
+        with self._lock:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            for name, original in self._originals.items():
+                setattr(torch.autograd, name, original)
+            self._originals.clear()
+
+    def _on_call(self, module: Any, args: Any) -> None:
+        self.calls += 1
+
+    # ---- backward -------------------------------------------------------------------------
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def counted(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            handles = self._hook_graph(tensors) if self._should_instrument() else []
+            self.in_backward += 1
+            started = time.perf_counter()
+            try:
+                return original(tensors, *args, **kwargs)
+            finally:
+                self.in_backward -= 1
+                self._last_backward_s = time.perf_counter() - started
+                for handle in handles:
+                    handle.remove()
+
+        counted.__nsadiag_counted__ = True  # type: ignore[attr-defined]
+        return counted
+
+    def _should_instrument(self) -> bool:
+        self._backwards += 1
+        last = self._last_backward_s
+        return (last is None or last >= LONG_BACKWARD_S
+                or self._backwards % RECHECK_EVERY == 0)
+
+    def _hook_graph(self, tensors: Any) -> list[Any]:
+        nodes = graph_nodes(tensors)
+        stride = max(1, -(-len(nodes) // MAX_HOOKS))
+        handles = []
+        for node in nodes[::stride]:
+            try:
+                handles.append(node.register_prehook(self._tick(node.name())))
+            except (RuntimeError, AttributeError):
+                continue  # a node type that takes no hooks
+        return handles
+
+    def _tick(self, name: str) -> Callable[[Any], None]:
+        def hook(grad_outputs: Any) -> None:
+            self.nodes += 1
+            self.op = name
+        return hook
+
+
+def graph_nodes(tensors: Any) -> list[Any]:
+    """The autograd nodes reachable from the grad_fn of ``tensors`` (a tensor or a
+    sequence of them), depth first from the roots."""
+    import torch
+
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    nodes = []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+    return nodes

@@ -1,0 +1,370 @@
+"""Progress below module granularity: a sampler thread inside the watched process.
+
+Every ``interval_s`` (0.1 s) the thread reads the main thread's Python stack
+(``sys._current_frames``: no ptrace, no pause) and decides whether the process made
+progress since the last sample. Progress is any of:
+
+- a work counter moved (``nsadiag.probes.counters``): module calls, autograd nodes run;
+- the heartbeat wrote an event (a block entered or left, a step ended);
+- the main thread is in a state never seen since the last progress: its stack (function
+  and line of every frame) together with the integer locals of its user-code frames. A
+  ``for t in range(S)`` loop moves ``t`` whether it computes, waits for a GPU or sleeps
+  between tokens; a spin (``while not ready(): pass``) or a polling wait without a counter
+  revisits the same few states; a native call that never returns, or a lock wait, shows
+  one state. (A polling loop that counts its retries therefore reads as progress.)
+
+The main thread's on-CPU and run-queue seconds (``/proc/self/task/TID/schedstat``) go into
+every pulse, so the watcher can tell busy from waiting relative to the CPU the thread could
+get on a loaded machine.
+
+Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
+dict, which would keep a reassigned tensor alive; so only user frames are read (the
+innermost one at each sample), and every frame read once is read again at every sample
+while it is on the stack, which keeps its copy current: a stale value lives at most one
+interval longer than it would have.
+
+Outputs:
+- ``emit(fields)`` at most every ``pulse_s`` (1 s): a "pulse" heartbeat event with
+  ``progress`` (any progress since the last pulse), ``idle_s`` (seconds since the last
+  progress), ``frame`` (innermost user frame, "function (file:line)"), ``cpu_s`` (main
+  thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``;
+- ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
+  stacks aggregated by (frames, code line, phase, module, op) with counts, and the loops
+  (integer locals that moved), in the format ``nsadiag.probes.profile`` reads and summarizes.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from nsadiag.probes.counters import WorkCounters
+from nsadiag.probes.frames import LIBRARY_PATH
+
+INTERVAL_S = 0.1
+PULSE_S = 1.0
+PROFILE_S = 2.0
+MAX_STATES = 4096
+"""States remembered since the last progress; beyond, the oldest half is forgotten."""
+MAX_LOCALS = 8
+PROFILE_VERSION = 2
+
+Frame = tuple[str, str, int]  # (function, file, line)
+
+
+def is_user_file(path: str) -> bool:
+    """A file of the user's own code: not the standard library, not an installed package,
+    not nsadiag itself, not a synthetic "<...>" file."""
+    return bool(path) and not LIBRARY_PATH.search(path) and "/nsadiag/" not in path
+
+
+# ---- the decision (pure) ---------------------------------------------------------------------
+
+
+class ProgressJudge:
+    """Decides, sample by sample, whether the process made progress.
+
+    ``observe(work, state)``: ``work`` is a tuple of counters that only grow with work
+    done; ``state`` a hashable picture of the main thread. True when a counter moved, or
+    when the state was not seen since the last progress (the very first state is not
+    progress: there is nothing to compare it with).
+    """
+
+    def __init__(self) -> None:
+        self._work: tuple[int, ...] | None = None
+        self._seen: dict[Hashable, None] = {}
+
+    @property
+    def last_work(self) -> tuple[int, ...] | None:
+        """The counters of the previous sample."""
+        return self._work
+
+    def observe(self, work: tuple[int, ...], state: Hashable) -> bool:
+        moved = self._work is not None and work != self._work
+        self._work = work
+        if moved:
+            self._seen = {state: None}
+            return True
+        if state in self._seen:
+            return False
+        first = not self._seen
+        self._remember(state)
+        return not first
+
+    def _remember(self, state: Hashable) -> None:
+        if len(self._seen) >= MAX_STATES:
+            for key in list(self._seen)[: MAX_STATES // 2]:
+                del self._seen[key]
+        self._seen[state] = None
+
+
+# ---- the profile ------------------------------------------------------------------------------
+
+
+@dataclass
+class Loop:
+    """An integer local of a user frame seen to change across samples.
+
+    A loop counter rises step by step and restarts when its loop is entered again (the
+    next layer, the next step): ``advanced`` sums the rises and ``advancing_s`` the time
+    between the samples that saw them, ``restarts`` counts the falls."""
+
+    function: str
+    file: str
+    line: int
+    variable: str
+    first: tuple[float, int]
+    last: tuple[float, int]
+    observations: int = 1
+    advanced: int = 0
+    advancing_s: float = 0.0
+    restarts: int = 0
+
+    def update(self, t: float, value: int) -> None:
+        if value == self.last[1]:
+            return
+        if value > self.last[1]:
+            self.advanced += value - self.last[1]
+            self.advancing_s += t - self.last[0]
+        else:
+            self.restarts += 1
+        self.last = (t, value)
+        self.observations += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "file": self.file, "line": self.line,
+                "variable": self.variable, "first": list(self.first),
+                "last": list(self.last), "observations": self.observations,
+                "advanced": self.advanced, "advancing_s": round(self.advancing_s, 3),
+                "restarts": self.restarts}
+
+
+@dataclass
+class ProfileBook:
+    """Sampled stacks counted by (frames, code, phase, module, op), and the loops."""
+
+    interval_s: float
+    pid: int = field(default_factory=os.getpid)
+    first_t: float | None = None
+    last_t: float | None = None
+    samples: int = 0
+    stacks: Counter = field(default_factory=Counter)
+    loops: dict[tuple[str, str, str], Loop] = field(default_factory=dict)
+
+    def add(self, t: float, frames: tuple[Frame, ...], code: str | None, phase: str | None,
+            module: str | None, op: str | None) -> None:
+        self.first_t = t if self.first_t is None else self.first_t
+        self.last_t = t
+        self.samples += 1
+        self.stacks[(frames, code, phase, module, op)] += 1
+
+    def see_locals(self, t: float, frame: Frame, ints: dict[str, int]) -> None:
+        """Readings of a frame's integer locals; one Loop per (function, file, variable),
+        at the first line it was read at, whichever line the frame is on now."""
+        function, file, line = frame
+        for name, value in ints.items():
+            key = (function, file, name)
+            loop = self.loops.get(key)
+            if loop is None:
+                self.loops[key] = Loop(function, file, line, name, (t, value), (t, value))
+            else:
+                loop.update(t, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        stacks = [{"frames": [list(f) for f in frames], "code": code, "phase": phase,
+                   "module": module, "op": op, "count": count}
+                  for (frames, code, phase, module, op), count in self.stacks.most_common()]
+        loops = [loop.to_dict() for loop in self.loops.values() if loop.observations > 1]
+        return {"version": PROFILE_VERSION, "pid": self.pid, "interval_s": self.interval_s,
+                "first_t": self.first_t, "last_t": self.last_t, "samples": self.samples,
+                "stacks": stacks, "loops": loops}
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        os.replace(tmp, path)
+
+
+# ---- reading the main thread ---------------------------------------------------------------
+
+
+def stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
+    """(function, file, line) of every frame, outermost first."""
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
+        frame = frame.f_back
+    frames.reverse()
+    return tuple(frames)
+
+
+def frames_of(frame: FrameType | None) -> list[FrameType]:
+    found = []
+    while frame is not None:
+        found.append(frame)
+        frame = frame.f_back
+    return found  # innermost first
+
+
+def int_locals(frame: FrameType) -> dict[str, int]:
+    """Up to MAX_LOCALS integer locals of ``frame`` (bools excluded)."""
+    ints = {}
+    for name, value in frame.f_locals.items():
+        if type(value) is int:
+            ints[name] = value
+            if len(ints) >= MAX_LOCALS:
+                break
+    return ints
+
+
+class ThreadClock:
+    """On-CPU and run-queue nanoseconds of one thread, from /proc/self/task/TID/schedstat
+    (falls back to the process CPU time when schedstat is unreadable)."""
+
+    def __init__(self, native_id: int | None):
+        self._path = f"/proc/self/task/{native_id}/schedstat" if native_id else None
+
+    def read(self) -> tuple[float, float]:
+        """(on-CPU seconds, run-queue seconds)."""
+        if self._path:
+            try:
+                with open(self._path, "rb") as handle:
+                    run_ns, wait_ns, _ = handle.read().split()
+                return int(run_ns) / 1e9, int(wait_ns) / 1e9
+            except (OSError, ValueError):
+                self._path = None
+        return time.process_time(), 0.0
+
+
+# ---- the thread -------------------------------------------------------------------------------
+
+
+Context = Callable[[], tuple[str | None, str | None]]  # -> (phase, module)
+
+
+class Sampler(threading.Thread):
+    """The sampler thread (see the module docstring). ``start()`` then ``stop()``."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], profile_path: Path | None,
+                 counters: WorkCounters | None = None, context: Context | None = None,
+                 events: Callable[[], int] | None = None, interval_s: float = INTERVAL_S,
+                 pulse_s: float = PULSE_S, profile_s: float = PROFILE_S,
+                 main: threading.Thread | None = None):
+        super().__init__(name="nsadiag-sampler", daemon=True)
+        self._emit, self._profile_path = emit, profile_path
+        self._counters = counters
+        self._context = context or (lambda: (None, None))
+        self._events = events or (lambda: 0)
+        self._interval, self._pulse_s, self._profile_s = interval_s, pulse_s, profile_s
+        main = main or threading.main_thread()
+        self._main_ident = main.ident
+        self._clock = ThreadClock(main.native_id)
+        self._judge = ProgressJudge()
+        self.book = ProfileBook(interval_s)
+        self._watched_frames: set[int] = set()
+        self._stop_event = threading.Event()
+        self._progress_since_pulse = False
+        self._last_progress = time.monotonic()
+        self._last_user_frame: str | None = None
+        self.failures = 0
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop sampling, emit a last pulse and write the profile once more."""
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout_s)
+
+    def run(self) -> None:
+        next_pulse = next_profile = time.monotonic()
+        while not self._stop_event.wait(self._interval):
+            now = time.monotonic()
+            pulse, profile = now >= next_pulse, now >= next_profile
+            self._guarded(self._sample)
+            if pulse:
+                self._guarded(self._pulse)
+                next_pulse = now + self._pulse_s
+            if profile and self._profile_path is not None:
+                self._guarded(self.book.write, self._profile_path)
+                next_profile = now + self._profile_s
+        self._guarded(self._pulse)
+        if self._profile_path is not None:
+            self._guarded(self.book.write, self._profile_path)
+
+    def _guarded(self, action: Callable[..., Any], *args: Any) -> None:
+        """Run one step of the thread; a failure (e.g. a full disk, a module half imported
+        by the main thread) skips that step and is counted, never kills the thread."""
+        try:
+            action(*args)
+        except Exception:  # the sampler must outlive anything the watched process does
+            self.failures += 1
+
+    def _sample(self) -> None:
+        frame = sys._current_frames().get(self._main_ident)
+        if frame is None:
+            return
+        t = time.time()
+        stack = stack_of(frame)
+        user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
+        work = self._work()
+        ints = self._loop_state(t, user)
+        state = (stack, ints)
+        del frame, user
+        if self._judge.observe(work, state):
+            self._progress_since_pulse = True
+            self._last_progress = time.monotonic()
+        phase, module = self._context()
+        op = self._counters.op if self._counters and self._counters.in_backward else None
+        innermost_user = next((f for f in reversed(stack) if is_user_file(f[1])), None)
+        self._last_user_frame = (f"{innermost_user[0]} ({Path(innermost_user[1]).name}:"
+                                 f"{innermost_user[2]})" if innermost_user else None)
+        code = (linecache.getline(stack[-1][1], stack[-1][2]).strip() or None) if stack else None
+        self.book.add(t, stack, code, phase, module, op)
+
+    def _work(self) -> tuple[int, ...]:
+        calls, nodes = self._counters.snapshot() if self._counters else (0, 0)
+        return calls, nodes, self._events()
+
+    def _loop_state(self, t: float, user: list[FrameType]) -> tuple[tuple[str, int], ...]:
+        """Integer locals of the innermost user frame and of every user frame read before
+        that is still on the stack (re-read, so its copy of the locals stays current)."""
+        if not user:
+            return ()
+        read = [f for f in user if f is user[0] or id(f) in self._watched_frames]
+        self._watched_frames = {id(f) for f in read}
+        values: list[tuple[str, int]] = []
+        for frame in read:
+            ints = int_locals(frame)
+            code = frame.f_code
+            self.book.see_locals(t, (code.co_name, code.co_filename, frame.f_lineno or 0),
+                                 ints)
+            values += sorted(ints.items())
+        return tuple(values)
+
+    def _pulse(self) -> None:
+        counters = self._counters
+        cpu_s, wait_s = self._clock.read()
+        self._emit({"progress": self._progress_since_pulse,
+                    "idle_s": round(time.monotonic() - self._last_progress, 3),
+                    "frame": self._last_user_frame, "cpu_s": round(cpu_s, 3),
+                    "runq_s": round(wait_s, 3),
+                    "calls": counters.calls if counters else None,
+                    "nodes": counters.nodes if counters else None,
+                    "op": counters.op if counters else None,
+                    "samples": self.book.samples})
+        self._progress_since_pulse = False
+
+
+def iter_pulses(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pulse events among heartbeat events."""
+    return [e for e in events if e.get("kind") == "pulse"]

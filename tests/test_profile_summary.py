@@ -1,0 +1,111 @@
+"""nsadiag.probes.profile: the summary of a sampled profile, on a hand-written profile and on
+one the sampler wrote while a loop in a user file ran."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from nsadiag.probes.profile import describe, read_profile, summarize
+from nsadiag.probes.sampler import PROFILE_VERSION, Sampler
+
+USER = "/home/user/proj/model.py"
+TORCH = "/usr/lib/python3.11/site-packages/torch/nn/functional.py"
+
+
+def _profile() -> dict:
+    outer = ["train", "/home/user/proj/train.py", 10]
+    return {
+        "version": PROFILE_VERSION, "pid": 1, "interval_s": 0.1, "first_t": 100.0,
+        "last_t": 130.0, "samples": 10,
+        "stacks": [
+            {"frames": [outer, ["attend", USER, 42], ["softmax", TORCH, 7]], "code": None,
+             "phase": "forward", "module": "blocks.0", "op": None, "count": 6},
+            {"frames": [outer, ["attend", USER, 43]], "code": None, "phase": "forward",
+             "module": "blocks.0", "op": None, "count": 3},
+            {"frames": [["_engine_run_backward", TORCH, 9]], "code": None,
+             "phase": "backward", "module": None, "op": "MmBackward0", "count": 1},
+        ],
+        "loops": [
+            # a per-token loop entered once per layer: rose 20 + 10 times, restarted once
+            {"function": "attend", "file": USER, "line": 42, "variable": "t",
+             "first": [100.0, 0], "last": [130.0, 80], "observations": 32, "advanced": 240,
+             "advancing_s": 28.0, "restarts": 1},
+            # changed twice only: a value, not a loop counter
+            {"function": "attend", "file": USER, "line": 42, "variable": "n",
+             "first": [100.0, 4], "last": [110.0, 5], "observations": 3, "advanced": 2,
+             "advancing_s": 10.0, "restarts": 0},
+            # went up and down at random: not a loop counter either
+            {"function": "attend", "file": USER, "line": 42, "variable": "j",
+             "first": [100.0, 0], "last": [130.0, 3], "observations": 31, "advanced": 40,
+             "advancing_s": 15.0, "restarts": 15},
+        ],
+    }
+
+
+def test_hot_lines_are_the_innermost_user_frames_counted():
+    summary = summarize(_profile())
+    assert summary["samples"] == 10 and summary["duration_s"] == pytest.approx(30.0)
+    assert summary["phases"] == {"forward": 9, "backward": 1}
+    hot = summary["hot_lines"]
+    assert [(h["where"], h["count"]) for h in hot] == [("attend (model.py:42)", 6),
+                                                       ("attend (model.py:43)", 3)]
+    assert hot[0]["fraction"] == pytest.approx(0.6)
+
+
+def test_loop_counters_are_kept_and_values_that_are_not_counters_dropped():
+    summary = summarize(_profile())
+    loops = summary["loops"]
+    assert len(loops) == 1
+    loop = loops[0]
+    assert loop["variable"] == "t" and loop["where"] == "attend (model.py:42)"
+    assert (loop["advanced"], loop["restarts"], loop["last"]) == (240, 1, 80)
+    assert loop["rate_per_s"] == pytest.approx(240 / 28.0)
+    assert summary["backward_ops"] == [{"op": "MmBackward0", "count": 1}]
+    assert describe(summary) == [
+        "sampled profile: 10 stacks over 30 s (forward 90%, backward 10%)",
+        "hottest line of user code: attend (model.py:42) in 60% of the samples",
+        "busiest backward op: MmBackward0 in 10% of the samples",
+        "loop variable `t` in attend (model.py:42) advanced 240 at 8.6/s, restarted 1 "
+        "times: a loop iterating"]
+
+
+def test_a_missing_torn_or_foreign_profile_reads_as_none(tmp_path: Path):
+    assert read_profile(tmp_path / "absent.json") is None
+    (tmp_path / "torn.json").write_text('{"version": 1, "stacks": [')
+    assert read_profile(tmp_path / "torn.json") is None
+    (tmp_path / "other.json").write_text('{"version": 999}')
+    assert read_profile(tmp_path / "other.json") is None
+
+
+def test_the_sampler_profile_of_a_running_loop_names_the_loop(tmp_path: Path):
+    source = tmp_path / "user_model.py"
+    source.write_text(
+        "import time\n"
+        "def prefill(n):\n"
+        "    total = 0\n"
+        "    for token in range(n):\n"
+        "        time.sleep(0.01)\n"
+        "        total += token\n"
+        "    return total\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    profile_path = tmp_path / "profile.json"
+    pulses: list[dict] = []
+    sampler = Sampler(pulses.append, profile_path, interval_s=0.02, pulse_s=0.2,
+                      main=threading.current_thread())
+    sampler.start()
+    try:
+        namespace["prefill"](80)
+        namespace["prefill"](80)  # entered again: the counter restarts
+    finally:
+        sampler.stop()
+    summary = summarize(read_profile(profile_path))
+    assert summary["samples"] > 0
+    assert summary["hot_lines"][0]["where"].startswith("prefill (user_model.py:")
+    loop = next(loop for loop in summary["loops"] if loop["variable"] == "token")
+    assert loop["advanced"] > 0 and loop["rate_per_s"] > 0 and loop["restarts"] <= 1
+    assert any(pulse["progress"] for pulse in pulses)
+    assert not sampler.is_alive()
