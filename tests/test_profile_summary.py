@@ -37,10 +37,10 @@ def _profile() -> dict:
             {"function": "attend", "file": USER, "line": 42, "variable": "n",
              "first": [100.0, 4], "last": [110.0, 5], "observations": 3, "advanced": 2,
              "advancing_s": 10.0, "restarts": 0},
-            # went up and down at random: not a loop counter either
+            # fell more often than it rose: not a loop counter either
             {"function": "attend", "file": USER, "line": 42, "variable": "j",
              "first": [100.0, 0], "last": [130.0, 3], "observations": 31, "advanced": 40,
-             "advancing_s": 15.0, "restarts": 15},
+             "advancing_s": 15.0, "restarts": 20},
         ],
     }
 
@@ -67,9 +67,29 @@ def test_loop_counters_are_kept_and_values_that_are_not_counters_dropped():
     assert describe(summary) == [
         "sampled profile: 10 stacks over 30 s (forward 90%, backward 10%)",
         "hottest line of user code: attend (model.py:42) in 60% of the samples",
-        "busiest backward op: MmBackward0 in 10% of the samples",
+        "busiest backward op: MmBackward0 in 100% of the backward samples",
         "loop variable `t` in attend (model.py:42) advanced 240 at 8.6/s, restarted 1 "
         "times: a loop iterating"]
+
+
+def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely(tmp_path):
+    # a short forward sampled twice per call: as many falls as rises, but the source says
+    # `t` is a for target; `width` changed as often and is a plain assignment
+    source = tmp_path / "attn.py"
+    source.write_text("def forward(x):\n"
+                      "    width = x.shape[1]\n"
+                      "    for t in range(width):\n"
+                      "        pass\n"
+                      "    total = 0\n"
+                      "    while total < 9:\n"
+                      "        total += 1\n")
+    reading = {"function": "forward", "file": str(source), "line": 4, "first": [0.0, 0],
+               "last": [10.0, 5], "observations": 41, "advanced": 2000, "advancing_s": 5.0,
+               "restarts": 20}
+    loops = summarize({**_profile(), "loops": [
+        {**reading, "variable": "t"}, {**reading, "variable": "width", "advanced": 1000},
+        {**reading, "variable": "total", "advanced": 500}]})["loops"]
+    assert [loop["variable"] for loop in loops] == ["t", "total"]
 
 
 def test_a_missing_torn_or_foreign_profile_reads_as_none(tmp_path: Path):

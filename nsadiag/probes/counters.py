@@ -15,7 +15,8 @@ nodes   pre-hooks on a spread of the autograd graph's nodes, installed when a ba
         nodes are hooked, evenly spread in walk order, and a backward is instrumented only
         while backwards are long enough to matter: the first one, any after one that took
         LONG_BACKWARD_S or more, and every RECHECK_EVERY-th. ``op`` is the name of the
-        last hooked node that ran, e.g. "MmBackward0".
+        last hooked node that ran in the backward now running, e.g. "MmBackward0"; None
+        outside backward and in a backward that is not instrumented.
 
 torch is imported by ``install``, not at module import.
 """
@@ -91,12 +92,14 @@ class WorkCounters:
         @functools.wraps(original)
         def counted(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             handles = self._hook_graph(tensors) if self._should_instrument() else []
+            self.op = None  # a name from an earlier backward would be stale
             self.in_backward += 1
             started = time.perf_counter()
             try:
                 return original(tensors, *args, **kwargs)
             finally:
                 self.in_backward -= 1
+                self.op = None
                 self._last_backward_s = time.perf_counter() - started
                 for handle in handles:
                     handle.remove()

@@ -14,15 +14,18 @@ names the loop.
 - ``phases``: samples per phase ("forward", "backward", "other");
 - ``hot_lines``: the innermost user-code line of each sample, counted, most first:
   ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81}``;
-- ``loops``: integer locals of user frames that behave as loop counters (rise step by step,
-  restart when the loop is entered again), per (function, file, variable), most advanced
-  first: ``{"where", "variable", "advanced", "restarts", "last", "rate_per_s",
-  "observations"}``; ``rate_per_s`` is the rise per second while it rose;
+- ``loops``: integer locals of user frames that count a loop (the source assigns them in
+  a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
+  again), per (function, file, variable), most advanced first: ``{"where", "variable",
+  "advanced", "restarts", "last", "rate_per_s", "observations"}``; ``rate_per_s`` is the
+  rise per second while it rose;
 - ``backward_ops``: the autograd ops the backward samples were in, counted, most first.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import linecache
 from collections import Counter
@@ -32,10 +35,12 @@ from typing import Any
 from nsadiag.probes.sampler import PROFILE_VERSION, is_user_file
 
 TOP = 5
+MIN_OP_SHARE = 0.1
+"""A backward op seen in fewer of the backward samples is not worth a sentence (most
+backwards are not instrumented: their samples carry no op)."""
 MIN_LOOP_STEPS = 3
-"""A local that rose fewer times than this is a value that changed, not a loop counter."""
-RISES_PER_RESTART = 3
-"""A counter rises at least this many times per restart (a loop re-entered each layer)."""
+"""Without the source, a local that rose fewer times than this is a value that changed,
+not a loop counter."""
 
 
 def read_profile(path: Path) -> dict[str, Any] | None:
@@ -68,15 +73,47 @@ def _hot_lines(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any
             for key, count in counts.most_common(TOP)]
 
 
+def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
+    """Whether ``variable`` is a loop target (``for variable in ...``, a comprehension's
+    ``for``) or a counter (``variable += ...``) inside a function named ``function``."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            for inner in ast.walk(node):
+                targets = (inner.target,) if isinstance(inner, (ast.For, ast.AsyncFor,
+                                                                  ast.comprehension,
+                                                                  ast.AugAssign)) else ()
+                for target in targets:
+                    if any(isinstance(name, ast.Name) and name.id == variable
+                           for name in ast.walk(target)):
+                        return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def loop_variable(file: str, function: str, variable: str) -> bool | None:
+    """Whether the source says ``variable`` counts a loop in ``function`` (see
+    _assigned_by_loop); None when the source cannot be read or parsed."""
+    source = "".join(linecache.getlines(file))
+    if not source:
+        return None
+    try:
+        return _assigned_by_loop(source, function, variable)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
 def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The loop counters among the integer locals, most advanced first. A counter rises
-    far more often than it restarts; a local that changed a couple of times, or went up
-    and down at random, is a value, not a counter."""
+    """The loop counters among the integer locals, most advanced first: a local the source
+    assigns in a ``for`` or with ``+=`` that rose between samples. Without the source, a
+    local that rose at least MIN_LOOP_STEPS times and at least as often as it fell."""
     found = []
     for loop in loops:
         advanced, restarts = int(loop["advanced"]), int(loop["restarts"])
         rises = int(loop["observations"]) - 1 - restarts
-        if rises < MIN_LOOP_STEPS or restarts * RISES_PER_RESTART > rises:
+        by_source = loop_variable(loop["file"], loop["function"], loop["variable"])
+        by_readings = rises >= MIN_LOOP_STEPS and rises >= restarts
+        if advanced <= 0 or not (by_source if by_source is not None else by_readings):
             continue
         seconds = float(loop["advancing_s"])
         found.append({"where": _where(loop["function"], loop["file"], loop["line"]),
@@ -125,9 +162,10 @@ def describe(summary: dict[str, Any]) -> list[str]:
         sentences.append(f"hottest line of user code: {line['where']}{code} in "
                          f"{line['fraction']:.0%} of the samples")
     ops = summary.get("backward_ops") or []
-    if ops:
-        sentences.append(f"busiest backward op: {ops[0]['op']} in {ops[0]['count'] / samples:.0%}"
-                         f" of the samples")
+    in_backward = phases.get("backward", 0)
+    if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:
+        sentences.append(f"busiest backward op: {ops[0]['op']} in "
+                         f"{ops[0]['count'] / in_backward:.0%} of the backward samples")
     loops = summary.get("loops") or []
     if loops:
         loop = loops[0]
