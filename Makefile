@@ -1,23 +1,45 @@
-# make demo  - train a tiny NSA model on the CPU for a few steps (creates .venv when missing)
+# make demo  - diagnose a model whose attention loops over tokens in Python: a CPU triage that
+#              ends SLOW, names the loop and writes runs/demo/report.md (creates .venv)
+# make train-demo - train a tiny NSA model on the bundled text for 200 steps
 # make test  - run the test suite (CPU; GPU tests skip cleanly)
 # make ci-triage - a small CPU triage of the built-in model into runs/ci-triage (--ci)
+# torch: the CPU build from PyTorch's CPU index (plain PyPI would give Linux the multi-GB
+# CUDA build); where that index is unreachable, the default index's build, said so.
 # CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TORCH_VERSION ?= 2.13.0
+CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-gpu ci-triage clean
+ifeq ($(strip $(TORCH_SPEC)),)
+INSTALL_TORCH = $(PY) -m pip install --quiet --retries 1 "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(CPU_INDEX) \
+	|| { echo "PyTorch's CPU index is unreachable: installing torch==$(TORCH_VERSION) from the default index"; \
+	     $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"; }
+else
+INSTALL_TORCH = $(PY) -m pip install --quiet $(TORCH_SPEC)
+endif
+
+.PHONY: demo train-demo test lint bench bench-gpu ci-triage clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(INSTALL_TORCH)
+	$(PY) -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ' build)' if torch.version.cuda else '(CPU build)')"
 	$(PY) -m pip install --quiet -e ".[test,triton]"
 	touch $(STAMP)
 
+# triage exits 1 when it found the failure, which is what the demo shows
 demo: $(STAMP)
+	rm -rf runs/demo
+	$(PY) -m nsadiag.cli triage --target repro.per_token_loop:make --max-layers 2 \
+		--max-minutes 4 --seq-len 256 --steps 1000 --budget 20 --stall-timeout 15 \
+		--out runs/demo; test $$? -eq 1
+
+train-demo: $(STAMP)
 	$(PY) -m nsa.train --data text --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 \
 		--seq-len 256 --batch 4 --steps 200 --warmup 20 --lr 2e-3 --log-every 20 --out runs/demo-train
 
