@@ -148,6 +148,9 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
         elif failure.get("minimal") == {}:
             text += "; fails at the healthy baseline's knobs too"
         return text
+    unreproduced = _unreproduced(state)
+    if unreproduced:
+        return _unreproduced_text(unreproduced)
     sweep = state.get("sweep") or {}
     deepest = sweep.get("deepest_ok")
     if not sweep.get("complete"):
@@ -165,10 +168,31 @@ def _failed_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
             if c["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK)]
 
 
-def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | None:
-    """The finding: the sweep's failing trial, else the first failed check; None if
-    healthy."""
+def _unreproduced(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The sweep's timing verdict that its repeats did not confirm (see the engine's
+    repeats stage): the verdict, the depth and every run's verdict; None otherwise."""
+    repeats = state.get("repeats") or {}
     failing = (state.get("sweep") or {}).get("failing")
+    if repeats.get("reproduced") is not False or not failing:
+        return None
+    return {"verdict": failing["verdict"], "n_layers": failing["n_layers"],
+            "trial": failing["trial"], "verdicts": repeats["confidence"]["verdicts"]}
+
+
+def _unreproduced_text(found: dict[str, Any]) -> str:
+    verdicts = found["verdicts"]
+    same = sum(v == found["verdict"] for v in verdicts)
+    return (f"inconclusive: {found['verdict']} at {found['n_layers']} layer(s) in {same} of "
+            f"{len(verdicts)} runs ({', '.join(verdicts)}), not reproduced: a timing verdict "
+            f"the repeats do not confirm (a loaded machine, or a run close to its budget)")
+
+
+def _failure(state: dict[str, Any], frames: dict[str, Any]) -> dict[str, Any] | None:
+    """The finding: the sweep's failing trial (when its repeats reproduced it), else the
+    first failed check; None if healthy or inconclusive."""
+    failing = (state.get("sweep") or {}).get("failing")
+    if _unreproduced(state):
+        failing = None
     failed = _failed_checks(state)
     if not failing and failed:
         check = failed[0]
@@ -204,7 +228,8 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
                      f"{check['summary']}.")
     if failure and not failure.get("check"):
         conf = failure["confidence"]
-        sure = f" in {conf['agreeing']} of {conf['total']} runs" if conf else ""
+        same = sum(v == failure["verdict"] for v in conf["verdicts"]) if conf else 0
+        sure = f" in {same} of {conf['total']} runs" if conf else ""
         lines.append(f"The target fails at **{failure['n_layers']} layer(s)** with "
                      f"**{failure['verdict']}**{sure}: {failure['reason']}.")
         deepest = state["sweep"].get("deepest_ok")
@@ -230,6 +255,10 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
                           " on top of the healthy baseline.") if failure["minimal"] else
                          "The failure reproduces with every knob at the healthy baseline.")
+    elif _unreproduced(state):
+        lines.append(_sentence(_headline(state, None)) + ". Rerun on a quieter machine or "
+                     "with a larger `--budget` to settle it; the runs' evidence is in their "
+                     "`trial-<n>/evidence.json`.")
     elif not failure:
         lines.append(_sentence(_headline(state, None)) + ": no trial ended other than OK.")
     if failure and failure["verdict"] == "SLOW" and \
@@ -538,7 +567,9 @@ def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = 
     md += ["", "## Time", ""] + _time_section(state)
     text = "\n".join(md) + "\n"
     summary = {"command": "triage", "target": state["target"],
-               "status": "failure" if failure else "healthy", "headline": headline,
+               "status": ("failure" if failure else
+                          "inconclusive" if _unreproduced(state) else "healthy"),
+               "headline": headline,
                "complete": not state.get("stopped"), "stopped": state.get("stopped"),
                "threshold": (state.get("sweep") or {}).get("threshold"),
                "deepest_ok": (state.get("sweep") or {}).get("deepest_ok"),

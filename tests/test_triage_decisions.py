@@ -21,6 +21,7 @@ from nsadiag.triage.decide import (
     knob_changes,
     needs_repeat,
     plan_trial_budget,
+    reproduced,
     time_by_module,
 )
 
@@ -156,6 +157,17 @@ def test_a_tie_goes_to_the_failure():
     assert confidence(["OK", "ERROR"]).text() == "1 of 2"
     with pytest.raises(ValueError):
         confidence([])
+
+
+def test_a_timing_verdict_counts_only_when_the_repeats_confirm_a_failure():
+    assert not reproduced("SLOW", confidence(["SLOW", "OK", "OK"]))
+    assert not reproduced("STALL-BUSY", confidence(["STALL-BUSY", "INCONCLUSIVE",
+                                                    "INCONCLUSIVE"]))
+    assert reproduced("SLOW", confidence(["SLOW", "SLOW"]))
+    assert reproduced("STALL-BUSY", confidence(["STALL-BUSY", "OK", "DEADLOCK"]))
+    # a crash or a deadlock seen once is real, whatever the repeats say
+    assert reproduced("CRASH", confidence(["CRASH", "OK", "OK"]))
+    assert reproduced("DEADLOCK", confidence(["DEADLOCK", "OK", "OK"]))
 
 
 def test_repeats_confirm_once_and_chase_a_flaky_verdict_up_to_the_limit():

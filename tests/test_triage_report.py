@@ -89,3 +89,30 @@ def test_a_flaky_failure_is_reported_as_k_of_n(tmp_path):
     assert "The verdict is flaky: the runs gave DEADLOCK, OK, DEADLOCK." in text
     assert "**DEADLOCK** in 2 of 3 runs (flaky)." in text
     json.dumps(summary)
+
+
+def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure(tmp_path):
+    # a loaded machine: the sweep's run read SLOW, both repeats OK
+    failing = {"trial": "trial-1", "verdict": "SLOW", "n_layers": 2, "reason": "budget"}
+    state = _state(repeats={"runs": [failing], "reproduced": False, "confidence": {
+        "verdict": "OK", "agreeing": 2, "total": 3, "verdicts": ["SLOW", "OK", "OK"],
+        "flaky": True}})
+    state["sweep"].update(failing=failing, threshold=2)
+    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    assert summary["status"] == "inconclusive" and summary["failure"] is None
+    assert exit_code(summary) == 0
+    assert summary["headline"].startswith("inconclusive: SLOW at 2 layer(s) in 1 of 3 runs "
+                                          "(SLOW, OK, OK), not reproduced")
+    assert "Rerun on a quieter machine or with a larger `--budget`" in text
+
+
+def test_a_failure_prints_how_many_runs_gave_its_own_verdict(tmp_path):
+    # the repeats confirm a failure, but not the first run's verdict in every run
+    failing = {"trial": "trial-1", "verdict": "STALL-BUSY", "n_layers": 2, "reason": "busy"}
+    state = _state(repeats={"runs": [failing], "reproduced": True, "confidence": {
+        "verdict": "DEADLOCK", "agreeing": 2, "total": 3,
+        "verdicts": ["STALL-BUSY", "DEADLOCK", "DEADLOCK"], "flaky": True}})
+    state["sweep"].update(failing=failing, threshold=2)
+    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    assert summary["status"] == "failure"
+    assert "with **STALL-BUSY** in 1 of 3 runs" in text

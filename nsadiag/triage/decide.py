@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from nsadiag.verdict import FAILURES
+
 T = TypeVar("T", bound=Hashable)
 
 BASELINE_SEQ_LEN = 64
@@ -204,6 +206,18 @@ def confidence(verdicts: Sequence[str]) -> Confidence:
     tied = [v for v in dict.fromkeys(verdicts) if counts[v] == top]
     chosen = next((v for v in tied if v != "OK"), tied[0])
     return Confidence(chosen, top, len(verdicts), list(verdicts))
+
+
+TIMING_VERDICTS = frozenset({"SLOW", "STALL-BUSY", "INCONCLUSIVE"})
+"""Verdicts a loaded machine can produce on a healthy run: one of them counts only when the
+repeats confirm a failure."""
+
+
+def reproduced(first: str, found: Confidence) -> bool:
+    """Whether the repeats confirm the first run's failure: always for a verdict no load can
+    produce (a crash, a deadlock, an error seen once is real); for a timing verdict, only
+    when the verdict most runs agree on is a failure."""
+    return first not in TIMING_VERDICTS or found.verdict in FAILURES
 
 
 def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:

@@ -10,7 +10,10 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first non-OK one (nsadiag.triage.decide)
 3. on a non-OK verdict at the threshold:
-   repeats      the failing configuration again, until the verdicts agree or 3 ran
+   repeats      the failing configuration again, until the verdicts agree or 3 ran; a
+                timing verdict (SLOW, STALL-BUSY, INCONCLUSIVE) that most repeats do not
+                confirm as a failure did not reproduce: the triage reports it as
+                inconclusive and stops there (a crash or a deadlock seen once stands)
    attribution  where the failing trial's time went, from its heartbeat events
    branches     for NSA targets: each branch alone at the threshold depth
    bisection    delta debugging of the knobs that differ from the healthy baseline
@@ -64,6 +67,7 @@ from nsadiag.triage.decide import (
     knob_changes,
     needs_repeat,
     plan_trial_budget,
+    reproduced,
     time_by_module,
 )
 
@@ -250,6 +254,10 @@ class Triage:
 
     @property
     def failing(self) -> dict[str, Any] | None:
+        """The sweep's failing trial, None when there is none or the repeats did not
+        reproduce its verdict."""
+        if (self.state.get("repeats") or {}).get("reproduced") is False:
+            return None
         return self.state.get("sweep", {}).get("failing")
 
     def _depth_spec(self, n_layers: int, **changes: Any) -> TrialSpec:
@@ -315,7 +323,9 @@ class Triage:
             refs.append(_trial_ref(self._run(spec)))
             self.state["repeats"]["confidence"] = confidence(
                 [r["verdict"] for r in refs]).to_dict()
-        self.state["repeats"]["confidence"] = confidence([r["verdict"] for r in refs]).to_dict()
+        found = confidence([r["verdict"] for r in refs])
+        self.state["repeats"]["confidence"] = found.to_dict()
+        self.state["repeats"]["reproduced"] = reproduced(refs[0]["verdict"], found)
 
     def attribution(self) -> None:
         if not self.failing:
