@@ -38,6 +38,7 @@ from nsadiag.report import render_run
 from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
 from nsadiag.spec import TrialSpec
 from nsadiag.sweep import parse_layers
+from nsadiag.triage.decide import env_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Tell slow from stuck and wrong from fast in NSA training runs.")
@@ -62,16 +63,17 @@ def env(as_json: bool = typer.Option(False, "--json", help="Print JSON instead o
     if self_test_:
         _self_test(as_json)
         return
-    report = collect_env()
+    report = collect_env().as_dict()
+    report["problems"] = env_problems(report, "cpu")
     if as_json:
-        print(json.dumps(report.as_dict(), indent=1))
+        print(json.dumps(report, indent=1))
         return
     table = Table(show_header=False, box=None)
-    for key, value in report.as_dict().items():
+    for key, value in report.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items())
         elif isinstance(value, list):
-            value = "; ".join(value) or "-"
+            value = "; ".join(map(str, value)) or ("none found" if key == "problems" else "-")
         table.add_row(key, str(value))
     console.print(table)
 

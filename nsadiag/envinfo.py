@@ -28,6 +28,8 @@ class EnvReport:
     ptrace: str
     nvml: str
     notes: list[str] = field(default_factory=list)
+    usable_cpus: int | None = None
+    load_average: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,8 +105,23 @@ def triton_kernels(cuda_available: bool) -> str:
     return "triton kernels: need a CUDA device; backend auto uses the torch backend here"
 
 
+def machine_load() -> tuple[int | None, list[float]]:
+    """CPUs this process may run on and the 1, 5 and 15 minute load averages (each empty
+    or None where the platform does not tell)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        load = []
+    return usable, load
+
+
 def collect_env() -> EnvReport:
     """Gather the report; importing torch is the slowest part (about a second)."""
+    usable, load = machine_load()
     packages = {name: _version(name) for name in
                 ("torch", "triton", "numpy", "py-spy", "nvidia-ml-py", "nsa-diag")}
     notes: list[str] = []
@@ -113,7 +130,8 @@ def collect_env() -> EnvReport:
     except ImportError:
         return EnvReport(sys.version.split()[0], platform.platform(), os.cpu_count() or 0,
                          packages, None, "torch not installed", [], "", _py_spy(),
-                         ptrace_permission(), _nvml(), ["install torch first"])
+                         ptrace_permission(), _nvml(), ["install torch first"], usable,
+                         load)
     if torch.cuda.is_available():
         cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)"
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -126,4 +144,4 @@ def collect_env() -> EnvReport:
     allocator = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") or "default"
     return EnvReport(sys.version.split()[0], platform.platform(), os.cpu_count() or 0, packages,
                      torch.get_num_threads(), cuda, devices, allocator, _py_spy(),
-                     ptrace_permission(), _nvml(), notes)
+                     ptrace_permission(), _nvml(), notes, usable, load)

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -36,7 +37,18 @@ def test_env_command_prints_json_without_traceback():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["python"] == sys.version.split()[0]
+    assert isinstance(data["problems"], list) and data["usable_cpus"] >= 1
+    assert len(data["load_average"]) == 3
     assert "Traceback" not in done.stderr
+
+
+def test_env_command_prints_a_table_with_the_load_and_the_problems():
+    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "env"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert "load_average" in rows and "usable_cpus" in rows and "problems" in rows
 
 
 def test_unknown_command_exits_2_without_traceback():

@@ -238,6 +238,16 @@ def test_env_problems_name_what_weakens_the_evidence():
     assert "16 threads on 2 CPUs" in problems[3]
 
 
+def test_a_loaded_machine_is_named_as_a_problem():
+    env = dict(py_spy="py-spy 0.4.0", ptrace="allowed (ptrace_scope=0)", devices=[],
+               cuda="not available", torch_threads=2, cpu_count=8, usable_cpus=2)
+    assert env_problems({**env, "load_average": [2.9, 2.0, 1.0]}, "cpu") == []
+    problems = env_problems({**env, "load_average": [7.0, 6.5, 4.0]}, "cpu")
+    assert problems == ["the machine is loaded: load average 7.0 on 2 usable CPU(s): timings "
+                        "stretch, and a timing verdict (SLOW, STALL-BUSY) may read "
+                        "INCONCLUSIVE or not reproduce"]
+
+
 # ---- where the time goes ------------------------------------------------------------------
 
 

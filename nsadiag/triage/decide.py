@@ -287,6 +287,11 @@ def baseline_values(failing: Mapping[str, Any], changes: Mapping[str, Any],
     return values
 
 
+LOADED_PER_CPU = 1.5
+"""A 1-minute load average above this many runnable tasks per usable CPU is a loaded
+machine."""
+
+
 def env_problems(env: Mapping[str, Any], device: str) -> list[str]:
     """Sentences for what in the environment (an EnvReport as a dict) weakens a diagnosis."""
     problems = []
@@ -303,6 +308,11 @@ def env_problems(env: Mapping[str, Any], device: str) -> list[str]:
                         f"oversubscribed")
     if str(env.get("cuda", "")).startswith("torch not installed"):
         problems.append("torch is not installed")
+    load, usable = env.get("load_average") or [], env.get("usable_cpus") or cpus
+    if load and isinstance(usable, int) and usable and load[0] > LOADED_PER_CPU * usable:
+        problems.append(f"the machine is loaded: load average {load[0]:.1f} on {usable} "
+                        f"usable CPU(s): timings stretch, and a timing verdict (SLOW, "
+                        f"STALL-BUSY) may read INCONCLUSIVE or not reproduce")
     return problems
 
 
