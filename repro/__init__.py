@@ -8,8 +8,12 @@ docstring states the expected verdict; tests/test_zoo.py diagnoses each and asse
 ZOO = {
     "per_token_loop": ("SLOW", dict(n_layers=2, seq_len=1024, steps=30, budget_s=10.0,
                                     stall_timeout_s=30.0)),
+    # one block's forward and backward at S=8192 each outlast the 2 s stall timeout
+    "long_token_loop": ("SLOW", dict(n_layers=1, seq_len=8192, batch=1, steps=50,
+                                     budget_s=30.0, stall_timeout_s=2.0)),
     "lock_deadlock": ("DEADLOCK", dict(seq_len=64, stall_timeout_s=3.0)),
     "native_stall": ("STALL-BUSY", dict(seq_len=64, stall_timeout_s=3.0)),
+    "python_spin": ("STALL-BUSY", dict(seq_len=64, stall_timeout_s=3.0)),
     "backward_error": ("ERROR", dict(seq_len=64)),
     "hard_crash": ("CRASH", dict(seq_len=64)),
     "dense_masks": ("OOM", dict(seq_len=4096, memory_cap_bytes=5 * 2**30 // 4)),

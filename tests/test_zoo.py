@@ -49,14 +49,22 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     # one block at S=8192: its forward is a loop of 8192 token steps and its backward
     # about 8192 x 8 autograd nodes, each seconds long with no module event inside it;
     # the sampler's pulses (a loop iterating, autograd nodes running) are the progress
-    record = _diagnose(tmp_path, "repro.per_token_loop:make", n_layers=1, seq_len=8192,
-                       batch=1, steps=50, stall_timeout_s=2.0, budget_s=30.0)
+    record = _diagnose(tmp_path, "repro.long_token_loop:make",
+                       **ZOO["long_token_loop"][1])
     events = record.evidence["events"]
     assert _longest_quiet_s(events) > 2.0, "no module call outlasted the stall timeout"
     assert record.verdict_name == "SLOW", record.verdict
     assert any(pulse.get("progress") for pulse in record.evidence["pulses"])
-    print("\n".join(record.verdict["reasons"]))
-    assert "per_token_loop.py" in record.verdict["facts"]["hot_line"]
+    facts = record.verdict["facts"]
+    assert "per_token_loop.py" in facts["hot_line"]
+    assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
+
+
+def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
+    record = _diagnose(tmp_path, "repro.python_spin:make")
+    assert record.verdict_name == "STALL-BUSY", record.verdict
+    assert record.verdict["facts"]["demand"] > 0.5
+    assert "python_spin.py" in str(record.verdict["facts"].get("hot_frame"))
 
 
 def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
