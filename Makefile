@@ -32,12 +32,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,triton]"
 	touch $(STAMP)
 
-# triage exits 1 when it found the failure, which is what the demo shows
+# triage exits 1 when it found the failure, which is what the demo shows (4, inconclusive,
+# when a loaded machine left it unsure)
 demo: $(STAMP)
 	rm -rf runs/demo
 	$(PY) -m nsadiag.cli triage --target repro.per_token_loop:make --max-layers 2 \
 		--max-minutes 4 --seq-len 256 --steps 1000 --budget 20 --stall-timeout 15 \
-		--out runs/demo; test $$? -eq 1
+		--out runs/demo; rc=$$?; test $$rc -eq 1 -o $$rc -eq 4
 
 train-demo: $(STAMP)
 	$(PY) -m nsa.train --data text --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 \
@@ -50,13 +51,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check nsa nsadiag repro tests bench
 
 # tiny NSA shapes: the checks and depths 1, 2, 4 take about two minutes on 2 cores; the
-# 12-minute limit plans 50 s per trial, so a loaded machine does not read as SLOW
+# 12-minute limit plans 50 s per trial, so a loaded machine does not read as SLOW. Only a
+# failure found (exit 1) fails the build: an inconclusive triage (4) says so and passes.
 ci-triage: $(STAMP)
 	rm -rf runs/ci-triage
 	$(PY) -m nsadiag.cli triage --ci --max-layers 4 --max-minutes 12 --seq-len 128 --steps 2 \
 		--stall-timeout 60 --budget 120 --set dim=32 --set n_heads=4 --set n_kv_heads=2 \
 		--set head_dim=8 --set l=8 --set d=4 --set l_sel=16 --set n_sel=3 --set w=32 \
-		--out runs/ci-triage
+		--out runs/ci-triage; rc=$$?; \
+	if [ $$rc -eq 4 ]; then echo "ci-triage: inconclusive on this machine (exit 4): passing"; \
+	else exit $$rc; fi
 
 bench: $(STAMP)
 	$(PY) bench/bench_layer.py --model-step

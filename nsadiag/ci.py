@@ -1,35 +1,58 @@
 """CI mode: exit codes and the GitHub Actions step summary.
 
-Exit codes of `nsadiag triage` (and `nsadiag compare` for 0, 2 and 3):
+Exit codes of every command that diagnoses (triage, sweep-layers, isolate-branch, ddp,
+check; compare uses 0, 2 and 3):
     0  healthy: no trial and no check ended other than OK (a check cut short by its
        time budget is reported as not finished)
-    1  a failure was found (any non-OK verdict)
+    1  a failure was found (any verdict but OK and INCONCLUSIVE)
     2  usage error: a bad option, target or file (one line on stderr)
     3  regression: healthy, but step time or peak memory is worse than the baseline's by
        more than the threshold
-A failure outranks a regression. A triage stopped by its time limit before finding anything
-exits 0: nothing failed, and the report says what was not reached.
+    4  inconclusive: no failure, but a timing verdict that contention explains or that
+       its repeats did not reproduce; rerun on a quieter machine
+A failure outranks a regression, a regression an inconclusive result. A triage stopped by
+its time limit before finding anything exits 0: nothing failed, and the report says what
+was not reached.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from nsadiag.verdict import FAILURES
 
 EXIT_HEALTHY = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_REGRESSION = 3
+EXIT_INCONCLUSIVE = 4
+
+
+def verdicts_exit_code(names: Iterable[str]) -> int:
+    """1 when any verdict is a failure, else 4 when any is INCONCLUSIVE, else 0."""
+    names = list(names)
+    if any(name in FAILURES for name in names):
+        return EXIT_FAILURE
+    return EXIT_INCONCLUSIVE if "INCONCLUSIVE" in names else EXIT_HEALTHY
 
 
 def exit_code(summary: Mapping[str, Any]) -> int:
-    """The exit code a triage summary.json stands for."""
-    if summary.get("status") == "failure":
+    """The exit code a summary.json stands for: a triage's by its status, a sweep's or a
+    DDP run's by its verdicts."""
+    status = summary.get("status")
+    if status == "failure":
         return EXIT_FAILURE
     if (summary.get("regression") or {}).get("regressions"):
         return EXIT_REGRESSION
+    if status == "inconclusive":
+        return EXIT_INCONCLUSIVE
+    if status is None:
+        names = [row["verdict"] for row in summary.get("verdicts") or []]
+        names += [summary["verdict"]] if summary.get("verdict") else []
+        return verdicts_exit_code(names)
     return EXIT_HEALTHY
 
 

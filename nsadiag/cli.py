@@ -17,7 +17,7 @@ from rich.table import Table
 
 from nsa.train import UsageError, parse_overrides
 from nsadiag.checks import CHECK_NAMES
-from nsadiag.ci import EXIT_REGRESSION
+from nsadiag.ci import EXIT_REGRESSION, exit_code
 from nsadiag.commands.check import check_command
 from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.memory import ab_expandable_segments as ab_compare
@@ -174,10 +174,12 @@ def _argv() -> list[str]:
     return ["nsadiag", *sys.argv[1:]]
 
 
-def _print_report(report: Path) -> None:
+def _print_report(report: Path) -> int:
+    """Print the headline and the report's path; the exit code the run stands for."""
     summary = json.loads((report.parent / "summary.json").read_text())
     console.print(f"[bold]{summary['headline']}[/bold]")
     console.print(f"report: {report}")
+    return exit_code(summary)
 
 
 @app.command("sweep-layers")
@@ -198,7 +200,8 @@ def sweep_layers_cmd(
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
     run_dir = out or default_run_dir("sweep-layers")
-    _print_report(_run(sweep_layers, base, counts, run_dir, _argv(), total=len(counts)))
+    raise typer.Exit(_print_report(_run(sweep_layers, base, counts, run_dir, _argv(),
+                                        total=len(counts))))
 
 
 @app.command("isolate-branch")
@@ -217,8 +220,8 @@ def isolate_branch_cmd(
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
     run_dir = out or default_run_dir("isolate-branch")
-    _print_report(_run(isolate_branch, base, branch, counts, run_dir, _argv(),
-                       total=2 * len(counts)))
+    raise typer.Exit(_print_report(_run(isolate_branch, base, branch, counts, run_dir,
+                                        _argv(), total=2 * len(counts))))
 
 
 class _TriageFollow(_Follow):
@@ -366,7 +369,7 @@ def ddp_cmd(
                                  pg_timeout_s=pg_timeout)
         except ValueError as err:
             fail(str(err))
-    _print_report(report)
+    raise typer.Exit(_print_report(report))
 
 
 def _in_process_spec(target, overrides, layers, seq_len, batch, dtype, grad_ckpt, device,

@@ -121,3 +121,20 @@ def test_triage_usage_errors_are_one_line_exit_2(args, message, tmp_path):
     assert message in done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "trials.jsonl").exists()
+
+
+def test_exit_codes_of_sweep_and_ddp_summaries_follow_their_verdicts():
+    from nsadiag.ci import exit_code
+
+    def sweep(*names):
+        return {"command": "sweep-layers", "verdicts": [{"n_layers": i + 1, "verdict": n}
+                                                        for i, n in enumerate(names)]}
+
+    assert exit_code(sweep("OK", "OK")) == 0
+    assert exit_code(sweep("OK", "INCONCLUSIVE")) == 4
+    assert exit_code(sweep("OK", "INCONCLUSIVE", "OOM")) == 1
+    assert exit_code({"command": "ddp", "verdict": "STALL-COLLECTIVE"}) == 1
+    assert exit_code({"command": "ddp", "verdict": "OK"}) == 0
+    assert exit_code({"status": "inconclusive"}) == 4
+    assert exit_code({"status": "inconclusive",
+                      "regression": {"regressions": [{"quantity": "step_s"}]}}) == 3

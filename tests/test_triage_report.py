@@ -100,7 +100,7 @@ def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure
     state["sweep"].update(failing=failing, threshold=2)
     text, summary = build_triage_report(tmp_path, state, no_redact=True)
     assert summary["status"] == "inconclusive" and summary["failure"] is None
-    assert exit_code(summary) == 0
+    assert exit_code(summary) == 4
     assert summary["headline"].startswith("inconclusive: SLOW at 2 layer(s) in 1 of 3 runs "
                                           "(SLOW, OK, OK), not reproduced")
     assert "Rerun on a quieter machine or with a larger `--budget`" in text
