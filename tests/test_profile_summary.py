@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.probes.profile import describe, read_profile, summarize
+from nsadiag.probes.profile import describe, folded, read_profile, summarize
 from nsadiag.probes.sampler import PROFILE_VERSION, Sampler
 
 USER = "/home/user/proj/model.py"
@@ -90,6 +90,15 @@ def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely
         {**reading, "variable": "t"}, {**reading, "variable": "width", "advanced": 1000},
         {**reading, "variable": "total", "advanced": 500}]})["loops"]
     assert [loop["variable"] for loop in loops] == ["t", "total"]
+
+
+def test_the_folded_stacks_put_phase_and_op_at_the_root():
+    lines = folded(_profile()).splitlines()
+    assert lines == [
+        "[forward];train (train.py:10);attend (model.py:42);softmax (functional.py:7) 6",
+        "[forward];train (train.py:10);attend (model.py:43) 3",
+        "[backward];[MmBackward0];_engine_run_backward (functional.py:9) 1"]
+    assert folded({"stacks": []}) == ""
 
 
 def test_a_missing_torn_or_foreign_profile_reads_as_none(tmp_path: Path):

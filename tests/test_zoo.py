@@ -1,6 +1,8 @@
 """The fault zoo diagnosed end to end: each entry gets the verdict its docstring states,
 and no process of any trial outlives it."""
 
+from pathlib import Path
+
 import psutil
 
 from nsadiag.checks import run_check
@@ -58,6 +60,8 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     facts = record.verdict["facts"]
     assert "per_token_loop.py" in facts["hot_line"]
     assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
+    flame = (Path(record.trial_dir) / "profile.folded").read_text().splitlines()
+    assert any("per_token_loop.py" in line for line in flame)
 
 
 def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):

@@ -41,7 +41,7 @@ from nsadiag.harness.rank import pg_timeout_for
 from nsadiag.harness.watch import Due, Stream, Watcher
 from nsadiag.probes import flight_recorder, frames, stacks
 from nsadiag.probes.gpu import gpu_state
-from nsadiag.probes.profile import read_profile
+from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import JobSpec, TrialSpec
@@ -353,8 +353,16 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _profile_summary(path: Path) -> dict[str, Any] | None:
+    """The summary of the child's sampled profile; its stacks also go to profile.folded
+    beside it, for a flame-graph viewer."""
     profile = read_profile(path)
-    return summarize_profile(profile) if profile else None
+    if not profile:
+        return None
+    try:
+        path.with_suffix(".folded").write_text(folded(profile))
+    except OSError:
+        pass  # the summary still reaches the verdict; the file is a convenience
+    return summarize_profile(profile)
 
 
 def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: int | None,

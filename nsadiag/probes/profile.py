@@ -8,6 +8,7 @@ stack samples taken at a stall name a frame by chance; hundreds of samples over 
 run name where the time went, and a loop variable that rose from 0 to 812 at 8 per second
 names the loop.
 
+``folded(profile)`` writes the stacks in the collapsed format flame-graph viewers open;
 ``summarize(profile)`` reduces one such file to plain dicts a verdict and a report quote:
 
 - ``samples``, ``duration_s``: how many stacks, over how long;
@@ -123,6 +124,22 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "observations": int(loop["observations"])})
     found.sort(key=lambda loop: loop["advanced"], reverse=True)
     return found[:TOP]
+
+
+def folded(profile: dict[str, Any]) -> str:
+    """The profile's stacks in the collapsed ("folded") format that flamegraph.pl,
+    speedscope and inferno read: one line per stack, frames outermost first joined by ";",
+    then a space and the sample count. The phase and, in backward, the autograd op are the
+    outermost frames, so a flame graph splits forward from backward at its root."""
+    lines = []
+    for entry in profile.get("stacks", []):
+        frames = [f"{function} ({Path(file).name}:{line})".replace(";", ",")
+                  for function, file, line in entry.get("frames", [])]
+        root = [f"[{entry.get('phase') or 'other'}]"]
+        if entry.get("op"):
+            root.append(f"[{entry['op']}]")
+        lines.append(f"{';'.join(root + frames)} {int(entry.get('count', 0))}")
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def summarize(profile: dict[str, Any]) -> dict[str, Any]:
