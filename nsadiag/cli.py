@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from nsa.train import UsageError, parse_overrides
 from nsadiag.checks import CHECK_NAMES
 from nsadiag.ci import EXIT_REGRESSION, exit_code
 from nsadiag.commands.check import check_command
@@ -36,7 +35,7 @@ from nsadiag.compare import compare_runs
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
-from nsadiag.spec import TrialSpec
+from nsadiag.spec import TrialSpec, parse_overrides
 from nsadiag.sweep import parse_layers
 from nsadiag.triage.decide import env_problems
 
@@ -111,7 +110,7 @@ def _base_spec(target, overrides, seq_len, batch, dtype, grad_ckpt, device, back
                          stall_timeout_s=stall_timeout, budget_s=budget,
                          memory_cap_bytes=memory_cap_mb * 2**20 if memory_cap_mb else None,
                          out_dir="unused").validate()
-    except (ValueError, UsageError) as err:
+    except ValueError as err:
         fail(str(err))
 
 

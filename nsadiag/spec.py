@@ -248,3 +248,32 @@ class JobSpec:
                              f"{', '.join(sorted(names))}")
         spec = TrialSpec.from_json(json.dumps(data.pop("spec")))
         return cls(spec=spec, **data).validate()
+
+
+def parse_set_value(text: str) -> Any:
+    """One ``--set`` value: "true"/"false" a bool, "a,b" a tuple, then an int, a float,
+    else the string itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if "," in text:
+        return tuple(parse_set_value(part) for part in text.split(",") if part)
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set key=value`` items -> {key: value} for ``TrialSpec.overrides`` (later items
+    win); ValueError for an item without "=". The same syntax as ``python -m nsa.train
+    --set``, parsed here so that no command imports the built-in ``nsa`` for a foreign
+    target (see nsadiag.builtin)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set: expected key=value, got {item!r}")
+        overrides[key.strip()] = parse_set_value(value.strip())
+    return overrides

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nsadiag.builtin import nsa_attention_class, require_builtin_nsa
 from nsadiag.spec import TrialSpec
 
 Emit = Callable[[str, str, str], None]  # (module name, "forward" | "backward", "enter" | "exit")
@@ -112,6 +113,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _build_nsa(spec: TrialSpec) -> tuple[nn.Module, str]:
+    require_builtin_nsa()
     from nsa.config import NSAConfig
     from nsa.model import NSATransformer
 
@@ -202,12 +204,14 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def find_branches(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(event name, NSAAttention) for every branch event each NSAAttention emits."""
-    from nsa.layer import NSAAttention
-
+    """(event name, NSAAttention) for every branch event each NSAAttention emits; none
+    when ``nsa`` on sys.path is not nsa-diag's (nsadiag.builtin)."""
+    nsa_attention = nsa_attention_class()
+    if nsa_attention is None:
+        return []
     found = []
     for name, module in model.named_modules():
-        if isinstance(module, NSAAttention):
+        if isinstance(module, nsa_attention):
             suffixes = [s for _, s, _ in NSA_BRANCH_FUNCTIONS if _computes(module, s)]
             found += [(f"{name}.{suffix}", module) for suffix in suffixes]
     return found

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nsadiag.builtin import nsa_attention_class
 from nsadiag.checks import CheckResult, finding, not_applicable
 from nsadiag.checks.compare import difference, model_device, random_ids
 from nsadiag.harness.heartbeat import HeartbeatWriter, watch
@@ -32,15 +33,15 @@ NOT_IMPLEMENTATIONS = ("naive", "auto")
 
 
 def measure(spec: TrialSpec, writer: HeartbeatWriter) -> CheckResult:
-    from nsa.config import BACKENDS
-    from nsa.layer import NSAAttention
-
     target = resolve(spec)
+    nsa_attention = nsa_attention_class()
     layers = [(name, m) for name, m in target.model.named_modules()
-              if isinstance(m, NSAAttention)]
+              if nsa_attention is not None and isinstance(m, nsa_attention)]
     if not layers:
         return not_applicable("parity", f"parity needs NSAAttention layers; "
                                         f"{target.description} has none")
+    from nsa.config import BACKENDS
+
     inputs = layer_inputs(target, layers,
                           random_ids(target.vocab_size, spec.batch, spec.seq_len, spec.seed,
                                      model_device(target.model)), writer)

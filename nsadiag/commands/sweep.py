@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nsa.config import NSAConfig
+from nsadiag.builtin import require_builtin_nsa
 from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.rundir import TrialRecord, prepare_run_dir
@@ -39,6 +39,9 @@ def check_target(spec: TrialSpec) -> None:
     """Fail fast, in the parent, on a config the child would refuse: a bad NSAConfig
     field, an unknown target, or a knob its factory does not accept."""
     if spec.target == "nsa":
+        require_builtin_nsa()
+        from nsa.config import NSAConfig
+
         knobs = {name: getattr(spec, name) for name in ("n_layers", "branches", "backend")
                  if getattr(spec, name) is not None}
         NSAConfig().replace(**spec.overrides, **knobs)

@@ -187,10 +187,12 @@ def standouts(rows: list[dict[str, Any]], factor: float = 4.0) -> list[str]:
 
 def _branch_probe(model: nn.Module, emit):
     """The NSA branch wrappers when the model has NSAAttention layers, else None."""
-    from nsa.layer import NSAAttention
+    from nsadiag.builtin import nsa_attention_class
     from nsadiag.targets import BranchProbe
 
-    if any(isinstance(m, NSAAttention) for m in model.modules()):
+    nsa_attention = nsa_attention_class()
+    if nsa_attention is not None and any(isinstance(m, nsa_attention)
+                                         for m in model.modules()):
         return BranchProbe(model, emit)
     return None
 
