@@ -146,15 +146,15 @@ def results_table(rows: Sequence[SweepRow]) -> list[str]:
 def fits_section(analysis: dict[str, Any]) -> list[str]:
     fits = analysis["fits"]
     if not fits:
-        return ["Fewer than two OK layer counts: no fit."]
-    lines = ["| quantity | per layer | intercept | R² | growth | extrapolated |",
-             "|---|---|---|---|---|---|"]
+        return ["Fewer than three OK layer counts: no fit."]
+    lines = ["| quantity | per layer (± s.e.) | intercept | R² | points | growth | "
+             "extrapolated |", "|---|---|---|---|---|---|---|"]
     for name, fit in fits.items():
         unit = _fmt_bytes if name in ("peak_rss", "saved_bytes") else (lambda v: f"{v:.3f} s")
         extra = ", ".join(f"{n} layers: {unit(v)}" for n, v in fit.extrapolated.items())
-        growth = "super-linear" if fit.super_linear else "linear"
-        lines.append(f"| {name} | {unit(fit.slope)} | {unit(fit.intercept)} | {fit.r2:.3f} | "
-                     f"{growth} | {extra} |")
+        lines.append(f"| {name} | {unit(fit.slope)} ± {unit(fit.slope_se)} | "
+                     f"{unit(fit.intercept)} | {fit.r2:.3f} | {fit.points} | {fit.growth()} | "
+                     f"{extra or '-'} |")
     return lines
 
 
@@ -273,6 +273,8 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         ruled_out.append(f"A hang at small depth: {len(ok)} layer count(s) up to "
                          f"{best.n_layers} finished every step (step {_fmt_s(best.step_s)} s).")
     step_fit = analysis["fits"].get("step_s")
+    if step_fit and step_fit.poor:
+        step_fit = None  # says nothing either way
     if step_fit and not step_fit.super_linear:
         ruled_out.append(f"Super-linear time growth: step time rises {step_fit.slope:.3f} s per "
                          f"layer on a straight line (R² {step_fit.r2:.3f}).")
@@ -280,6 +282,8 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         implicated.append(f"Step time grows faster than linearly with depth (quadratic term "
                           f"{step_fit.curvature:.4f} s/layer²).")
     mem_fit = analysis["fits"].get("peak_rss")
+    if mem_fit and mem_fit.poor:
+        mem_fit = None
     if mem_fit and mem_fit.super_linear:
         implicated.append(f"Peak memory grows faster than linearly with depth (+"
                           f"{_fmt_bytes(mem_fit.slope)} per layer on average).")
@@ -385,8 +389,8 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     for label, analysis in analyses.items():
         fit = analysis["fits"].get("step_s")
         if fit:
-            md += ["", f"{label or 'Run'}: {fit.slope:.3f} s per layer per step "
-                   f"({'super-linear' if fit.super_linear else 'linear'}, R² {fit.r2:.3f})."]
+            md += ["", f"{label or 'Run'}: {fit.slope:.3f} ± {fit.slope_se:.3f} s per layer "
+                   f"per step ({fit.growth()}, R² {fit.r2:.3f}, {fit.points} points)."]
     first = records[0].spec if records else {}
     md += ["", "## Configuration", "", "| field | value |", "|---|---|"]
     for key in ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",

@@ -6,8 +6,10 @@ recorded for the same spec. The sweep stops after the first non-OK trial unless 
 keep going: that count is the threshold, and the trials above it would only repeat it.
 
 `analyse` turns rows into fits: least squares of step time, forward time, backward time
-and peak memory against the layer count, extrapolated to the next counts, and a flag when
-growth is super-linear (a quadratic term that explains most of the linear fit's error).
+and peak memory against the layer count (three counts at least), with the slope's standard
+error, extrapolated to the next counts, and a flag when growth is super-linear (a quadratic
+term that explains most of the linear fit's error). A poor fit (R² below 0.9, or a slope
+within two standard errors of zero) claims no growth law and extrapolates nothing.
 """
 
 from __future__ import annotations
@@ -46,9 +48,18 @@ class SweepRow:
         return asdict(self)
 
 
+MIN_FIT_POINTS = 3
+"""Two points always lie on a line (R² 1): a fit needs at least three."""
+GOOD_R2 = 0.9
+"""Below this R², or with a slope within two standard errors of zero, the fit is poor: no
+growth law and no extrapolation is read from it."""
+
+
 @dataclass
 class Fit:
-    """y = slope * layers + intercept, with the quadratic check for super-linear growth."""
+    """y = slope * layers + intercept (``slope_se`` its standard error, ``points`` how many
+    layer counts), with the quadratic check for super-linear growth. A ``poor`` fit says
+    nothing about growth and extrapolates nothing."""
 
     quantity: str
     slope: float
@@ -57,6 +68,15 @@ class Fit:
     curvature: float  # coefficient of layers^2 in the quadratic fit
     super_linear: bool
     extrapolated: dict[int, float] = field(default_factory=dict)
+    slope_se: float = 0.0
+    points: int = 0
+    poor: bool = False
+
+    def growth(self) -> str:
+        """"super-linear", "linear" or "no clear trend" (a poor fit)."""
+        if self.poor:
+            return "no clear trend"
+        return "super-linear" if self.super_linear else "linear"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,8 +181,9 @@ def _least_squares(xs: Sequence[float], ys: Sequence[float], degree: int) -> lis
 
 def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
                  extrapolate_to: Sequence[int]) -> Fit | None:
-    """Linear fit of ys against layer counts; None with fewer than two points."""
-    if len(xs) < 2:
+    """Linear fit of ys against layer counts; None with fewer than MIN_FIT_POINTS distinct
+    counts."""
+    if len(set(xs)) < MIN_FIT_POINTS:
         return None
     slope, intercept = _least_squares(xs, ys, 1)
     predicted = [slope * x + intercept for x in xs]
@@ -170,6 +191,10 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
     ss_tot = sum((y - mean) ** 2 for y in ys)
     ss_lin = sum((y - p) ** 2 for y, p in zip(ys, predicted, strict=True))
     r2 = 1.0 - ss_lin / ss_tot if ss_tot > 0 else 1.0
+    x_mean = statistics.fmean(xs)
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    slope_se = (ss_lin / (len(xs) - 2) / sxx) ** 0.5 if len(xs) > 2 else 0.0
+    poor = r2 < GOOD_R2 or abs(slope) <= 2 * slope_se
     a = b = c = 0.0
     curvature, super_linear = 0.0, False
     if len(xs) >= 4:
@@ -180,9 +205,12 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
         # and a last point well above the line through the earlier ones
         super_linear = bool(a > 0 and ss_lin > 0 and ss_quad < 0.25 * ss_lin
                             and ys[-1] > 1.1 * predicted[-1])
-    fit = Fit(quantity, slope, intercept, r2, curvature, super_linear)
-    for x in extrapolate_to:
-        fit.extrapolated[x] = (a * x * x + b * x + c) if super_linear else slope * x + intercept
+    fit = Fit(quantity, slope, intercept, r2, curvature, super_linear and not poor,
+              slope_se=slope_se, points=len(xs), poor=poor)
+    if not poor:
+        for x in extrapolate_to:
+            fit.extrapolated[x] = ((a * x * x + b * x + c) if fit.super_linear
+                                   else slope * x + intercept)
     return fit
 
 

@@ -54,3 +54,27 @@ def test_threshold_is_the_first_non_ok_count_and_fits_use_ok_rows_only():
     assert result["fits"]["step_s"].slope == pytest.approx(1.0)
     assert result["fits"]["step_s"].extrapolated == {4: pytest.approx(4.0),
                                                      5: pytest.approx(5.0)}
+
+
+def test_two_points_are_no_fit():
+    assert fit_quantity("step_s", [1, 2], [1.0, 2.0], [3]) is None
+    assert fit_quantity("step_s", [1, 1, 2], [1.0, 1.1, 2.0], [3]) is None  # two counts
+    assert analyse([_row(1, "OK", 1.0), _row(2, "OK", 2.0)])["fits"] == {}
+
+
+def test_a_slope_within_its_error_is_a_poor_fit_with_no_growth_law_or_extrapolation():
+    # three noisy single-sample timings: the "per layer" time is noise around zero
+    fit = fit_quantity("step_s", [1, 2, 4], [1.30, 1.00, 1.25], [5, 6])
+    assert fit.poor and fit.growth() == "no clear trend"
+    assert fit.extrapolated == {} and not fit.super_linear
+    assert abs(fit.slope) <= 2 * fit.slope_se
+
+
+def test_the_slope_standard_error_is_the_textbook_one():
+    # residuals +-0.1 around y = x: s^2 = 0.04 / (4 - 2), Sxx = 5, se = sqrt(0.02 / 5)
+    fit = fit_quantity("step_s", [1, 2, 3, 4], [1.1, 1.9, 2.9, 4.1], [])
+    assert fit.points == 4 and not fit.poor
+    residuals = [y - (fit.slope * x + fit.intercept)
+                 for x, y in zip([1, 2, 3, 4], [1.1, 1.9, 2.9, 4.1], strict=True)]
+    expected = (sum(r * r for r in residuals) / 2 / 5) ** 0.5
+    assert fit.slope_se == pytest.approx(expected)
