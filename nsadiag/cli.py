@@ -311,11 +311,13 @@ def compare_cmd(before: Path = typer.Argument(..., help="Run directory or summar
                 after: Path = typer.Argument(..., help="Run directory or summary.json."),
                 threshold: float = typer.Option(0.2, help="Relative growth that counts as a "
                                                 "regression."),
-                as_json: bool = typer.Option(False, "--json")):
+                as_json: bool = typer.Option(False, "--json"),
+                force: bool = typer.Option(False, "--force", help="Compare runs whose "
+                                           "configurations differ.")):
     """Diff two runs' summary.json: verdict changes, step time and peak memory; exit 3 on a
-    regression."""
+    regression (a change above the threshold and above the runs' measured spread)."""
     try:
-        result = compare_runs(before, after, threshold)
+        result = compare_runs(before, after, threshold, force)
     except ValueError as err:
         fail(str(err))
     if as_json:
@@ -324,12 +326,15 @@ def compare_cmd(before: Path = typer.Argument(..., help="Run directory or summar
         for change in result["verdict_changes"]:
             console.print(f"{change['label'] or '-'} {change['n_layers']} layers: "
                           f"{change['before']} -> {change['after']}")
-        table = Table("run", "layers", "quantity", "before", "after", "change")
+        for difference in result["config_differences"]:
+            console.print(f"configurations differ (forced): {difference}")
+        table = Table("run", "layers", "quantity", "before", "after", "change", "noise")
         for d in result["deltas"]:
             style = "red" if d["regressed"] else "green"
+            noise = f"±{d['noise']:.0%}" if d.get("noise") is not None else "-"
             table.add_row(d["label"] or "-", str(d["n_layers"]), d["quantity"],
                           f"{d['before']:.4g}", f"{d['after']:.4g}",
-                          f"[{style}]{d['change']:+.0%}[/{style}]")
+                          f"[{style}]{d['change']:+.0%}[/{style}]", noise)
         console.print(table)
         console.print(f"{len(result['regressions'])} regression(s) above "
                       f"+{100 * threshold:.0f}%")

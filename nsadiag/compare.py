@@ -2,7 +2,11 @@
 
 Rows of summary.json (sweep-layers, isolate-branch, triage) are matched by (label,
 n_layers); a measurement is compared only when both rows are OK. A delta is a regression
-when the later value exceeds the earlier one by more than ``threshold`` (0.2 = +20%).
+when the later value exceeds the earlier one by more than ``threshold`` (0.2 = +20%) and
+by more than the noise: the larger relative spread of the step times the two rows were
+measured from (unknown with fewer than two measured steps, then the threshold alone).
+Runs whose configurations differ (spec.json beside summary.json: target, sequence length,
+batch, dtype, ...) are not compared unless forced: their difference is the configuration's.
 `nsadiag compare A B` and `nsadiag triage --baseline` both use this module.
 """
 
@@ -16,6 +20,9 @@ from typing import Any
 
 QUANTITIES = ("step_s", "peak_rss")
 DEFAULT_THRESHOLD = 0.2
+CONFIG_FIELDS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "device", "backend",
+                 "branches", "overrides", "steps")
+SPREAD = {"step_s": "step_s_spread"}  # the row field holding a quantity's measured spread
 
 
 @dataclass
@@ -29,6 +36,7 @@ class Delta:
     after: float
     change: float
     regressed: bool
+    noise: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,9 +69,27 @@ def compare_rows(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
             if not x or y is None or x <= 0:
                 continue
             change = y / x - 1.0
+            noise = _noise(a, b, quantity)
             deltas.append(Delta(key[0], key[1], quantity, float(x), float(y), change,
-                                change > threshold))
+                                change > max(threshold, noise or 0.0), noise))
     return deltas
+
+
+def _noise(a: dict[str, Any], b: dict[str, Any], quantity: str) -> float | None:
+    """The larger relative spread of ``quantity`` in rows a and b, None when unmeasured."""
+    field = SPREAD.get(quantity)
+    spreads = [row.get(field) for row in (a, b) if field and row.get(field) is not None]
+    return max(spreads) if spreads else None
+
+
+def config_differences(before: dict[str, Any] | None, after: dict[str, Any] | None
+                       ) -> list[str]:
+    """"field: old -> new" for every CONFIG_FIELDS entry the two specs disagree on; none
+    when either spec is unknown."""
+    if not before or not after:
+        return []
+    return [f"{name}: {before.get(name)!r} -> {after.get(name)!r}" for name in CONFIG_FIELDS
+            if before.get(name) != after.get(name)]
 
 
 def regressions(deltas: Sequence[dict[str, Any] | Delta]) -> list[dict[str, Any]]:
@@ -98,12 +124,30 @@ def load_summary(path: Path) -> dict[str, Any]:
     return summary
 
 
-def compare_runs(before: Path, after: Path, threshold: float = DEFAULT_THRESHOLD
-                 ) -> dict[str, Any]:
-    """The comparison of two run directories (or summary.json files)."""
+def load_spec(path: Path) -> dict[str, Any] | None:
+    """spec.json of a run directory (or beside the summary.json), None when absent."""
+    path = Path(path)
+    file = (path if path.is_dir() else path.parent) / "spec.json"
+    try:
+        spec = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def compare_runs(before: Path, after: Path, threshold: float = DEFAULT_THRESHOLD,
+                 force: bool = False) -> dict[str, Any]:
+    """The comparison of two run directories (or summary.json files); ValueError in one
+    line when their configurations differ and ``force`` is not set."""
     a, b = load_summary(before), load_summary(after)
+    differences = config_differences(load_spec(before), load_spec(after))
+    if differences and not force:
+        raise ValueError(f"compare: the runs' configurations differ ({'; '.join(differences)})"
+                         f": a change in time or memory would be the configuration's, not a "
+                         f"regression; pass --force to compare anyway")
     deltas = compare_rows(a["rows"], b["rows"], threshold)
     return {"before": str(before), "after": str(after), "threshold": threshold,
+            "config_differences": differences,
             "headlines": [a.get("headline"), b.get("headline")],
             "verdict_changes": verdict_changes(a["rows"], b["rows"]),
             "deltas": [d.to_dict() for d in deltas], "regressions": regressions(deltas),

@@ -43,6 +43,7 @@ class SweepRow:
     steps_done: int
     trial_dir: str
     saved_by_branch: dict[str, int] | None = None  # per NSA branch (cmp/sel/win), step 0
+    step_s_spread: float | None = None  # (max - min) / median of the measured step times
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,11 +129,19 @@ def _result_or_events(record: TrialRecord) -> dict[str, Any]:
 def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
     result = _result_or_events(record)
 
-    def median(key: str) -> float | None:
+    def measured(key: str) -> list[float]:
         values = result.get(key) or []
         # the first step pays one-off costs (allocator warm-up, lazy init): drop it if possible
-        values = values[1:] if len(values) > 1 else values
+        return values[1:] if len(values) > 1 else values
+
+    def median(key: str) -> float | None:
+        values = measured(key)
         return statistics.median(values) if values else None
+
+    def spread(key: str) -> float | None:
+        values = measured(key)
+        middle = statistics.median(values) if len(values) >= 2 else 0.0
+        return (max(values) - min(values)) / middle if middle > 0 else None
 
     return SweepRow(label=label, n_layers=int(record.spec["n_layers"]),
                     verdict=record.verdict_name, forward_s=median("forward_s"),
@@ -140,7 +149,8 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     peak_rss=result.get("peak_rss"), saved_bytes=result.get("saved_bytes"),
                     steps_done=int(result.get("steps_done", 0)),
                     trial_dir=record.trial_dir,
-                    saved_by_branch=result.get("saved_by_branch"))
+                    saved_by_branch=result.get("saved_by_branch"),
+                    step_s_spread=spread("step_s"))
 
 
 

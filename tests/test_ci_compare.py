@@ -89,6 +89,32 @@ def test_compare_command_exit_codes(tmp_path):
     assert missing.stderr.count("\n") == 1 and "summary: cannot read" in missing.stderr
 
 
+def test_a_change_within_the_measured_spread_is_noise_not_a_regression():
+    # +25 % on step time, but each run's own step times spread by 40 %: noise
+    before = [{**_row(1, 1.0, 100), "step_s_spread": 0.4}]
+    after = [{**_row(1, 1.25, 100), "step_s_spread": 0.1}]
+    (delta, _) = compare_rows(before, after, 0.2)
+    assert delta.quantity == "step_s" and delta.noise == pytest.approx(0.4)
+    assert not delta.regressed
+    steady = [{**_row(1, 1.0, 100), "step_s_spread": 0.05}]
+    (delta, _) = compare_rows(steady, after, 0.2)
+    assert delta.regressed and delta.noise == pytest.approx(0.1)
+
+
+def test_runs_of_different_configurations_are_refused_unless_forced(tmp_path):
+    a = _summary(tmp_path / "a", [_row(1, 1.0, 100)])
+    b = _summary(tmp_path / "b", [_row(1, 4.0, 100)])
+    spec = {"target": "nsa", "seq_len": 1024, "batch": 1, "dtype": "float32"}
+    (a / "spec.json").write_text(json.dumps(spec))
+    (b / "spec.json").write_text(json.dumps({**spec, "seq_len": 2048}))
+    refused = nsadiag("compare", str(a), str(b))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "seq_len: 1024 -> 2048" in refused.stderr and "--force" in refused.stderr
+    forced = compare_runs(a, b, force=True)
+    assert forced["config_differences"] == ["seq_len: 1024 -> 2048"]
+    assert forced["regressions"]
+
+
 def test_load_summary_refuses_what_is_not_a_summary(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "other.json").write_text(json.dumps({"x": 1}))
