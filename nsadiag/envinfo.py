@@ -93,10 +93,10 @@ def triton_kernels(cuda_available: bool) -> str:
     """How NSA's triton backend would run here (its kernels are built on import)."""
     from nsadiag.builtin import builtin_nsa_available
 
-    if not builtin_nsa_available():
-        return "triton kernels: not checked (the `nsa` on sys.path is not nsa-diag's)"
     if importlib.util.find_spec("triton") is None:
         return "triton kernels: not usable (triton is not installed: pip install -e '.[triton]')"
+    if not builtin_nsa_available():
+        return "triton kernels: not checked (the `nsa` on sys.path is not nsa-diag's)"
     try:
         from nsa.ops.triton import ops
     except Exception as err:  # a broken triton install raises anything on import

@@ -101,6 +101,8 @@ def _frames(state: dict[str, Any], records: dict[str, TrialRecord]) -> dict[str,
     profiled = next((run.evidence["profile"] for run in runs if run.evidence.get("profile")),
                     None)
     found["profile"] = describe_profile(profiled) if profiled else []
+    found["slow_by"] = next((reason for run in runs for reason in run.verdict["reasons"]
+                             if reason.startswith("slow by ")), None)
     return found
 
 
@@ -153,9 +155,15 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
         return _unreproduced_text(unreproduced)
     sweep = state.get("sweep") or {}
     deepest = sweep.get("deepest_ok")
+    big = sweep.get("slow_by_size") or []
+    size = (f"; slow by size from {big[0]} layer(s): the work outlasts the budget, done "
+            f"without a defect" if big else "")
     if not sweep.get("complete"):
-        return f"no failure found before the triage stopped (OK up to {deepest or 0} layer(s))"
-    return f"healthy: OK up to {deepest} layer(s)"
+        fine = "no defect" if big else "OK"
+        return (f"no failure found before the triage stopped ({fine} up to {deepest or 0} "
+                f"layer(s){size})")
+    return (f"healthy: no defect up to {deepest} layer(s){size}" if big else
+            f"healthy: OK up to {deepest} layer(s)")
 
 
 INCONCLUSIVE_CHECK = "SLOW"
@@ -250,6 +258,8 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(f"Hot frame: {frames['hot_frame']}.")
         if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
+        if frames.get("slow_by"):
+            lines.append(_sentence(frames["slow_by"]) + ".")
         lines += [_sentence(sentence) + "." for sentence in frames.get("profile", [])]
         if failure["minimal"] is not None:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
@@ -259,6 +269,11 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
         lines.append(_sentence(_headline(state, None)) + ". Rerun on a quieter machine or "
                      "with a larger `--budget` to settle it; the runs' evidence is in their "
                      "`trial-<n>/evidence.json`.")
+    elif not failure and (state.get("sweep") or {}).get("slow_by_size"):
+        lines.append(_sentence(_headline(state, None)) + ". No trial failed: the SLOW ones did "
+                     "the model's work without a host read per token or a loop of tiny ops, "
+                     "at the machine's pace; a longer `--budget` or fewer `--steps` lets "
+                     "them finish (their evidence gives FLOPs, efficiency and the ETA).")
     elif not failure:
         lines.append(_sentence(_headline(state, None)) + ": no trial ended other than OK.")
     if failure and failure["verdict"] == "SLOW" and \

@@ -51,3 +51,20 @@ def test_builtin_target_is_healthy_then_regressed_against_a_faster_baseline(tmp_
     same = triage("--max-layers", "2", "--no-checks", "--baseline", str(tmp_path / "same.json"),
                   "--out", str(out))
     assert same.returncode == 0, (same.stdout, same.stderr)
+
+
+def test_builtin_target_with_more_steps_than_its_budget_is_slow_by_size_and_healthy(tmp_path):
+    # 2000 steps cannot finish in 15 s on any machine: SLOW; the NSA model does its work
+    # without per-token reads or tiny-op loops, so slow by size: no failure, exit 0
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "nsadiag.cli", "triage", *TINY[:-6], "--steps", "2000",
+         "--stall-timeout", "60", "--budget", "15", "--max-minutes", "3", "--max-layers", "1",
+         "--no-checks", "--out", str(out)], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "healthy" and summary["failure"] is None
+    assert [(v["n_layers"], v["verdict"]) for v in summary["verdicts"]] == [(1, "SLOW")]
+    assert "slow by size from 1 layer(s)" in summary["headline"]
+    record = json.loads((out / "trials.jsonl").read_text().splitlines()[0])
+    assert record["verdict"]["facts"]["slow_by"] == "size"

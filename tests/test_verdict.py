@@ -403,3 +403,18 @@ def test_a_slow_verdict_names_the_loop_and_line_of_the_sampled_profile():
         in verdict.reasons
     assert ("loop variable `t` in attend (model.py:40) advanced 812 at 8.1/s: a loop "
             "iterating") in verdict.reasons
+
+
+def test_the_hot_frame_skips_the_work_counts_dispatch_mode_and_its_plumbing():
+    site = "/usr/lib/python3.11/site-packages/torch"
+    frames = [StackFrame("OpOverload.__call__", f"{site}/_ops.py", 875),
+              StackFrame("__torch_dispatch__", f"{site}/utils/flop_counter.py", 10),
+              StackFrame("_fn", f"{site}/_dynamo/eval_frame.py", 1446),
+              StackFrame("OpCounter.__torch_dispatch__", "/x/nsadiag/probes/efficiency.py", 5),
+              StackFrame("_fn", f"{site}/_dynamo/eval_frame.py", 1446),
+              StackFrame("inner", f"{site}/_compile.py", 53),
+              StackFrame("GrindingBlock.forward", "/home/u/model.py", 24),
+              StackFrame("_call_impl", f"{site}/nn/modules/module.py", 1700)]
+    sample = StackSample(t=0.0, pid=1, threads=[ThreadStack(1, "MainThread", frames)])
+    frame, count, _ = hot_frame([sample, sample])
+    assert (frame.function, count) == ("GrindingBlock.forward", 2)

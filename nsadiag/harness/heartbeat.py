@@ -102,10 +102,12 @@ class HeartbeatWriter:
             extra["status"] = status
         self._write("collective", self.phase, **extra)
 
-    def step_done(self, step_s: float, forward_s: float, backward_s: float) -> None:
-        """Step `self.step` finished (after the optimizer)."""
+    def step_done(self, step_s: float, forward_s: float, backward_s: float,
+                  **measured: Any) -> None:
+        """Step `self.step` finished (after the optimizer); ``measured`` adds fields such
+        as the step's FLOPs and efficiency."""
         self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
-                    backward_s=backward_s)
+                    backward_s=backward_s, **measured)
 
     def end(self, status: str) -> None:
         """The trial is over; status "ok" or "error"."""

@@ -15,6 +15,8 @@ NSA branch (the saved-tensor ledger, fed by the heartbeat's branch wrappers thro
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +44,70 @@ class Progress:
     expected_events_per_step: int | None = None
     saved_bytes: int | None = None  # saved for backward by step 0's forward
     saved_by_branch: dict[str, int] | None = None  # the same, inside each NSA branch
+    rates: dict[str, Any] = field(default_factory=dict)  # see Rates
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps_done": len(self.step_s), "step_s": self.step_s,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "loss": self.loss, "expected_events_per_step": self.expected_events_per_step,
-                "saved_bytes": self.saved_bytes, "saved_by_branch": self.saved_by_branch}
+                "saved_bytes": self.saved_bytes, "saved_by_branch": self.saved_by_branch,
+                **self.rates}
+
+
+@dataclass
+class Rates:
+    """What the machine and a dense model of the target's shape achieve here
+    (nsadiag.probes.efficiency), and the FLOPs of one step of the target (step 0,
+    counted); every step event carries them with that step's efficiency."""
+
+    machine_flops_per_s: float | None = None
+    dense_efficiency: float | None = None
+    dense_flops_per_op: float | None = None
+    flops_per_step: int | None = None  # 3 x the forward's
+    ops_per_step: int | None = None  # ops and host reads of the forward
+    host_reads_per_step: int | None = None
+    unavailable: str | None = None
+
+    def count_forward(self, counted: Any) -> None:
+        """Take a forward's WorkCount: a step is about three forwards of FLOPs (backward
+        two); ops and host reads are the forward's."""
+        self.flops_per_step = 3 * counted.flops if counted.flops is not None else None
+        self.ops_per_step, self.host_reads_per_step = counted.ops, counted.host_reads
+
+    def for_step(self, step_s: float) -> dict[str, Any]:
+        per_op = (self.flops_per_step / self.ops_per_step
+                  if self.flops_per_step is not None and self.ops_per_step else None)
+        fields: dict[str, Any] = {"machine_flops_per_s": self.machine_flops_per_s,
+                                  "dense_efficiency": self.dense_efficiency,
+                                  "dense_flops_per_op": self.dense_flops_per_op,
+                                  "flops_per_step": self.flops_per_step,
+                                  "ops_per_step": self.ops_per_step, "flops_per_op": per_op,
+                                  "host_reads_per_step": self.host_reads_per_step}
+        if self.flops_per_step is not None and self.machine_flops_per_s and step_s > 0:
+            fields["efficiency"] = self.flops_per_step / step_s / self.machine_flops_per_s
+        if self.unavailable:
+            fields["rates_unavailable"] = self.unavailable
+        return fields
+
+
+def measure_rates(spec: TrialSpec, target: Target, device: torch.device) -> Rates:
+    """The machine's matmul rate and the dense reference's efficiency; a failure leaves
+    them unknown with the reason (the trial itself must not fail for them)."""
+    import torch
+
+    from nsadiag.probes.efficiency import dense_reference, matmul_rate, model_dim
+
+    dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+    try:
+        rates = Rates(machine_flops_per_s=matmul_rate(device, dtype))
+        dim = model_dim(target.model)
+        if dim:
+            dense = dense_reference(spec.batch, spec.seq_len, dim, device, dtype)
+            rates.dense_efficiency = dense["efficiency"]
+            rates.dense_flops_per_op = dense["flops_per_op"]
+        return rates
+    except Exception as exc:  # a reference that cannot run here decides nothing
+        return Rates(unavailable=f"{type(exc).__name__}: {exc}")
 
 
 class BranchTee:
@@ -117,24 +177,40 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
     optimizer = torch.optim.AdamW(target.model.parameters(), lr=LEARNING_RATE)
     generator = torch.Generator().manual_seed(spec.seed)
     tee = BranchTee(writer)
+    rates = measure_rates(spec, target, device)
     with watch(target, writer, tee):
         for step in range(spec.steps):
             batch = torch.randint(target.vocab_size, (world * spec.batch, spec.seq_len + 1),
                                   generator=generator)
             before = writer.module_events
             loss = run_step(spec, target.model, loss_of, optimizer, batch[rows].to(device),
-                            step, writer, progress, tee)
+                            step, writer, progress, tee, rates)
             if step == 0:
                 progress.expected_events_per_step = writer.module_events - before
             progress.loss.append(mean_over_ranks(loss, device, world) if rank else loss)
 
 
+@contextlib.contextmanager
+def _forward_context(ledger: Any, counted: Any) -> Iterator[None]:
+    """The saved-tensor ledger and the work count around one forward, either or both."""
+    from nsadiag.probes.efficiency import count_work
+
+    with contextlib.ExitStack() as stack:
+        if ledger is not None:
+            stack.enter_context(ledger)
+        if counted is not None:
+            stack.enter_context(count_work(counted))
+        yield
+
+
 def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.optim.Optimizer,
              ids: torch.Tensor, step: int, writer: HeartbeatWriter, progress: Progress,
-             tee: BranchTee | None = None) -> float:
+             tee: BranchTee | None = None, rates: Rates | None = None) -> float:
     """One step (nsadiag.harness.step) with a "start" event per phase and a "step" event
-    at its end; step 0's forward runs under the saved-tensor ledger. Returns the loss."""
+    at its end; step 0's forward runs under the saved-tensor ledger, and with ``rates``
+    step 0 counts its FLOPs. Returns the loss."""
     from nsadiag.harness.step import train_step
+    from nsadiag.probes.efficiency import WorkCount
     from nsadiag.probes.memory import SavedTensorLedger
 
     ledger = SavedTensorLedger(model, branches=False) if step == 0 else None
@@ -152,14 +228,24 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
         if phase == "forward" and tee is not None:
             tee.ledger = ledger
 
+    # step 0's forward only: counting costs microseconds per op, and a backward of many
+    # small nodes under it would stand still long enough to look stalled
+    counted = WorkCount() if rates is not None and step == 0 and not rates.unavailable \
+        else None
     try:
         loss, times = train_step(loss_of, ids, optimizer, bfloat16=spec.dtype == "bfloat16",
-                                 on_phase=on_phase, forward_context=ledger)
+                                 on_phase=on_phase,
+                                 forward_context=_forward_context(ledger, counted))
     finally:
         if tee is not None:
             tee.ledger = None
+    if counted is not None:
+        rates.count_forward(counted)
+    extra = rates.for_step(times.step_s) if rates is not None else {}
+    if rates is not None:
+        progress.rates = extra
     writer.step_done(step_s=times.step_s, forward_s=times.forward_s,
-                     backward_s=times.backward_s)
+                     backward_s=times.backward_s, **extra)
     progress.step_s.append(times.step_s)
     progress.forward_s.append(times.forward_s)
     progress.backward_s.append(times.backward_s)

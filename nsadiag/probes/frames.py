@@ -114,9 +114,25 @@ def wait_frame(thread: ThreadStack) -> StackFrame | None:
     return native[0] if native else None
 
 
+INSTRUMENTATION_PATH = re.compile(r"/nsadiag/probes/efficiency\.py$|"
+                                  r"/torch/utils/(flop_counter|_python_dispatch)\.py$")
+"""Files of nsadiag's work count (a dispatch mode over a trial's first forward): frames
+inside them, and the op calls they make, stand between the model's code and its op."""
+DISPATCH_PLUMBING = re.compile(r"/torch/(_dynamo/eval_frame|_compile|_ops)\.py$")
+"""torch's frames that carry an op into a dispatch mode, just outside the mode's frame."""
+
+
 def _innermost_python_index(thread: ThreadStack) -> int | None:
-    for index, frame in enumerate(thread.frames):
-        if not frame.is_native:
+    """Index of the innermost Python frame that is not the work count's dispatch mode or
+    an op it forwards (frames are innermost first)."""
+    counted = [i for i, frame in enumerate(thread.frames) if not frame.is_native
+               and INSTRUMENTATION_PATH.search(frame.file or "")]
+    start = counted[-1] + 1 if counted else 0
+    while counted and start < len(thread.frames) and not thread.frames[start].is_native \
+            and DISPATCH_PLUMBING.search(thread.frames[start].file or ""):
+        start += 1
+    for index in range(start, len(thread.frames)):
+        if not thread.frames[index].is_native:
             return index
     return None
 

@@ -8,7 +8,9 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
             stall is a failure, one cut short by its time budget (SLOW) is reported as not
             finished and decides nothing; checks are not resumed: a rerun runs them again
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
-            between the deepest OK count and the first non-OK one (nsadiag.triage.decide)
+            between the deepest OK count and the first failing one (nsadiag.triage.decide);
+            a SLOW that is slow by size (the work outlasts the budget, no defect in how it
+            is done: nsadiag.probes.efficiency) is no failure and is never bisected
 3. on a non-OK verdict at the threshold:
    repeats      the failing configuration again, until the verdicts agree or 3 ran; a
                 timing verdict (SLOW, STALL-BUSY, INCONCLUSIVE) that most repeats do not
@@ -183,12 +185,25 @@ def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
     return record.spec["budget_s"] < limit.planned_budget_s - 1e-6
 
 
+def slow_by_size(record: TrialRecord) -> bool:
+    """SLOW because the work outlasts the budget, not because of a defect
+    (nsadiag.probes.efficiency): big, not broken."""
+    return (record.verdict_name == "SLOW"
+            and (record.verdict.get("facts") or {}).get("slow_by") == "size")
+
+
+def is_failure(record: TrialRecord) -> bool:
+    """A trial the triage chases: not OK, and not merely slow by size."""
+    return record.verdict_name != "OK" and not slow_by_size(record)
+
+
 def _trial_ref(record: TrialRecord) -> dict[str, Any]:
     """How triage.json points at a trial: directory name, verdict, first reason."""
     world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
     return {"trial": Path(record.trial_dir).name, "verdict": record.verdict_name,
             "n_layers": record.spec.get("n_layers"), "world_size": world_size,
-            "reason": record.verdict["reasons"][0]}
+            "reason": record.verdict["reasons"][0],
+            "slow_by": (record.verdict.get("facts") or {}).get("slow_by")}
 
 
 def accepted_knobs(spec: TrialSpec) -> list[str]:
@@ -303,10 +318,11 @@ class Triage:
             records[n] = self._run(self._depth_spec(n))
             sweep["probed"].append(_trial_ref(records[n]))
             sweep["deepest_ok"], sweep["threshold"] = bracket(
-                {k: r.verdict_name != "OK" for k, r in records.items()})
+                {k: is_failure(r) for k, r in records.items()})
+            sweep["slow_by_size"] = sorted(k for k, r in records.items() if slow_by_size(r))
             if sweep["threshold"] is not None:  # known so far, should the time run out
                 sweep["failing"] = _trial_ref(records[sweep["threshold"]])
-            return records[n].verdict_name != "OK"
+            return is_failure(records[n])
 
         found = find_threshold(fails, self.options.max_layers)
         sweep.update(threshold=found.threshold, deepest_ok=found.deepest_ok, complete=True)

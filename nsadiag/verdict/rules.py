@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.probes.efficiency import slow_by
 from nsadiag.probes.frames import (
     IDLE_CPU_FRACTION,
     busy_threads,
@@ -271,6 +272,7 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     if steps and "step_s" in steps[-1]:
         facts["step_s"] = steps[-1]["step_s"]
         reasons.append(_step_sentence(steps[-1]))
+        _add_efficiency(steps[-1], evidence, facts, reasons)
     samples = evidence.stall.samples if evidence.stall else []
     _add_hot_frame(samples, facts, reasons)
     _add_profile(evidence, facts, reasons)
@@ -287,6 +289,36 @@ def _add_profile(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
     if summary.get("loops"):
         facts["loop"] = summary["loops"][0]
     reasons.extend(describe_profile(summary))
+
+
+def _add_efficiency(step: dict[str, Any], evidence: Evidence, facts: dict,
+                    reasons: list[str]) -> None:
+    """Slow by size or by defect, from the last step's efficiency (achieved FLOP/s over
+    this machine's matmul rate) beside a dense transformer block's of the same shape."""
+    efficiency, reference = step.get("efficiency"), step.get("dense_efficiency")
+    rate, flops = step.get("machine_flops_per_s"), step.get("flops_per_step")
+    if efficiency is None or not rate or not flops:
+        if step.get("rates_unavailable"):
+            reasons.append(f"efficiency unknown: {step['rates_unavailable']}")
+        return
+    verdict, findings = slow_by(step, int(evidence.spec.get("seq_len") or 0))
+    facts.update(efficiency=efficiency, dense_efficiency=reference, flops_per_step=flops,
+                 machine_flops_per_s=rate, slow_by=verdict, slow_findings=findings,
+                 host_reads_per_step=step.get("host_reads_per_step"),
+                 flops_per_op=step.get("flops_per_op"))
+    achieved = f"{flops / 1e9:.2f} GFLOP per step at {efficiency * rate / 1e9:.2f} GFLOP/s"
+    share = f"{efficiency:.1%} of this machine's matmul rate ({rate / 1e9:.0f} GFLOP/s)"
+    dense = (f"a dense transformer block of the same shape reaches {reference:.1%}"
+             if reference else "no dense reference was measured")
+    if verdict == "defect":
+        reasons.append(f"slow by defect: {'; '.join(findings)} ({achieved}, {share}; {dense})")
+    elif verdict == "size":
+        steps_left = max(0, evidence.total_steps - int(step.get("step", 0)) - 1)
+        reasons.append(f"slow by size: {achieved}, {share}, and {dense}: the work itself "
+                       f"outlasts the budget ({steps_left} more steps at "
+                       f"{step['step_s']:.1f} s each)")
+    else:
+        reasons.append(f"{achieved}, {share}; {dense}")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:

@@ -1,0 +1,227 @@
+"""How much of this machine's arithmetic a training step uses: slow by size or by defect.
+
+A run can be slow because it is big (more work than the budget allows, done at the pace
+the machine allows) or because of a defect (a per-token Python loop, a host sync per
+token: little work in many tiny pieces). What one forward dispatches tells the two apart,
+and how fast the arithmetic runs is reported beside:
+
+- ``count_work()``: a context counting the FLOPs (``torch.utils.flop_counter``: matmuls,
+  convolutions, attention, the CPU's flash attention included), the aten ops and the host
+  reads (``.item()``) of what runs inside it;
+- ``matmul_rate(device, dtype)``: FLOP/s of a square matmul here, the best of repeats over
+  a fraction of a second, once per process; measured under the same load as the trial, so
+  a ratio to it survives a busy machine;
+- ``dense_reference(...)``: the efficiency (achieved FLOP/s over the matmul rate) of one
+  forward and backward of a plain transformer block (SDPA attention and a 4x MLP) of the
+  target's batch, sequence length and width: what a healthy model of these dims reaches;
+- ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token, ops
+  far smaller than a dense block's), else "size"; efficiency is reported beside.
+
+torch is imported by the functions that use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+TINY_OP_RATIO = 0.02
+"""Ops averaging below this fraction of a dense block's FLOPs per op come from a loop of
+per-token ops (measured: a per-token attention loop 0.004, the built-in NSA 0.05-0.065)."""
+HOST_READS_PER_TOKEN = 0.5
+"""Host reads per step at or above this many per sequence position are a read per token."""
+MIN_HOST_READS = 64
+"""...and at least this many: a short sequence's few reads per block are not per token
+(the built-in NSA reads 16 per layer at 256 tokens, none at 64)."""
+MATMUL_SIZE = 512
+TIMED_RUNS = 3
+REFERENCE_MAX_TOKENS = 4096
+"""The dense reference runs at most this many tokens (batch x sequence): its efficiency
+hardly changes beyond, and a long sequence's full attention matrix would not fit."""
+RATE_WINDOW_S = 0.15
+_RATES: dict[tuple[str, str], float] = {}
+
+
+@dataclass
+class WorkCount:
+    """Filled in when the ``count_work`` context exits: FLOPs, aten ops dispatched, and
+    host reads among them (``.item()``, ``.tolist()``: aten._local_scalar_dense)."""
+
+    flops: int | None = None
+    ops: int = 0
+    host_reads: int = 0
+
+    def flops_per_op(self) -> float | None:
+        return self.flops / self.ops if self.flops is not None and self.ops else None
+
+
+def _count_cpu_attention() -> None:
+    """Teach FlopCounterMode the CPU flash-attention ops that scaled_dot_product_attention
+    runs on a CPU (torch counts only the CUDA kernels): without them a model whose
+    attention is SDPA would look idle in its attention and read as slow by defect."""
+    import torch
+    from torch.utils import flop_counter
+
+    ops = torch.ops.aten
+    forward = ops._scaled_dot_product_flash_attention_for_cpu
+    backward = ops._scaled_dot_product_flash_attention_for_cpu_backward
+    if forward in flop_counter.flop_registry or forward.default in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(forward)
+    def _forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    @flop_counter.register_flop_formula(backward)
+    def _backward(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                  out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape,
+                                                     value_shape)
+
+
+def _op_counter(counted: WorkCount) -> Any:
+    """A dispatch mode that counts every aten op, and host reads apart."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    host_read = torch.ops.aten._local_scalar_dense.default
+
+    class OpCounter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counted.ops += 1
+            if func is host_read:
+                counted.host_reads += 1
+            return func(*args, **(kwargs or {}))
+
+    return OpCounter()
+
+
+@contextlib.contextmanager
+def count_work(into: WorkCount | None = None) -> Iterator[WorkCount]:
+    """Count the FLOPs, aten ops and host reads of what runs inside the context into
+    ``into`` (a new WorkCount when None), which it yields (a few microseconds per op:
+    meant for one forward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _count_cpu_attention()
+    counted = into if into is not None else WorkCount()
+    flops = FlopCounterMode(display=False)
+    with flops, _op_counter(counted):
+        yield counted
+    counted.flops = int(flops.get_total_flops())
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a MATMUL_SIZE square matmul on ``device`` in ``dtype`` (fp32 where the
+    dtype has no fast CPU matmul), the best of repeats over RATE_WINDOW_S; cached."""
+    import torch
+
+    if device.type == "cpu" and dtype not in (torch.float32, torch.float64):
+        dtype = torch.float32
+    key = (str(device), str(dtype))
+    if key not in _RATES:
+        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
+        b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
+        best, deadline = float("inf"), time.perf_counter() + RATE_WINDOW_S
+        while time.perf_counter() < deadline or best == float("inf"):
+            started = time.perf_counter()
+            a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - started)
+        _RATES[key] = 2 * MATMUL_SIZE**3 / max(best, 1e-9)
+    return _RATES[key]
+
+
+def model_dim(model: nn.Module) -> int | None:
+    """The model's width: the first embedding's dimension, else the widest Linear input."""
+    from torch import nn
+
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return int(module.embedding_dim)
+    widths = [m.in_features for m in model.modules() if isinstance(m, nn.Linear)]
+    return max(widths) if widths else None
+
+
+def dense_reference(batch: int, seq_len: int, dim: int, device: torch.device,
+                    dtype: torch.dtype) -> dict[str, Any]:
+    """Efficiency of one forward and backward of a plain causal transformer block
+    [batch, seq_len, dim] (heads of 64, or one head when dim < 64): its FLOPs three times
+    its forward's, counted in a warm-up run (as a trial's step 0 is), its time the best of
+    TIMED_RUNS; batch and then sequence length are cut to REFERENCE_MAX_TOKENS tokens."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    batch = max(1, min(batch, REFERENCE_MAX_TOKENS // seq_len))
+    seq_len = min(seq_len, REFERENCE_MAX_TOKENS)
+
+    heads = max(1, dim // 64)
+    if dim % heads:
+        heads = 1
+    qkv, out = nn.Linear(dim, 3 * dim).to(device), nn.Linear(dim, dim).to(device)
+    up, down = nn.Linear(dim, 4 * dim).to(device), nn.Linear(4 * dim, dim).to(device)
+    x = torch.randn(batch, seq_len, dim, device=device, requires_grad=True)
+
+    def forward() -> torch.Tensor:
+        q, k, v = qkv(x).view(batch, seq_len, 3, heads, dim // heads).unbind(2)
+        attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), is_causal=True)
+        h = x + out(attended.transpose(1, 2).reshape(batch, seq_len, dim))
+        return (h + down(F.gelu(up(h)))).sum()
+
+    # not through the work counters' wrapper (nsadiag.probes.counters), whose choice of
+    # which backwards to watch must follow the target's backwards, not these
+    backward = getattr(torch.autograd.backward, "__wrapped__", torch.autograd.backward)
+
+    def step() -> None:
+        backward(forward())
+
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype == torch.bfloat16):
+        with count_work() as counted:  # the forward, counted as a trial's step 0 is
+            loss = forward()
+        backward(loss)  # with the forward: the warm-up
+        seconds = float("inf")
+        for _ in range(TIMED_RUNS):
+            started = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = min(seconds, time.perf_counter() - started)
+    rate = matmul_rate(device, dtype)
+    achieved = 3 * (counted.flops or 0) / max(seconds, 1e-9)  # a step is ~3 forwards
+    return {"flops": 3 * (counted.flops or 0), "seconds": seconds,
+            "efficiency": achieved / rate,
+            "flops_per_op": counted.flops_per_op()}
+
+
+def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[str]]:
+    """("defect" or "size", the findings that decided it) from one step's measurements
+    (the fields of Rates.for_step); (None, []) when the step's work was not counted.
+
+    Slow by defect when either of: a host read per token (``.item()`` in a loop over the
+    sequence), ops far smaller than a dense block's (TINY_OP_RATIO: a Python loop issuing
+    per-token ops). Otherwise slow by size. Both are counts, which load cannot change;
+    efficiency is a timing and only reported (a healthy sparse model at tiny widths runs
+    at a tenth of a dense block's efficiency: measured 2.0 % against 22 %)."""
+    efficiency = measured.get("efficiency")
+    per_op, dense_per_op = measured.get("flops_per_op"), measured.get("dense_flops_per_op")
+    reads = measured.get("host_reads_per_step")
+    if efficiency is None or reads is None:
+        return None, []
+    found = []
+    if reads >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):
+        found.append(f"{reads} host reads (.item(), .tolist()) per step for {seq_len} "
+                     f"tokens: a read per token")
+    if per_op and dense_per_op and per_op < TINY_OP_RATIO * dense_per_op:
+        found.append(f"{per_op:,.0f} FLOP per op where a dense block's ops average "
+                     f"{dense_per_op:,.0f}: a loop issuing tiny ops")
+    return ("defect", found) if found else ("size", [])
