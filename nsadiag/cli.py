@@ -545,7 +545,7 @@ def check_cmd(which: str = typer.Argument(..., help="causality, parity, ckpt, dd
         table = Table("check", "verdict", "module", "summary")
         for r in results:
             style = "green" if r.passed else "red"
-            table.add_row(r.name, f"[{style}]{r.verdict.name}[/{style}]", r.module or "-",
+            table.add_row(r.name, f"[{style}]{r.status}[/{style}]", r.module or "-",
                           r.summary)
         console.print(table)
         console.print(f"report: {report}")

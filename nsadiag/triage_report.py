@@ -320,8 +320,8 @@ def _checks_section(state) -> list[str]:
     lines = [f"At {checks['n_layers']} layer(s):", "",
              "| check | verdict | module | finding |", "|---|---|---|---|"]
     for c in results:
-        lines.append(f"| {c['name']} | {c['verdict']['name']} | {c['module'] or '-'} | "
-                     f"{c['summary']} |")
+        lines.append(f"| {c['name']} | {c.get('status', c['verdict']['name'])} | "
+                     f"{c['module'] or '-'} | {c['summary']} |")
     unfinished = [f"{c['name']} ({c['verdict']['name']})" for c in results
                   if c["verdict"]["name"] == INCONCLUSIVE_CHECK]
     if unfinished:
@@ -422,7 +422,7 @@ def _results_section(state, records, rows) -> list[str]:
 
 
 def _root_cause(state, records, failure, frames) -> list[str]:
-    ruled_out, implicated = [], []
+    ruled_out, implicated, separately = [], [], []
     sweep = state.get("sweep") or {}
     by_trial = {r["trial"]: r for r in sweep.get("probed", [])}
     ok = [r for r in by_trial.values() if r["verdict"] == "OK"]
@@ -436,8 +436,10 @@ def _root_cause(state, records, failure, frames) -> list[str]:
             ruled_out.append(f"Wrong results of the kind the {check['name']} check looks "
                              f"for: {check['summary']}.")
         elif check["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK):
-            implicated.append(f"`{check['module'] or check['name']}` ({check['name']} check, "
-                              f"{check['verdict']['name']}): {check['summary']}.")
+            found = (f"`{check['module'] or check['name']}` ({check['name']} check, "
+                     f"{check['verdict']['name']}): {check['summary']}.")
+            # a wrong result is not the cause of a slowness or stall measured without it
+            (separately if failure and not failure.get("check") else implicated).append(found)
     if failure and not failure.get("check"):
         verdict = failure["verdict"]
         implicated.append(f"Depth: {failure['n_layers']} layer(s) end as {verdict} (trial "
@@ -478,9 +480,13 @@ def _root_cause(state, records, failure, frames) -> list[str]:
                                   f"goes away{evidence}.")
     elif not failure:
         implicated.append("Nothing: no trial ended other than OK.")
-    return (["The issue is NOT caused by:", ""] + [f"- {x}" for x in ruled_out or ["(nothing "
-            "ruled out yet)"]] + ["", "The issue IS tied to:", ""] +
-            [f"- {x}" for x in implicated])
+    lines = (["The issue is NOT caused by:", ""] + [f"- {x}" for x in ruled_out or ["(nothing "
+             "ruled out yet)"]] + ["", "The issue IS tied to:", ""] +
+             [f"- {x}" for x in implicated])
+    if separately:
+        lines += ["", "Found separately by the correctness checks (a defect of its own, not a "
+                      "cause of the failure above):", ""] + [f"- {x}" for x in separately]
+    return lines
 
 
 def _check_reproduction(state, failure) -> list[str]:

@@ -112,6 +112,12 @@ def test_parity_without_nsa_layers_is_not_applicable(writer):
     result = parity.measure(factory_spec("tests.check_targets:future_peek"), writer)
     assert result.passed and result.summary.startswith("not applicable: parity needs")
     assert result.verdict.facts["applicable"] is False and result.table == []
+    # shown as its own status, never as OK: nothing was checked
+    assert not result.applicable and result.status == "NOT APPLICABLE"
+    assert result.to_dict()["status"] == "NOT APPLICABLE"
+    from nsadiag.commands.check import headline
+
+    assert headline([result]) == "0 check(s) passed, 1 not applicable"
 
 
 # ---------------------------------------------------------------- ckpt

@@ -116,3 +116,17 @@ def test_a_failure_prints_how_many_runs_gave_its_own_verdict(tmp_path):
     text, summary = build_triage_report(tmp_path, state, no_redact=True)
     assert summary["status"] == "failure"
     assert "with **STALL-BUSY** in 1 of 3 runs" in text
+
+
+def test_a_failed_check_is_not_named_a_cause_of_a_slowness_measured_without_it(tmp_path):
+    failing = {"trial": "trial-1", "verdict": "SLOW", "n_layers": 2, "reason": "budget"}
+    state = _state(checks={"n_layers": 2, "results": [
+        _check("causality", "WRONG", "blocks.0", "blocks.0 sees the future")]},
+        repeats={"runs": [failing], "reproduced": True, "confidence": {
+            "verdict": "SLOW", "agreeing": 2, "total": 2, "verdicts": ["SLOW", "SLOW"],
+            "flaky": False}})
+    state["sweep"].update(failing=failing, threshold=2)
+    text, _ = build_triage_report(tmp_path, state, no_redact=True)
+    tied = text[text.index("The issue IS tied to:"):]
+    separately = tied.index("Found separately by the correctness checks")
+    assert tied.index("causality check, WRONG") > separately

@@ -30,6 +30,7 @@ from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
 
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
+NOT_APPLICABLE = "NOT APPLICABLE"
 DDP_WORLD_SIZE = 2
 TOLERANCE = 1e-5
 """fp32 tolerance on max abs error, relative to max(1, max |reference|)."""
@@ -54,9 +55,20 @@ class CheckResult:
     summary: str
     table: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def applicable(self) -> bool:
+        return self.verdict.facts.get("applicable", True) is not False
+
+    @property
+    def status(self) -> str:
+        """What to show for the check: "NOT APPLICABLE" for a check that does not apply
+        to this target (never OK: nothing was checked), else the verdict's name."""
+        return self.verdict.name if self.applicable else NOT_APPLICABLE
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "verdict": self.verdict.to_dict(),
-                "module": self.module, "summary": self.summary, "table": self.table}
+                "status": self.status, "module": self.module, "summary": self.summary,
+                "table": self.table}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckResult:
@@ -73,7 +85,8 @@ def finding(name: str, passed: bool, module: str | None, summary: str,
 
 
 def not_applicable(name: str, why: str) -> CheckResult:
-    """A check that does not apply to this target: OK, and the summary says so."""
+    """A check that does not apply to this target: no failure (``passed``), shown as
+    NOT APPLICABLE with why and what would make it apply."""
     return finding(name, True, None, f"not applicable: {why}", [], applicable=False)
 
 

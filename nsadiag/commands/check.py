@@ -52,7 +52,9 @@ def check_command(names: Sequence[str], spec: TrialSpec, run_dir: Path, argv: Se
 def headline(results: Sequence[CheckResult]) -> str:
     failed = [r for r in results if not r.passed]
     if not failed:
-        return f"{len(results)} check(s) passed"
+        skipped = sum(not r.applicable for r in results)
+        ran = f"{len(results) - skipped} check(s) passed"
+        return f"{ran}, {skipped} not applicable" if skipped else ran
     first = failed[0]
     where = f" at {first.module}" if first.module else ""
     return f"{first.name} {first.verdict.name}{where}"
@@ -76,10 +78,10 @@ def build_check_report(results: Sequence[CheckResult], spec: TrialSpec, argv: Se
     md.append(f"| ddp world size | {world_size} |")
     md += ["", "## Results", "", "| check | verdict | module | summary |", "|---|---|---|---|"]
     for r in results:
-        md.append(f"| {r.name} | {r.verdict.name} | {r.module or '-'} | {r.summary} |")
+        md.append(f"| {r.name} | {r.status} | {r.module or '-'} | {r.summary} |")
     md += ["", "## Evidence"]
     for r in results:
-        md += ["", f"### {r.name}: {r.verdict.name}", ""] + table_lines(r.table)
+        md += ["", f"### {r.name}: {r.status}", ""] + table_lines(r.table)
         md += [f"- {note}" for note in known_causes(r)]
     md += ["", "## Minimal reproduction", "", "```", shlex.join(argv), "```"]
     md += ["", "## Recommendations", ""]
