@@ -245,6 +245,8 @@ def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path
                     "## Minimal reproduction", "## Recommendations"):
         assert section in report
     assert "recompute of blocks.0 ran blocks.3's parameters" in report
+    # no --layers: the report states the blocks the factory's model actually had
+    assert "| n_layers | 4 (the factory's default) |" in report
 
 
 def test_cli_check_passes_with_exit_0(tmp_path):

@@ -49,6 +49,14 @@ def check_command(names: Sequence[str], spec: TrialSpec, run_dir: Path, argv: Se
     return results, run_dir / "report.md"
 
 
+def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
+    """The blocks the checks' models had: what was asked, or the factory's default."""
+    seen = sorted({r.verdict.facts.get("layers") for r in results} - {None})
+    if asked is not None or not seen:
+        return str(asked) if asked is not None else "unknown (no block was watched)"
+    return f"{', '.join(map(str, seen))} (the factory's default)"
+
+
 def headline(results: Sequence[CheckResult]) -> str:
     failed = [r for r in results if not r.passed]
     if not failed:
@@ -74,7 +82,10 @@ def build_check_report(results: Sequence[CheckResult], spec: TrialSpec, argv: Se
     md += ["", "## Configuration", "", "| field | value |", "|---|---|"]
     for key in ("target", "n_layers", "seq_len", "batch", "dtype", "backend", "device", "seed",
                 "stall_timeout_s", "budget_s", "overrides"):
-        md.append(f"| {key} | {getattr(spec, key)} |")
+        value = getattr(spec, key)
+        if key == "n_layers":
+            value = layers_run(results, value)
+        md.append(f"| {key} | {value} |")
     md.append(f"| ddp world size | {world_size} |")
     md += ["", "## Results", "", "| check | verdict | module | summary |", "|---|---|---|---|"]
     for r in results:

@@ -163,6 +163,7 @@ def _run_kind(job: JobSpec, spec: TrialSpec, rank: RankEnv | None, writer: Heart
         found = check.measure(spec, writer, rank) if job.check == "ddp" else \
             check.measure(spec, writer)
         if found is not None:
+            found.verdict.facts.setdefault("layers", writer.watched_blocks)
             (directory / "check.json").write_text(json.dumps(found.to_dict(), indent=1))
         return {}
     from nsadiag.harness.memory import measure_steps

@@ -68,6 +68,7 @@ class HeartbeatWriter:
         self.step = 0
         self.module_events = 0
         self.events = 0  # every event but pulses: the sampler counts these as progress
+        self.watched_blocks: int | None = None  # blocks of the last model watch() hooked
         self._open: list[str] = []
 
     def start(self, phase: str, step: int = 0, **extra: Any) -> None:
@@ -224,6 +225,7 @@ def watch(target: Target, writer: HeartbeatWriter, branch_emit: Emit | None = No
     handles = []
     for name, block in target.blocks:
         handles += _hook_block(name, block, writer)
+    writer.watched_blocks = len(target.blocks)
     return Watch(handles, instrument_branches(target, branch_emit or writer.module, record))
 
 
