@@ -28,6 +28,7 @@ from nsadiag.commands.sweep import (
     check_target,
     isolate_branch,
     sweep_layers,
+    sweep_seq,
 )
 from nsadiag.commands.trace import trace_command
 from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
@@ -36,7 +37,7 @@ from nsadiag.envinfo import collect_env
 from nsadiag.report import render_run
 from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
 from nsadiag.spec import TrialSpec, parse_overrides
-from nsadiag.sweep import parse_layers
+from nsadiag.sweep import parse_layers, parse_seq_lens
 from nsadiag.triage.decide import env_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -132,10 +133,11 @@ class _Follow:
         return Callbacks(on_trial=self.on_trial, on_events=self.on_events,
                          on_record=self.on_record)
 
-    def on_trial(self, n_layers: int, spec: TrialSpec) -> None:
+    def on_trial(self, point: int, spec: TrialSpec) -> None:
         self.events = 0
         label = f" {','.join(spec.branches)}" if spec.branches else ""
-        self.progress.update(self.task, description=f"{n_layers} layers{label}")
+        self.progress.update(self.task, description=f"{spec.n_layers or '-'} layers, "
+                                                    f"S={spec.seq_len}{label}")
 
     def on_events(self, events: list[dict]) -> None:
         self.events += len(events)
@@ -146,18 +148,19 @@ class _Follow:
     def on_record(self, record: TrialRecord) -> None:
         verdict = record.verdict_name
         style = "green" if verdict == "OK" else "red"
-        self.progress.console.print(f"{record.spec['n_layers']:>3} layers  "
+        self.progress.console.print(f"{record.spec['n_layers'] or '-':>3} layers  "
+                                    f"S={record.spec['seq_len']:<6} "
                                     f"[{style}]{verdict}[/{style}]  {record.wall_s:.1f} s")
         self.progress.advance(self.task)
 
 
-def _run(command, *args, total: int):
+def _run(command, *args, total: int, **options):
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                "{task.total}"), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             follow = _Follow(progress, total)
-            return command(*args, callbacks=follow.callbacks())
+            return command(*args, callbacks=follow.callbacks(), **options)
     except ValueError as err:
         fail(str(err))
     except KeyboardInterrupt:
@@ -193,14 +196,48 @@ def sweep_layers_cmd(
         stall_timeout: float = typer.Option(60.0, help="Seconds without a heartbeat."),
         budget: float = typer.Option(600.0, help="Seconds per trial."),
         memory_cap_mb: int = typer.Option(None, help="Address-space cap of each child."),
-        seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory.")):
+        seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory."),
+        keep_going: bool = typer.Option(False, "--keep-going",
+                                        help="Run every count, past the first non-OK.")):
     """One watched trial per layer count: verdicts, time and memory fits, report."""
     counts = _layer_counts(layers)
     base = _base_spec(target, set_, seq_len, batch, dtype, grad_ckpt, device, backend, steps,
                       stall_timeout, budget, memory_cap_mb, seed)
     run_dir = out or default_run_dir("sweep-layers")
     raise typer.Exit(_print_report(_run(sweep_layers, base, counts, run_dir, _argv(),
-                                        total=len(counts))))
+                                        total=len(counts), keep_going=keep_going)))
+
+
+@app.command("sweep-seq")
+def sweep_seq_cmd(
+        seq_lens: str = typer.Option("512,1024,2048,4096", help='Lengths: "512,1024,2048".'),
+        layers: int = typer.Option(2, help="Number of layers."),
+        target: str = TARGET, set_: list[str] = SET,
+        batch: int = typer.Option(1), dtype: str = typer.Option("float32"),
+        grad_ckpt: bool = typer.Option(False, "--grad-ckpt/--no-grad-ckpt"),
+        device: str = typer.Option("cpu"), backend: str = typer.Option(None),
+        steps: int = typer.Option(2, help="Training steps per trial."),
+        stall_timeout: float = typer.Option(60.0, help="Seconds without progress."),
+        budget: float = typer.Option(600.0, help="Seconds per trial."),
+        memory_cap_mb: int = typer.Option(None, help="Address-space cap of each child."),
+        seed: int = typer.Option(0), out: Path = typer.Option(None, help="Run directory."),
+        keep_going: bool = typer.Option(False, "--keep-going",
+                                        help="Run every length, past the first non-OK.")):
+    """One watched trial per sequence length: time and peak memory against S, the bytes
+    saved for backward and the rest of the peak, fits, and the predicted memory cliff."""
+    try:
+        lengths = parse_seq_lens(seq_lens)
+    except ValueError as err:
+        fail(str(err))
+    base = _base_spec(target, set_, min(lengths), batch, dtype, grad_ckpt, device, backend,
+                      steps, stall_timeout, budget, memory_cap_mb, seed)
+    try:
+        base = base.replace(n_layers=layers)
+    except ValueError as err:
+        fail(str(err))
+    run_dir = out or default_run_dir("sweep-seq")
+    raise typer.Exit(_print_report(_run(sweep_seq, base, lengths, run_dir, _argv(),
+                                        total=len(lengths), keep_going=keep_going)))
 
 
 @app.command("isolate-branch")

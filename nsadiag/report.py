@@ -107,11 +107,11 @@ def redact(text: str, hosts: set[str] | None = None, users: set[str] | None = No
     return text
 
 
-def _fmt_s(value: float | None) -> str:
+def fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _fmt_bytes(value: float | None) -> str:
+def fmt_bytes(value: float | None) -> str:
     if value is None:
         return "-"
     if value >= 2**30:
@@ -126,7 +126,7 @@ def _fmt_branch(row: SweepRow, branch: str) -> str:
     by_branch = row.saved_by_branch
     if not by_branch or branch not in by_branch:  # not recorded, or not computed
         return "-"
-    return _fmt_bytes(by_branch[branch])
+    return fmt_bytes(by_branch[branch])
 
 
 def results_table(rows: Sequence[SweepRow]) -> list[str]:
@@ -137,9 +137,9 @@ def results_table(rows: Sequence[SweepRow]) -> list[str]:
              "|---|---|---|---|---|---|---|---|" + "---|" * len(BRANCH_COLUMNS) + "---|"]
     for r in rows:
         branches = " | ".join(_fmt_branch(r, b) for b in BRANCH_COLUMNS)
-        lines.append(f"| {r.label or '-'} | {r.n_layers} | {r.verdict} | {_fmt_s(r.forward_s)} "
-                     f"| {_fmt_s(r.backward_s)} | {_fmt_s(r.step_s)} | {_fmt_bytes(r.peak_rss)} "
-                     f"| {_fmt_bytes(r.saved_bytes)} | {branches} | {r.steps_done} |")
+        lines.append(f"| {r.label or '-'} | {r.n_layers} | {r.verdict} | {fmt_s(r.forward_s)} "
+                     f"| {fmt_s(r.backward_s)} | {fmt_s(r.step_s)} | {fmt_bytes(r.peak_rss)} "
+                     f"| {fmt_bytes(r.saved_bytes)} | {branches} | {r.steps_done} |")
     return lines
 
 
@@ -150,7 +150,7 @@ def fits_section(analysis: dict[str, Any]) -> list[str]:
     lines = ["| quantity | per layer (± s.e.) | intercept | R² | points | growth | "
              "extrapolated |", "|---|---|---|---|---|---|---|"]
     for name, fit in fits.items():
-        unit = _fmt_bytes if name in ("peak_rss", "saved_bytes") else (lambda v: f"{v:.3f} s")
+        unit = fmt_bytes if name in ("peak_rss", "saved_bytes") else (lambda v: f"{v:.3f} s")
         extra = ", ".join(f"{n} layers: {unit(v)}" for n, v in fit.extrapolated.items())
         lines.append(f"| {name} | {unit(fit.slope)} ± {unit(fit.slope_se)} | "
                      f"{unit(fit.intercept)} | {fit.r2:.3f} | {fit.points} | {fit.growth()} | "
@@ -169,12 +169,12 @@ def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> li
             continue
         share = (f"{100 * other.step_s / row.step_s:.0f}%" if other.step_s and row.step_s
                  else "-")
-        lines.append(f"| {row.n_layers} | {_fmt_s(row.step_s)} | {_fmt_s(other.step_s)} | "
-                     f"{share} | {_fmt_bytes(row.peak_rss)} | {_fmt_bytes(other.peak_rss)} |")
+        lines.append(f"| {row.n_layers} | {fmt_s(row.step_s)} | {fmt_s(other.step_s)} | "
+                     f"{share} | {fmt_bytes(row.peak_rss)} | {fmt_bytes(other.peak_rss)} |")
     return lines
 
 
-def _stack_excerpt(evidence: dict[str, Any], limit: int = 12) -> list[str]:
+def stack_excerpt(evidence: dict[str, Any], limit: int = 12) -> list[str]:
     stall = evidence.get("stall") or {}
     samples = stall.get("samples") or []
     if not samples:
@@ -192,7 +192,7 @@ def _stack_excerpt(evidence: dict[str, Any], limit: int = 12) -> list[str]:
     return lines
 
 
-def _last_events(evidence: dict[str, Any], count: int = 8) -> list[str]:
+def last_events(evidence: dict[str, Any], count: int = 8) -> list[str]:
     events = evidence.get("events") or []
     if not events:
         return ["No heartbeat event was written."]
@@ -202,7 +202,7 @@ def _last_events(evidence: dict[str, Any], count: int = 8) -> list[str]:
     for e in events[-count:]:
         lines.append(f"| {e['t'] - start:.2f} | {e.get('kind')} | {e.get('phase', '')} | "
                      f"{e.get('step', '')} | {e.get('module', '')} | {e.get('edge', '')} | "
-                     f"{_fmt_bytes(e.get('rss'))} |")
+                     f"{fmt_bytes(e.get('rss'))} |")
     return lines
 
 
@@ -253,11 +253,11 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines.append(f"- {record.gpu}")
     for device in record.gpu if isinstance(record.gpu, list) else []:
         lines.append(f"- GPU {device['index']} {device['name']}: {device['util_gpu_pct']}% busy, "
-                     f"{_fmt_bytes(device['mem_used'])} of {_fmt_bytes(device['mem_total'])}, "
+                     f"{fmt_bytes(device['mem_used'])} of {fmt_bytes(device['mem_total'])}, "
                      f"throttle reasons {device.get('throttle_reasons')}")
     exception = (evidence.get("result") or {}).get("exception")
-    lines += ["", "Last heartbeat events:", ""] + _last_events(evidence)
-    lines += ["", "Stacks (last sample):", ""] + _stack_excerpt(evidence)
+    lines += ["", "Last heartbeat events:", ""] + last_events(evidence)
+    lines += ["", "Stacks (last sample):", ""] + stack_excerpt(evidence)
     if exception:
         tail = exception.get("traceback", "").strip().splitlines()[-8:]
         lines += ["", "Traceback (last lines):", "", "```", *tail, "```"]
@@ -271,7 +271,7 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
     if ok:
         best = max(ok, key=lambda r: r.n_layers)
         ruled_out.append(f"A hang at small depth: {len(ok)} layer count(s) up to "
-                         f"{best.n_layers} finished every step (step {_fmt_s(best.step_s)} s).")
+                         f"{best.n_layers} finished every step (step {fmt_s(best.step_s)} s).")
     step_fit = analysis["fits"].get("step_s")
     if step_fit and step_fit.poor:
         step_fit = None  # says nothing either way
@@ -286,9 +286,9 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         mem_fit = None
     if mem_fit and mem_fit.super_linear:
         implicated.append(f"Peak memory grows faster than linearly with depth (+"
-                          f"{_fmt_bytes(mem_fit.slope)} per layer on average).")
+                          f"{fmt_bytes(mem_fit.slope)} per layer on average).")
     elif mem_fit:
-        ruled_out.append(f"A memory blow-up with depth: peak RSS grows {_fmt_bytes(mem_fit.slope)}"
+        ruled_out.append(f"A memory blow-up with depth: peak RSS grows {fmt_bytes(mem_fit.slope)}"
                          f" per layer, linearly (R² {mem_fit.r2:.3f}).")
     if failing:
         facts = failing.verdict.get("facts", {})
@@ -307,7 +307,7 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
         ["", "Implicated:", ""] + [f"- {x}" for x in implicated or ["nothing: every trial OK"]]
 
 
-def _cli_value(value: Any) -> str:
+def cli_value(value: Any) -> str:
     """An override as `--set` reads it back: lists and tuples as a,b."""
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
@@ -332,7 +332,7 @@ def reproduction(command: Sequence[str] | None, failing: TrialRecord | None) -> 
     if spec.get("memory_cap_bytes"):
         args += ["--memory-cap-mb", str(spec["memory_cap_bytes"] // 2**20)]
     for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={_cli_value(value)}"]
+        args += ["--set", f"{key}={cli_value(value)}"]
     return ["The smallest failing configuration of this run:", "", "```", shlex.join(args),
             "```"]
 
@@ -452,6 +452,12 @@ def render_run(run_dir: Path, no_redact: bool = False) -> Path:
         from nsadiag.report_ddp import build_ddp_report
 
         text, summary = build_ddp_report(records, meta, no_redact)
+    elif meta.get("command_name") == "sweep-seq":
+        from nsadiag.report_seq import build_seq_report
+
+        text, summary = build_seq_report(records, meta)
+        if not no_redact:
+            text, summary = redact(text), json.loads(redact(json.dumps(summary)))
     else:
         text, summary = build_report(run_dir, records, meta, no_redact)
     (run_dir / "report.md").write_text(text)

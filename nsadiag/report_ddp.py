@@ -12,7 +12,7 @@ import json
 import shlex
 from typing import Any
 
-from nsadiag.report import RECOMMENDATIONS, _cli_value, _last_events, _stack_excerpt, redact
+from nsadiag.report import RECOMMENDATIONS, cli_value, last_events, redact, stack_excerpt
 from nsadiag.rundir import TrialRecord
 
 
@@ -43,8 +43,8 @@ def _rank_evidence(rank: dict[str, Any]) -> list[str]:
     if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
         lines += [f"CPU time over the {stall['window_s']:.1f} s watch window: "
                   f"{stall['cpu_delta_s']:.2f} s.", ""]
-    lines += ["Last heartbeat events:", ""] + _last_events(rank) + [""]
-    lines += ["Stacks (last sample):", ""] + _stack_excerpt(rank, limit=10)
+    lines += ["Last heartbeat events:", ""] + last_events(rank) + [""]
+    lines += ["Stacks (last sample):", ""] + stack_excerpt(rank, limit=10)
     return lines + [""]
 
 
@@ -80,7 +80,7 @@ def _reproduction(record: TrialRecord, meta: dict[str, Any]) -> list[str]:
     if spec.get("grad_ckpt"):
         args.append("--grad-ckpt")
     for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={_cli_value(value)}"]
+        args += ["--set", f"{key}={cli_value(value)}"]
     return ["```", shlex.join(args), "```"]
 
 

@@ -44,6 +44,7 @@ class SweepRow:
     trial_dir: str
     saved_by_branch: dict[str, int] | None = None  # per NSA branch (cmp/sel/win), step 0
     step_s_spread: float | None = None  # (max - min) / median of the measured step times
+    seq_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +82,18 @@ class Fit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parse_seq_lens(text: str) -> list[int]:
+    """"512,1024,2048" -> ascending unique positive sequence lengths."""
+    try:
+        lengths = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise ValueError(f"seq-lens: expected lengths like 512,1024,2048, got {text!r}") \
+            from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"seq-lens: lengths must be positive, got {text!r}")
+    return sorted(lengths)
 
 
 def parse_layers(text: str) -> list[int]:
@@ -143,35 +156,37 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
         middle = statistics.median(values) if len(values) >= 2 else 0.0
         return (max(values) - min(values)) / middle if middle > 0 else None
 
-    return SweepRow(label=label, n_layers=int(record.spec["n_layers"]),
+    return SweepRow(label=label, n_layers=int(record.spec["n_layers"] or 0),
                     verdict=record.verdict_name, forward_s=median("forward_s"),
                     backward_s=median("backward_s"), step_s=median("step_s"),
                     peak_rss=result.get("peak_rss"), saved_bytes=result.get("saved_bytes"),
                     steps_done=int(result.get("steps_done", 0)),
                     trial_dir=record.trial_dir,
                     saved_by_branch=result.get("saved_by_branch"),
-                    step_s_spread=spread("step_s"))
+                    step_s_spread=spread("step_s"), seq_len=record.spec.get("seq_len"))
 
 
 
-def run_sweep(base: TrialSpec, layer_counts: Sequence[int], run_dir: Path, label: str = "",
+def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str = "",
               keep_going: bool = False,
               on_trial: Callable[[int, TrialSpec], None] | None = None,
               on_events: Callable[[list[dict]], None] | None = None,
-              on_record: Callable[[TrialRecord], None] | None = None) -> list[TrialRecord]:
-    """Run (or resume) one trial per layer count; returns the records in layer order."""
+              on_record: Callable[[TrialRecord], None] | None = None,
+              vary: str = "n_layers") -> list[TrialRecord]:
+    """Run (or resume) one trial per point of the ``vary`` field (layer counts, or
+    sequence lengths with vary="seq_len"); returns the records in the order run."""
     trials_path = run_dir / "trials.jsonl"
     done = {spec_key(r.spec): r for r in load_records(trials_path)}
     records = []
-    for n_layers in layer_counts:
+    for point in points:
         trial_dir = run_dir / f"trial-{next_trial_index(run_dir)}"
-        spec = base.replace(n_layers=n_layers, out_dir=str(trial_dir))
+        spec = base.replace(**{vary: point}, out_dir=str(trial_dir))
         key = spec_key(json.loads(spec.to_json()))
         if key in done:
             record = done[key]
         else:
             if on_trial:
-                on_trial(n_layers, spec)
+                on_trial(point, spec)
             record = run_trial(spec, on_events=on_events)
             append_record(trials_path, record)
         records.append(record)

@@ -19,10 +19,10 @@ from nsadiag.probes.frames import hot_frame, user_frame
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.report import (
     RECOMMENDATIONS,
-    _cli_value,
-    _fmt_bytes,
-    _fmt_s,
+    cli_value,
     evidence_section,
+    fmt_bytes,
+    fmt_s,
     redact,
     reproduction,
     results_table,
@@ -397,8 +397,8 @@ def _results_section(state, records, rows) -> list[str]:
         for ref in branches["runs"]:
             row = _row(records, ref["trial"], "")
             lines.append(f"| {ref['branch']} | {ref['verdict']} | "
-                         f"{_fmt_s(row.step_s if row else None)} | "
-                         f"{_fmt_bytes(row.peak_rss if row else None)} | {ref['trial']} |")
+                         f"{fmt_s(row.step_s if row else None)} | "
+                         f"{fmt_bytes(row.peak_rss if row else None)} | {ref['trial']} |")
     bisection = state.get("bisection")
     if bisection:
         lines += ["", "### Knob bisection (delta debugging towards the healthy baseline)", "",
@@ -502,7 +502,7 @@ def _check_reproduction(state, failure) -> list[str]:
     if failure["check"] == "ddp":
         command += ["--world-size", str(state.get("world_size", 2))]
     for key, value in sorted((spec.get("overrides") or {}).items()):
-        command += ["--set", f"{key}={_cli_value(value)}"]
+        command += ["--set", f"{key}={cli_value(value)}"]
     return ["The failing check alone:", "", "```", shlex.join(command), "```"]
 
 
@@ -531,7 +531,7 @@ def _regression_section(regression) -> list[str]:
     lines += ["| run | layers | quantity | baseline | now | change | regression |",
               "|---|---|---|---|---|---|---|"]
     for d in deltas:
-        unit = _fmt_bytes if d["quantity"] == "peak_rss" else _fmt_s
+        unit = fmt_bytes if d["quantity"] == "peak_rss" else fmt_s
         lines.append(f"| {d['label'] or '-'} | {d['n_layers']} | {d['quantity']} | "
                      f"{unit(d['before'])} | {unit(d['after'])} | {d['change']:+.0%} | "
                      f"{'**yes**' if d['regressed'] else 'no'} |")

@@ -123,3 +123,39 @@ def test_ctrl_c_kills_the_trial_and_keeps_finished_trials(tmp_path):
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
     assert not (out / "trials.jsonl").exists()  # nothing had finished
+
+
+def test_sweep_seq_reports_time_and_memory_against_the_sequence_length(tmp_path):
+    out = tmp_path / "seq"
+    done = nsadiag("sweep-seq", "--seq-lens", "32,64,128", "--layers", "1", *TINY[:-6],
+                   "--steps", "2", "--stall-timeout", "20", "--out", str(out))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(v["seq_len"], v["verdict"]) for v in summary["verdicts"]] == [
+        (32, "OK"), (64, "OK"), (128, "OK")]
+    saved = [row["saved_bytes"] for row in summary["rows"]]
+    assert saved[0] < saved[1] < saved[2]  # activations grow with S
+    assert set(summary["fits"]) >= {"step_s", "peak_rss", "saved_bytes"}
+    report = (out / "report.md").read_text()
+    for text in ("# nsadiag sweep-seq: all lengths OK", "| S | verdict | step | peak RSS | "
+                 "saved for backward | rest of the peak | steps |",
+                 "### Fits against the sequence length"):
+        assert text in report
+    assert "At S=256" in report or "No prediction" in report
+    # the report re-renders from the stored trials
+    (out / "report.md").unlink()
+    assert nsadiag("report", str(out)).returncode == 0
+    assert (out / "report.md").read_text() == report
+
+
+def test_keep_going_runs_every_count_past_the_first_failure(tmp_path):
+    # native_stall stalls at any depth: without --keep-going the sweep stops at 1 layer
+    args = ["sweep-layers", "--target", "repro.native_stall:make", "--layers", "1,2",
+            "--seq-len", "16", "--steps", "1", "--stall-timeout", "3"]
+    stopped = nsadiag(*args, "--out", str(tmp_path / "a"))
+    assert stopped.returncode == 1
+    assert len((tmp_path / "a" / "trials.jsonl").read_text().splitlines()) == 1
+    going = nsadiag(*args, "--keep-going", "--out", str(tmp_path / "b"))
+    assert going.returncode == 1
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert [v["verdict"] for v in summary["verdicts"]] == ["STALL-BUSY", "STALL-BUSY"]

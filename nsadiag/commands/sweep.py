@@ -64,27 +64,44 @@ def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, An
     return meta
 
 
-def _labelled_sweep(base: TrialSpec, layers: Sequence[int], run_dir: Path, label: str,
-                    meta: dict[str, Any], callbacks: Callbacks) -> list[TrialRecord]:
+def _labelled_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str,
+                    meta: dict[str, Any], callbacks: Callbacks, keep_going: bool = False,
+                    vary: str = "n_layers") -> list[TrialRecord]:
     def record_label(record: TrialRecord) -> None:
         meta["labels"][Path(record.trial_dir).name] = label
         _write_meta(run_dir, meta)
         if callbacks.on_record:
             callbacks.on_record(record)
 
-    return run_sweep(base, layers, run_dir, label=label, on_trial=callbacks.on_trial,
-                     on_events=callbacks.on_events, on_record=record_label)
+    return run_sweep(base, points, run_dir, label=label, keep_going=keep_going,
+                     on_trial=callbacks.on_trial, on_events=callbacks.on_events,
+                     on_record=record_label, vary=vary)
 
 
 def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Sequence[str],
-                 callbacks: Callbacks | None = None) -> Path:
-    """One trial per layer count until the first non-OK; returns the report path."""
+                 callbacks: Callbacks | None = None, keep_going: bool = False) -> Path:
+    """One trial per layer count until the first non-OK (every count with
+    ``keep_going``); returns the report path."""
     check_target(base.replace(n_layers=max(layers)))
     prepare_run_dir(run_dir)
     meta = _meta(run_dir, "sweep-layers", argv)
     _write_meta(run_dir, meta)
     (run_dir / "spec.json").write_text(base.to_json())
-    _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks())
+    _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks(), keep_going)
+    return render_run(run_dir)
+
+
+def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Sequence[str],
+              callbacks: Callbacks | None = None, keep_going: bool = False) -> Path:
+    """One trial per sequence length at ``base.n_layers`` until the first non-OK (every
+    length with ``keep_going``); returns the report path (nsadiag.report_seq)."""
+    check_target(base.replace(seq_len=max(seq_lens)))
+    prepare_run_dir(run_dir)
+    meta = _meta(run_dir, "sweep-seq", argv)
+    _write_meta(run_dir, meta)
+    (run_dir / "spec.json").write_text(base.to_json())
+    _labelled_sweep(base, seq_lens, run_dir, "", meta, callbacks or Callbacks(), keep_going,
+                    vary="seq_len")
     return render_run(run_dir)
 
 
