@@ -34,7 +34,9 @@ from nsadiag.commands.trace import trace_command
 from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
 from nsadiag.compare import compare_runs
 from nsadiag.envinfo import collect_env
+from nsadiag.harness.runcmd import run_command
 from nsadiag.report import render_run
+from nsadiag.report_run import write_run_report
 from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
 from nsadiag.spec import TrialSpec, parse_overrides
 from nsadiag.sweep import parse_layers, parse_seq_lens
@@ -206,6 +208,35 @@ def sweep_layers_cmd(
     run_dir = out or default_run_dir("sweep-layers")
     raise typer.Exit(_print_report(_run(sweep_layers, base, counts, run_dir, _argv(),
                                         total=len(counts), keep_going=keep_going)))
+
+
+@app.command("run", context_settings={"allow_extra_args": True,
+                                      "ignore_unknown_options": True})
+def run_cmd(ctx: typer.Context,
+            stall_timeout: float = typer.Option(60.0, help="Seconds without progress in any "
+                                                "process before the run counts as stalled."),
+            deadline: float = typer.Option(3600.0, help="Your job's own time limit: a run "
+                                           "still progressing then is SLOW, with its rate."),
+            out: Path = typer.Option(None, help="Run directory."),
+            no_redact: bool = typer.Option(False, "--no-redact",
+                                           help="Keep host names, IPs and user names.")):
+    """Run your own command unchanged and watch every Python process it starts:
+    nsadiag run -- python train.py --lr 3e-4 (or torchrun ... train.py)."""
+    argv = list(ctx.args)
+    if stall_timeout <= 0 or deadline <= 0:
+        fail("stall-timeout and deadline: must be > 0 seconds")
+    run_dir = out or default_run_dir("run")
+    try:
+        prepare_run_dir(run_dir)
+        record = run_command(argv, run_dir, stall_timeout, deadline)
+    except ValueError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        print(f"nsadiag: interrupted: the command's processes were killed; {run_dir}",
+              file=sys.stderr)
+        raise typer.Exit(130) from None
+    report = write_run_report(record, run_dir, no_redact)
+    raise typer.Exit(_print_report(report))
 
 
 @app.command("sweep-seq")

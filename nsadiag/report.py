@@ -239,8 +239,9 @@ def stall_summary(record: TrialRecord) -> dict[str, Any] | None:
 
 def evidence_section(record: TrialRecord) -> list[str]:
     verdict, evidence = record.verdict, record.evidence
-    lines = [f"Trial `{Path(record.trial_dir).name}` ({record.spec.get('n_layers')} layers): "
-             f"**{verdict['name']}**", ""]
+    layers = record.spec.get("n_layers")
+    shape = f" ({layers} layers)" if layers is not None else ""
+    lines = [f"Trial `{Path(record.trial_dir).name}`{shape}: **{verdict['name']}**", ""]
     lines += [f"- {reason}" for reason in verdict["reasons"]]
     stall = evidence.get("stall") or {}
     if stall.get("cpu_delta_s") is not None and stall.get("window_s"):

@@ -228,7 +228,7 @@ class _Capture:
     gpu: Any
 
 
-def _capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
+def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
                  stall_timeout_s: float) -> dict[str, StallEvidence]:
     """Evidence of every process at the same time (one thread each)."""
     found: dict[str, StallEvidence] = {}
@@ -297,7 +297,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
                 pids = {s.name: s.pid for s in streams if s.pid}
                 if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
                     flight_recorder.request_dumps([dirs[n] for n in names])
-                capture = _Capture(due, _capture_all(pids, dirs, due, spec.stall_timeout_s),
+                capture = _Capture(due, capture_all(pids, dirs, due, spec.stall_timeout_s),
                                    gpu_state())
                 if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
                     time.sleep(2.0)  # the ranks' dump threads write within a poll or two
@@ -352,7 +352,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _profile_summary(path: Path) -> dict[str, Any] | None:
+def profile_summary(path: Path) -> dict[str, Any] | None:
     """The summary of the child's sampled profile; its stacks also go to profile.folded
     beside it, for a flame-graph viewer."""
     profile = read_profile(path)
@@ -386,7 +386,7 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
                         expected_events_per_step=(result or {}).get("expected_events_per_step"),
                         total_steps=spec.steps, stall_timeout_s=spec.stall_timeout_s,
                         pulses=list(first.pulses), load=load,
-                        profile=_profile_summary(first.path.parent / "profile.json"))
+                        profile=profile_summary(first.path.parent / "profile.json"))
     if job.world_size == 1:
         verdict = decide(evidence)
         data = evidence.to_dict()

@@ -41,7 +41,9 @@ class WorkCounters:
     thread; an int or str assignment is atomic under the GIL, so no lock is needed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_backward: Callable[[], None] | None = None) -> None:
+        """``on_backward`` is called as each backward starts (e.g. a heartbeat's phase)."""
+        self.on_backward = on_backward
         self.calls = 0
         self.nodes = 0
         self.op: str | None = None
@@ -91,6 +93,8 @@ class WorkCounters:
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def counted(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.on_backward is not None:
+                self.on_backward()
             handles = self._hook_graph(tensors) if self._should_instrument() else []
             self.op = None  # a name from an earlier backward would be stale
             self.in_backward += 1
