@@ -24,7 +24,6 @@ from nsadiag.commands.memory import memory_command, require_cuda
 from nsadiag.commands.selftest import self_test
 from nsadiag.commands.stacks import stacks_command, write_stacks_report
 from nsadiag.commands.sweep import (
-    Callbacks,
     check_target,
     isolate_branch,
     sweep_layers,
@@ -35,11 +34,11 @@ from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
 from nsadiag.compare import compare_runs
 from nsadiag.envinfo import collect_env
 from nsadiag.harness.runcmd import run_command
-from nsadiag.report import render_run
+from nsadiag.render import render_run
 from nsadiag.report_run import write_run_report
 from nsadiag.rundir import TrialRecord, default_run_dir, prepare_run_dir
 from nsadiag.spec import TrialSpec, parse_overrides
-from nsadiag.sweep import parse_layers, parse_seq_lens
+from nsadiag.sweep import Callbacks, parse_layers, parse_seq_lens
 from nsadiag.triage.decide import env_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

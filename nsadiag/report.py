@@ -2,8 +2,9 @@
 
 The shape follows a hand-written hang report — executive summary, configuration, results,
 evidence, analysis (ruled out / implicated), minimal reproduction, recommendations — but
-every sentence is built from a measured number in the records. `render_run(run_dir)`
-re-renders everything from `trials.jsonl` (and `run.json`, what the command was asked).
+every sentence is built from a measured number in the records. `build_report` is the
+report of a layer sweep (sweep-layers, isolate-branch); the helpers here (tables, evidence,
+redaction) serve every report; nsadiag.render picks the report a run directory gets.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsadiag.rundir import TrialRecord, load_records
+from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import SweepRow, analyse, row_from_record
 
 RECOMMENDATIONS = {
@@ -435,32 +436,3 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         text = redact(text)
         summary = json.loads(redact(json.dumps(summary)))
     return text, summary
-
-
-def render_run(run_dir: Path, no_redact: bool = False) -> Path:
-    """Write report.md, summary.json (and sweep.png) of a run directory; returns report.md.
-    A triage run directory (with triage.json) gets the triage report."""
-    if (run_dir / "triage.json").exists():
-        from nsadiag.triage_report import render_triage  # it builds on this module
-
-        return render_triage(run_dir, no_redact)
-    records = load_records(run_dir / "trials.jsonl")
-    if not records:
-        raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if meta.get("command_name") == "ddp":
-        from nsadiag.report_ddp import build_ddp_report
-
-        text, summary = build_ddp_report(records, meta, no_redact)
-    elif meta.get("command_name") == "sweep-seq":
-        from nsadiag.report_seq import build_seq_report
-
-        text, summary = build_seq_report(records, meta)
-        if not no_redact:
-            text, summary = redact(text), json.loads(redact(json.dumps(summary)))
-    else:
-        text, summary = build_report(run_dir, records, meta, no_redact)
-    (run_dir / "report.md").write_text(text)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return run_dir / "report.md"

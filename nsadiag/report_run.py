@@ -64,6 +64,9 @@ def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
 
 
 def write_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False) -> Path:
+    """report.md and summary.json of the run, and record.json that `nsadiag report`
+    re-renders them from."""
+    (run_dir / "record.json").write_text(json.dumps(record.to_dict(), indent=1))
     text, summary = build_run_report(record, run_dir, no_redact)
     (run_dir / "report.md").write_text(text)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -58,6 +58,16 @@ growth law and no extrapolation is read from it."""
 
 
 @dataclass
+class Callbacks:
+    """How a front end follows a sweep (all optional): a trial starts (its point and
+    spec), heartbeat events arrive, a trial's record is written."""
+
+    on_trial: Callable[[int, TrialSpec], None] | None = None
+    on_events: Callable[[list[dict]], None] | None = None
+    on_record: Callable[[TrialRecord], None] | None = None
+
+
+@dataclass
 class Fit:
     """y = slope * layers + intercept (``slope_se`` its standard error, ``points`` how many
     layer counts), with the quadratic check for super-linear growth. A ``poor`` fit says

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from nsadiag.report import render_run
+from nsadiag.render import render_run
 
 
 def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):

@@ -73,6 +73,13 @@ def test_a_script_that_finishes_is_ok_and_its_output_passes_through(tmp_path):
     main = evidence["main_process"]
     process = next(p for p in evidence["processes"] if p["name"] == main)
     assert process["events"]["step"] == 3 and process["events"]["module"] == 3 * 2 * 2
+    # nsadiag report re-renders the same report from the stored record
+    report = (tmp_path / "run" / "report.md").read_text()
+    (tmp_path / "run" / "report.md").unlink()
+    again = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report",
+                            str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "run" / "report.md").read_text() == report
 
 
 def test_an_exception_in_the_script_is_an_error_quoting_it(tmp_path):

@@ -44,7 +44,7 @@ def ddp_command(base: TrialSpec, world_size: int, backend: str, run_dir: Path,
     """Check, run one DDP trial into run_dir/trial-0, keep its record, render the report;
     returns the report path."""
     from nsadiag.envinfo import collect_env
-    from nsadiag.report import render_run
+    from nsadiag.render import render_run
 
     check_ddp(base, world_size, backend)
     check_target(base)

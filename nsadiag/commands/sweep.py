@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +17,11 @@ import torch
 
 from nsadiag.builtin import require_builtin_nsa
 from nsadiag.envinfo import collect_env
-from nsadiag.report import render_run
+from nsadiag.render import render_run
 from nsadiag.rundir import TrialRecord, prepare_run_dir
 from nsadiag.spec import BRANCHES, TrialSpec
-from nsadiag.sweep import run_sweep
+from nsadiag.sweep import Callbacks, run_sweep
 from nsadiag.targets import factory_kwargs, load_factory
-
-
-@dataclass
-class Callbacks:
-    """How a front end follows a sweep (all optional)."""
-
-    on_trial: Callable[[int, TrialSpec], None] | None = None
-    on_events: Callable[[list[dict]], None] | None = None
-    on_record: Callable[[TrialRecord], None] | None = None
-
 
 
 def check_target(spec: TrialSpec) -> None:

@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.checks import run_check
-from nsadiag.commands.sweep import Callbacks
 from nsadiag.envinfo import collect_env
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 from nsadiag.spec import BRANCHES, TrialSpec
+from nsadiag.sweep import Callbacks
 from nsadiag.targets import load_factory
 from nsadiag.triage.decide import (
     BASELINE,
