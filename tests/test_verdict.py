@@ -418,3 +418,31 @@ def test_the_hot_frame_skips_the_work_counts_dispatch_mode_and_its_plumbing():
     sample = StackSample(t=0.0, pid=1, threads=[ThreadStack(1, "MainThread", frames)])
     frame, count, _ = hot_frame([sample, sample])
     assert (frame.function, count) == ("GrindingBlock.forward", 2)
+
+
+def test_a_run_cut_off_in_its_first_backward_is_still_told_slow_by_defect():
+    # no step finished, but step 0's backward start carries the counted forward
+    data = raw("slow_budget.json")
+    data["events"] = [e for e in data["events"] if e["kind"] != "step"]
+    last = data["events"][-1]
+    data["events"].append({**last, "seq": last["seq"] + 1, "kind": "start",
+                           "phase": "backward", "module": None, "edge": None,
+                           "host_reads_per_step": 4096, "flops_per_op": 2000.0,
+                           "dense_flops_per_op": 500000.0, "flops_per_step": 10**9,
+                           "efficiency": None, "dense_efficiency": 0.5,
+                           "machine_flops_per_s": 2e11})
+    data["spec"]["seq_len"] = 4096
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert any(r.startswith("slow by defect: 4096 host reads") for r in verdict.reasons)
+
+
+def test_a_budget_kill_after_a_quiet_gap_the_machine_explains_is_slow():
+    # 25 s since the last progress, but the watcher measured only 3 s of CPU opportunity
+    # in them (the rest waiting for a core): a loaded machine, not a stop
+    data = raw("slow_budget.json")
+    data["outcome"]["ended_at"] = data["events"][-1]["t"] + 25.0
+    data["stall"].update(since_last_event_s=25.0, opportunity_s=3.0)
+    assert decide(Evidence.from_dict(data)).name == "SLOW"
+    data["stall"]["opportunity_s"] = 20.0
+    assert decide(Evidence.from_dict(data)).name != "SLOW"

@@ -244,7 +244,8 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
                                              faulthandler_file=dirs[name] / "faulthandler.txt")
         found[name] = StallEvidence(since_last_event_s=due.quiet_s, window_s=1.0,
                                     cpu_delta_s=None, samples=samples, unavailable=unavailable,
-                                    stacks_class=frames.classify(samples) if samples else None)
+                                    stacks_class=frames.classify(samples) if samples else None,
+                                    opportunity_s=due.opportunity_s)
 
     target = stall if due.reason == "stall" else budget
     threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in pids.items()]
@@ -286,6 +287,8 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
     started = time.time()
     capture = _Capture(None, {}, None)
     clocks: dict[str, list[tuple[float, float, float]]] = {}  # name -> [first, latest]
+    decided_at = None  # when the watcher said stop: capturing evidence takes seconds more,
+    # and py-spy pauses the process meanwhile, so that time is not the run's
     try:
         while launched.poll() is None:
             events = watcher.read()
@@ -294,6 +297,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
                 on_events([e for e in events if e.get("kind") != "pulse"] or events[-1:])
             due = watcher.due()
             if due is not None:
+                decided_at = time.time()
                 pids = {s.name: s.pid for s in streams if s.pid}
                 if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
                     flight_recorder.request_dumps([dirs[n] for n in names])
@@ -304,7 +308,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
                 break
             time.sleep(poll_s)
     finally:
-        ended_at = time.time()
+        ended_at = decided_at or time.time()
         _read_clocks(streams, clocks)
         launched.kill_all()
     watcher.read()

@@ -117,13 +117,14 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     load_before = machine_load()
     command = _Command(argv, command_env(run_dir), run_dir)
     started = time.time()
-    due, stalls, gpu = None, {}, None
+    due, stalls, gpu, decided_at = None, {}, None, None
     try:
         while command.poll() is None:
             _new_streams(run_dir, watcher, known)
             watcher.read()
             due = watcher.due()
             if due is not None:
+                decided_at = time.time()  # capturing takes seconds and pauses the processes
                 pids = {s.name: s.pid for s in watcher.streams if s.pid}
                 dirs = {s.name: s.path.parent for s in watcher.streams}
                 stalls = capture_all(pids, dirs, due, stall_timeout_s)
@@ -131,7 +132,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                 break
             time.sleep(POLL_S)
     finally:
-        ended_at = time.time()
+        ended_at = decided_at or time.time()
         command.kill_all()
         command.finish()
     _new_streams(run_dir, watcher, known)

@@ -219,8 +219,12 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
         if phase == "backward" and ledger is not None:
             progress.saved_bytes = ledger.total
             progress.saved_by_branch = ledger.by_branch()
+            counts: dict[str, Any] = {}
+            if counted is not None:  # the counted forward has just ended
+                rates.count_forward(counted)
+                counts = rates.for_step(0.0)
             writer.start(phase, step, saved_bytes=ledger.total,
-                         saved_by_branch=progress.saved_by_branch)
+                         saved_by_branch=progress.saved_by_branch, **counts)
             if tee is not None:
                 tee.ledger = None
             return
@@ -239,8 +243,6 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
     finally:
         if tee is not None:
             tee.ledger = None
-    if counted is not None:
-        rates.count_forward(counted)
     extra = rates.for_step(times.step_s) if rates is not None else {}
     if rates is not None:
         progress.rates = extra

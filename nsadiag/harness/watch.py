@@ -195,14 +195,14 @@ class Watcher:
         """"stall", "budget" or None (see the module docstring)."""
         now = self.clock()
         quiet, limit = now - self.last_progress, self.stall_limit()
-        if quiet > limit:
-            waited = max((s.run_queue_since_mark() for s in self.streams), default=0.0)
-            opportunity = quiet - waited
-            if opportunity >= limit or quiet >= STRETCH * limit:
-                return Due("stall", quiet, opportunity, limit, opportunity < limit)
+        waited = max((s.run_queue_since_mark() for s in self.streams), default=0.0) \
+            if quiet > limit else 0.0
+        opportunity = quiet - waited
+        if quiet > limit and (opportunity >= limit or quiet >= STRETCH * limit):
+            return Due("stall", quiet, opportunity, limit, opportunity < limit)
         elapsed = now - self.started
         if elapsed > self.budget_s:
             if self.finished and elapsed <= self.budget_s + FINISH_GRACE_S:
                 return None
-            return Due("budget", quiet, quiet, limit, False)
+            return Due("budget", quiet, opportunity, limit, False)
         return None

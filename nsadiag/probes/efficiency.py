@@ -205,17 +205,16 @@ def dense_reference(batch: int, seq_len: int, dim: int, device: torch.device,
 
 def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[str]]:
     """("defect" or "size", the findings that decided it) from one step's measurements
-    (the fields of Rates.for_step); (None, []) when the step's work was not counted.
+    (the fields of Rates.for_step); (None, []) when no forward's work was counted.
 
     Slow by defect when either of: a host read per token (``.item()`` in a loop over the
     sequence), ops far smaller than a dense block's (TINY_OP_RATIO: a Python loop issuing
     per-token ops). Otherwise slow by size. Both are counts, which load cannot change;
     efficiency is a timing and only reported (a healthy sparse model at tiny widths runs
     at a tenth of a dense block's efficiency: measured 2.0 % against 22 %)."""
-    efficiency = measured.get("efficiency")
     per_op, dense_per_op = measured.get("flops_per_op"), measured.get("dense_flops_per_op")
     reads = measured.get("host_reads_per_step")
-    if efficiency is None or reads is None:
+    if reads is None:
         return None, []
     found = []
     if reads >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):

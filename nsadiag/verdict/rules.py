@@ -231,8 +231,9 @@ def _stall_window(evidence: Evidence) -> float:
 def rule_budget(evidence: Evidence) -> Verdict | None:
     """The budget ran out. SLOW, with rate, fraction done, ETA and hot frame, when the last
     progress came within the stall window before the kill (or the kill time is unknown:
-    then the runner's stall watch had not fired); otherwise progress had stopped and the
-    stall rules classify what the process was doing."""
+    then the runner's stall watch had not fired; or the watcher measured less CPU
+    opportunity than the window since then: a loaded machine, not a stop); otherwise
+    progress had stopped and the stall rules classify what the process was doing."""
     outcome = evidence.outcome
     if not (outcome.killed_by_runner and outcome.kill_reason == "budget"):
         return None
@@ -240,7 +241,8 @@ def rule_budget(evidence: Evidence) -> Verdict | None:
     if last_progress_t(evidence) is None:
         return _stall_verdict(evidence, [f"the budget ran out after {outcome.wall_s:.1f} s "
                                          f"before any heartbeat or progress pulse"])
-    if gap is not None and gap > window:
+    opportunity = evidence.stall.opportunity_s if evidence.stall else None
+    if gap is not None and gap > window and (opportunity is None or opportunity > window):
         return _stall_verdict(evidence, [
             f"the budget ran out after {outcome.wall_s:.1f} s, but the last progress "
             f"(heartbeat or sampler pulse) came {gap:.1f} s before the kill (stall window "
@@ -272,7 +274,9 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     if steps and "step_s" in steps[-1]:
         facts["step_s"] = steps[-1]["step_s"]
         reasons.append(_step_sentence(steps[-1]))
-        _add_efficiency(steps[-1], evidence, facts, reasons)
+    measured = _work_measured(evidence.events)
+    if measured is not None:
+        _add_efficiency(measured, evidence, facts, reasons)
     samples = evidence.stall.samples if evidence.stall else []
     _add_hot_frame(samples, facts, reasons)
     _add_profile(evidence, facts, reasons)
@@ -291,34 +295,52 @@ def _add_profile(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
     reasons.extend(describe_profile(summary))
 
 
-def _add_efficiency(step: dict[str, Any], evidence: Evidence, facts: dict,
+def _work_measured(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest work count of the run: the last step event carrying one (it has the
+    step's efficiency too), else the backward start of step 0, written as soon as the
+    counted forward ended (a run cut off inside its first backward still has it)."""
+    for event in reversed(events):
+        counted = "host_reads_per_step" in event or "rates_unavailable" in event
+        if counted and (event.get("kind") == "step" or
+                        (event.get("kind") == "start" and event.get("phase") == "backward")):
+            return event
+    return None
+
+
+def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
                     reasons: list[str]) -> None:
-    """Slow by size or by defect, from the last step's efficiency (achieved FLOP/s over
-    this machine's matmul rate) beside a dense transformer block's of the same shape."""
-    efficiency, reference = step.get("efficiency"), step.get("dense_efficiency")
-    rate, flops = step.get("machine_flops_per_s"), step.get("flops_per_step")
-    if efficiency is None or not rate or not flops:
-        if step.get("rates_unavailable"):
-            reasons.append(f"efficiency unknown: {step['rates_unavailable']}")
+    """Slow by size or by defect from the counts of one forward (nsadiag.probes.efficiency),
+    with the achieved FLOP/s and efficiency beside a dense block's when a step was timed."""
+    verdict, findings = slow_by(measured, int(evidence.spec.get("seq_len") or 0))
+    if verdict is None:
+        if measured.get("rates_unavailable"):
+            reasons.append(f"slow by size or defect unknown: {measured['rates_unavailable']}")
         return
-    verdict, findings = slow_by(step, int(evidence.spec.get("seq_len") or 0))
+    efficiency, reference = measured.get("efficiency"), measured.get("dense_efficiency")
+    rate, flops = measured.get("machine_flops_per_s"), measured.get("flops_per_step")
     facts.update(efficiency=efficiency, dense_efficiency=reference, flops_per_step=flops,
                  machine_flops_per_s=rate, slow_by=verdict, slow_findings=findings,
-                 host_reads_per_step=step.get("host_reads_per_step"),
-                 flops_per_op=step.get("flops_per_op"))
-    achieved = f"{flops / 1e9:.2f} GFLOP per step at {efficiency * rate / 1e9:.2f} GFLOP/s"
-    share = f"{efficiency:.1%} of this machine's matmul rate ({rate / 1e9:.0f} GFLOP/s)"
-    dense = (f"a dense transformer block of the same shape reaches {reference:.1%}"
-             if reference else "no dense reference was measured")
+                 host_reads_per_step=measured.get("host_reads_per_step"),
+                 flops_per_op=measured.get("flops_per_op"))
+    figures = []
+    if flops:
+        figures.append(f"{flops / 1e9:.2f} GFLOP per step")
+    if efficiency is not None and rate:
+        figures.append(f"{efficiency * rate / 1e9:.2f} GFLOP/s, {efficiency:.1%} of this "
+                       f"machine's matmul rate ({rate / 1e9:.0f} GFLOP/s)")
+    if reference:
+        figures.append(f"a dense transformer block of the same shape reaches {reference:.1%}")
+    shown = "; ".join(figures)
     if verdict == "defect":
-        reasons.append(f"slow by defect: {'; '.join(findings)} ({achieved}, {share}; {dense})")
-    elif verdict == "size":
-        steps_left = max(0, evidence.total_steps - int(step.get("step", 0)) - 1)
-        reasons.append(f"slow by size: {achieved}, {share}, and {dense}: the work itself "
-                       f"outlasts the budget ({steps_left} more steps at "
-                       f"{step['step_s']:.1f} s each)")
-    else:
-        reasons.append(f"{achieved}, {share}; {dense}")
+        reasons.append(f"slow by defect: {'; '.join(findings)}" + (f" ({shown})" if shown
+                                                                  else ""))
+        return
+    timed = measured.get("kind") == "step" and measured.get("step_s")
+    left = (f" ({max(0, evidence.total_steps - int(measured.get('step', 0)) - 1)} more "
+            f"steps at {measured['step_s']:.1f} s each)" if timed else "")
+    reasons.append("slow by size: no host read per token and ops the size of a dense "
+                   "block's" + (f" ({shown})" if shown else "") +
+                   f": the work itself outlasts the budget{left}")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:
