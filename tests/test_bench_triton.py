@@ -28,14 +28,17 @@ def test_attended_keys_match_the_oracle_masks():
 
 
 def test_report_states_targets_and_environment():
-    row = dict(seq=65536, head_dim=128, heads=64, kv_heads=4, sel_ms=10.0, sdpa_kernel_ms=80.0,
+    row = dict(seq=65536, head_dim=128, heads=64, kv_heads=4, sel_fwd_ms=3.0, sel_ms=10.0,
+               fla_fwd_ms=4.0, fla_ms=12.5, fla_agreement=2e-3, sdpa_kernel_ms=80.0,
                kernel_speedup=8.0, sel_tflops=200.0, sdpa_tflops=400.0,
-               sel_fraction_of_dense_tflops=0.5, nsa_layer_ms=50.0, dense_layer_ms=250.0,
-               layer_speedup=5.0)
+               sel_fraction_of_dense_tflops=0.5, nsa_layer_fwd_ms=10.0, dense_layer_fwd_ms=90.0,
+               nsa_layer_ms=50.0, dense_layer_ms=250.0, layer_speedup=5.0, dense_sdpa="flash")
     text = bench_triton.render([row], {"gpu": "H100", "torch": "2.13.0", "triton": "3.7.1",
-                                       "cuda": "12.8", "device": "cuda"})
-    assert "GPU: H100" in text and "| 65536 | 128 | 64/4 |" in text
-    assert "layer 5.00x (missed)" in text and "50% of dense (met)" in text
+                                       "cuda": "12.8", "device": "cuda", "fla": "0.6.0"})
+    assert "GPU: H100" in text and "fla-core 0.6.0" in text
+    assert "| 65536 | 128 | 64/4 | 3.00 | 4.00 | 10.00 | 12.50 | 1.25x | 2.0e-03 |" in text
+    assert "| 65536 | 128 | 10.00 | 90.00 | 9.00x | 50.0 | 250.0 | 5.00x | flash |" in text
+    assert "selected vs fla 1.25x (met)" in text and "layer 5.00x (missed)" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")

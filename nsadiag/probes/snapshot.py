@@ -45,9 +45,12 @@ def is_project_frame(frame: dict[str, Any]) -> bool:
     return filename.endswith(".py") and not LIBRARY_PATH.search(filename)
 
 
-def allocation_site(frames: list[dict[str, Any]],
+def allocation_site(frames: list[dict[str, Any]] | None,
                     is_project: Callable[[dict[str, Any]], bool] = is_project_frame) -> str:
-    """`name (file:line)` of the innermost project frame, else of the innermost frame."""
+    """`name (file:line)` of the innermost project frame, else of the innermost frame;
+    None stands for a block allocated before recording began (its site is unknowable)."""
+    if frames is None:
+        return "<allocated before recording began>"
     if not frames:
         return "<no frames recorded>"
     frame = next((f for f in frames if is_project(f)), frames[0])
@@ -73,12 +76,13 @@ def live_at_peak(snapshot: dict[str, Any]) -> tuple[int, dict[int, tuple[int, li
         if entry.get("action") not in ("alloc", "free_requested", "free_completed"):
             continue
         if addr not in seen and entry["action"] != "alloc":
-            live[addr] = (int(entry.get("size", 0)), entry.get("frames") or [])
+            live[addr] = (int(entry.get("size", 0)), None)
         seen.add(addr)
     for segment in snapshot.get("segments") or []:
         for block in segment.get("blocks") or []:
             if block.get("state") in ALLOCATED and block.get("address") not in seen:
-                live[block["address"]] = (int(block["size"]), block.get("frames") or [])
+                # frames survive for blocks whose alloc fell out of a full trace buffer
+                live[block["address"]] = (int(block["size"]), block.get("frames") or None)
     total = sum(size for size, _ in live.values())
     peak, at_peak = total, dict(live)
     for entry in trace:
