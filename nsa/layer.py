@@ -17,7 +17,8 @@ Backends: "naive" (the dense oracle), "torch" (memory-bounded tiles, every devic
 "triton" (the kernels of nsa.ops.triton: CUDA, or CPU under Triton's interpreter; a shape or
 device they cannot take raises ValueError naming the limit), "auto" (triton on CUDA when the
 shape is supported, else torch — the reason logged once). `backend_used` records which
-implementation ran last. Block selection (Eq.8-11) is the tiled torch code on every backend.
+implementation ran last. Block selection (Eq.8-11) ranks with the same torch top-n on every
+backend; on triton its scores come from a kernel that reuses the compressed branch's lse.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import torch
 from torch import nn
 
 from nsa.config import NSAConfig
+from nsa.ops import selection
 from nsa.ops import torch as torch_ops
 from nsa.ops.compress import Compressor
 from nsa.ops.naive import naive_nsa_attention
-from nsa.ops.selection import select_blocks
 from nsa.ops.triton import unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,15 @@ def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend:
         return _triton_ops().compressed_attention(q, k_cmp.to(q.dtype), v_cmp.to(q.dtype),
                                                   cfg.l, cfg.d, scale)
     return torch_ops.compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, cfg.query_chunk)
+
+
+def select_blocks(q, k_cmp, cfg: NSAConfig, scale: float, backend: str, lse_cmp=None):
+    """Block indices [B, S, Hkv, n_sel] of the selected branch (Eq.8-11) on `backend`: the
+    Triton score kernel (reusing the compressed branch's lse when it ran) or the tiled torch
+    code; both rank with `nsa.ops.selection.top_n_blocks`."""
+    if backend == "triton":
+        return _triton_ops().select_blocks(q, k_cmp, lse_cmp, cfg, scale)
+    return selection.select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
 
 
 def selected_attention(q, k, v, block_indices, cfg: NSAConfig, scale: float, backend: str):
@@ -197,11 +207,12 @@ class NSAAttention(nn.Module):
         cfg = self.cfg
         scale = 1.0 / math.sqrt(cfg.head_dim)
         terms = []
+        lse_cmp = None
         if "cmp" in self.branches:
-            o_cmp, _ = compressed_attention(q, k_cmp, v_cmp, cfg, scale, backend)
+            o_cmp, lse_cmp = compressed_attention(q, k_cmp, v_cmp, cfg, scale, backend)
             terms.append(gates["cmp"].unsqueeze(-1) * o_cmp)
         if "sel" in self.branches:
-            block_indices = select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
+            block_indices = select_blocks(q, k_cmp, cfg, scale, backend, lse_cmp)
             k_sel, v_sel = kv["sel"]
             o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg, scale, backend)
             terms.append(gates["sel"].unsqueeze(-1) * o_sel)

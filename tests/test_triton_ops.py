@@ -131,6 +131,63 @@ def test_compressed_matches_oracle_fp32(seq, block_len, stride):
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
+def test_compressed_dkdv_split_over_queries_matches_oracle(monkeypatch):
+    from nsa.ops.triton import band
+
+    cfg = tiny_config(l=8, d=4, l_sel=16)
+    seq = 300  # five query tiles: splits of two tiles, the last one short
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, grad_o = _inputs(1, seq, 4, 2, n_keys=n_cmp, head_dim=16)
+    monkeypatch.setattr(band, "key_splits", lambda *args: 3)
+    o, _ = ops.compressed_attention(q, k, v, 8, 4, SCALE)
+    o_ref, _ = _compressed_reference(q, k, v, cfg)
+    split = _grads(o, grad_o, q, k, v)
+    _assert_close(split, _grads(o_ref, grad_o, q, k, v))
+    again = _grads(ops.compressed_attention(q, k, v, 8, 4, SCALE)[0], grad_o, q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
+
+
+def test_key_splits_spread_compressed_keys_and_never_the_window():
+    from nsa.ops.triton import band
+
+    assert band.key_splits(band.WINDOW, 65536, 65536, 4) == 1
+    assert band.key_splits(band.COMPRESSED, 65536, 4095, 4) == 4  # 64 tiles x 4 heads x 4
+    assert band.key_splits(band.COMPRESSED, 8192, 511, 4) == 32  # 8 tiles x 4 heads x 32
+    assert band.key_splits(band.COMPRESSED, 1024, 61, 1) == 4  # at least 4 query tiles each
+    assert band.key_splits(band.COMPRESSED, 256, 13, 1) == 1
+
+
+@pytest.mark.parametrize("n_q_heads,n_kv_heads,l,d,l_sel,seq", [
+    (4, 2, 8, 4, 16, 70), (16, 1, 32, 16, 64, 300), (6, 2, 16, 8, 32, 150),
+    (2, 2, 16, 16, 16, 90), (4, 2, 32, 16, 64, 20)])  # the last: no compressed token yet
+def test_block_score_kernel_selects_what_the_torch_selection_selects(n_q_heads, n_kv_heads, l,
+                                                                     d, l_sel, seq):
+    from nsa.ops.selection import block_rank_keys, group_block_scores, select_blocks
+    from nsa.ops.torch import compressed_attention
+
+    cfg = tiny_config(n_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=16, l=l, d=d,
+                      l_sel=l_sel, n_sel=4, w=32)
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, _ = _inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
+    _, lse = compressed_attention(q, k, v, l, d, SCALE)
+    n_blocks = -(-seq // l_sel)
+    group = n_q_heads // n_kv_heads
+    logits = torch.einsum("bskgd,bnkd->bskgn", q.view(2, seq, n_kv_heads, group, 16), k) * SCALE
+    visible = torch.arange(n_cmp) * d + l - 1 <= torch.arange(seq).view(-1, 1)
+    logits = logits.masked_fill(~visible.view(1, seq, 1, 1, n_cmp), float("-inf"))
+    want = group_block_scores(torch.softmax(logits, -1).nan_to_num(0.0).sum(3), n_blocks, cfg)
+    for given_lse in (lse, None):  # from the compressed branch, or computed by the kernel
+        got = ops.block_scores(q, k, given_lse, 0, seq, n_blocks, l, d, l_sel, SCALE)
+        _assert_close([got], [want])
+        tail = ops.block_scores(q, k, given_lse, 7, seq - 7, n_blocks, l, d, l_sel, SCALE)
+        _assert_close([tail], [want[:, 7:]])
+        keys = ops.block_scores(q, k, given_lse, 7, seq - 7, n_blocks, l, d, l_sel, SCALE,
+                                rank_keys=True)
+        assert torch.equal(keys, block_rank_keys(tail, torch.arange(7, seq), cfg))
+        assert torch.equal(ops.select_blocks(q, k, given_lse, cfg, SCALE),
+                           select_blocks(q, k, cfg, SCALE))
+
+
 def test_band_kernels_fp16_and_deterministic():
     q, k, v, grad_o = _inputs(1, 60, 4, 2, head_dim=32)
     low = [t.detach().half().requires_grad_() for t in (q, k, v)]

@@ -64,8 +64,12 @@ def _rank_keys(scores: torch.Tensor) -> torch.Tensor:
     return monotone * (1 << 32) + ((1 << 31) - 1 - index)
 
 
-def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
-    """Eq.11. scores [B, T, Hkv, n_blocks], query_pos [T] -> [B, T, Hkv, n_sel] int64."""
+def block_rank_keys(scores: torch.Tensor, query_pos: torch.Tensor,
+                    cfg: NSAConfig) -> torch.Tensor:
+    """Eq.11's order as one int64 key per block: scores [B, T, Hkv, n_blocks], query_pos
+    [T] -> keys of the same shape. Unavailable blocks (j*l_sel > t) get the lowest key,
+    forced ones (block 0 and the two local blocks) the highest keys, lower index first;
+    the rest rank by score, ties to the lower index (`_rank_keys`)."""
     n_blocks = scores.shape[-1]
     j = torch.arange(n_blocks, device=scores.device)
     t = query_pos.view(1, -1, 1, 1)
@@ -74,13 +78,25 @@ def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) 
     forced = available & ((j == 0) | (j == local) | (j == local - 1))
     lowest, highest = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
     key = torch.where(available, _rank_keys(scores), lowest)
-    key = torch.where(forced, highest - ((1 << 31) - 1 - j), key)  # forced, lower index first
+    return torch.where(forced, highest - ((1 << 31) - 1 - j), key)
+
+
+def top_n_from_keys(key: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
+    """The n_sel blocks with the largest keys (from `block_rank_keys`) -> [..., n_sel]
+    int64, ascending, padded with -1 where fewer blocks are available."""
+    n_blocks = key.shape[-1]
+    lowest = torch.iinfo(torch.int64).min
     top = key.topk(min(cfg.n_sel, n_blocks), dim=-1)
     chosen = torch.where(top.values > lowest, top.indices, n_blocks).sort(dim=-1).values
     chosen = torch.where(chosen == n_blocks, -1, chosen)
     if chosen.shape[-1] < cfg.n_sel:
         chosen = torch.nn.functional.pad(chosen, (0, cfg.n_sel - chosen.shape[-1]), value=-1)
     return chosen
+
+
+def top_n_blocks(scores: torch.Tensor, query_pos: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
+    """Eq.11. scores [B, T, Hkv, n_blocks], query_pos [T] -> [B, T, Hkv, n_sel] int64."""
+    return top_n_from_keys(block_rank_keys(scores, query_pos, cfg), cfg)
 
 
 @torch.no_grad()

@@ -141,12 +141,13 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ,
 @triton.jit
 def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-               stride_lb, stride_ls,
+               stride_lb, stride_ls, stride_part,
                seq_len, n_keys, n_kv_heads, group, band_a, band_b, scale,
                MODE: tl.constexpr, HEAD_DIM: tl.constexpr, QUERY_TILE: tl.constexpr,
-               KEY_TILE: tl.constexpr, PRECISION: tl.constexpr):
+               KEY_TILE: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
     s0 = tl.program_id(0).to(tl.int64) * KEY_TILE
     bh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2).to(tl.int64)
     b, hk = bh // n_kv_heads, bh % n_kv_heads
     s = s0 + tl.arange(0, KEY_TILE)
     cols = tl.arange(0, HEAD_DIM)
@@ -156,6 +157,10 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     dk = tl.zeros([KEY_TILE, HEAD_DIM], tl.float32)
     dv = tl.zeros([KEY_TILE, HEAD_DIM], tl.float32)
     lo, hi = _query_range(s0, tl.minimum(s0 + KEY_TILE, n_keys), seq_len, band_a, band_b, MODE)
+    # this program's share of the queries, in whole query tiles
+    share = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), SPLITS), QUERY_TILE) * QUERY_TILE
+    lo = lo + split * share
+    hi = tl.minimum(hi, lo + share)
     for g in range(group):
         hq = hk * group + g
         for t0 in range(lo, hi, QUERY_TILE):
@@ -168,8 +173,24 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
             p, ds = probs_and_score_grads(q, k, v, do, lse, delta, allowed, scale, PRECISION)
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    tl.store(DK + kv_offsets, (dk * scale).to(DK.dtype.element_ty), mask=s_ok[:, None])
-    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=s_ok[:, None])
+    # one slot per split (fp32 partials summed in split order afterwards) or, unsplit, dK/dV
+    part = split * stride_part + kv_offsets
+    tl.store(DK + part, (dk * scale).to(DK.dtype.element_ty), mask=s_ok[:, None])
+    tl.store(DV + part, dv.to(DV.dtype.element_ty), mask=s_ok[:, None])
+
+
+def key_splits(mode: int, seq: int, n_keys: int, batch_heads: int) -> int:
+    """How many programs share the queries of one key tile in dK/dV: compressed keys are
+    seen by every later query, so with few key tiles the work is split (about a thousand
+    programs in all, at least four query tiles each); the window's band is short."""
+    if mode == WINDOW:
+        return 1
+    programs = triton.cdiv(n_keys, KEY_TILE) * batch_heads
+    splits = 1
+    while (splits * 2 * programs <= 1024 and splits * 2 * 4 * QUERY_TILE <= seq
+           and splits < 32):
+        splits *= 2
+    return splits
 
 
 def _launch_args(q, k, lse):
@@ -213,11 +234,19 @@ class _BandAttention(torch.autograd.Function):
         _band_dq[(triton.cdiv(seq, QUERY_TILE), batch * n_q_heads)](
             q, k, v, do, lse, delta, dq, *_launch_args(q, k, lse), n_q_heads, group,
             band_a, band_b, ctx.scale, **constants)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        splits = key_splits(mode, seq, k.shape[1], batch * n_kv_heads)
+        if splits == 1:
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+        else:  # fp32 partials, one per split, summed in a fixed order: still deterministic
+            dk = torch.empty(splits, *k.shape, device=k.device, dtype=torch.float32)
+            dv = torch.empty_like(dk)
         if k.shape[1] > 0:
-            _band_dkdv[(triton.cdiv(k.shape[1], KEY_TILE), batch * n_kv_heads)](
-                q, k, v, do, lse, delta, dk, dv, *_launch_args(q, k, lse), n_kv_heads,
-                group, band_a, band_b, ctx.scale, **constants)
+            _band_dkdv[(triton.cdiv(k.shape[1], KEY_TILE), batch * n_kv_heads, splits)](
+                q, k, v, do, lse, delta, dk, dv, *_launch_args(q, k, lse)[:8],
+                k.numel(), *_launch_args(q, k, lse)[8:], n_kv_heads, group, band_a, band_b,
+                ctx.scale, SPLITS=splits, **constants)
+        if splits > 1:
+            dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
         return dq, dk, dv, None, None
 
 
