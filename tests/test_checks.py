@@ -100,8 +100,10 @@ def test_parity_lists_a_backend_that_refuses_as_not_available(writer):
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"),
     reason="the triton kernels need triton and CUDA or the interpreter")
 def test_parity_compares_the_triton_backend_with_the_oracle(writer):
+    # compiled kernels take CUDA tensors; the interpreter's take CPU tensors
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = TrialSpec(target="nsa", overrides={**TINY_NSA, "head_dim": 16}, n_layers=1,
-                     seq_len=40, batch=1, stall_timeout_s=30.0).validate()
+                     seq_len=40, batch=1, stall_timeout_s=30.0, device=device).validate()
     result = parity.measure(spec, writer)
     assert result.passed, result.summary
     rows = [r for r in result.table if r["backend"] == "triton"]
