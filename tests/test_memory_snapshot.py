@@ -91,7 +91,7 @@ def test_segment_picture_largest_free_block_and_fragmentation():
 def test_allocation_site_falls_back_to_the_innermost_frame():
     assert allocation_site(frames((TORCH, 3, "empty"), ("/usr/lib/python3.11/x.py", 1, "f"))) \
         == "empty (functional.py:3)"
-    assert allocation_site([]) == "<no frames recorded>"
+    assert allocation_site([]) == "<no Python frames: native code or the autograd engine>"
     assert allocation_site(None) == "<allocated before recording began>"
 
 

@@ -52,7 +52,7 @@ def allocation_site(frames: list[dict[str, Any]] | None,
     if frames is None:
         return "<allocated before recording began>"
     if not frames:
-        return "<no frames recorded>"
+        return "<no Python frames: native code or the autograd engine>"
     frame = next((f for f in frames if is_project(f)), frames[0])
     name = Path(str(frame.get("filename") or "?")).name
     return f"{frame.get('name', '?')} ({name}:{frame.get('line', 0)})"
