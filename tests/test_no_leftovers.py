@@ -15,31 +15,11 @@ from pathlib import Path
 import psutil
 
 from nsadiag.harness.jobs import run_trial
-from nsadiag.harness.launch import OWNER_ENV
 from nsadiag.spec import TrialSpec
+from tests.procs import owned_by, running
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 5.0
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _owned_by(owner_pid: int) -> list[psutil.Process]:
-    """Live processes carrying a token of the nsadiag process `owner_pid`."""
-    prefix = f"{OWNER_ENV}={owner_pid}-"
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if any(f"{k}={v}".startswith(prefix) for k, v in process.environ().items()):
-                found.append(process)
-        except psutil.Error:
-            continue
-    return [p for p in found if _running(p)]
 
 
 def _left_after(processes: list[psutil.Process], owner_pid: int,
@@ -47,8 +27,8 @@ def _left_after(processes: list[psutil.Process], owner_pid: int,
     """Poll until every process is gone (or `limit_s`); (pids still running, seconds)."""
     started = time.monotonic()
     while True:
-        left = {p.pid for p in processes if _running(p)} | {p.pid for p in
-                                                             _owned_by(owner_pid)}
+        left = {p.pid for p in processes if running(p)} | {p.pid for p in
+                                                             owned_by(owner_pid)}
         waited = time.monotonic() - started
         if not left or waited >= limit_s:
             return sorted(left), waited
@@ -95,7 +75,7 @@ def _kill_9_and_count(proc: subprocess.Popen) -> tuple[list[int], float, int]:
     the job's and the reaper, which must end too)."""
     reaper = _reaper_of(proc.pid)
     assert len(reaper) == 1, "nsadiag has no reaper"
-    seen = _descendants(proc.pid) + _owned_by(proc.pid) + reaper
+    seen = _descendants(proc.pid) + owned_by(proc.pid) + reaper
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     left, waited = _left_after(seen, proc.pid)
@@ -152,8 +132,8 @@ def test_kill_9_during_a_run_leaves_no_escaped_helper(tmp_path):
     script.write_text(ESCAPING_SCRIPT)
     proc = _start(["run", "--stall-timeout", "600", "--", sys.executable, str(script)],
                   tmp_path)
-    _wait_for(lambda: len(_owned_by(proc.pid)) >= 3, 60, "the script and its two helpers")
-    escaped = [p for p in _owned_by(proc.pid) if p.pid != p.ppid() and
+    _wait_for(lambda: len(owned_by(proc.pid)) >= 3, 60, "the script and its two helpers")
+    escaped = [p for p in owned_by(proc.pid) if p.pid != p.ppid() and
                p.ppid() not in {proc.pid} and p not in _descendants(proc.pid)]
     assert escaped, "no helper left the process tree: the test would prove nothing"
     left, waited, _ = _kill_9_and_count(proc)
@@ -165,7 +145,7 @@ def test_a_trial_whose_target_starts_a_helper_in_a_new_session_leaves_nothing(tm
                                  stall_timeout_s=30.0, budget_s=120.0,
                                  out_dir=str(tmp_path / "trial")))
     assert record.verdict_name == "OK", record.verdict
-    helpers = [p for p in psutil.process_iter() if _running(p) and
+    helpers = [p for p in psutil.process_iter() if running(p) and
                "while True" in " ".join(p.cmdline())]
     assert helpers == [], [p.pid for p in helpers]
 
