@@ -87,16 +87,18 @@ def child_env(job: JobSpec, trial_dir: Path,
 
 
 def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
-                  faulthandler_file: Path | None = None) -> tuple[list[Any], list[str]]:
-    """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
-    faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
-    not be taken. `timeout_s` bounds each sample (default: max(5 s, 4 intervals))."""
+                  faulthandler_file: Path | None = None,
+                  native: bool = True) -> tuple[list[Any], list[str]]:
+    """`count` samples `interval_s` apart (py-spy, with native frames when `native` and it
+    can, else the faulthandler dump into `faulthandler_file`), and the reasons for any
+    sample that could not be taken. `timeout_s` bounds each sample (default: max(5 s, 4
+    intervals)). Without `native` py-spy does not pause the process."""
     samples, unavailable = [], []
     for i in range(count):
         if i:
             time.sleep(interval_s)
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
-        taken = stacks.capture(pid, native=True, timeout_s=limit,
+        taken = stacks.capture(pid, native=native, timeout_s=limit,
                                faulthandler_file=faulthandler_file)
         if isinstance(taken, str):
             unavailable.append(taken)
@@ -116,15 +118,17 @@ def _thread_clock(pid: int) -> tuple[float, float] | None:
 
 
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
-                  faulthandler_path: Path, timeout_s: float | None = None) -> StallEvidence:
-    """Stack samples spread over `window_s`, the CPU time the process used meanwhile (and its
-    main thread's on-CPU and run-queue time), and a faulthandler dump of all threads into
-    `faulthandler_path` (SIGUSR1, sent only when the process has its handler installed)."""
+                  faulthandler_path: Path | None, timeout_s: float | None = None,
+                  count: int = STACK_SAMPLES, native: bool = True) -> StallEvidence:
+    """`count` stack samples spread over `window_s`, the CPU time the process used
+    meanwhile (and its main thread's on-CPU and run-queue time), and a faulthandler dump of
+    all threads into `faulthandler_path` (SIGUSR1, sent only when the process has its
+    handler installed; None: the file the process holds open, see probes.stacks)."""
     cpu_before, clock_before = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
+    samples, unavailable = sample_stacks(pid, count, window_s / count,
                                          timeout_s=timeout_s,
-                                         faulthandler_file=faulthandler_path)
+                                         faulthandler_file=faulthandler_path, native=native)
     elapsed = time.monotonic() - started
     cpu_after, clock_after = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
