@@ -88,3 +88,5 @@ def test_helpers_in_new_sessions_are_gone_after_an_ok_verdict(tmp_path):
                ["processes"] if p["events"].get("start")]
     assert len(helpers) >= 3, "the script and both helpers were watched"
     assert with_cmdline("while True") == []
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["command_name"] == "run" and meta["argv"][-1].endswith("new_session_helper.py")

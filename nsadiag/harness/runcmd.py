@@ -5,7 +5,8 @@ session of its own with ``nsadiag/harness/inject`` first on PYTHONPATH and
 NSADIAG_RUN_DIR set, so every Python process it starts (``python train.py``, ``python -m
 pkg``, torchrun and each of its ranks) writes its own heartbeat into
 ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout and stderr pass
-through to the terminal and are kept in ``stdout.txt`` and ``stderr.txt``.
+through to the terminal and are kept in ``stdout.txt`` and ``stderr.txt``; ``run.json``
+names the command.
 
 The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
 with the stall clock on progress of any of them. On a stall every watched process is
@@ -119,6 +120,9 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     prepare_run_dir(run_dir)
     for earlier in run_dir.glob("proc-*"):  # an earlier run's processes are not this one's
         shutil.rmtree(earlier, ignore_errors=True)
+    (run_dir / "run.json").write_text(json.dumps(
+        {"command_name": "run", "argv": list(argv), "stall_timeout_s": stall_timeout_s,
+         "deadline_s": deadline_s}, indent=1))
     watcher = Watcher([], stall_timeout_s, deadline_s)
     known: set[str] = set()
     load_before = machine_load()
