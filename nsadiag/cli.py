@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nsadiag.checks import CHECK_NAMES
 from nsadiag.ci import EXIT_REGRESSION, exit_code
+from nsadiag.commands.attach import attach_command
 from nsadiag.commands.check import check_command
 from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.memory import ab_expandable_segments as ab_compare
@@ -649,6 +650,27 @@ def stacks_cmd(pid: int = typer.Argument(..., help="A process, or a launcher wit
     console.print(table)
     for pid_odd in summary["odd_ones_out"]:
         console.print(f"[bold red]odd one out:[/bold red] pid {pid_odd} differs from the rest")
+
+
+@app.command("attach")
+def attach_cmd(pid: int = typer.Argument(..., help="A live process, or a torchrun launcher "
+                                         "with --ranks."),
+               duration: float = typer.Option(20.0, help="Seconds to watch it."),
+               ranks: bool = typer.Option(False, "--ranks",
+                                          help="Watch every rank under PID (torchrun)."),
+               out: Path = typer.Option(None, help="Run directory."),
+               no_redact: bool = typer.Option(False, "--no-redact",
+                                              help="Keep host names, IPs and user names.")):
+    """Watch a live process for DURATION seconds without restarting or killing it:
+    progressing, stuck (busy or idle) or waiting in a collective, with its evidence."""
+    run_dir = out or default_run_dir("attach")
+    try:
+        with console.status(f"watching {'the ranks under ' if ranks else ''}pid {pid} "
+                            f"for {duration:g} s"):
+            report = attach_command(pid, duration, ranks, run_dir, _argv(), no_redact)
+    except ValueError as err:
+        fail(str(err))
+    raise typer.Exit(_print_report(report))
 
 
 @app.command("report")

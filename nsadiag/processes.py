@@ -1,4 +1,6 @@
-"""Process-tree helpers shared by the DDP runner, the ddp check and `nsadiag stacks --ranks`."""
+"""Process-tree helpers shared by the DDP runner, the ddp check, `nsadiag stacks --ranks`
+and `nsadiag attach --ranks`: the ranks under a launcher, and whether a live process can be
+sampled at all."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import ctypes
 import signal
 
 import psutil
+
+from nsadiag.probes import stacks
 
 PR_SET_PDEATHSIG = 1
 
@@ -52,3 +56,49 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
         if rank is not None and rank.isdigit() and not is_rank_helper(child, rank):
             found.setdefault(int(rank), child.pid)
     return found
+
+
+def can_attach(pid: int, permission: str) -> None:
+    """ValueError (one line) when the process is missing, or when ptrace will be refused
+    (``permission``: nsadiag.envinfo.ptrace_permission()) and the faulthandler fallback is
+    not possible either (see nsadiag.probes.stacks)."""
+    if not psutil.pid_exists(pid):
+        raise ValueError(f"pid: no process {pid}")
+    if permission.startswith("refused"):
+        reason = permission
+    elif permission.startswith("children only") and pid not in _own_descendants():
+        reason = f"process {pid} is not a child of this shell and {permission}"
+    else:
+        return
+    fallback = stacks.faulthandler_target(pid)
+    if isinstance(fallback, str):  # py-spy cannot attach and faulthandler cannot stand in
+        raise ValueError(f"ptrace: {reason}; {fallback}")
+
+
+def _own_descendants() -> set[int]:
+    me = psutil.Process()
+    return {p.pid for p in me.children(recursive=True)}
+
+
+def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
+    """(pid, rank) of the Python processes under a launcher, ranks from their RANK env
+    (helpers of a rank that inherited its RANK are left out); ValueError (one line) when
+    the launcher is gone or has no Python process under it."""
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        raise ValueError(f"pid: no process {launcher_pid}") from None
+    found = []
+    for child in children:
+        try:
+            if "python" not in " ".join(child.cmdline()).lower():
+                continue
+            rank = child.environ().get("RANK")
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if is_rank_helper(child, rank):  # a worker of a rank, not a rank
+            continue
+        found.append((child.pid, int(rank) if rank and rank.isdigit() else None))
+    if not found:
+        raise ValueError(f"ranks: no Python process under {launcher_pid}")
+    return sorted(found, key=lambda item: (item[1] is None, item[1], item[0]))

@@ -1,4 +1,5 @@
-"""The report of `nsadiag run -- CMD`: the verdict on the user's own command.
+"""The report of `nsadiag run -- CMD`: the verdict on the user's own command (and on a
+block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 
 report.md: the verdict and its reasons, the command and how it ended, every watched
 process (its events by kind), the evidence of the training process (stacks, last events,
@@ -32,10 +33,13 @@ def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
     """(markdown, summary) of one `nsadiag run`."""
     verdict, evidence = record.verdict, record.evidence
     command = shlex.join(record.spec["command"])
+    kind = record.spec.get("kind", "run")  # "watch": a block under nsadiag.watch()
     headline = f"{verdict['name']}: {verdict['reasons'][0]}"
-    md = [f"# nsadiag run: {verdict['name']}", "", "## Executive summary", "",
+    md = [f"# nsadiag {kind}: {verdict['name']}", "", "## Executive summary", "",
           f"`{command}` ended as **{verdict['name']}** after {record.wall_s:.1f} s "
-          f"(exit code {evidence.get('exit_code')}).", ""]
+          f"(exit code {evidence.get('exit_code')})." if kind == "run" else
+          f"The block watched in `{command}` (pid {record.spec.get('pid')}) reads as "
+          f"**{verdict['name']}** after {record.wall_s:.1f} s.", ""]
     md += [f"- {reason}" for reason in verdict["reasons"]]
     md += ["", "## Processes", "", "Every Python process the command started; at a stall "
            "each was sampled at once, so the odd one out (a rank that waits elsewhere) shows "
@@ -53,10 +57,11 @@ def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
         md += ["", "The command's stderr (last lines):", "", "```", *tail, "```"]
     md += ["", "## Recommendations", "",
            RECOMMENDATIONS.get(verdict["name"], "") or "Nothing to fix: the command finished."]
-    md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
-               f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
+    if kind == "run":
+        md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
+                   f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
     text = "\n".join(md) + "\n"
-    summary = {"command": "run", "headline": headline, "verdict": verdict["name"],
+    summary = {"command": kind, "headline": headline, "verdict": verdict["name"],
                "exit_code": evidence.get("exit_code"), "argv": record.spec["command"]}
     if not no_redact:
         text, summary = redact(text), json.loads(redact(json.dumps(summary)))

@@ -7,6 +7,13 @@
         trial-<n>/      a trial's own files (spec, heartbeat events, stacks, result)
         report.md, summary.json, plots
 
+One nsadiag at a time per run directory: ``prepare_run_dir`` takes an exclusive
+``flock`` on ``.nsadiag.lock`` in it and holds it until the process exits (or
+``release_run_dir``); a second process preparing the same directory gets a one-line
+ValueError naming the holder's pid. The kernel drops the lock when its holder dies, however
+it dies (``kill -9`` included), so a stale lock file never blocks a later run; the lock's
+descriptor is close-on-exec, so children started by the holder do not keep it.
+
 A rerun of the same command in the same directory resumes: a trial whose spec (without its
 directory) is already recorded is not run again (``spec_key``), and new trial directories
 are numbered past the highest existing one (``next_trial_index``).
@@ -15,8 +22,10 @@ are numbered past the highest existing one (``next_trial_index``).
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +61,14 @@ def default_run_dir(command: str) -> Path:
     return Path("runs") / f"{stamp}-{command}"
 
 
+LOCK_NAME = ".nsadiag.lock"
+_held: dict[str, int] = {}  # resolved run directory -> descriptor holding its lock
+_held_lock = threading.Lock()
+
+
 def prepare_run_dir(path: Path) -> Path:
-    """Create the run directory (or reuse it to resume) and prove it is writable."""
+    """Create the run directory (or reuse it to resume), prove it is writable and hold
+    its lock (see the module docstring)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -61,7 +76,39 @@ def prepare_run_dir(path: Path) -> Path:
         probe.unlink()
     except OSError as err:
         raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
+    lock_run_dir(path)
     return path
+
+
+def lock_run_dir(path: Path) -> None:
+    """Hold the lock of an existing run directory for this process (a no-op when it
+    already holds it); ValueError (one line) while another process holds it."""
+    key = str(Path(path).resolve())
+    with _held_lock:
+        if key in _held:
+            return
+        try:
+            fd = os.open(Path(key) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ValueError(f"out: {path} is in use by another nsadiag (pid {holder}); wait "
+                             f"for it to finish or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _held[key] = fd
+
+
+def release_run_dir(path: Path) -> None:
+    """Give up this process's lock of a run directory (nothing when it holds none)."""
+    with _held_lock:
+        fd = _held.pop(str(Path(path).resolve()), None)
+    if fd is not None:
+        os.close(fd)  # closing the only descriptor of the lock releases it
 
 
 def next_trial_index(run_dir: Path) -> int:

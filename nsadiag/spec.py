@@ -184,7 +184,7 @@ def _check_branches(branches: tuple[str, ...] | None) -> None:
                          f"{', '.join(BRANCHES)} without repeats, got {list(branches)!r}")
 
 
-JOB_KINDS = ("trial", "check", "memory")
+JOB_KINDS = ("trial", "check", "memory", "target")
 DDP_BACKENDS = ("gloo", "nccl")
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
 
@@ -195,7 +195,8 @@ class JobSpec:
     child of nsadiag.harness.child reads.
 
     kind         "trial" (train spec.steps steps), "check" (the correctness check named
-                 `check`), "memory" (the memory probe's measurement)
+                 `check`), "memory" (the memory probe's measurement), "target" (import
+                 the target and check the spec's knobs against its factory)
     spec         the TrialSpec: target, shape, limits, and the job directory (out_dir)
     world_size   processes; above 1 the job runs under torchrun, each rank in
                  <out_dir>/rank-<r>/

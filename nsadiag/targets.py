@@ -141,18 +141,60 @@ def _build_factory(spec: TrialSpec, device: torch.device) -> tuple[nn.Module, st
     return model, f"{spec.target}({shown}): {type(model).__name__}"
 
 
+class TargetImportError(ValueError):
+    """The target's module was found but failed while being imported: it raised, or it
+    called sys.exit(). The user's code failed, not the command line."""
+
+
 def load_factory(target: str) -> Callable[..., Any]:
-    """"pkg.module:factory" -> the callable; one-line ValueError when it cannot be loaded."""
+    """"pkg.module:factory" -> the callable. One-line ValueError when the module or the
+    factory does not exist; TargetImportError naming what happened when importing the
+    module raised or called sys.exit() (SystemExit never escapes: a target must not end
+    the process that imports it with an exit code of its choosing)."""
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure of user code is a target error
+    except ModuleNotFoundError as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"target: cannot import {module_name!r}: {reason}") from None
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ValueError(f"target: cannot import {module_name!r}: {reason}") from None
+        raise TargetImportError(f"target: importing {module_name!r} raised "
+                                f"ModuleNotFoundError: {reason}") from exc
+    except SystemExit as exc:
+        raise TargetImportError(f"target: importing {module_name!r} called "
+                                f"sys.exit({exc.code!r})") from None
+    except Exception as exc:  # any import-time failure of user code is a target error
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise TargetImportError(f"target: importing {module_name!r} raised "
+                                f"{type(exc).__name__}: {reason}".rstrip(": ")) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"target: {module_name!r} has no callable {attr!r}")
     return factory
+
+
+def describe_target(spec: TrialSpec) -> dict[str, Any]:
+    """What a target accepts, for a parent that must not import it (the "target" job of
+    nsadiag.harness.child): {"accepts": the keyword parameters its factory declares,
+    "open_ended": it takes **kwargs, "problem": the one-line ValueError the spec's knobs or
+    overrides would raise, or None}. TargetImportError (the module failed while being
+    imported) propagates."""
+    try:
+        factory = load_factory(spec.target)
+    except TargetImportError:
+        raise
+    except ValueError as exc:  # no such module or factory: what the user typed
+        return {"accepts": None, "problem": str(exc), "open_ended": False}
+    params = inspect.signature(factory).parameters
+    accepts = [name for name, p in params.items()
+               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    problem = None
+    try:
+        factory_kwargs(spec, factory, torch.device("cpu"))
+    except ValueError as exc:
+        problem = str(exc)
+    return {"accepts": accepts, "problem": problem,
+            "open_ended": any(p.kind == p.VAR_KEYWORD for p in params.values())}
 
 
 def factory_kwargs(spec: TrialSpec, factory: Callable[..., Any],

@@ -168,3 +168,16 @@ def waits_in_backward(n_layers: int = 2) -> TinyLM:
     model = TinyLM(n_layers)
     model.layers[n_layers - 1] = WaitingBlock(DIM)
     return model
+
+
+ESCAPED_HELPER = "import time\nwhile True:\n    time.sleep(1)\n"
+
+
+def escapes(n_layers: int = 2) -> TinyLM:
+    """Starts a helper in a session of its own (out of reach of a process-group kill) and
+    returns a healthy TinyLM."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", ESCAPED_HELPER], start_new_session=True)
+    return TinyLM(n_layers)

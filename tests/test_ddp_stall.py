@@ -32,7 +32,9 @@ def _assert_names_rank_1(record):
     assert facts["odd_ranks"] == [1]
     assert facts["diverged_at"] == 3  # step 0: bucket + loss; step 1: rank 1's extra first
     rows = {row["rank"]: row for row in facts["ranks"]}
-    assert rows[1]["waiting"].startswith("all_reduce #3 (1 tensor, group of 2 ranks)")
+    # the frame that issued it: the zoo entry's `dist.all_reduce(flagged, ...)` line
+    assert rows[1]["waiting"].startswith("all_reduce #3 (1 tensor, group of 2 ranks, from "
+                                         "forward (rank_divergent.py:")
     assert rows[1]["position"] == "in blocks.1 forward of step 1"
     assert rows[0]["waiting"].startswith("all_reduce #3 (DDP bucket 0")
     assert "backward of step 1" in rows[0]["position"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from nsadiag.harness.jobs import run_job
 from nsadiag.harness.memory import measure_steps
+from nsadiag.harness.targetcheck import require_importable
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.targets import resolve_device
 
@@ -30,7 +31,9 @@ def memory_command(spec: TrialSpec, out_dir: Path | None = None, top: int = 10
                    ) -> dict[str, Any]:
     """spec.steps steps in this process (nsadiag.harness.memory.measure_steps); the summary
     also goes to out_dir/memory.json, and on CUDA the memory history to
-    out_dir/snapshot.pickle."""
+    out_dir/snapshot.pickle. A user's target is first imported in a watched child
+    (require_importable)."""
+    require_importable(spec)
     summary = measure_steps(spec, out_dir, top)
     if out_dir is not None:
         (Path(out_dir) / "memory.json").write_text(json.dumps(summary, indent=1))

@@ -27,7 +27,7 @@ import psutil
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
 from nsadiag.probes import frames, stacks
-from nsadiag.processes import is_rank_helper
+from nsadiag.processes import can_attach, rank_processes
 
 
 @dataclass
@@ -51,45 +51,7 @@ class ProcessReport:
 def check_can_attach(pid: int) -> None:
     """ValueError (one line) when the process is missing, or ptrace will be refused and the
     faulthandler fallback is not possible either (see probes.stacks)."""
-    if not psutil.pid_exists(pid):
-        raise ValueError(f"pid: no process {pid}")
-    permission = ptrace_permission()
-    if permission.startswith("refused"):
-        reason = permission
-    elif permission.startswith("children only") and pid not in _own_descendants():
-        reason = f"process {pid} is not a child of this shell and {permission}"
-    else:
-        return
-    fallback = stacks.faulthandler_target(pid)
-    if isinstance(fallback, str):  # py-spy cannot attach and faulthandler cannot stand in
-        raise ValueError(f"ptrace: {reason}; {fallback}")
-
-
-def _own_descendants() -> set[int]:
-    me = psutil.Process()
-    return {p.pid for p in me.children(recursive=True)}
-
-
-def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
-    """(pid, rank) of the Python processes under a launcher, ranks from their RANK env."""
-    try:
-        children = psutil.Process(launcher_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        raise ValueError(f"pid: no process {launcher_pid}") from None
-    found = []
-    for child in children:
-        try:
-            if "python" not in " ".join(child.cmdline()).lower():
-                continue
-            rank = child.environ().get("RANK")
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            continue
-        if is_rank_helper(child, rank):  # a worker of a rank, not a rank
-            continue
-        found.append((child.pid, int(rank) if rank and rank.isdigit() else None))
-    if not found:
-        raise ValueError(f"ranks: no Python process under {launcher_pid}")
-    return sorted(found, key=lambda item: (item[1] is None, item[1], item[0]))
+    can_attach(pid, ptrace_permission())
 
 
 def sample_process(pid: int, rank: int | None, count: int, interval_s: float,

@@ -13,20 +13,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nsadiag.builtin import require_builtin_nsa
 from nsadiag.envinfo import collect_env
+from nsadiag.harness.targetcheck import inspect_target
 from nsadiag.render import render_run
 from nsadiag.rundir import TrialRecord, prepare_run_dir
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import Callbacks, run_sweep
-from nsadiag.targets import factory_kwargs, load_factory
 
 
 def check_target(spec: TrialSpec) -> None:
-    """Fail fast, in the parent, on a config the child would refuse: a bad NSAConfig
-    field, an unknown target, or a knob its factory does not accept."""
+    """Fail fast on a config the child would refuse: a bad NSAConfig field (checked here:
+    nsa is nsadiag's own code), an unknown target, or a knob its factory does not accept
+    (found by importing the target in a watched child: nsadiag.harness.targetcheck; a
+    target that fails or stalls while being imported is left to the trials' verdicts)."""
     if spec.target == "nsa":
         require_builtin_nsa()
         from nsa.config import NSAConfig
@@ -35,7 +35,9 @@ def check_target(spec: TrialSpec) -> None:
                  if getattr(spec, name) is not None}
         NSAConfig().replace(**spec.overrides, **knobs)
         return
-    factory_kwargs(spec, load_factory(spec.target), torch.device("cpu"))
+    problem = inspect_target(spec).problem
+    if problem:
+        raise ValueError(problem)
 
 
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

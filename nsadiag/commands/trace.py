@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from nsadiag.harness.targetcheck import require_importable
 from nsadiag.probes.trace import AutogradTracer
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import resolve
@@ -27,7 +28,9 @@ TOP = 30
 
 
 def trace_command(spec: TrialSpec, out_dir: Path) -> dict[str, Any]:
-    """Run warm-up, then alternating untraced/traced steps; write out_dir/trace.json."""
+    """Run warm-up, then alternating untraced/traced steps; write out_dir/trace.json. A
+    user's target is first imported in a watched child (require_importable)."""
+    require_importable(spec)
     torch.manual_seed(spec.seed)
     target = resolve(spec)
     device = next(target.model.parameters()).device

@@ -1,10 +1,11 @@
 """The one child of every diagnosis: ``python -m nsadiag.harness.child JOB_JSON``.
 
 The job (``nsadiag.spec.JobSpec``) says what to run: "trial" (train spec.steps steps,
-nsadiag.harness.trial), "check" (one correctness check, nsadiag.checks) or "memory" (the
-memory probe's measurement). With world_size > 1 the child runs under torchrun and every
-rank runs the same job in <out_dir>/rank-<r>/ after joining the process group; alone it
-runs in <out_dir>/.
+nsadiag.harness.trial), "check" (one correctness check, nsadiag.checks), "memory" (the
+memory probe's measurement) or "target" (import the target and check the spec's knobs
+against its factory: nsadiag.harness.targetcheck). With world_size > 1 the child runs
+under torchrun and every rank runs the same job in <out_dir>/rank-<r>/ after joining the
+process group; alone it runs in <out_dir>/.
 
 In order, everything slow last: read the job (a bad job: one line on stderr, exit 2);
 as a rank, die with the parent; arm faulthandler on SIGUSR1 (all threads, into
@@ -119,8 +120,8 @@ def run(job: JobSpec, rank: RankEnv | None, directory: Path) -> dict[str, Any]:
         cap_memory(job.spec.memory_cap_bytes)
         seed_everything(job.spec.seed)
         measured = run_job(job, rank, writer, directory, progress)
-    except Exception as exc:  # recorded for the parent; MemoryError is an Exception too
-        error = describe(exc)
+    except (Exception, SystemExit) as exc:  # recorded for the parent (MemoryError is an
+        error = describe(exc)  # Exception too); the target's sys.exit() is not the child's
     finally:
         sampler.stop()
         counters.remove()
@@ -158,6 +159,10 @@ def _run_kind(job: JobSpec, spec: TrialSpec, rank: RankEnv | None, writer: Heart
               directory: Path, progress: Progress) -> dict[str, Any]:
     if job.kind == "trial":
         return _trial(spec, rank, writer, progress)
+    if job.kind == "target":
+        from nsadiag.targets import describe_target
+
+        return {"target": describe_target(spec)}
     if job.kind == "check":
         check = importlib.import_module(f"nsadiag.checks.{job.check}")
         found = check.measure(spec, writer, rank) if job.check == "ddp" else \

@@ -9,14 +9,17 @@ heartbeat file (see nsadiag.harness.heartbeat for the common fields):
     op       "all_reduce", "broadcast", "barrier", ...
     origin   "ddp" for a gradient bucket of DistributedDataParallel (through its comm
              hook), "call" for a torch.distributed call of the trial or the model
-    detail   e.g. "DDP bucket 0, 3 tensors" or "2 tensors, group of 2 ranks"
+    detail   e.g. "DDP bucket 0, 3 tensors" or "2 tensors, group of 2 ranks, from train
+             (train.py:41)" (a call names the innermost frame outside torch that issued it)
     shapes   shapes of the tensors involved (the flat bucket for DDP)
     status   on "end" only: "ok", or "error" when the work failed (e.g. a timeout)
     rank     this rank
 
-Two sources feed it: `allreduce_hook_with_count` wraps DDP's default allreduce comm hook
-(the same arithmetic, so gradients are unchanged), and `CollectiveCounter.install` replaces
-the collective functions in the `torch.distributed` namespace by counting wrappers, so a
+Two sources feed it: `ddp_hook` is DDP's default allreduce comm hook, counted (the same
+arithmetic, so gradients are unchanged; `counted_hook` wraps a comm hook of the user's own
+and counts each of its buckets as one collective of op "comm_hook"), and
+`CollectiveCounter.install` replaces the collective functions in the `torch.distributed`
+namespace by counting wrappers, so a
 `dist.all_reduce(...)` issued anywhere at call time is counted. DDP's own hook calls
 `dist.all_reduce` too; a thread-local flag keeps that call from being counted twice.
 DDP's internal bookkeeping collectives (the parameter broadcast at construction) go
@@ -28,6 +31,8 @@ through private functions and are not counted on any rank, so counts stay compar
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -103,6 +108,26 @@ class CollectiveCounter:
         self.end_when_done(future, n, "all_reduce", "ddp", detail)
         return future
 
+    def counted_hook(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """A user's DDP comm hook, counted: each bucket is one collective (op "comm_hook");
+        the collectives the hook itself issues are not counted again."""
+        name = getattr(hook, "__qualname__", type(hook).__name__)
+
+        def counted(state, bucket):
+            detail = (f"DDP bucket {bucket.index()}, {len(bucket.gradients())} tensors, "
+                      f"comm hook {name}")
+            n = self.start("comm_hook", "ddp", detail, [list(bucket.buffer().shape)])
+            self._inside.active = True
+            try:
+                future = hook(state, bucket)
+            finally:
+                self._inside.active = False
+            self.end_when_done(future, n, "comm_hook", "ddp", detail)
+            return future
+
+        counted.__qualname__ = name
+        return counted
+
     # ---- torch.distributed wrappers -------------------------------------------------------
 
     def install(self) -> None:
@@ -150,7 +175,21 @@ def _call_detail(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     group = kwargs.get("group")
     tensors = sum(1 for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor))
     where = "default group" if group is None else f"group of {group.size()} ranks"
-    return f"{tensors} tensor{'s' if tensors != 1 else ''}, {where}"
+    detail = f"{tensors} tensor{'s' if tensors != 1 else ''}, {where}"
+    caller = _caller()
+    return f"{detail}, from {caller}" if caller else detail
+
+
+def _caller() -> str | None:
+    """"function (file:line)" of the innermost frame outside torch and this module: the
+    code that issued the collective."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if f"{os.sep}torch{os.sep}" not in path and path != __file__:
+            return f"{frame.f_code.co_name} ({os.path.basename(path)}:{frame.f_lineno})"
+        frame = frame.f_back
+    return None
 
 
 # ---- reading the events back (pure) ---------------------------------------------------

@@ -11,8 +11,9 @@ stall   several py-spy samples spaced over a window (faulthandler dumps when py-
         Recorder dump of every rank;
 budget  two stack samples of every process (a slow run's hot frame).
 
-Then every process of the job is killed, on every path out (Ctrl-C included), and the
-record is built: the Evidence of the job (for several ranks, also each rank's
+Then every process of the job is killed, on every path out (Ctrl-C included), including
+those that left its session (nsadiag.harness.launch; a reaper process does it if nsadiag
+itself dies), and the record is built: the Evidence of the job (for several ranks, also each rank's
 RankEvidence, decided across ranks by nsadiag.verdict.ranks), the verdict, and the trial
 directory. ``run_trial``, ``run_ddp_trial`` and ``run_check_job`` are the three shapes of
 job the commands run.
@@ -24,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
 from nsadiag.harness.collectives import summarize
+from nsadiag.harness.launch import Launched
 from nsadiag.harness.rank import pg_timeout_for
 from nsadiag.harness.watch import Due, Stream, Watcher
 from nsadiag.probes import flight_recorder, frames, stacks
@@ -84,59 +83,22 @@ def child_env(job: JobSpec, trial_dir: Path,
     return env
 
 
-class Launched:
-    """The job's process tree: its launcher (the child, or torchrun) in a session of its
-    own, and every process seen under it. ``kill_all`` SIGKILLs all of them and waits."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], trial_dir: Path):
-        with open(trial_dir / "stdout.txt", "wb") as out, \
-                open(trial_dir / "stderr.txt", "wb") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env,
-                                         start_new_session=True)
-        self.pid = self.proc.pid
-        self.seen: dict[int, psutil.Process] = {}
-
-    def poll(self) -> int | None:
-        self.scan()
-        return self.proc.poll()
-
-    def scan(self) -> None:
-        """Remember every descendant now alive (torchrun's ranks leave its session)."""
-        try:
-            for child in psutil.Process(self.pid).children(recursive=True):
-                self.seen.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
-
-    def kill_all(self) -> None:
-        self.scan()
-        for process in self.seen.values():
-            try:
-                process.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                continue
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        psutil.wait_procs(list(self.seen.values()), timeout=10)
-
-
 # ---- evidence ----------------------------------------------------------------------------
 
 
 def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
-                  faulthandler_file: Path | None = None) -> tuple[list[Any], list[str]]:
-    """`count` samples `interval_s` apart (py-spy with native frames when it can, else the
-    faulthandler dump into `faulthandler_file`), and the reasons for any sample that could
-    not be taken. `timeout_s` bounds each sample (default: max(5 s, 4 intervals))."""
+                  faulthandler_file: Path | None = None,
+                  native: bool = True) -> tuple[list[Any], list[str]]:
+    """`count` samples `interval_s` apart (py-spy, with native frames when `native` and it
+    can, else the faulthandler dump into `faulthandler_file`), and the reasons for any
+    sample that could not be taken. `timeout_s` bounds each sample (default: max(5 s, 4
+    intervals)). Without `native` py-spy does not pause the process."""
     samples, unavailable = [], []
     for i in range(count):
         if i:
             time.sleep(interval_s)
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
-        taken = stacks.capture(pid, native=True, timeout_s=limit,
+        taken = stacks.capture(pid, native=native, timeout_s=limit,
                                faulthandler_file=faulthandler_file)
         if isinstance(taken, str):
             unavailable.append(taken)
@@ -156,15 +118,17 @@ def _thread_clock(pid: int) -> tuple[float, float] | None:
 
 
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
-                  faulthandler_path: Path, timeout_s: float | None = None) -> StallEvidence:
-    """Stack samples spread over `window_s`, the CPU time the process used meanwhile (and its
-    main thread's on-CPU and run-queue time), and a faulthandler dump of all threads into
-    `faulthandler_path` (SIGUSR1, sent only when the process has its handler installed)."""
+                  faulthandler_path: Path | None, timeout_s: float | None = None,
+                  count: int = STACK_SAMPLES, native: bool = True) -> StallEvidence:
+    """`count` stack samples spread over `window_s`, the CPU time the process used
+    meanwhile (and its main thread's on-CPU and run-queue time), and a faulthandler dump of
+    all threads into `faulthandler_path` (SIGUSR1, sent only when the process has its
+    handler installed; None: the file the process holds open, see probes.stacks)."""
     cpu_before, clock_before = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, STACK_SAMPLES, window_s / STACK_SAMPLES,
+    samples, unavailable = sample_stacks(pid, count, window_s / count,
                                          timeout_s=timeout_s,
-                                         faulthandler_file=faulthandler_path)
+                                         faulthandler_file=faulthandler_path, native=native)
     elapsed = time.monotonic() - started
     cpu_after, clock_after = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
@@ -282,8 +246,10 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
     streams = [Stream(name, dirs[name] / "events.jsonl", spec.steps) for name in names]
     watcher = Watcher(streams, spec.stall_timeout_s, spec.budget_s)
     oom_kills_before, load_before = cgroup_oom_kills(), machine_load()
-    launched = Launched(child_command(job, job_path), child_env(job, trial_dir, env),
-                        trial_dir)
+    with open(trial_dir / "stdout.txt", "wb") as out, \
+            open(trial_dir / "stderr.txt", "wb") as err:
+        launched = Launched(child_command(job, job_path), child_env(job, trial_dir, env),
+                            out, err)
     started = time.time()
     capture = _Capture(None, {}, None)
     clocks: dict[str, list[tuple[float, float, float]]] = {}  # name -> [first, latest]
@@ -395,7 +361,8 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
         verdict = decide(evidence)
         data = evidence.to_dict()
     else:
-        ranks = [_rank_evidence(i, s, results[s.name], capture) for i, s in enumerate(streams)]
+        ranks = [rank_evidence(i, s, results[s.name], capture.stalls.get(s.name))
+                 for i, s in enumerate(streams)]
         verdict = decide_ranks(evidence, ranks)
         data = evidence.to_dict()
         data["ranks"] = [r.to_dict() for r in ranks]
@@ -408,9 +375,9 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
                        trial_dir=str(trial_dir), wall_s=wall_s, gpu=capture.gpu)
 
 
-def _rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
-                   capture: _Capture) -> RankEvidence:
-    stall = capture.stalls.get(stream.name)
+def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
+                  stall: StallEvidence | None) -> RankEvidence:
+    """What the parent saw of one rank, for nsadiag.verdict.ranks."""
     state = frames.classify(stall.samples) if stall and stall.samples else None
     signature = frames.stack_signature(stall.samples[-1]) if stall and stall.samples else ""
     started = [e for e in stream.collectives if e.get("edge") == "start"]

@@ -5,15 +5,23 @@ session of its own with ``nsadiag/harness/inject`` first on PYTHONPATH and
 NSADIAG_RUN_DIR set, so every Python process it starts (``python train.py``, ``python -m
 pkg``, torchrun and each of its ranks) writes its own heartbeat into
 ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout and stderr pass
-through to the terminal and are kept in ``stdout.txt`` and ``stderr.txt``.
+through to the terminal and are kept in ``stdout.txt`` and ``stderr.txt``; ``run.json``
+names the command.
 
 The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
 with the stall clock on progress of any of them. On a stall every watched process is
-sampled at once (nsadiag.harness.jobs.capture_all) before the whole tree is killed; at
-``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
+sampled at once (nsadiag.harness.jobs.capture_all) before the whole tree is killed
+(every process it started, those that left its session included: nsadiag.harness.launch);
+at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
-OK for exit code 0, else the exit code's verdict. The record names the training process
-(the one with the most heartbeat events) and the evidence of every process.
+OK for exit code 0, else the verdict of the exception a process recorded (or the last
+traceback on its stderr), else the exit code's verdict.
+
+The record (``build_record``) names the training process (the one with the most
+heartbeat events) and the evidence of every process. A torchrun job of two or more ranks
+is decided across ranks, as a `nsadiag ddp` trial is (nsadiag.verdict.ranks): the
+collectives each rank issued (counted in every process, DDP's buckets included), where
+each rank waits, and which rank left the common path.
 """
 
 from __future__ import annotations
@@ -28,17 +36,20 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from nsadiag.evidence import Evidence
+from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.harness.collectives import summarize
 from nsadiag.harness.jobs import (
-    Launched,
     capture_all,
     machine_load,
     outcome_of,
     profile_summary,
+    rank_evidence,
 )
+from nsadiag.harness.launch import Launched
 from nsadiag.harness.watch import Stream, Watcher
 from nsadiag.probes.gpu import gpu_state
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, prepare_run_dir
+from nsadiag.verdict.ranks import decide_ranks
 from nsadiag.verdict.rules import decide
 
 INJECT = Path(__file__).resolve().parent / "inject"
@@ -79,10 +90,7 @@ class _Command(Launched):
     """The user's command with its output passed through and kept."""
 
     def __init__(self, argv: list[str], env: dict[str, str], run_dir: Path):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env, start_new_session=True)
-        self.pid = self.proc.pid
-        self.seen = {}
+        super().__init__(argv, env, subprocess.PIPE, subprocess.PIPE)
         self.tees = [_Tee(self.proc.stdout, sys.stdout.buffer, run_dir / "stdout.txt"),
                      _Tee(self.proc.stderr, sys.stderr.buffer, run_dir / "stderr.txt")]
         for tee in self.tees:
@@ -109,9 +117,12 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                          "nsadiag run -- python train.py")
     if shutil.which(argv[0]) is None and not Path(argv[0]).exists():
         raise ValueError(f"command: {argv[0]!r} not found")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_dir(run_dir)
     for earlier in run_dir.glob("proc-*"):  # an earlier run's processes are not this one's
         shutil.rmtree(earlier, ignore_errors=True)
+    (run_dir / "run.json").write_text(json.dumps(
+        {"command_name": "run", "argv": list(argv), "stall_timeout_s": stall_timeout_s,
+         "deadline_s": deadline_s}, indent=1))
     watcher = Watcher([], stall_timeout_s, deadline_s)
     known: set[str] = set()
     load_before = machine_load()
@@ -137,8 +148,15 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         command.finish()
     _new_streams(run_dir, watcher, known)
     watcher.read()
-    return _record(argv, run_dir, watcher, command.proc.returncode, due, stalls, gpu,
-                   started, ended_at, load_before, stall_timeout_s, deadline_s)
+    returncode = command.proc.returncode
+    reason = due.reason if due is not None else None
+    outcome = outcome_of(returncode, reason, ended_at - started, ended_at, None)
+    spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
+            "deadline_s": deadline_s, "subject": "the command"}
+    return build_record(spec, run_dir, watcher.streams, outcome, stalls, gpu,
+                        {"start": load_before, "end": machine_load()},
+                        ended_ok=due is None and returncode == 0,
+                        fallback=None if due is not None else _stderr_exception(run_dir))
 
 
 def last_traceback(stderr: str) -> dict[str, Any] | None:
@@ -159,56 +177,93 @@ def last_traceback(stderr: str) -> dict[str, Any] | None:
             "traceback": "\n".join(lines[:frames_end + 1])}
 
 
-def _result(returncode: int | None, due: Any, steps: int, run_dir: Path
-            ) -> dict[str, Any] | None:
-    """What the command's end says: ok for exit code 0, the exception of a Python
-    traceback on stderr for a failure, nothing else."""
-    if due is not None:
-        return None
-    if returncode == 0:
-        return {"status": "ok", "steps_done": steps}
+def _stderr_exception(run_dir: Path) -> dict[str, Any] | None:
     try:
-        exception = last_traceback((run_dir / "stderr.txt").read_text(errors="replace"))
+        return last_traceback((run_dir / "stderr.txt").read_text(errors="replace"))
     except OSError:
-        exception = None
-    return {"status": "error", "exception": exception} if exception else None
+        return None
 
 
 def _training_stream(streams: list[Stream]) -> Stream | None:
     """The process that trained: the most heartbeat events besides pulses."""
-    def weight(stream: Stream) -> int:
-        return sum(n for kind, n in stream.counts.items() if kind != "pulse")
-
-    return max(streams, key=weight, default=None)
+    return max(streams, key=_weight, default=None)
 
 
-def _record(argv: list[str], run_dir: Path, watcher: Watcher, returncode: int | None,
-            due: Any, stalls: dict[str, Any], gpu: Any, started: float, ended_at: float,
-            load_before: dict[str, Any], stall_timeout_s: float,
-            deadline_s: float) -> TrialRecord:
-    reason = "budget" if due is not None and due.reason == "budget" else (
-        due.reason if due is not None else None)
-    outcome = outcome_of(returncode, reason, ended_at - started, ended_at, None)
-    main = _training_stream(watcher.streams)
+def _weight(stream: Stream) -> int:
+    return sum(n for kind, n in stream.counts.items() if kind != "pulse")
+
+
+def _rank_streams(streams: list[Stream]) -> dict[int, Stream]:
+    """{rank: stream} of the torchrun ranks among the watched processes (the busiest
+    stream when two claim one rank)."""
+    ranks: dict[int, Stream] = {}
+    for stream in streams:
+        if isinstance(stream.rank, int) and (stream.rank not in ranks or
+                                             _weight(stream) > _weight(ranks[stream.rank])):
+            ranks[stream.rank] = stream
+    return ranks
+
+
+def _read_result(stream: Stream) -> dict[str, Any] | None:
+    """The result.json a watched process wrote when an exception ended it."""
+    try:
+        return json.loads((stream.path.parent / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stream_result(stream: Stream, ended_ok: bool) -> dict[str, Any] | None:
+    """What one process's end says: its exception (result.json), else ok with its steps
+    and collectives when the whole command ended well, else nothing."""
+    result = _read_result(stream)
+    if result is not None:
+        return result
+    if not ended_ok:
+        return None
+    return {"status": "ok", "steps_done": stream.counts.get("step", 0),
+            "collectives_issued": summarize(stream.collectives)["issued"]}
+
+
+def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
+                 outcome: ProcessOutcome, stalls: dict[str, StallEvidence], gpu: Any,
+                 load: dict[str, Any], ended_ok: bool,
+                 fallback: dict[str, Any] | None = None) -> TrialRecord:
+    """The record of a watched user's run (``nsadiag run``, ``nsadiag.watch()``): the
+    Evidence of the training process, and for a torchrun job of two or more ranks each
+    rank's RankEvidence decided across ranks (nsadiag.verdict.ranks). ``ended_ok``: the
+    command or block ended by itself, successfully; ``fallback``: the exception to take
+    when no process recorded one (the last traceback on the command's stderr)."""
+    main = _training_stream(streams)
     steps = main.counts.get("step", 0) if main else 0
-    result = _result(returncode, due, steps, run_dir)
-    spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
-            "deadline_s": deadline_s}
+    result = stream_result(main, ended_ok) if main else None
+    if result is None and ended_ok:
+        result = {"status": "ok", "steps_done": steps}
+    if result is None and fallback is not None:
+        result = {"status": "error", "exception": fallback}
     evidence = Evidence(
         spec=spec, events=list(main.last) if main else [],
         event_counts=dict(main.counts) if main else {}, result=result, outcome=outcome,
         stall=stalls.get(main.name) if main else None, expected_events_per_step=None,
-        total_steps=steps if returncode == 0 else 0, stall_timeout_s=stall_timeout_s,
-        pulses=list(main.pulses) if main else [],
-        load={"start": load_before, "end": machine_load()},
+        total_steps=steps if ended_ok else 0, stall_timeout_s=spec["stall_timeout_s"],
+        pulses=list(main.pulses) if main else [], load=load,
         profile=profile_summary(main.path.parent / "profile.json") if main else None)
-    verdict = decide(evidence)
-    data = evidence.to_dict()
-    data["processes"] = [{"name": s.name, "pid": s.pid, "events": dict(s.counts),
+    ranks = _rank_streams(streams)
+    data: dict[str, Any]
+    if len(ranks) >= 2:
+        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), stalls.get(s.name))
+                     for r, s in sorted(ranks.items())]
+        verdict = decide_ranks(evidence, rank_list)
+        data = evidence.to_dict()
+        data["ranks"] = [r.to_dict() for r in rank_list]
+    else:
+        verdict = decide(evidence)
+        data = evidence.to_dict()
+    data["processes"] = [{"name": s.name, "pid": s.pid, "rank": s.rank,
+                          "events": dict(s.counts),
                           "stall": stalls[s.name].to_dict() if s.name in stalls else None}
-                         for s in watcher.streams]
+                         for s in streams]
     data["main_process"] = main.name if main else None
-    data["exit_code"] = returncode
+    data["exit_code"] = outcome.exit_code
     (run_dir / "evidence.json").write_text(json.dumps(data, indent=1))
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
-                       trial_dir=str(run_dir), wall_s=ended_at - started, gpu=gpu)
+                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu)

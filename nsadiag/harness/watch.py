@@ -89,6 +89,7 @@ class Stream:
     backward: OpenBackward = field(default_factory=OpenBackward)
     collectives: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
+    rank: int | None = None  # from the "start" event: the torchrun rank of the process
     started_training: bool = False
     finished: bool = False
     runq_mark: float | None = None  # run-queue seconds at the job's last progress
@@ -113,6 +114,7 @@ class Stream:
                 self.collectives.append(event)
             if kind == "start" and event.get("pid") and self.pid is None:
                 self.pid = int(event["pid"])
+                self.rank = event.get("rank")
             if event.get("phase") == "forward":
                 self.started_training = True
             if kind == "end" or (kind == "step" and

@@ -1,5 +1,6 @@
 """The heartbeat inside a user's own process: what `nsadiag run` injects into every Python
-process its command starts, with no edit to the user's code.
+process its command starts, and what `nsadiag.watch()` starts in the process that calls
+it, with no edit to the user's code.
 
 ``start(run_dir)`` (called by the injected ``sitecustomize``) gives the process, in
 ``<run_dir>/proc-<pid>/``:
@@ -9,20 +10,36 @@ process its command starts, with no edit to the user's code.
   a "forward" start at each top-level module call in training mode, module events of that
   model's blocks (forward pre- and post-hooks only: backward hooks would change the
   autograd graph of a model we do not own), a "backward" start at every
-  ``torch.autograd.backward``, a "step" event at every ``Optimizer.step``, and an "end"
-  event at exit;
+  ``torch.autograd.backward``, a "step" event at every ``Optimizer.step``, "collective"
+  events (nsadiag.harness.collectives: every torch.distributed collective called through
+  the ``torch.distributed`` namespace, and DDP's gradient buckets through a counted comm
+  hook), and an "end" event at exit;
 - ``profile.json``: the progress sampler's profile (nsadiag.probes.sampler);
-- ``faulthandler.txt``: every thread's stack on SIGUSR1 and on a fatal signal.
+- ``faulthandler.txt``: every thread's stack on SIGUSR1 and on a fatal signal;
+- ``result.json``: only when an exception ends the process ({"status": "error",
+  "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``.
+
+The rank is torchrun's RANK, unless the parent process has the same RANK: then this is a
+helper of that rank (a spawned DataLoader worker), watched but not a rank.
+
+DDP's buckets: at the first forward of each DistributedDataParallel module that has no comm
+hook, the counted default allreduce hook is registered (the same arithmetic as DDP's
+built-in one); a comm hook the user registers, before or after, is wrapped to be counted.
+A user hook registered after the first forward would be refused by DDP (one hook per
+module): this is the one behaviour the injection can change, and registering after the
+first forward is not how DDP is used.
 
 torch is not imported here: a thread waits until the user's code has imported
 ``torch.nn`` and ``torch.optim``, then installs the hooks, so processes that never use
-torch (the launcher, a data worker, pip) pay nothing but the sampler.
+torch (a launcher script, a data worker, pip) pay nothing but the sampler.
 """
 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -34,16 +51,48 @@ from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.sampler import Sampler
 
 TORCH_POLL_S = 0.2
+TORCH_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed")
+
+
+def own_rank(environ: dict[str, str] | None = None, parent_rank: str | None = None
+             ) -> int | None:
+    """This process's torchrun rank: RANK, unless the parent has the same RANK (then this
+    process is a helper of that rank); None outside torchrun."""
+    env = os.environ if environ is None else environ
+    rank = env.get("RANK")
+    if not rank or not rank.isdigit():
+        return None
+    if parent_rank is None:
+        parent_rank = _environ_of(os.getppid()).get("RANK")
+    return None if parent_rank == rank else int(rank)
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def _imported(names: tuple[str, ...]) -> bool:
+    """Every module in `names` is in sys.modules and has finished executing."""
+    for name in names:
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        if module is None or getattr(spec, "_initializing", False):
+            return False
+    return True
 
 
 class Watched:
     """One process's heartbeat, sampler and torch hooks (see the module docstring)."""
 
-    def __init__(self, directory: Path):
-        rank = os.environ.get("RANK")
-        self.writer = HeartbeatWriter(directory / "events.jsonl",
-                                      int(rank) if rank and rank.isdigit() else None)
-        self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job="run",
+    def __init__(self, directory: Path, job: str = "run"):
+        self.directory = directory
+        self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank())
+        self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
                           argv=list(sys.argv))
         self.counters = WorkCounters(on_backward=self._on_backward)
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
@@ -54,31 +103,119 @@ class Watched:
         self.steps = 0
         self.marks = {"step": time.perf_counter(), "forward": None, "backward": None}
         self.handles: list[Any] = []
+        self.collectives: Any = None
+        self.restore: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self.pid = os.getpid()  # a forked child (a data worker) must not write here
+        self.stopped = threading.Event()
+        self.previous_excepthook = sys.excepthook
 
     def start(self) -> None:
         self.sampler.start()
+        sys.excepthook = self._excepthook
         threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
                          daemon=True).start()
         atexit.register(self.stop)
 
-    def stop(self) -> None:
-        if os.getpid() != self.pid:
+    def stop(self, remove: bool = False) -> None:
+        """Stop the sampler and close the heartbeat with an "end" event; with `remove`,
+        also take every hook and wrapper out again (the process goes on unwatched)."""
+        if os.getpid() != self.pid or self.stopped.is_set():
             return
+        self.stopped.set()
         self.sampler.stop()
+        if remove:
+            self._remove()
         self.writer.end("exit")
         self.writer.close()
 
+    def _remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.collectives is not None:
+            self.collectives.remove()
+        for owner, name, original in reversed(self.restore):
+            setattr(owner, name, original)
+        self.restore.clear()
+        self.counters.remove()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self.previous_excepthook
+
+    def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if os.getpid() == self.pid:
+            self.record_exception(value)
+        self.previous_excepthook(kind, value, tb)
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Write result.json for an exception that ends the process (or the watched
+        block)."""
+        from nsadiag.harness.child import describe, write_result
+
+        found = describe(exc)
+        try:
+            write_result(self.directory / "result.json",
+                         {"status": "error", "oom": found.pop("oom"), "exception": found})
+        except OSError:
+            pass  # the user's exception is what matters; the traceback reaches stderr
+
     def _install_when_torch_is_used(self) -> None:
-        while not {"torch.nn", "torch.optim"} <= sys.modules.keys():
-            time.sleep(TORCH_POLL_S)
+        while not _imported(TORCH_MODULES):
+            if self.stopped.wait(TORCH_POLL_S):
+                return
         from torch.nn.modules import module as module_mod
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        if self.stopped.is_set():
+            return
         self.counters.install()
         self.handles += [module_mod.register_module_forward_pre_hook(self._enter),
                          module_mod.register_module_forward_hook(self._exit),
                          register_optimizer_step_post_hook(self._on_step)]
+        self._count_collectives()
+
+    def _count_collectives(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from nsadiag.harness.collectives import CollectiveCounter
+
+        self.collectives = CollectiveCounter(self.writer)
+        self.collectives.install()
+        self._count_ddp_buckets()
+
+    def _count_ddp_buckets(self) -> None:
+        """Patch DistributedDataParallel (see the module docstring)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        counter, pid = self.collectives, self.pid
+        forward, register = DDP.forward, DDP.register_comm_hook
+        builtin = getattr(DDP, "_register_builtin_comm_hook", None)
+
+        def counted_register(ddp: Any, state: Any, hook: Any) -> Any:
+            ddp._nsadiag_hooked = True
+            return register(ddp, state, counter.counted_hook(hook))
+
+        def counted_builtin(ddp: Any, comm_hook_type: Any) -> Any:
+            ddp._nsadiag_hooked = True  # a C++ hook: its buckets cannot be counted
+            return builtin(ddp, comm_hook_type)
+
+        def counted_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(ddp, "_nsadiag_hooked", False) and os.getpid() == pid:
+                ddp._nsadiag_hooked = True
+                if not getattr(ddp, "_comm_hooks", None) and \
+                        not getattr(ddp, "_use_python_reducer", False):
+                    try:
+                        register(ddp, None, counter.ddp_hook)
+                    except (RuntimeError, ValueError):
+                        pass  # DDP refused a hook: the buckets go uncounted, nothing else
+            return forward(ddp, *args, **kwargs)
+
+        self.restore += [(DDP, "forward", forward), (DDP, "register_comm_hook", register)]
+        DDP.forward, DDP.register_comm_hook = counted_forward, counted_register
+        if builtin is not None:
+            self.restore.append((DDP, "_register_builtin_comm_hook", builtin))
+            DDP._register_builtin_comm_hook = counted_builtin
 
     # ---- hooks (run on the training threads) ---------------------------------------------
 
@@ -101,9 +238,12 @@ class Watched:
         """Module events for the repeated blocks of a model seen for the first time."""
         from nsadiag.targets import find_blocks
 
-        for name, block in find_blocks(root):
-            self.handles += hook_forward(name, block, self.writer)
-        self.writer.watched_blocks = len(find_blocks(root))
+        inner = getattr(root, "module", None)  # DDP and DataParallel wrap the model
+        prefix = "module." if inner is not None and len(list(root.children())) == 1 else ""
+        blocks = find_blocks(inner if prefix else root)
+        for name, block in blocks:
+            self.handles += hook_forward(prefix + name, block, self.writer)
+        self.writer.watched_blocks = len(blocks)
 
     def _on_backward(self) -> None:
         if os.getpid() != self.pid:
@@ -114,7 +254,8 @@ class Watched:
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """One optimizer step: the step's time since the last, split at the step's first
-        forward and first backward (data loading counts as forward)."""
+        forward and first backward (data loading counts as forward). Events after it are
+        the next step's."""
         if os.getpid() != self.pid:
             return
         now = time.perf_counter()
@@ -124,6 +265,9 @@ class Watched:
                               backward_s=now - backward)
         self.marks = {"step": now, "forward": None, "backward": None}
         self.steps += 1
+        # what happens until the next forward (loading the next batch, a collective the
+        # script issues between steps) belongs to the next step's forward
+        self.writer.phase, self.writer.step = "forward", self.steps
 
 
 def hook_forward(name: str, block: Any, writer: HeartbeatWriter) -> list[Any]:
@@ -134,17 +278,29 @@ def hook_forward(name: str, block: Any, writer: HeartbeatWriter) -> list[Any]:
                                                                        "exit"))]
 
 
-def start(run_dir: Path) -> Watched | None:
+def process_dir(run_dir: Path, pid: int | None = None) -> Path:
+    """Where a watched process writes: ``<run_dir>/proc-<pid>/``."""
+    return run_dir / f"proc-{os.getpid() if pid is None else pid}"
+
+
+def start(run_dir: Path, job: str = "run") -> Watched | None:
     """Watch this process into ``run_dir/proc-<pid>/``; None when that cannot be written
     (the user's command runs on, unwatched)."""
-    directory = run_dir / f"proc-{os.getpid()}"
+    directory = process_dir(run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         from nsadiag.harness.child import arm_faulthandler
 
         arm_faulthandler(directory / "faulthandler.txt")
-        watched = Watched(directory)
+        watched = Watched(directory, job)
     except OSError:
         return None
     watched.start()
     return watched
+
+
+def disarm_faulthandler() -> None:
+    """Undo ``arm_faulthandler`` for SIGUSR1 and fatal signals (the process goes on
+    unwatched)."""
+    faulthandler.unregister(signal.SIGUSR1)
+    faulthandler.disable()

@@ -12,7 +12,9 @@ terminates a process, so it is taken only when both hold:
 - the file the process dumps into is known: given by the caller, or the process is a
   child of nsadiag (its command line is ``-m nsadiag.harness.child JOB``; the job's
   out_dir, or its rank-<r>/, holds faulthandler.txt, registered by
-  ``nsadiag.harness.child.arm_faulthandler``);
+  ``nsadiag.harness.child.arm_faulthandler``), or the process holds a file named
+  faulthandler.txt open (``arm_faulthandler`` keeps it open: processes under
+  ``nsadiag run`` and ``nsadiag.watch()``);
 - /proc/PID/status shows a handler installed for SIGUSR1 (the ``SigCgt`` mask), so a
   trial child still starting up, before it armed faulthandler, is never signalled.
 
@@ -262,14 +264,37 @@ def trial_dump_file(pid: int) -> Path | None:
     return None
 
 
+def open_file_named(pid: int, name: str) -> Path | None:
+    """A file called `name` that the process holds open, None when it holds none."""
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.basename(target) == name and os.path.isabs(target):
+            return Path(target)
+    return None
+
+
+def open_dump_file(pid: int) -> Path | None:
+    """The faulthandler.txt the process holds open: nsadiag's heartbeat keeps it open for
+    the process's lifetime (a process under ``nsadiag run``, inside ``nsadiag.watch()``, a
+    trial child); None when it holds none."""
+    return open_file_named(pid, "faulthandler.txt")
+
+
 def faulthandler_target(pid: int, dump_file: Path | None = None) -> Path | str:
     """The dump file to read after SIGUSR1, or why the fallback is not possible."""
     if not catches_sigusr1(pid):
         return "faulthandler fallback not possible: the process did not register SIGUSR1"
-    path = dump_file or trial_dump_file(pid)
+    path = dump_file or trial_dump_file(pid) or open_dump_file(pid)
     if path is None:
-        return (f"faulthandler fallback not possible: pid {pid} is not an nsadiag trial "
-                f"child, so where its dump would be written is unknown")
+        return (f"faulthandler fallback not possible: pid {pid} holds no faulthandler.txt "
+                f"nsadiag armed, so where its dump would be written is unknown")
     return path
 
 

@@ -37,7 +37,6 @@ n-th stored record) and continues where the last run stopped.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -50,10 +49,10 @@ from typing import Any
 from nsadiag.checks import run_check
 from nsadiag.envinfo import collect_env
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
+from nsadiag.harness.targetcheck import inspect_target
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import Callbacks
-from nsadiag.targets import load_factory
 from nsadiag.triage.decide import (
     BASELINE,
     OutOfTime,
@@ -211,7 +210,7 @@ def accepted_knobs(spec: TrialSpec) -> list[str]:
     seq_len and world_size (the trial honours them) plus those its signature declares."""
     if spec.target == "nsa":
         return list(BASELINE)
-    params = inspect.signature(load_factory(spec.target)).parameters
+    params = inspect_target(spec).accepts or ()  # imported in a child, never here
     return ["dtype", "seq_len", "world_size",
             *[k for k in ("grad_ckpt", "backend", "branches") if k in params]]
 

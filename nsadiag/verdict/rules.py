@@ -118,6 +118,12 @@ def _position_sentence(facts: dict[str, Any]) -> str:
             f"{facts['steps_done']})")
 
 
+def _who(evidence: Evidence) -> str:
+    """Whom the reasons speak of: "the child" of a trial, or the spec's "subject" (the
+    user's command under `nsadiag run`, a process watched or attached to)."""
+    return str(evidence.spec.get("subject") or "the child")
+
+
 def _signal_name(number: int, name: str | None) -> str:
     if name:
         return name
@@ -138,8 +144,8 @@ def rule_ok(evidence: Evidence) -> Verdict | None:
         return None
     steps = result.get("steps_done")
     facts = {"steps_done": steps, "wall_s": outcome.wall_s, "peak_rss": result.get("peak_rss")}
-    reasons = [f"the child finished {steps} of {evidence.total_steps} steps with status ok "
-               f"and exit code 0 in {outcome.wall_s:.1f} s"]
+    reasons = [f"{_who(evidence)} finished {steps} of {evidence.total_steps} steps with status "
+               f"ok and exit code 0 in {outcome.wall_s:.1f} s"]
     return Verdict("OK", reasons, facts)
 
 
@@ -157,7 +163,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     where = project_frame(str(exception.get("traceback", "")))
     facts = {**_position(evidence), "exception_type": kind, "message": first_line,
              "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}
-    reasons = [f"the child raised {kind}: {first_line}"]
+    reasons = [f"{_who(evidence)} raised {kind}: {first_line}"]
     if where:
         reasons.append(f"innermost project frame: {where}")
     explanation = explain_exception(kind, message)
@@ -168,7 +174,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:
-        reasons.append(f"peak RSS of the child was {_gib(facts['peak_rss'])}")
+        reasons.append(f"peak RSS of {_who(evidence)} was {_gib(facts['peak_rss'])}")
     peak_cuda = (evidence.result or {}).get("peak_cuda")
     if peak_cuda:
         facts["peak_cuda"] = peak_cuda
@@ -189,16 +195,18 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
              "memory_cap_bytes": outcome.memory_cap_bytes, "wall_s": outcome.wall_s}
     where = _position_sentence(facts)
     if outcome.oom_killer:
-        return Verdict("OOM", [f"the kernel OOM killer killed the child ({name or 'no signal'} "
+        return Verdict("OOM", [f"the kernel OOM killer killed {_who(evidence)} "
+                               f"({name or 'no signal'} "
                                f"recorded) after {outcome.wall_s:.1f} s", where], facts)
     if name == "SIGKILL" and outcome.memory_cap_bytes:
         rss = facts.get("last_rss")
-        reasons = [f"the child died of SIGKILL, not sent by the runner, under a memory cap of "
-                   f"{_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
+        reasons = [f"{_who(evidence)} died of SIGKILL, not sent by the runner, under a memory "
+                   f"cap of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
         if rss:
             reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
         return Verdict("OOM", reasons, facts)
-    reasons = [f"the child died of {name} (signal {outcome.signal}) after {outcome.wall_s:.1f} s "
+    reasons = [f"{_who(evidence)} died of {name} (signal {outcome.signal}) after "
+               f"{outcome.wall_s:.1f} s "
                f"without writing an exception", where]
     if name == "SIGKILL":
         reasons.append("no memory cap was set and no OOM kill was recorded: something outside "
@@ -218,7 +226,8 @@ def _gap_before_end(evidence: Evidence) -> float | None:
     """Seconds from the last progress to the end of the process, None when unknown."""
     last = last_progress_t(evidence)
     if last is not None and evidence.outcome.ended_at is not None:
-        return evidence.outcome.ended_at - last
+        # ended_at is when the watcher decided; the process ran on while evidence was taken
+        return max(0.0, evidence.outcome.ended_at - last)
     if evidence.stall is not None:
         return evidence.stall.since_last_event_s
     return None
@@ -561,14 +570,15 @@ def rule_exit_code(evidence: Evidence) -> Verdict:
     facts = {**_position(evidence), "exit_code": outcome.exit_code,
              "result_status": (result or {}).get("status")}
     if result is None:
-        reasons = [f"the child exited with code {outcome.exit_code} without writing a result"]
+        reasons = [f"{_who(evidence)} exited with code {outcome.exit_code} without writing a "
+                   f"result"]
     else:
-        reasons = [f"the child exited with code {outcome.exit_code} and result status "
+        reasons = [f"{_who(evidence)} exited with code {outcome.exit_code} and result status "
                    f"{result.get('status')!r} without an exception"]
     code = outcome.exit_code
     if code is not None and code > 128 and code - 128 in signals.valid_signals():
         reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: a shell or launcher "
-                       f"between the runner and the child may report a signal this way")
+                       f"between the runner and {_who(evidence)} may report a signal this way")
     if outcome.killed_by_runner:
         reasons.append(f"the runner killed it (reason {outcome.kill_reason!r})")
     reasons.append(_position_sentence(facts))

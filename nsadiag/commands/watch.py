@@ -1,0 +1,174 @@
+"""``nsadiag.watch()``: code nsadiag cannot launch (a notebook, a custom launcher) watched
+in its own process, with the heartbeat, sampler and collective counter of ``nsadiag run``
+and the same verdicts and report, without stopping it.
+
+    import nsadiag
+
+    with nsadiag.watch(out="runs/x", stall_timeout=60) as watched:
+        train()
+    print(watched.verdict, watched.report)
+
+Entering the block takes the run directory's lock (nsadiag.rundir), starts this process's
+heartbeat into ``out/proc-<pid>/`` (nsadiag.harness.watched: module and step events of the
+model being trained, sampler pulses, collectives, faulthandler on SIGUSR1) and starts the
+helper process (``python -m nsadiag.commands.watch``) that watches it (see
+nsadiag.harness.observer for why a process and not a thread). This process then lets the
+helper ptrace it (Yama's PR_SET_PTRACER), so py-spy can sample it where ptrace is limited
+to descendants.
+
+On a stall (no progress for ``stall_timeout`` seconds) the helper samples this process's
+stacks and CPU and writes the report while the block still hangs; at ``deadline`` seconds
+(None: no deadline) a block that still progresses is SLOW; a block that ends first is OK,
+or ERROR with the exception it raised (the exception still propagates). The first verdict
+stands. Leaving the block removes every hook and handler, ends the helper (it writes its
+last report first) and releases the lock; nothing of the process is stopped or killed.
+
+Files in ``out``: run.json, proc-<pid>/ (events.jsonl, profile.json, faulthandler.txt,
+result.json on an exception), block.json (how the block ended), evidence.json,
+record.json, report.md, summary.json, watch-helper.txt (the helper's stderr).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nsadiag.harness.observer import observe
+from nsadiag.harness.watched import Watched, disarm_faulthandler, process_dir, start
+from nsadiag.report_run import write_run_report
+from nsadiag.rundir import prepare_run_dir, release_run_dir
+
+PR_SET_PTRACER = 0x59616D61
+HELPER_EXIT_S = 120.0
+"""How long leaving the block waits for the helper's last report (a stall capture in
+progress takes seconds)."""
+EARLIER = ("block.json", "evidence.json", "record.json", "report.md", "summary.json")
+
+
+def allow_ptrace(pid: int) -> None:
+    """Let `pid` and its descendants ptrace this process under Yama's ptrace_scope 1; a
+    no-op without Yama."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, pid, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Watch:
+    """The context manager ``nsadiag.watch()`` returns (see the module docstring).
+    ``verdict`` and ``headline`` are None until a verdict is written (during the block
+    after a stall, or once it ends); ``report`` is report.md's path."""
+
+    def __init__(self, out: str | Path, stall_timeout: float = 60.0,
+                 deadline: float | None = None, no_redact: bool = False):
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout: must be > 0 seconds, got {stall_timeout!r}")
+        if deadline is not None and not deadline > 0:
+            raise ValueError(f"deadline: must be > 0 seconds or None, got {deadline!r}")
+        self.out = Path(out)
+        self.stall_timeout, self.deadline, self.no_redact = stall_timeout, deadline, no_redact
+        self.report = self.out / "report.md"
+        self.watched: Watched | None = None
+        self.helper: subprocess.Popen | None = None
+        self.write_fd: int | None = None
+        self.faulthandler_was_enabled = False
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.out / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def verdict(self) -> str | None:
+        return (self.summary or {}).get("verdict")
+
+    @property
+    def headline(self) -> str | None:
+        return (self.summary or {}).get("headline")
+
+    def __enter__(self) -> Watch:
+        if self.watched is not None:
+            raise ValueError("watch: this block is already being watched")
+        prepare_run_dir(self.out)
+        for name in EARLIER:  # an earlier watch's verdict is not this one's
+            (self.out / name).unlink(missing_ok=True)
+        shutil.rmtree(process_dir(self.out), ignore_errors=True)
+        self.faulthandler_was_enabled = faulthandler.is_enabled()
+        self.watched = start(self.out, job="watch")
+        if self.watched is None:
+            release_run_dir(self.out)
+            raise ValueError(f"out: cannot write to {process_dir(self.out)}")
+        (self.out / "run.json").write_text(json.dumps(
+            {"command_name": "watch", "argv": list(sys.argv), "pid": os.getpid(),
+             "stall_timeout_s": self.stall_timeout, "deadline_s": self.deadline}, indent=1))
+        self._start_helper()
+        return self
+
+    def _start_helper(self) -> None:
+        read_fd, self.write_fd = os.pipe()  # only this process holds the write end
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        env.pop("NSADIAG_RUN_DIR", None)  # the helper itself is not watched
+        try:
+            with open(self.out / "watch-helper.txt", "wb") as log:
+                self.helper = subprocess.Popen(
+                    [sys.executable, "-m", "nsadiag.commands.watch", str(os.getpid()),
+                     str(self.out), str(self.stall_timeout), str(self.deadline or 0),
+                     "1" if self.no_redact else "0"],
+                    stdin=read_fd, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                    start_new_session=True)  # Ctrl-C in a terminal must not end it
+        finally:
+            os.close(read_fd)
+        allow_ptrace(self.helper.pid)
+
+    def __exit__(self, kind: Any, value: BaseException | None, traceback: Any) -> bool:
+        watched = self.watched
+        if watched is None:
+            return False
+        if value is not None:
+            watched.record_exception(value)
+        block = {"status": "ok" if value is None else "error", "t": time.time(),
+                 "exception": None if value is None else
+                 f"{type(value).__name__}: {value}".splitlines()[0]}
+        (self.out / "block.json").write_text(json.dumps(block, indent=1))
+        watched.stop(remove=True)
+        disarm_faulthandler()
+        if self.faulthandler_was_enabled:
+            faulthandler.enable()
+        os.close(self.write_fd)  # end of file: the helper writes its last report and exits
+        try:
+            self.helper.wait(timeout=HELPER_EXIT_S)
+        except subprocess.TimeoutExpired:
+            pass  # it finishes on its own; the block's exception must not wait for it
+        release_run_dir(self.out)
+        self.watched = None
+        return False  # the block's exception, if any, propagates
+
+
+def _helper(argv: list[str]) -> int:
+    """The helper's main: PID RUN_DIR STALL_TIMEOUT_S DEADLINE_S NO_REDACT."""
+    try:
+        pid, run_dir = int(argv[0]), Path(argv[1])
+        stall_timeout_s, deadline_s, no_redact = float(argv[2]), float(argv[3]), argv[4] == "1"
+    except (IndexError, ValueError):
+        print("nsadiag.commands.watch: usage: python -m nsadiag.commands.watch PID RUN_DIR "
+              "STALL_TIMEOUT_S DEADLINE_S NO_REDACT", file=sys.stderr)
+        return 2
+    observe(pid, run_dir, stall_timeout_s, deadline_s,
+            lambda record: write_run_report(record, run_dir, no_redact))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_helper(sys.argv[1:]))

@@ -1,0 +1,240 @@
+"""Starting a diagnosis's processes so that none of them outlives it.
+
+``Launched(argv, env, stdout, stderr)`` starts a command (a trial child, torchrun, a user's
+own script) in a session of its own; ``kill_all()`` ends every process it started, which
+every path out of a diagnosis calls (a verdict, an exception, Ctrl-C, SIGTERM).
+
+What "every process it started" means, and how each is found:
+
+- The job's token. Every launched command gets ``NSADIAG_OWNER=<token>`` in its environment
+  (a token per job: the owner's pid and 16 random hex digits). Every descendant inherits
+  it, including those that leave the session or the process group (``os.setsid()``,
+  ``start_new_session=True``, a double fork whose middle process exits and leaves the
+  grandchild to init): ``/proc/PID/environ`` holds the environment a process was started
+  with, so ``token_carriers`` finds them wherever they were re-parented.
+- The tree. Every poll records the launcher's descendants (pid and start time), so a
+  descendant that rebuilt its environment from nothing is still known if it was seen
+  once while attached to the tree.
+
+``kill_all`` freezes (SIGSTOP) every process found, looks again until no new one appears
+(a frozen process cannot start another), then SIGKILLs them all and waits: no process can
+respawn a sibling between the look and the kill.
+
+If nsadiag itself dies (``kill -9`` included) a reaper does the same: one small process
+per nsadiag process (nsadiag.harness.reaper), in a session of its own so a signal to
+nsadiag's process group does not reach it, holding the read end of a pipe whose only write
+end is in nsadiag. nsadiag writes each job's token and launcher pid into the pipe before
+the job can start anything; the reaper records the launcher's descendants every 0.2 s;
+when the pipe reports end of file (nsadiag is gone, however it ended) it freezes and kills
+every process carrying a token and every recorded process still alive (same pid and start
+time), until a look finds none, and exits. On a normal exit of nsadiag it finds nothing to
+kill.
+
+Not found by either: a descendant that removed NSADIAG_OWNER from its environment and left
+the tree within one poll (0.2 s) of its start.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+OWNER_ENV = "NSADIAG_OWNER"
+FREEZE_ROUNDS = 20
+WAIT_S = 10.0
+
+
+def new_token() -> str:
+    """A token naming one job: this process's pid and 16 random hex digits."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def token_carriers(tokens: set[str] | list[str]) -> list[int]:
+    """Pids of the live processes whose environment holds NSADIAG_OWNER=<one of tokens>
+    (this process excluded). Zombies have no environment and are not listed."""
+    needles = [f"{OWNER_ENV}={token}\0".encode() for token in tokens]
+    if not needles:
+        return []
+    found = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                environ = handle.read() + b"\0"
+        except OSError:
+            continue
+        if any(needle in environ for needle in needles):
+            found.append(int(entry.name))
+    return found
+
+
+def alive(process: psutil.Process) -> bool:
+    """True while the process runs (a zombie has ended: it only waits to be reaped)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def freeze_and_kill(found: Callable[[], list[psutil.Process]]) -> list[psutil.Process]:
+    """Freeze, look again, then kill: ``found()`` returns the processes to end now (it is
+    called until it returns no process not already frozen); each is SIGSTOPped as it is
+    found, then all are SIGKILLed. Returns the processes signalled."""
+    frozen: dict[int, psutil.Process] = {}
+    for _ in range(FREEZE_ROUNDS):
+        new = [p for p in found() if p.pid not in frozen and p.pid != os.getpid()]
+        if not new:
+            break
+        for process in new:
+            try:
+                process.send_signal(signal.SIGSTOP)
+            except psutil.Error:
+                continue
+            frozen[process.pid] = process
+    for process in frozen.values():
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            continue
+    return list(frozen.values())
+
+
+def wait_gone(processes: list[psutil.Process], timeout_s: float = WAIT_S) -> list[psutil.Process]:
+    """Wait until every process has ended (zombies count as ended; our own children are
+    reaped); returns those still running at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    left = list(processes)
+    while left and time.monotonic() < deadline:
+        for process in left:
+            try:
+                if process.ppid() == os.getpid():
+                    os.waitpid(process.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError, OSError):
+                pass
+        left = [p for p in left if alive(p)]
+        if left:
+            time.sleep(0.05)
+    return left
+
+
+class _Reaper:
+    """This process's reaper (see the module docstring): started on first use, started
+    again if it is gone. It detaches itself (nsadiag.harness.reaper forks and its first
+    process exits), so it is no child of nsadiag: a diagnosis leaves nsadiag with no child
+    process, and the reaper's liveness shows as the pipe accepting writes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.write_fd: int | None = None
+
+    def tell(self, line: str) -> None:
+        """Send one line to the reaper, starting it first when needed."""
+        data = (line + "\n").encode()
+        with self.lock:
+            if self.write_fd is not None:
+                try:
+                    os.write(self.write_fd, data)
+                    return
+                except OSError:  # EPIPE: the reaper is gone
+                    os.close(self.write_fd)
+                    self.write_fd = None
+            self._start()
+            os.write(self.write_fd, data)
+
+    def _start(self) -> None:
+        read_fd, write_fd = os.pipe()  # not inheritable: no child but the reaper holds it
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                              if p])}
+        env.pop(OWNER_ENV, None)  # the reaper of a nested nsadiag is not one of its jobs
+        try:
+            first = subprocess.Popen(
+                [sys.executable, "-m", "nsadiag.harness.reaper", str(os.getpid())],
+                stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=env, start_new_session=True)
+            first.wait(timeout=60)  # it exits as soon as the detached reaper runs
+        finally:
+            os.close(read_fd)
+        self.write_fd = write_fd
+
+
+_REAPER = _Reaper()
+
+
+class Launched:
+    """A command in a session of its own, and every process it started (see the module
+    docstring). ``stdout`` and ``stderr`` are what subprocess.Popen takes (a file, PIPE)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdout: Any = None,
+                 stderr: Any = None):
+        self.token = new_token()
+        _REAPER.tell(f"token {self.token}")  # known to the reaper before anything starts
+        self.proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr,
+                                     env={**env, OWNER_ENV: self.token},
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+        _REAPER.tell(f"tree {self.pid}")
+        self.seen: dict[int, psutil.Process] = {}
+        try:
+            self.seen[self.pid] = psutil.Process(self.pid)
+        except psutil.Error:
+            pass
+
+    def poll(self) -> int | None:
+        self.scan()
+        return self.proc.poll()
+
+    def scan(self) -> None:
+        """Remember every descendant now alive (torchrun's ranks leave its session)."""
+        try:
+            for child in psutil.Process(self.pid).children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def members(self) -> list[psutil.Process]:
+        """Every live process of the job now: seen in the tree, or carrying its token."""
+        self.scan()
+        members = {p.pid: p for p in self.seen.values() if alive(p)}
+        for pid in token_carriers([self.token]):
+            if pid not in members:
+                try:
+                    members[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+        return [p for p in members.values() if alive(p)]
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process of the job (frozen first, see the module docstring) and
+        wait for them; returns the pids of those that were still running."""
+        def found() -> list[psutil.Process]:
+            members = self.members()
+            for process in list(members):
+                try:
+                    members += process.children(recursive=True)
+                except psutil.Error:
+                    continue
+            return members
+
+        signalled = freeze_and_kill(found)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        wait_gone(signalled)
+        _REAPER.tell(f"done {self.token}")
+        return [p.pid for p in signalled]

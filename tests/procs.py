@@ -1,0 +1,40 @@
+"""Process helpers for the tests that assert nothing outlives nsadiag."""
+
+from __future__ import annotations
+
+import psutil
+
+from nsadiag.harness.launch import OWNER_ENV
+
+
+def running(process: psutil.Process) -> bool:
+    """True while the process runs (a zombie has ended)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def owned_by(owner_pid: int) -> list[psutil.Process]:
+    """Live processes carrying a job token of the nsadiag process `owner_pid`."""
+    prefix = f"{OWNER_ENV}={owner_pid}-"
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if any(f"{k}={v}".startswith(prefix) for k, v in process.environ().items()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return [p for p in found if running(p)]
+
+
+def with_cmdline(text: str) -> list[psutil.Process]:
+    """Live processes whose command line contains `text`."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if text in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return [p for p in found if running(p)]

@@ -1,0 +1,163 @@
+"""nsadiag attach: a live process (or every rank under torchrun) watched for a window and
+left running: progressing, stuck (busy or idle) or waiting in a collective, with the run
+directory's report.md, summary.json and run.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nsadiag.harness.runcmd import command_env
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "repro" / "scripts"
+
+TRAINING = textwrap.dedent("""
+    import torch
+    from torch import nn
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10**9):
+        model(torch.randn(64, 64)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 5:
+            print("training", flush=True)
+""")
+LOCKED = textwrap.dedent("""
+    import threading
+    lock = threading.Lock()
+    lock.acquire()
+    print("training", flush=True)
+    lock.acquire()  # waits for itself
+""")
+SPIN = textwrap.dedent("""
+    import time
+    ready = False
+    print("training", flush=True)
+    while not ready:  # a spin over three lines: its stacks move, it never progresses
+        time.sleep(0)
+        ready = False
+""")
+
+
+def start(tmp_path: Path, code: str, env: dict | None = None) -> subprocess.Popen:
+    script = tmp_path / "target.py"
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    assert proc.stdout.readline().strip() == "training"
+    time.sleep(1.0)
+    return proc
+
+
+def attach(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    out = tmp_path / "attach"
+    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "attach", *args, "--out",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    summary = out / "summary.json"
+    return done, json.loads(summary.read_text()) if summary.exists() else None
+
+
+def stop(proc: subprocess.Popen) -> None:
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def test_a_training_loop_is_progressing_and_left_running(tmp_path):
+    proc = start(tmp_path, TRAINING)
+    try:
+        done, summary = attach(tmp_path, str(proc.pid), "--duration", "3")
+        assert done.returncode == 0, done.stderr
+        assert summary["verdict"] == "OK" and summary["state"] == "progressing"
+        assert "its Python stacks changed between samples" in summary["headline"]
+        assert proc.poll() is None, "attach must not stop the process"
+        meta = json.loads((tmp_path / "attach" / "run.json").read_text())
+        assert meta["command_name"] == "attach" and meta["pid"] == proc.pid
+        assert (tmp_path / "attach" / "report.md").read_text().startswith(
+            "# nsadiag attach: OK")
+    finally:
+        stop(proc)
+
+
+def test_a_process_waiting_on_a_lock_is_stuck_idle_naming_the_line(tmp_path):
+    proc = start(tmp_path, LOCKED)
+    try:
+        done, summary = attach(tmp_path, str(proc.pid), "--duration", "3")
+        assert done.returncode == 1, done.stderr
+        assert summary["verdict"] == "DEADLOCK" and summary["state"] == "stuck (idle)"
+        record = json.loads((tmp_path / "attach" / "attach.json").read_text())
+        facts = record["verdict"]["facts"]
+        assert facts["wait_frame"].startswith("<module> (target.py:")
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
+    """Its stacks move, so stacks alone would read as progress; the heartbeat nsadiag
+    injected (as under `nsadiag run`) says no progress."""
+    (tmp_path / "run").mkdir()
+    proc = start(tmp_path, SPIN, env=command_env(tmp_path / "run"))
+    try:
+        time.sleep(2.0)  # the sampler's states of the spin are all seen by now
+        done, summary = attach(tmp_path, str(proc.pid), "--duration", "4")
+        assert done.returncode == 1, done.stderr
+        assert summary["verdict"] == "STALL-BUSY", summary["headline"]
+        assert summary["headline"].startswith(
+            "STALL-BUSY: its nsadiag heartbeat recorded no progress in the 4 s window")
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+def test_ranks_of_a_torchrun_job_waiting_in_collectives(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node", "2", str(SCRIPTS / "ddp_extra_allreduce.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        seen: set[str] = set()
+        while not {"rank 0 step 1", "rank 1 step 1"} <= seen:  # both stop at step 2
+            line = proc.stdout.readline()
+            assert line, "the job ended before it hung"
+            seen.add(line.rsplit(" loss", 1)[0].strip())
+        time.sleep(2.0)
+        done, summary = attach(tmp_path, str(proc.pid), "--ranks", "--duration", "3")
+        assert done.returncode == 1, done.stderr
+        assert summary["verdict"] == "STALL-COLLECTIVE", summary["headline"]
+        ranks = {p["rank"]: p for p in summary["processes"]}
+        assert sorted(ranks) == [0, 1]
+        assert all(p["state"] == "waiting in a collective" for p in ranks.values())
+        line = next(i for i, text in enumerate((SCRIPTS / "ddp_extra_allreduce.py")
+                                               .read_text().splitlines(), 1)
+                    if text.strip().startswith("dist.all_reduce(overflow"))
+        assert ranks[1]["user_frame"] == f"main (ddp_extra_allreduce.py:{line})"
+        assert ranks[1]["collective_frame"].startswith("all_reduce (distributed_c10d.py:")
+        assert "loss.backward()" in (SCRIPTS / "ddp_extra_allreduce.py").read_text() \
+            .splitlines()[int(ranks[0]["user_frame"].rsplit(":", 1)[1][:-1]) - 1]
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["999999999"], "pid: no process 999999999"),
+    ([str(os.getpid()), "--duration", "0"], "duration: must be >= 1 seconds, got 0"),
+])
+def test_usage_errors_are_one_line_exit_2(tmp_path, args, message):
+    done, summary = attach(tmp_path, *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and message in done.stderr
+    assert summary is None and not (tmp_path / "attach").exists()
