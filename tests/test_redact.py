@@ -6,8 +6,8 @@ import socket
 import subprocess
 import sys
 
-from nsadiag.render import render_run
-from nsadiag.report import redact
+from nsadiag.report.dispatch import render_run
+from nsadiag.report.redact import redact
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 
