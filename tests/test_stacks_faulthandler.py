@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from nsadiag.commands.stacks import stacks_command
-from nsadiag.report.dispatch import render_run
 from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
 from nsadiag.probes.frames import classify, wait_frame
 from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, trial_dump_file
+from nsadiag.report.dispatch import render_run
 from nsadiag.spec import JobSpec, TrialSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"

@@ -179,6 +179,7 @@ def wrote(term: Terminal, rendered: Rendered, extra: Sequence[Path] = (),
     for path in files:
         if path != rendered.report:
             term.print(f"wrote: {path}")
+    term.print(f"raw data: {rendered.report.parent} (records and trial files, not redacted)")
     return rendered.exit_code
 
 

@@ -2,7 +2,8 @@
 
 ``redact(text)`` hides, in this order:
 
-- secret values by name: ``NAME=value``, ``NAME: value``, ``NAME = 'value'``, JSON and
+- secret values by name: ``NAME=value``, ``NAME: value`` (a space after the colon:
+  ``pkg.per_token_loop:make`` is a factory, not a secret), ``NAME = 'value'``, JSON and
   Python-repr pairs (``"NAME": "value"``, ``'NAME': 'value'``, also with JSON-escaped
   quotes ``\\"NAME\\": \\"value\\"``) whose name has a part (split at ``_`` and ``-``)
   that says token, secret, password, passwd, key, apikey, credential(s), auth,
@@ -48,7 +49,7 @@ _NAME = rf"(?:[A-Za-z0-9]+[_-])*{_PART}(?:[_-][A-Za-z0-9]+)*"
 _Q = r"(?:\\?[\"'])"  # a quote, possibly JSON-escaped
 _SECRET_QUOTED = re.compile(rf"(?i)({_Q}{_NAME}{_Q}\s*[:=]\s*)({_Q})((?:(?!\2).)*)\2")
 _SECRET_ASSIGN = re.compile(
-    rf"(?i)(?<![\w-])({_NAME})(\s*[:=]\s*)(?!<redacted>|value\b|<\w+>)"
+    rf"(?i)(?<![\w-])({_NAME})(\s*=\s*|\s*:\s+)(?!<redacted>|value\b|<\w+>)"
     r"(\"[^\"\n]*\"|'[^'\n]*'|(?:(?:bearer|basic|token)\s+)?[^\s\"'`,;}\])]+)")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+(?!<redacted>)[A-Za-z0-9._~+/=-]{8,}")
 _TOKEN_VALUE = re.compile(
