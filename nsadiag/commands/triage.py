@@ -93,10 +93,10 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
             state["regression"] = {"path": str(baseline), "threshold": regression_threshold,
                                    "rows": baseline_rows}
             write_json(run_dir / "triage.json", state)
-        rendered = render_run(run_dir, options.no_redact)
-    finally:
+    finally:  # redacted before the report is made from it, so a re-render gives the same
         if not options.no_redact and (run_dir / "triage.json").exists():
             write_json(run_dir / "triage.json",
                        redact_obj(read_json(run_dir / "triage.json", "triage.json")))
+    rendered = render_run(run_dir, options.no_redact)
     step_summary = write_step_summary(rendered.report.read_text()) if ci else None
     return TriageOutcome(rendered, rendered.summary, rendered.exit_code, step_summary)
