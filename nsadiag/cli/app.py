@@ -56,6 +56,8 @@ ClickError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickE
 """click's ClickException (typer vendors click and names only BadParameter, a subclass):
 every parser error — bad value, missing argument, unknown option or command."""
 NOT_TRIAL = ("memory_cap_mb",)
+"""Trial options a command runs without (ddp ranks get no address-space cap)."""
+
 
 class _Commands(TyperGroup):
     """The command group, whose every way out is an exit code and at most one line on

@@ -51,6 +51,8 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
     from matplotlib.ticker import MaxNLocator
 
     failed: list[tuple[float, float | None, str]] = []
+    xs_all: list[float] = []
+    ys_all: list[float] = []
     for i, (label, rows) in enumerate(rows_by_label.items()):
         color = f"C{i}"
         ok = [r for r in rows if r.verdict == "OK" and getattr(r, quantity) is not None]
@@ -63,16 +65,20 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
         failed += [(getattr(r, x), None if getattr(r, quantity) is None
                     else getattr(r, quantity) / scale, r.verdict)
                    for r in rows if r.verdict != "OK"]
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    top = ax.get_ylim()[1]
+        xs_all += [getattr(r, x) for r in rows if getattr(r, x) is not None]
+        ys_all += ys
+    ys_all += [y for _, y, _ in failed if y is not None]
+    top = 1.1 * max(ys_all) if ys_all else 1.0
     for i, (px, py, verdict) in enumerate(failed):
-        y = py if py is not None else top * 0.95
+        y = py if py is not None else 0.95 * top  # no measured value: at the top
+        unmeasured = any(v is None for _, v, _ in failed)
         ax.plot([px], [y], "X", color="red", markersize=9,
-                label="not OK" if i == 0 else None)
+                label=("not OK" + (" (unmeasured: at the top)" if unmeasured else ""))
+                if i == 0 else None)
         ax.annotate(verdict, (px, y), textcoords="offset points", xytext=(4, 4),
                     color="red", fontsize=8)
-    ax.set_ylim(bottom=0, top=max(top, ax.get_ylim()[1]))
+    ax.set_xlim(0, 1.08 * max(xs_all, default=1) + 0.2)
+    ax.set_ylim(0, top)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
