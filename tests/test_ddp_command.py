@@ -60,10 +60,10 @@ def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--world-size", "0"], "nsadiag: error: Invalid value for '--world-size': Input should "
-                            "be greater than or equal to 1 (see root ddp --help)"),
-    (["--ddp-backend", "mpi"], "nsadiag: error: Invalid value for '--ddp-backend': 'mpi' is "
-                               "not one of 'gloo', 'nccl'. (see root ddp --help)"),
+    (["--world-size", "0"], "nsadiag: error: world-size: input should be greater than or "
+                            "equal to 1 (see root ddp --help)"),
+    (["--ddp-backend", "mpi"], "nsadiag: error: ddp-backend: 'mpi' is not one of 'gloo', "
+                               "'nccl' (see root ddp --help)"),
     (["--pg-timeout", "-1"], "nsadiag: error: pg-timeout: must be a positive number of "
                              "seconds, got -1.0"),
     (["--pg-timeout", "nan"], "nsadiag: error: pg-timeout: must be a positive number of "

@@ -10,6 +10,7 @@ per-branch bytes, on every device.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
         md += ["", "## Expandable segments A/B", ""] + md_table(
             rows[["quantity", "baseline", "expandable", "change"]],
             {"change": lambda v: f"x{v:.2f}"})
-    md += ["", "## Reproduction", "", "```", " ".join(meta.get("argv") or []), "```"]
+    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
     summary = Summary(command="memory", headline=headline, status="measured",
                       details={k: measured[k] for k in SUMMARY_KEYS if k in measured})
     return "\n".join(md) + "\n", summary.to_dict()

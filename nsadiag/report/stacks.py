@@ -9,8 +9,8 @@ such as one blocked on a lock), then every other thread of that sample.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import StackSample, ThreadStack
@@ -79,7 +79,7 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
             md += ["", "Other threads:", ""]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
-    md += ["", "## Reproduction", "", "```", " ".join(meta.get("argv") or []), "```"]
+    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
     summary = Summary(command="stacks", headline=headline, status="measured",
                       details={"processes": processes, "odd_ones_out": stacks["odd_ones_out"],
                                "clusters": stacks["clusters"]})
@@ -92,7 +92,3 @@ def _thread_lines(thread: Mapping[str, Any]) -> list[str]:
     return ["```", f"thread {thread['name']} ({state}{waiting}):",
             *(f"  {frame}" for frame in thread["frames"]), "```"]
 
-
-def stacks_path(run_dir: Path) -> Path:
-    """Where a stacks run keeps its samples."""
-    return run_dir / "stacks.json"

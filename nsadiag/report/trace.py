@@ -10,6 +10,7 @@ and branch spans.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
         ", ".join(f"`{p}` ({n}x)" for p, n in result["repeated_gradients"].items()) or "none"))
     md.append("- Backward started and never finished: " + (
         ", ".join(f"`{m}`" for m in result["unfinished_backward"]) or "none"))
-    md += ["", "## Reproduction", "", "```", " ".join(meta.get("argv") or []), "```"]
+    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
     summary = Summary(command="trace", headline=headline, status="measured",
                       details={k: result.get(k) for k in SUMMARY_KEYS})
     return "\n".join(md) + "\n", summary.to_dict()
