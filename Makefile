@@ -2,7 +2,8 @@
 #              ends SLOW, names the loop and writes runs/demo/report.md (creates .venv)
 # make train-demo - train a tiny NSA model on the bundled text for 200 steps
 # make test  - run the test suite (CPU; GPU tests skip cleanly)
-# make ci-triage - a small CPU triage of the built-in model into runs/ci-triage (--ci)
+# make ci-triage - a small CPU triage of the built-in model into runs/ci-triage (--ci), and
+#                  its redacted bundle (the only part of the run meant to leave the machine)
 # torch: the CPU build from PyTorch's CPU index (plain PyPI would give Linux the multi-GB
 # CUDA build); where that index is unreachable, the default index's build, said so.
 # CUDA users: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -59,6 +60,7 @@ ci-triage: $(STAMP)
 		--stall-timeout 60 --budget 120 --set dim=32 --set n_heads=4 --set n_kv_heads=2 \
 		--set head_dim=8 --set l=8 --set d=4 --set l_sel=16 --set n_sel=3 --set w=32 \
 		--out runs/ci-triage; rc=$$?; \
+	$(PY) -m nsadiag.cli report runs/ci-triage --bundle || exit $$?; \
 	if [ $$rc -eq 4 ]; then echo "ci-triage: inconclusive on this machine (exit 4): passing"; \
 	else exit $$rc; fi
 

@@ -1,8 +1,15 @@
-"""nsadiag: tells slow from stuck and wrong from fast in NSA training runs."""
+"""nsadiag: tells slow from stuck and wrong from fast in NSA training runs.
+
+``nsadiag.watch(...)`` watches a block of the caller's own code (nsadiag.commands.watch).
+``nsadiag.load_trials(run_dir)`` reads a run directory's trials as a pandas DataFrame
+(nsadiag.trials); the schemas of summary.json and trials.jsonl ship in nsadiag/schemas
+(nsadiag.schema). Importing this package imports nothing heavy: the command line's help
+must not wait for torch or pandas.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -10,6 +17,7 @@ if TYPE_CHECKING:
     from nsadiag.commands.watch import Watch
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "load_trials", "watch"]
 
 
 def watch(out: str | Path, stall_timeout: float = 60.0, deadline: float | None = None,
@@ -22,3 +30,11 @@ def watch(out: str | Path, stall_timeout: float = 60.0, deadline: float | None =
     from nsadiag.commands.watch import Watch
 
     return Watch(out, stall_timeout, deadline, no_redact)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_trials":
+        from nsadiag.trials import load_trials
+
+        return load_trials
+    raise AttributeError(f"module 'nsadiag' has no attribute {name!r}")

@@ -40,8 +40,11 @@ def verdicts_exit_code(names: Iterable[str]) -> int:
 
 
 def exit_code(summary: Mapping[str, Any]) -> int:
-    """The exit code a summary.json stands for: a triage's by its status, a sweep's or a
-    DDP run's by its verdicts."""
+    """The exit code a summary.json stands for: its ``exit_code`` (schema version 1 on);
+    for an older summary, a triage's by its status, a sweep's or a DDP run's by its
+    verdicts."""
+    if isinstance(summary.get("exit_code"), int) and "schema_version" in summary:
+        return summary["exit_code"]
     status = summary.get("status")
     if status == "failure":
         return EXIT_FAILURE

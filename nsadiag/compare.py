@@ -46,11 +46,23 @@ def _key(row: dict[str, Any]) -> tuple[str, int]:
     return row.get("label") or "", int(row["n_layers"])
 
 
-def _first_by_key(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    keyed: dict[tuple[str, int], dict[str, Any]] = {}
-    for row in rows:
-        keyed.setdefault(_key(row), row)
-    return keyed
+def _frame(rows: Sequence[dict[str, Any]]):
+    """Rows as a DataFrame keyed by (label, n_layers), the first row of each key kept."""
+    import pandas as pd
+
+    columns = ["label", "n_layers", "verdict", *QUANTITIES, *SPREAD.values()]
+    frame = pd.DataFrame(list(rows)).reindex(columns=columns)
+    frame["label"] = frame["label"].fillna("").astype(str)
+    frame["n_layers"] = frame["n_layers"].astype(int)
+    return frame.drop_duplicates(["label", "n_layers"], keep="first")
+
+
+def _matched(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]):
+    """The rows present in both, side by side (suffixes _a and _b), sorted by key."""
+    if not before or not after:
+        return None
+    both = _frame(before).merge(_frame(after), on=["label", "n_layers"], suffixes=("_a", "_b"))
+    return both.sort_values(["label", "n_layers"], kind="stable")
 
 
 def compare_rows(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
@@ -58,28 +70,30 @@ def compare_rows(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
     """Deltas of every quantity of every (label, n_layers) that is OK in both."""
     if not threshold >= 0:
         raise ValueError(f"regression-threshold: must be >= 0, got {threshold!r}")
-    old, new = _first_by_key(before), _first_by_key(after)
+    both = _matched(before, after)
+    if both is None:
+        return []
+    both = both[(both["verdict_a"] == "OK") & (both["verdict_b"] == "OK")]
     deltas = []
-    for key in sorted(old.keys() & new.keys(), key=lambda k: (k[0], k[1])):
-        a, b = old[key], new[key]
-        if a.get("verdict") != "OK" or b.get("verdict") != "OK":
-            continue
+    for row in both.to_dict("records"):
         for quantity in QUANTITIES:
-            x, y = a.get(quantity), b.get(quantity)
+            x, y = _number(row[f"{quantity}_a"]), _number(row[f"{quantity}_b"])
             if not x or y is None or x <= 0:
                 continue
             change = y / x - 1.0
-            noise = _noise(a, b, quantity)
-            deltas.append(Delta(key[0], key[1], quantity, float(x), float(y), change,
+            field = SPREAD.get(quantity)
+            spreads = [s for s in (_number(row.get(f"{field}_a")),
+                                   _number(row.get(f"{field}_b"))) if s is not None] \
+                if field else []
+            noise = max(spreads) if spreads else None
+            deltas.append(Delta(row["label"], int(row["n_layers"]), quantity, x, y, change,
                                 change > max(threshold, noise or 0.0), noise))
     return deltas
 
 
-def _noise(a: dict[str, Any], b: dict[str, Any], quantity: str) -> float | None:
-    """The larger relative spread of ``quantity`` in rows a and b, None when unmeasured."""
-    field = SPREAD.get(quantity)
-    spreads = [row.get(field) for row in (a, b) if field and row.get(field) is not None]
-    return max(spreads) if spreads else None
+def _number(value: Any) -> float | None:
+    """A measured number, None for a missing one (pandas gives NaN)."""
+    return None if value is None or value != value else float(value)
 
 
 def config_differences(before: dict[str, Any] | None, after: dict[str, Any] | None
@@ -101,11 +115,12 @@ def regressions(deltas: Sequence[dict[str, Any] | Delta]) -> list[dict[str, Any]
 def verdict_changes(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]
                     ) -> list[dict[str, Any]]:
     """Rows present in both whose verdict differs."""
-    old, new = _first_by_key(before), _first_by_key(after)
-    return [{"label": key[0], "n_layers": key[1], "before": old[key]["verdict"],
-             "after": new[key]["verdict"]}
-            for key in sorted(old.keys() & new.keys()) if old[key]["verdict"] !=
-            new[key]["verdict"]]
+    both = _matched(before, after)
+    if both is None:
+        return []
+    changed = both[both["verdict_a"] != both["verdict_b"]]
+    return [{"label": r["label"], "n_layers": int(r["n_layers"]), "before": r["verdict_a"],
+             "after": r["verdict_b"]} for r in changed.to_dict("records")]
 
 
 def load_summary(path: Path) -> dict[str, Any]:

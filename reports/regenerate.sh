@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the example nsadiag reports under reports/ on the CPU (about six minutes).
+# Regenerates the example nsadiag reports under reports/ on the CPU (about fifteen minutes on
+# a loaded 2-core machine). Every example is a run directory's report.md and summary.json
+# (plus its plots): the tests check each summary.json against nsadiag/schemas.
 # The layer benchmark has its own script: bench/bench_layer.py (make bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,9 @@ run() {  # run NAME ARGS...: one command into runs/example-NAME, its report into
   "${NSADIAG[@]}" "$@" --out "runs/example-$name" || true  # a failure verdict is the point
   mkdir -p "reports/$name"
   cp "runs/example-$name"/{report.md,summary.json} "reports/$name/"
-  if [ -f "runs/example-$name/sweep.png" ]; then cp "runs/example-$name/sweep.png" "reports/$name/"; fi
+  for extra in sweep.png memory.png trace.json; do
+    if [ -f "runs/example-$name/$extra" ]; then cp "runs/example-$name/$extra" "reports/$name/"; fi
+  done
 }
 
 run sweep-layers sweep-layers --layers 1-6 --seq-len 256
@@ -21,21 +25,14 @@ run sweep-slow sweep-layers --target repro.per_token_loop:make --layers 2-4 --se
     --steps 30 --budget 20 --stall-timeout 30
 run sweep-deadlock sweep-layers --target repro.lock_deadlock:make --layers 1-3 --seq-len 64 \
     --stall-timeout 5
-run ddp-stall ddp --world-size 2 --backend gloo --target repro.rank_divergent:make \
+run ddp-stall ddp --world-size 2 --ddp-backend gloo --target repro.rank_divergent:make \
     --seq-len 64 --batch 2 --steps 3 --stall-timeout 3
 
-mkdir -p reports/memory reports/trace reports/stacks
-rm -rf runs/example-memory runs/example-memory-naive
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory --json \
-    > reports/memory/memory-cpu.json
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --out runs/example-memory \
-    > reports/memory/memory-cpu.txt
-"${NSADIAG[@]}" memory --layers 2 --seq-len 2048 --steps 1 --backend naive \
-    --out runs/example-memory-naive --json > reports/memory/memory-cpu-naive.json
-rm -rf runs/example-trace
-"${NSADIAG[@]}" trace --layers 2 --seq-len 512 --out runs/example-trace --json \
-    > reports/trace/summary.json
-cp runs/example-trace/trace.json reports/trace/trace.json
+run sweep-seq sweep-seq --seq-lens 256,512,1024 --layers 2 --steps 2
+rm -rf reports/memory reports/trace reports/stacks  # their older, pre-report shapes
+run memory memory --layers 2 --seq-len 2048 --steps 1
+run memory-naive memory --layers 2 --seq-len 2048 --steps 1 --backend naive
+run trace trace --layers 2 --seq-len 512
 
 run check-ckpt check ckpt --target repro.late_bound_ckpt:make --seq-len 16
 
@@ -52,19 +49,18 @@ echo "exit code $code" > reports/ci-summary/exit-code.txt
 cp runs/ci-triage/{report.md,summary.json} reports/ci-summary/
 
 # stacks of a live zoo child: a lock_deadlock trial, sampled once it waits in backward
-rm -rf runs/example-stacks && mkdir -p runs/example-stacks
-"$PY" -c 'from nsadiag.spec import TrialSpec
-print(TrialSpec(target="repro.lock_deadlock:make", n_layers=2, seq_len=64, steps=1,
-                out_dir="runs/example-stacks/trial").to_json())' > runs/example-stacks/spec.json
-"$PY" -m nsadiag.trial runs/example-stacks/spec.json > /dev/null 2>&1 &
+rm -rf runs/example-stacks runs/example-stacks-trial && mkdir -p runs/example-stacks-trial
+"$PY" -c 'from nsadiag.spec import JobSpec, TrialSpec
+print(JobSpec("trial", TrialSpec(target="repro.lock_deadlock:make", n_layers=2, seq_len=64,
+      steps=1, out_dir="runs/example-stacks-trial/trial")).to_json())' \
+    > runs/example-stacks-trial/job.json
+"$PY" -m nsadiag.harness.child runs/example-stacks-trial/job.json > /dev/null 2>&1 &
 child=$!
 for _ in $(seq 300); do  # up to 60 s for torch to import and the forward to end
-  grep -q '"phase":"backward"' runs/example-stacks/trial/events.jsonl 2>/dev/null && break
+  grep -q '"phase":"backward"' runs/example-stacks-trial/trial/events.jsonl 2>/dev/null && break
   sleep 0.2
 done
 sleep 1
-"${NSADIAG[@]}" stacks "$child" --native --samples 3 --interval 0.5 --out runs/example-stacks \
-    > /dev/null || true
+run stacks stacks "$child" --native --samples 3 --interval 0.5
 kill "$child" 2>/dev/null || true
 wait "$child" 2>/dev/null || true
-cp runs/example-stacks/stacks.{md,json} reports/stacks/

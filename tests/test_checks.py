@@ -117,7 +117,7 @@ def test_parity_without_nsa_layers_is_not_applicable(writer):
     # shown as its own status, never as OK: nothing was checked
     assert not result.applicable and result.status == "NOT APPLICABLE"
     assert result.to_dict()["status"] == "NOT APPLICABLE"
-    from nsadiag.commands.check import headline
+    from nsadiag.report.check import headline
 
     assert headline([result]) == "0 check(s) passed, 1 not applicable"
 
@@ -238,7 +238,7 @@ def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path
     done = nsadiag("check", "ckpt", "--target", "repro.late_bound_ckpt:make", "--seq-len",
                    "16", "--out", str(out), "--json")
     assert done.returncode == 1, done.stderr
-    (found,) = json.loads(done.stdout)
+    (found,) = json.loads(done.stdout)["checks"]
     assert found["verdict"]["name"] == "WRONG" and found["module"] == "blocks.0"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["headline"] == "ckpt WRONG at blocks.0" and not summary["passed"]
@@ -259,7 +259,8 @@ def test_cli_check_passes_with_exit_0(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["check", "speed"], "check: must be one of causality, parity, ckpt, ddp or all"),
+    (["check", "speed"], "check: 'speed' is not one of 'causality', 'parity', 'ckpt', 'ddp', "
+                         "'all'"),
     (["check", "ddp", "--world-size", "1"], "world-size: the ddp check needs at least 2"),
     (["check", "ckpt", "--set", "n_heads=3"], "n_heads: must be a multiple of n_kv_heads"),
     (["check", "ckpt", "--target", "no.such.module:make"], "target: cannot import"),

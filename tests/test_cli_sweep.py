@@ -28,7 +28,7 @@ def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):
     saved = [r["saved_bytes"] for r in summary["rows"]]
     assert saved[0] < saved[1] < saved[2]
     assert abs((saved[2] - saved[1]) - (saved[1] - saved[0])) < 0.1 * (saved[1] - saved[0])
-    fit = summary["fits"][""]["saved_bytes"]
+    fit = summary["fits"]["sweep-layers"]["saved_bytes"]
     assert fit["r2"] > 0.99 and set(fit["extrapolated"]) == {"4", "5"}
     report = (out / "report.md").read_text()
     for section in ("## Executive summary", "## Configuration", "## Results", "## Evidence",
@@ -135,7 +135,7 @@ def test_sweep_seq_reports_time_and_memory_against_the_sequence_length(tmp_path)
         (32, "OK"), (64, "OK"), (128, "OK")]
     saved = [row["saved_bytes"] for row in summary["rows"]]
     assert saved[0] < saved[1] < saved[2]  # activations grow with S
-    assert set(summary["fits"]) >= {"step_s", "peak_rss", "saved_bytes"}
+    assert set(summary["fits"]["sweep-seq"]) >= {"step_s", "peak_rss", "saved_bytes"}
     report = (out / "report.md").read_text()
     for text in ("# nsadiag sweep-seq: all lengths OK", "| S | verdict | step | peak RSS | "
                  "saved for backward | rest of the peak | steps |",

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from nsadiag.render import render_run
+from nsadiag.report.dispatch import render_run
 
 
 def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
@@ -47,4 +47,4 @@ def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
     assert step_summary.read_text() == "earlier step\n" + report
     # re-rendering the run directory (what `nsadiag report` does) gives the triage report
     (out / "report.md").unlink()
-    assert render_run(out).read_text() == report
+    assert render_run(out).report.read_text() == report

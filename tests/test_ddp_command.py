@@ -60,8 +60,14 @@ def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--world-size", "0"], "nsadiag: error: world-size: must be an integer >= 1, got 0"),
-    (["--backend", "mpi"], "nsadiag: error: backend: must be one of gloo, nccl, got 'mpi'"),
+    (["--world-size", "0"], "nsadiag: error: world-size: input should be greater than or "
+                            "equal to 1 (see root ddp --help)"),
+    (["--ddp-backend", "mpi"], "nsadiag: error: ddp-backend: 'mpi' is not one of 'gloo', "
+                               "'nccl' (see root ddp --help)"),
+    (["--pg-timeout", "-1"], "nsadiag: error: pg-timeout: must be a positive number of "
+                             "seconds, got -1.0"),
+    (["--pg-timeout", "nan"], "nsadiag: error: pg-timeout: must be a positive number of "
+                              "seconds, got nan"),
 ])
 def test_bad_options_are_one_line_exit_2(tmp_path, args, message):
     done = CliRunner().invoke(app, ["ddp", *args, "--out", str(tmp_path / "run")])
@@ -72,10 +78,10 @@ def test_bad_options_are_one_line_exit_2(tmp_path, args, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_nccl_without_cuda_is_one_line_exit_2(tmp_path):
-    done = CliRunner().invoke(app, ["ddp", "--backend", "nccl", "--out",
+    done = CliRunner().invoke(app, ["ddp", "--ddp-backend", "nccl", "--out",
                                     str(tmp_path / "run")])
     assert done.exit_code == 2
-    assert done.stderr.strip().startswith("nsadiag: error: backend: nccl needs CUDA")
+    assert done.stderr.strip().startswith("nsadiag: error: ddp-backend: nccl needs CUDA")
     assert len(done.stderr.strip().splitlines()) == 1
 
 

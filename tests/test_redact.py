@@ -6,8 +6,8 @@ import socket
 import subprocess
 import sys
 
-from nsadiag.render import render_run
-from nsadiag.report import redact
+from nsadiag.report.dispatch import render_run
+from nsadiag.report.redact import redact
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 
@@ -99,3 +99,55 @@ def test_report_command_no_redact_option(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert hidden.returncode == 0, hidden.stderr
     assert SECRETS["ipv4"] not in (run / "report.md").read_text()
+
+
+def test_every_notation_of_a_secret_is_hidden_and_look_alikes_are_kept():
+    hidden = {
+        "fe80::1": "link-local fe80::1 up", "::1": "bind [::1]:29500",
+        "2001:db8::7": "peer 2001:db8::7,", "fe80::1%eth0": "via fe80::1%eth0 ",
+        "AbCd/xyz+": "aws_secret_access_key: AbCd/xyz+",
+        "AbCd'": "aws_secret_access_key = 'AbCd'",
+        "eyJhbGc.x.y": "Authorization: Bearer eyJhbGc.x.y",
+        "dXNlcjpw": "authorization: Basic dXNlcjpw",
+        "tok3nvalue1": "curl -H 'X: Bearer tok3nvalue1'",
+        "hunter2": "{'db_password': 'hunter2'}",
+        "hunter3": '{\\"password\\": \\"hunter3\\"}',
+        "hunter4": 'config {"Api-Key": "hunter4"}',
+        "q w": 'password="q w"',
+        "sk-abcdefghijklmnopqrstuv": "key sk-abcdefghijklmnopqrstuv",
+        "plantedvalue": "got plantedvalue back",
+    }
+    for value, text in hidden.items():
+        out = redact(text, hosts=set(), users=set(), secrets={"plantedvalue"})
+        assert value not in out, (text, out)
+    kept = ["repro.per_token_loop:make", "KeyError: 'n_layers'", "c10::add(", "x[::2]",
+            "at 12:34:56", "--set: expected key=value", "basic training loop",
+            "tokens: 512 per step", "std::vector<int>", "c10d::ProcessGroupGloo::run"]
+    for text in kept:
+        assert redact(text, hosts=set(), users=set(), secrets=set()) == text, text
+
+
+def test_the_bare_short_host_name_and_secret_environment_values(monkeypatch):
+    from nsadiag.report.redact import machine_names, secret_env_values
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "trainbox-42.cluster.example.com")
+    monkeypatch.setattr(socket, "getfqdn", lambda: "trainbox-42.cluster.example.com")
+    hosts, _ = machine_names()
+    assert "trainbox-42" in hosts and "trainbox-42.cluster.example.com" in hosts
+    text = redact("on trainbox-42 and trainbox-42.cluster.example.com", users=set(),
+                  secrets=set())
+    assert "trainbox" not in text
+    values = secret_env_values({"MY_SERVICE_TOKEN": "abcdef123", "PWD": "/work/x",
+                                "SHORT_KEY": "1", "PATH": "/usr/bin"})
+    assert values == {"abcdef123"}
+
+
+def test_json_is_redacted_value_by_value():
+    from nsadiag.report.redact import redact_obj
+
+    data = {"message": 'failed: {"password": "p1"} from 10.0.0.1', "HF_TOKEN": "abc",
+            "rows": [{"aws_secret_access_key": "k2"}], "n": 3}
+    out = redact_obj(data, hosts=set(), users=set(), secrets=set())
+    assert out == {"message": 'failed: {"password": "<redacted>"} from <ip>',
+                   "HF_TOKEN": "<redacted>", "rows": [{"aws_secret_access_key": "<redacted>"}],
+                   "n": 3}

@@ -1,7 +1,8 @@
 """trials.jsonl bookkeeping and report ordering, without running trials."""
 
 from nsadiag.harness.jobs import cgroup_oom_kills
-from nsadiag.report import build_report, reproduction
+from nsadiag.report.markdown import reproduction
+from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 
 

@@ -62,3 +62,41 @@ def test_missing_process_is_one_line_exit_2():
 def test_bad_sample_count_is_one_line_exit_2():
     done = nsadiag("stacks", "1", "--samples", "0")
     assert done.returncode == 2 and "samples: must be >= 1" in done.stderr
+
+
+BLOCKED = """import threading, time
+lock = threading.Lock()
+lock.acquire()
+
+
+def load_batches():
+    lock.acquire()  # blocks for ever: the main thread never releases it
+
+
+threading.Thread(target=load_batches, name="loader", daemon=True).start()
+time.sleep(600)
+"""
+
+
+def test_the_console_shows_a_thread_blocked_on_a_lock(tmp_path):
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(1.5)
+        done = nsadiag("stacks", str(proc.pid), "--samples", "2", "--interval", "0.3",
+                       "--out", str(tmp_path / "run"))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    loader = next(i for i, line in enumerate(lines) if "thread loader" in line)
+    assert "waiting in load_batches (blocked.py:7)" in lines[loader]
+    assert "load_batches (blocked.py:7)" in lines[loader + 1]
+    assert any("thread MainThread" in line for line in lines)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (process,) = summary["processes"]
+    assert {t["name"] for t in process["threads"]} == {"MainThread", "loader"}
+    assert any(line.startswith("report: ") and line.endswith("/run/report.md")
+               for line in lines)

@@ -9,11 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from nsadiag.commands.stacks import stacks_command, write_stacks_report
+from nsadiag.commands.stacks import stacks_command
 from nsadiag.evidence import StackSample
 from nsadiag.probes import stacks
 from nsadiag.probes.frames import classify, wait_frame
 from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, trial_dump_file
+from nsadiag.report.dispatch import render_run
 from nsadiag.spec import JobSpec, TrialSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
@@ -135,8 +136,12 @@ def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
     assert report["state"] == "waiting" and report["unavailable"] == []
     frames = [f["function"] for t in report["samples"][-1]["threads"] for f in t["frames"]]
     assert "_wait_for_lock" in frames
-    md = write_stacks_report(summary, tmp_path / "out").read_text()
-    assert md.startswith("# nsadiag stacks: waiting\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stacks.json").write_text(json.dumps(summary))
+    (out / "run.json").write_text(json.dumps({"command_name": "stacks", "argv": []}))
+    md = render_run(out).report.read_text()
+    assert md.startswith("# nsadiag stacks: waiting (1 process(es))\n")
     assert f"| {proc.pid} | - | **waiting** |" in md
     assert "- note: stacks from faulthandler: py-spy: not found" in md
     assert "_wait_for_lock (lock_deadlock.py:" in md

@@ -97,7 +97,7 @@ def test_raising_backward_hook_leaves_that_module_unfinished():
     assert "first.weight" in tracer.unused_parameters()
     assert "last.weight" not in tracer.unused_parameters()
     stalled = [e for e in tracer.chrome_trace()["traceEvents"]
-               if e["cat"] == "backward-unfinished"]
+               if e.get("cat") == "backward-unfinished"]
     assert [e["name"] for e in stalled] == ["mid"]
 
 
@@ -116,7 +116,13 @@ def test_nsa_trace_command(tmp_path):
 
     trace = json.loads((tmp_path / "trace.json").read_text())
     events = trace["traceEvents"]
-    assert {e["ph"] for e in events} == {"X", "i"}
+    assert {e["ph"] for e in events} == {"M", "X", "i"}
+    # Perfetto names the process and the three threads from the metadata events
+    names = {(e["name"], e["tid"]): e["args"] for e in events if e["ph"] == "M"}
+    assert names[("process_name", 0)] == {"name": "nsadiag trace: nsa"}
+    assert {names[("thread_name", tid)]["name"] for tid in (1, 2, 3)} == {
+        "module forward", "module backward", "gradient arrivals"}
+    assert {e["pid"] for e in events} == {events[0]["pid"]}
     spans = {}
     for e in events:
         if e["ph"] == "X":
@@ -177,3 +183,25 @@ def test_trace_cli_writes_a_perfetto_trace(tmp_path):
     summary = json.loads(done.stdout)
     assert summary["unused_parameters"] == [] and summary["repeated_gradients"] == {}
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# nsadiag trace: one step") and "## Gradients" in report
+    assert summary["command"] == "trace" and summary["status"] == "measured"
+
+
+def test_profiler_trace_holds_module_and_branch_spans_around_the_operators(tmp_path):
+    spec = TrialSpec(target="nsa", n_layers=1, seq_len=64,
+                     overrides={"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+                                "l": 8, "d": 4, "l_sel": 16, "n_sel": 3, "w": 16})
+    result = trace_command(spec, tmp_path, profiler=True)
+    assert result["profiler_trace"] == str(tmp_path / "profiler-trace.json")
+    events = json.loads((tmp_path / "profiler-trace.json").read_text())["traceEvents"]
+    spans = {e["name"]: e for e in events if e.get("ph") == "X"}
+    # our ranges: every block and NSA branch, forward and backward
+    for name in ("blocks.0 forward", "blocks.0 backward", "blocks.0.attn.sel forward",
+                 "blocks.0.attn.cmp forward", "blocks.0.attn.win forward"):
+        assert name in spans, name
+    # torch's operators in the same trace, inside the block's forward range
+    block = spans["blocks.0 forward"]
+    inside = [e for e in events if e.get("ph") == "X" and e["name"].startswith("aten::")
+              and block["ts"] <= e["ts"] <= block["ts"] + block["dur"]]
+    assert any(e["name"] == "aten::linear" or e["name"] == "aten::mm" for e in inside)

@@ -5,7 +5,7 @@ verdict is reported as k of n."""
 import json
 
 from nsadiag.ci import exit_code
-from nsadiag.triage_report import build_triage_report
+from nsadiag.report.triage import build_triage_report
 
 BASE_SPEC = {"target": "repro.late_bound_ckpt:make", "seq_len": 16, "batch": 1, "device": "cpu",
              "stall_timeout_s": 60.0, "seed": 0, "backend": None, "overrides": {"dim": 8}}
@@ -34,7 +34,7 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
     checks = {"n_layers": 2, "results": [
         _check("causality", "OK", summary="nothing before t moved"),
         _check("ckpt", "WRONG", "blocks.0", "recompute of blocks.0 ran blocks.1's parameters")]}
-    text, summary = build_triage_report(tmp_path, _state(checks=checks), no_redact=True)
+    text, summary = build_triage_report(tmp_path, _state(checks=checks))
     assert text.startswith("# nsadiag triage: WRONG: the ckpt check fails in blocks.0")
     assert summary["status"] == "failure" and exit_code(summary) == 1
     assert summary["failure"]["check"] == "ckpt" and summary["failure"]["module"] == "blocks.0"
@@ -50,7 +50,7 @@ def test_a_check_that_errors_is_a_failure(tmp_path):
     error = _check("ckpt", "ERROR", summary="CheckpointError: recomputed tensors differ")
     error["finished"] = False
     text, summary = build_triage_report(
-        tmp_path, _state(checks={"n_layers": 2, "results": [error]}), no_redact=True)
+        tmp_path, _state(checks={"n_layers": 2, "results": [error]}))
     assert summary["status"] == "failure" and exit_code(summary) == 1
     assert text.startswith("# nsadiag triage: ERROR: the ckpt check fails")
     assert "**ERROR**: the ckpt check: CheckpointError: recomputed tensors differ." in text
@@ -60,7 +60,7 @@ def test_a_check_that_did_not_finish_decides_nothing(tmp_path):
     unfinished = _check("parity", "SLOW", summary="the parity check did not finish: SLOW")
     unfinished["finished"] = False
     text, summary = build_triage_report(
-        tmp_path, _state(checks={"n_layers": 2, "results": [unfinished]}), no_redact=True)
+        tmp_path, _state(checks={"n_layers": 2, "results": [unfinished]}))
     assert summary["status"] == "healthy" and exit_code(summary) == 0
     assert "Did not finish, so neither passed nor failed: parity (SLOW)" in text
 
@@ -69,7 +69,7 @@ def test_a_stopped_triage_says_what_it_did_not_reach(tmp_path):
     stopped = "stopped in the sweep stage: 12 s left, a trial needs at least 30 s"
     state = _state(stopped=stopped, stages_done=["env", "checks"])
     state["sweep"]["complete"] = False
-    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    text, summary = build_triage_report(tmp_path, state)
     assert summary["complete"] is False and summary["stopped"] == stopped
     assert exit_code(summary) == 0, "running out of time is not a failure"
     assert "no failure found before the triage stopped (OK up to 1 layer(s))" in text
@@ -83,7 +83,7 @@ def test_a_flaky_failure_is_reported_as_k_of_n(tmp_path):
         "verdict": "DEADLOCK", "agreeing": 2, "total": 3,
         "verdicts": ["DEADLOCK", "OK", "DEADLOCK"], "flaky": True}})
     state["sweep"].update(failing=failing, threshold=2)
-    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    text, summary = build_triage_report(tmp_path, state)
     assert summary["failure"]["confidence"]["agreeing"] == 2
     assert "with **DEADLOCK** in 2 of 3 runs" in text
     assert "The verdict is flaky: the runs gave DEADLOCK, OK, DEADLOCK." in text
@@ -98,7 +98,7 @@ def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure
         "verdict": "OK", "agreeing": 2, "total": 3, "verdicts": ["SLOW", "OK", "OK"],
         "flaky": True}})
     state["sweep"].update(failing=failing, threshold=2)
-    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    text, summary = build_triage_report(tmp_path, state)
     assert summary["status"] == "inconclusive" and summary["failure"] is None
     assert exit_code(summary) == 4
     assert summary["headline"].startswith("inconclusive: SLOW at 2 layer(s) in 1 of 3 runs "
@@ -113,7 +113,7 @@ def test_a_failure_prints_how_many_runs_gave_its_own_verdict(tmp_path):
         "verdict": "DEADLOCK", "agreeing": 2, "total": 3,
         "verdicts": ["STALL-BUSY", "DEADLOCK", "DEADLOCK"], "flaky": True}})
     state["sweep"].update(failing=failing, threshold=2)
-    text, summary = build_triage_report(tmp_path, state, no_redact=True)
+    text, summary = build_triage_report(tmp_path, state)
     assert summary["status"] == "failure"
     assert "with **STALL-BUSY** in 1 of 3 runs" in text
 
@@ -126,7 +126,7 @@ def test_a_failed_check_is_not_named_a_cause_of_a_slowness_measured_without_it(t
             "verdict": "SLOW", "agreeing": 2, "total": 2, "verdicts": ["SLOW", "SLOW"],
             "flaky": False}})
     state["sweep"].update(failing=failing, threshold=2)
-    text, _ = build_triage_report(tmp_path, state, no_redact=True)
+    text, _ = build_triage_report(tmp_path, state)
     tied = text[text.index("The issue IS tied to:"):]
     separately = tied.index("Found separately by the correctness checks")
     assert tied.index("causality check, WRONG") > separately

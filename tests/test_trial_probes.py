@@ -14,7 +14,8 @@ from nsadiag.harness.heartbeat import unfinished_backward
 from nsadiag.harness.jobs import run_trial
 from nsadiag.probes import stacks
 from nsadiag.probes.memory import SavedTensorLedger
-from nsadiag.report import build_report, results_table
+from nsadiag.report.markdown import results_table
+from nsadiag.report.sweep import build_report
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.targets import resolve

@@ -40,7 +40,6 @@ verdict as for every command (nsadiag.ci).
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -56,8 +55,8 @@ from nsadiag.harness.jobs import SAMPLE_TIMEOUT_S, capture_stall, sample_stacks
 from nsadiag.harness.watch import PROGRESS_KINDS, EventTail
 from nsadiag.probes import frames, stacks
 from nsadiag.processes import can_attach, rank_processes
-from nsadiag.report import RECOMMENDATIONS, redact
-from nsadiag.rundir import prepare_run_dir
+from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
 from nsadiag.verdict.rules import IDLE_CPU_FRACTION, Verdict, busy_fraction, decide
 
 SAMPLES = 6
@@ -289,77 +288,17 @@ def observe_all(targets: Sequence[tuple[int, int | None]], duration_s: float,
 
 
 def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
-                   argv: Sequence[str], no_redact: bool = False) -> Path:
+                   argv: Sequence[str], no_redact: bool = False) -> Rendered:
     """``nsadiag attach``: check, attach, then write the run directory (see the module
-    docstring); returns report.md's path. Nothing is written when a check fails."""
+    docstring); returns what the report wrote. Nothing is written when a check fails."""
     _check_duration(duration_s)
     targets = targets_of(pid, ranks)
     prepare_run_dir(run_dir)
-    meta = {"command_name": "attach", "argv": list(argv), "pid": pid,
-            "duration_s": duration_s, "ranks": ranks}
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+    write_run_meta(run_dir, "attach", list(argv), pid=pid, duration_s=duration_s,
+                   ranks=ranks)
     verdict, observations = observe_all(targets, duration_s)
-    (run_dir / "attach.json").write_text(json.dumps(
-        {"verdict": verdict.to_dict(), "processes": [o.to_dict() for o in observations]},
-        indent=1))
-    text, summary = build_attach_report(verdict, observations, meta)
-    if not no_redact:
-        text, summary = redact(text), json.loads(redact(json.dumps(summary)))
-    (run_dir / "report.md").write_text(text)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return run_dir / "report.md"
-
-
-def build_attach_report(verdict: Verdict, observations: Sequence[Observation],
-                        meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(report.md text, summary) of one attach."""
-    state = STATES.get(verdict.name, verdict.name.lower())
-    headline = f"{verdict.name}: {verdict.reasons[0]}"
-    target = f"the ranks under pid {meta['pid']}" if meta["ranks"] else f"pid {meta['pid']}"
-    md = [f"# nsadiag attach: {verdict.name}", "", "## Executive summary", "",
-          f"Watched {target} for {meta['duration_s']:g} s without stopping it: "
-          f"**{state}**.", ""]
-    md += [f"- {reason}" for reason in verdict.reasons]
-    md += ["", "## Processes", "", "| pid | rank | state | CPU | collective | own frame |",
-           "|---|---|---|---|---|---|"]
-    for o in observations:
-        cpu = o.stall.cpu_fraction()
-        md.append(f"| {o.pid} | {'-' if o.rank is None else o.rank} | **{o.state}** | "
-                  f"{'-' if cpu is None else f'{cpu:.0%}'} | {o.collective_frame or '-'} | "
-                  f"{o.user_frame or '-'} |")
-    md += ["", "## Evidence"]
-    for o in observations:
-        label = f"rank {o.rank} (pid {o.pid})" if o.rank is not None else f"pid {o.pid}"
-        md += ["", f"### {label}: {o.state}", "", f"`{o.cmdline}`", ""]
-        md += [f"- {reason}" for reason in o.verdict.reasons]
-        md += [f"- evidence unavailable: {why}" for why in o.stall.unavailable]
-        if o.events is not None:
-            md.append(f"- nsadiag heartbeat: {len(o.events)} events in the window")
-        if o.stall.samples:
-            md += ["", "Last stack sample, innermost frame first:", "", "```"]
-            md += _stack_lines(o.stall.samples[-1])
-            md.append("```")
-    md += ["", "## Recommendations", "",
-           RECOMMENDATIONS.get(verdict.name, "") or
-           "Nothing stuck was seen in the window: if the run still seems to hang, attach "
-           "for longer, or run it under `nsadiag run` for a heartbeat and a deadline."]
-    text = "\n".join(md) + "\n"
-    summary = {"command": "attach", "headline": headline, "verdict": verdict.name,
-               "state": state, "pid": meta["pid"], "ranks": meta["ranks"],
-               "processes": [{"pid": o.pid, "rank": o.rank, "state": o.state,
-                              "verdict": o.verdict.name, "user_frame": o.user_frame,
-                              "collective_frame": o.collective_frame}
-                             for o in observations],
-               "odd_ranks": verdict.facts.get("odd_ranks")}
-    return text, summary
-
-
-def _stack_lines(sample: Any, depth: int = 12) -> list[str]:
-    lines = []
-    for thread in sample.threads:
-        idle = "" if thread.active else " (idle)"
-        lines.append(f"thread {thread.name or hex(thread.thread_id)}{idle}:")
-        for frame in thread.frames[:depth]:
-            code = f"  # {frame.code}" if frame.code else ""
-            lines.append(f"  {frame.where()}{' [native]' if frame.is_native else ''}{code}")
-    return lines
+    write_json(run_dir / "attach.json",
+               {"verdict": verdict.to_dict(),
+                "state": STATES.get(verdict.name, verdict.name.lower()),
+                "processes": [o.to_dict() for o in observations]})
+    return render_run(run_dir, no_redact)

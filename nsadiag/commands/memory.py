@@ -2,7 +2,9 @@
 branch and layer saves for backward, the largest saved tensors, peak RSS and, on CUDA,
 the allocator's counters, a recorded memory history (snapshot.pickle) and its summary.
 
-`memory_command` measures in this process. `ab_expandable_segments` measures twice more,
+`memory_run` is the command: it checks the options before anything is written, measures
+(`memory_command`, in this process), keeps memory.json and renders report.md, memory.png
+and summary.json (nsadiag.report.memory). `ab_expandable_segments` measures twice more,
 each time as a "memory" job in a fresh watched child (nsadiag.harness.jobs): once with the
 allocator configuration of this process minus `expandable_segments`, once with
 `expandable_segments:True` added. The variable is set in the child's environment only; the
@@ -14,12 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from nsadiag.harness.jobs import run_job
 from nsadiag.harness.memory import measure_steps
 from nsadiag.harness.targetcheck import require_importable
+from nsadiag.preflight import check_device, check_target
+from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.targets import resolve_device
 
@@ -36,8 +42,34 @@ def memory_command(spec: TrialSpec, out_dir: Path | None = None, top: int = 10
     require_importable(spec)
     summary = measure_steps(spec, out_dir, top)
     if out_dir is not None:
-        (Path(out_dir) / "memory.json").write_text(json.dumps(summary, indent=1))
+        write_json(Path(out_dir) / "memory.json", summary)
     return summary
+
+
+def memory_run(spec: TrialSpec, run_dir: Path, argv: Sequence[str], top: int = 10,
+               ab: bool = False, no_redact: bool = False,
+               on_start: Callable[[str], None] | None = None) -> Rendered:
+    """`nsadiag memory`: check the target, the device (and CUDA for ``ab``) before the run
+    directory exists, measure (``on_start`` hears when and what), keep memory.json (with
+    the A/B when ``ab``), render."""
+    if top < 1:
+        raise ValueError(f"top: must be >= 1, got {top}")
+    check_device(spec)
+    if ab:
+        require_cuda(spec)
+    check_target(spec)
+    prepare_run_dir(run_dir)
+    write_run_meta(run_dir, "memory", list(argv), spec=json.loads(spec.to_json()))
+    if on_start:
+        on_start(f"measuring {spec.steps} step(s) of {spec.target}, S={spec.seq_len}, "
+                 f"{spec.device}")
+    summary = memory_command(spec, run_dir, top)
+    if ab:
+        if on_start:
+            on_start("the expandable-segments A/B: two more children")
+        summary["ab_expandable_segments"] = ab_expandable_segments(spec, run_dir, top)
+        write_json(run_dir / "memory.json", summary)
+    return render_run(run_dir, no_redact)
 
 
 def alloc_conf(current: str | None, expandable: bool) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,17 @@ from nsadiag.spec import TrialSpec
 from repro import ZOO
 
 
-def self_test(only: list[str] | None = None) -> list[dict[str, Any]]:
-    """One row per zoo entry: expected and diagnosed verdict, first reason, seconds."""
+def self_test(only: list[str] | None = None,
+              on_entry: Callable[[str, int, int], None] | None = None,
+              on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """One row per zoo entry: expected and diagnosed verdict, first reason, seconds.
+    ``on_entry`` hears (entry, index, count) before each entry runs, ``on_row`` each row."""
     rows = []
+    entries = [(name, entry) for name, entry in ZOO.items() if not only or name in only]
     with tempfile.TemporaryDirectory(prefix="nsadiag-selftest-") as tmp:
-        for name, (expected, settings) in ZOO.items():
-            if only and name not in only:
-                continue
+        for index, (name, (expected, settings)) in enumerate(entries):
+            if on_entry:
+                on_entry(name, index, len(entries))
             settings = dict(settings)
             check = settings.pop("check", None)
             spec = TrialSpec(target=f"repro.{name}:make", out_dir=str(Path(tmp) / name),
@@ -36,4 +41,6 @@ def self_test(only: list[str] | None = None) -> list[dict[str, Any]]:
             rows.append({"entry": name, "expected": expected, "got": got,
                          "match": got == expected, "reason": reason,
                          "seconds": time.monotonic() - started})
+            if on_row:
+                on_row(rows[-1])
     return rows

@@ -15,9 +15,9 @@ faulthandler dumps (the capture ladder's last rung, see probes.stacks).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
 from nsadiag.probes import frames, stacks
 from nsadiag.processes import can_attach, rank_processes
+from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
 
 
 @dataclass
@@ -84,15 +86,19 @@ def odd_ones_out(reports: list[ProcessReport]) -> list[ProcessReport]:
 
 
 def stacks_command(pid: int, ranks: bool, count: int, interval_s: float, native: bool,
-                   timeout_s: float = 10.0) -> dict[str, Any]:
-    """Sample one process, or every rank under a launcher; returns a JSON-able summary."""
+                   timeout_s: float = 10.0, on_start: Callable[[str], None] | None = None
+                   ) -> dict[str, Any]:
+    """Sample one process, or every rank under a launcher; returns a JSON-able summary.
+    ``on_start`` hears what is sampled once the targets are known to be sampleable."""
     if count < 1:
         raise ValueError(f"samples: must be >= 1, got {count}")
-    if interval_s < 0:
+    if not interval_s >= 0:
         raise ValueError(f"interval: must be >= 0 seconds, got {interval_s:g}")
     targets = rank_processes(pid) if ranks else [(pid, None)]
     for target, _ in targets:
         check_can_attach(target)
+    if on_start:
+        on_start(f"{count} sample(s) of {len(targets)} process(es), {interval_s:g} s apart")
     reports = [sample_process(p, r, count, interval_s, native, timeout_s) for p, r in targets]
     odd = odd_ones_out(reports) if ranks else []
     return {"processes": [r.to_dict() for r in reports],
@@ -107,47 +113,15 @@ def _clusters(reports: list[ProcessReport]) -> list[dict[str, Any]]:
     return [{"signature": sig, "members": members} for sig, members in groups.items()]
 
 
-def stacks_markdown(summary: dict[str, Any], frames: int = 14) -> str:
-    """A Markdown report of a stacks summary: one row per process, the odd ones out, and
-    each process's last sample, innermost frame first."""
-    states = sorted({p["state"] for p in summary["processes"]})
-    md = [f"# nsadiag stacks: {', '.join(states)}", "",
-          "| pid | rank | state | CPU | samples | innermost frames |", "|---|---|---|---|---|---|"]
-    for proc in summary["processes"]:
-        cpu = "-" if proc["cpu_fraction"] is None else f"{100 * proc['cpu_fraction']:.0f}%"
-        rank = "-" if proc["rank"] is None else str(proc["rank"])
-        md.append(f"| {proc['pid']} | {rank} | **{proc['state']}** | {cpu} | "
-                  f"{len(proc['samples'])} | {proc['signature'] or '-'} |")
-    if summary["odd_ones_out"]:
-        md += [""] + [f"Odd one out: pid {pid} differs from the other processes."
-                      for pid in summary["odd_ones_out"]]
-    for proc in summary["processes"]:
-        md += ["", f"## pid {proc['pid']}: {proc['state']}", "", f"`{proc['cmdline']}`", ""]
-        md += [f"- unavailable: {reason}" for reason in proc["unavailable"]]
-        if not proc["samples"]:
-            continue
-        last = proc["samples"][-1]
-        if last.get("note"):
-            md.append(f"- note: {last['note']}")
-        md += ["", "```"]
-        for thread in last["threads"]:
-            idle = "" if thread.get("active", True) else " (idle)"
-            md.append(f"thread {thread.get('name') or hex(thread['thread_id'])}{idle}:")
-            for frame in thread["frames"][:frames]:
-                where = f"{Path(frame['file'] or '?').name}:{frame['line']}"
-                native = " [native]" if frame.get("is_native") else ""
-                code = f"  # {frame['code']}" if frame.get("code") else ""
-                md.append(f"  {frame['function']} ({where}){native}{code}")
-        md.append("```")
-    return "\n".join(md) + "\n"
-
-
-def write_stacks_report(summary: dict[str, Any], out_dir: Path) -> Path:
-    """stacks.json and stacks.md (host names, IPs and user names redacted) in out_dir."""
-    from nsadiag.report import redact
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "stacks.json").write_text(redact(json.dumps(summary, indent=1)))
-    path = out_dir / "stacks.md"
-    path.write_text(redact(stacks_markdown(summary)))
-    return path
+def stacks_run(pid: int, ranks: bool, count: int, interval_s: float, native: bool,
+               run_dir: Path, argv: Sequence[str], no_redact: bool = False,
+               on_start: Callable[[str], None] | None = None) -> Rendered:
+    """`nsadiag stacks`: sample (see ``stacks_command``; a missing process or a refused
+    ptrace is refused before the run directory exists), keep the samples in stacks.json
+    (raw), render report.md and summary.json (nsadiag.report.stacks). ``on_start`` hears
+    when sampling starts."""
+    summary = stacks_command(pid, ranks, count, interval_s, native, on_start=on_start)
+    prepare_run_dir(run_dir)
+    write_run_meta(run_dir, "stacks", list(argv), pid=pid, ranks=ranks)
+    write_json(run_dir / "stacks.json", summary)
+    return render_run(run_dir, no_redact)

@@ -13,31 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsadiag.builtin import require_builtin_nsa
 from nsadiag.envinfo import collect_env
-from nsadiag.harness.targetcheck import inspect_target
-from nsadiag.render import render_run
+from nsadiag.preflight import check_target
+from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import TrialRecord, prepare_run_dir
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import Callbacks, run_sweep
-
-
-def check_target(spec: TrialSpec) -> None:
-    """Fail fast on a config the child would refuse: a bad NSAConfig field (checked here:
-    nsa is nsadiag's own code), an unknown target, or a knob its factory does not accept
-    (found by importing the target in a watched child: nsadiag.harness.targetcheck; a
-    target that fails or stalls while being imported is left to the trials' verdicts)."""
-    if spec.target == "nsa":
-        require_builtin_nsa()
-        from nsa.config import NSAConfig
-
-        knobs = {name: getattr(spec, name) for name in ("n_layers", "branches", "backend")
-                 if getattr(spec, name) is not None}
-        NSAConfig().replace(**spec.overrides, **knobs)
-        return
-    problem = inspect_target(spec).problem
-    if problem:
-        raise ValueError(problem)
 
 
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
@@ -70,9 +51,9 @@ def _labelled_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label
 
 
 def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Sequence[str],
-                 callbacks: Callbacks | None = None, keep_going: bool = False) -> Path:
+                 callbacks: Callbacks | None = None, keep_going: bool = False) -> Rendered:
     """One trial per layer count until the first non-OK (every count with
-    ``keep_going``); returns the report path."""
+    ``keep_going``); returns what the report wrote."""
     check_target(base.replace(n_layers=max(layers)))
     prepare_run_dir(run_dir)
     meta = _meta(run_dir, "sweep-layers", argv)
@@ -83,9 +64,9 @@ def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Se
 
 
 def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Sequence[str],
-              callbacks: Callbacks | None = None, keep_going: bool = False) -> Path:
+              callbacks: Callbacks | None = None, keep_going: bool = False) -> Rendered:
     """One trial per sequence length at ``base.n_layers`` until the first non-OK (every
-    length with ``keep_going``); returns the report path (nsadiag.report_seq)."""
+    length with ``keep_going``); returns what the report wrote (nsadiag.report.seq)."""
     check_target(base.replace(seq_len=max(seq_lens)))
     prepare_run_dir(run_dir)
     meta = _meta(run_dir, "sweep-seq", argv)
@@ -97,8 +78,9 @@ def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Seq
 
 
 def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir: Path,
-                   argv: Sequence[str], callbacks: Callbacks | None = None) -> Path:
-    """The sweep with all branches, then with only `branch` computed; returns the report."""
+                   argv: Sequence[str], callbacks: Callbacks | None = None) -> Rendered:
+    """The sweep with all branches, then with only `branch` computed; returns what the
+    report wrote."""
     if branch not in BRANCHES:
         raise ValueError(f"branch: must be one of {', '.join(BRANCHES)}, got {branch!r}")
     only = base.replace(branches=(branch,))

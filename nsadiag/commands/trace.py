@@ -6,6 +6,10 @@ Overhead is measured, not guessed: after one untraced warm-up step, untraced and
 steps alternate (TIMED_STEPS of each, same shapes, fresh ids) and the medians compare.
 Each step is forward + backward + optimizer step; on CUDA the clock reads are bracketed by
 torch.cuda.synchronize() (outside every hook). The report describes the last traced step.
+
+With ``profiler``, one more step runs under torch.profiler with every module's forward and
+backward as a record_function range (nsadiag.probes.trace.ProfilerSpans), exported as
+profiler-trace.json: operators and modules in one Perfetto trace.
 """
 
 from __future__ import annotations
@@ -13,24 +17,32 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nsadiag.harness.targetcheck import require_importable
-from nsadiag.probes.trace import AutogradTracer
+from nsadiag.preflight import check_device, check_target
+from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
-from nsadiag.targets import resolve
 
 TIMED_STEPS = 3
 TOP = 30
 
 
-def trace_command(spec: TrialSpec, out_dir: Path) -> dict[str, Any]:
-    """Run warm-up, then alternating untraced/traced steps; write out_dir/trace.json. A
-    user's target is first imported in a watched child (require_importable)."""
+def trace_command(spec: TrialSpec, out_dir: Path, profiler: bool = False,
+                  on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run warm-up, then alternating untraced/traced steps (and a profiled step with
+    ``profiler``), telling ``on_step`` what runs; write out_dir/trace.json. A user's
+    target is first imported in a watched child (require_importable)."""
+    import torch
+
+    from nsadiag.probes.trace import AutogradTracer, ProfilerSpans
+    from nsadiag.targets import resolve
+
     require_importable(spec)
+    tell = on_step or (lambda _: None)
     torch.manual_seed(spec.seed)
     target = resolve(spec)
     device = next(target.model.parameters()).device
@@ -55,11 +67,13 @@ def trace_command(spec: TrialSpec, out_dir: Path) -> dict[str, Any]:
         sync()
         return time.perf_counter() - start
 
+    tell("warm-up step")
     step(None)  # warm-up: allocator, optimizer state, lazy initialisation
     untraced: list[float] = []
     traced: list[float] = []
     tracer = AutogradTracer(target.model)
-    for _ in range(TIMED_STEPS):
+    for i in range(TIMED_STEPS):
+        tell(f"step pair {i + 1} of {TIMED_STEPS} (untraced, traced)")
         untraced.append(step(None))
         tracer = AutogradTracer(target.model)
         with tracer:
@@ -67,7 +81,19 @@ def trace_command(spec: TrialSpec, out_dir: Path) -> dict[str, Any]:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "trace.json").write_text(json.dumps(tracer.chrome_trace()))
+    write_text(out_dir / "trace.json",
+               json.dumps(tracer.chrome_trace(f"nsadiag trace: {spec.target}")))
+    profiled = None
+    if profiler:
+        tell("profiled step (torch.profiler)")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof, \
+                ProfilerSpans(target.model):
+            step(None)
+        profiled = out_dir / "profiler-trace.json"
+        prof.export_chrome_trace(str(profiled))
     step_traced = statistics.median(traced)
     step_untraced = statistics.median(untraced)
     timeline = sorted(tracer.timeline(), key=lambda e: -e["duration_us"])[:TOP]
@@ -82,4 +108,22 @@ def trace_command(spec: TrialSpec, out_dir: Path) -> dict[str, Any]:
             "overhead_pct": round(100 * (step_traced - step_untraced) / step_untraced, 2),
             "events": len(tracer.events),
             "trace_json": str(out_dir / "trace.json"),
+            "profiler_trace": str(profiled) if profiled else None,
             "target": target.description}
+
+
+def trace_run(spec: TrialSpec, run_dir: Path, argv: Sequence[str], profiler: bool = False,
+              on_step: Callable[[str], None] | None = None,
+              no_redact: bool = False) -> Rendered:
+    """`nsadiag trace`: check the target and device before the run directory exists,
+    trace, keep trace-result.json, render report.md and summary.json."""
+    check_device(spec)
+    check_target(spec)
+    prepare_run_dir(run_dir)
+    write_run_meta(run_dir, "trace", list(argv), spec=json.loads(spec.to_json()))
+    result = trace_command(spec, run_dir, profiler, on_step)
+    write_json(run_dir / "trace-result.json", result)
+    rendered = render_run(run_dir, no_redact)
+    rendered.files += [Path(result["trace_json"])] + (
+        [Path(result["profiler_trace"])] if result["profiler_trace"] else [])
+    return rendered

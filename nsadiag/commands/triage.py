@@ -16,8 +16,10 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    bisection    delta debugging of the knobs that differ from the healthy baseline
                 (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
                 failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
-4. report   report.md and summary.json (nsadiag.triage_report), optionally compared with a
-            baseline summary.json for regressions in step time and peak memory.
+4. report   report.md and summary.json (nsadiag.report.triage), optionally compared with a
+            baseline summary.json for regressions in step time and peak memory; then
+            triage.json is redacted like the report (unless no_redact): it is meant to be
+            shared, and a rerun resumes from trials.jsonl, not from it.
 
 Time: the whole triage stays inside ``max_minutes``. Each trial gets the planned budget
 (``plan_trial_budget``) or what is left; when not even a minimal trial fits, the triage
@@ -32,30 +34,30 @@ n-th stored record) and continues where the last run stopped.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsadiag.ci import exit_code, write_step_summary
-from nsadiag.commands.ddp import check_ddp
-from nsadiag.commands.sweep import check_target
+from nsadiag.ci import write_step_summary
 from nsadiag.compare import DEFAULT_THRESHOLD, load_summary
-from nsadiag.rundir import prepare_run_dir
+from nsadiag.preflight import check_ddp, check_target
+from nsadiag.report.dispatch import Rendered, read_meta, render_run
+from nsadiag.report.redact import redact_obj
+from nsadiag.rundir import prepare_run_dir, read_json, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.engine import Triage, TriageCallbacks, TriageOptions
-from nsadiag.triage_report import render_triage
 
 __all__ = ["TriageCallbacks", "TriageOptions", "TriageOutcome", "triage"]
 
 
 @dataclass
 class TriageOutcome:
-    """What a finished triage left: the report, its summary and the exit code (nsadiag.ci)."""
+    """What a finished triage left: what the report wrote, its summary and the exit code
+    (nsadiag.ci); the step summary file it appended to, if any."""
 
-    report: Path
+    report: Rendered
     summary: dict[str, Any]
     exit_code: int
     step_summary: Path | None = None
@@ -80,18 +82,21 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     baseline_rows = load_summary(baseline)["rows"] if baseline is not None else None
     check_target(base.replace(n_layers=options.max_layers))
     prepare_run_dir(run_dir)
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta.update(command_name="triage", argv=list(argv))
-    meta_path.write_text(json.dumps(meta, indent=1))
-    (run_dir / "spec.json").write_text(base.to_json())
+    meta = {k: v for k, v in read_meta(run_dir).items()
+            if k not in ("schema_version", "command_name", "argv")}
+    write_run_meta(run_dir, "triage", list(argv), **meta)
+    write_text(run_dir / "spec.json", base.to_json())
     runner = Triage(base, options, run_dir, argv, callbacks, clock)
-    state = runner.run()
-    if baseline_rows is not None:
-        state["regression"] = {"path": str(baseline), "threshold": regression_threshold,
-                               "rows": baseline_rows}
-        runner._save()
-    report = render_triage(run_dir, options.no_redact)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    step_summary = write_step_summary(report.read_text()) if ci else None
-    return TriageOutcome(report, summary, exit_code(summary), step_summary)
+    try:
+        state = runner.run()
+        if baseline_rows is not None:
+            state["regression"] = {"path": str(baseline), "threshold": regression_threshold,
+                                   "rows": baseline_rows}
+            write_json(run_dir / "triage.json", state)
+    finally:  # redacted before the report is made from it, so a re-render gives the same
+        if not options.no_redact and (run_dir / "triage.json").exists():
+            write_json(run_dir / "triage.json",
+                       redact_obj(read_json(run_dir / "triage.json", "triage.json")))
+    rendered = render_run(run_dir, options.no_redact)
+    step_summary = write_step_summary(rendered.report.read_text()) if ci else None
+    return TriageOutcome(rendered, rendered.summary, rendered.exit_code, step_summary)

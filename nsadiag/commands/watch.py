@@ -43,8 +43,14 @@ from typing import Any
 
 from nsadiag.harness.observer import observe
 from nsadiag.harness.watched import Watched, disarm_faulthandler, process_dir, start
-from nsadiag.report_run import write_run_report
-from nsadiag.rundir import prepare_run_dir, release_run_dir
+from nsadiag.report.dispatch import render_run
+from nsadiag.rundir import (
+    TrialRecord,
+    prepare_run_dir,
+    release_run_dir,
+    write_json,
+    write_run_meta,
+)
 
 PR_SET_PTRACER = 0x59616D61
 HELPER_EXIT_S = 120.0
@@ -108,9 +114,8 @@ class Watch:
         if self.watched is None:
             release_run_dir(self.out)
             raise ValueError(f"out: cannot write to {process_dir(self.out)}")
-        (self.out / "run.json").write_text(json.dumps(
-            {"command_name": "watch", "argv": list(sys.argv), "pid": os.getpid(),
-             "stall_timeout_s": self.stall_timeout, "deadline_s": self.deadline}, indent=1))
+        write_run_meta(self.out, "watch", list(sys.argv), pid=os.getpid(),
+                       stall_timeout_s=self.stall_timeout, deadline_s=self.deadline)
         self._start_helper()
         return self
 
@@ -166,8 +171,14 @@ def _helper(argv: list[str]) -> int:
               "STALL_TIMEOUT_S DEADLINE_S NO_REDACT", file=sys.stderr)
         return 2
     observe(pid, run_dir, stall_timeout_s, deadline_s,
-            lambda record: write_run_report(record, run_dir, no_redact))
+            lambda record: _write_report(record, run_dir, no_redact))
     return 0
+
+
+def _write_report(record: TrialRecord, run_dir: Path, no_redact: bool) -> None:
+    """record.json, and report.md and summary.json rendered from it (as for nsadiag run)."""
+    write_json(run_dir / "record.json", record.to_dict())
+    render_run(run_dir, no_redact)
 
 
 if __name__ == "__main__":

@@ -292,3 +292,22 @@ def user_frame(samples: Sequence[StackSample]) -> tuple[StackFrame, int] | None:
     same = [f for f in seen if (f.function, f.file) == (function, file)]
     line = Counter(f.line for f in same).most_common(1)[0][0]
     return next(f for f in same if f.line == line), count
+
+
+def own_code(frame: StackFrame) -> bool:
+    """A Python frame of the user's own code: not the standard library, not an installed
+    package, not nsadiag itself."""
+    return (not frame.is_native and bool(frame.file) and not LIBRARY_PATH.search(frame.file)
+            and "/nsadiag/" not in frame.file)
+
+
+def threads_that_matter(sample: StackSample) -> list[ThreadStack]:
+    """The threads of a sample worth showing: the main thread, every thread py-spy saw
+    running, and every thread with a frame of the user's own code (a worker blocked on a
+    lock it shares with the main thread shows here). Idle threads that only sit in library
+    or nsadiag code (pool workers, the heartbeat, the sampler) are left out. Keeps the
+    sample's order; the first thread stands for the main one when none is named so."""
+    named = any(thread.name == "MainThread" for thread in sample.threads)
+    return [thread for i, thread in enumerate(sample.threads)
+            if thread.name == "MainThread" or (not named and i == 0) or thread.active
+            or any(own_code(frame) for frame in thread.frames)]

@@ -20,6 +20,10 @@ passes of calls of the module that owns the parameter directly (one per forward 
 
 CUDA work is asynchronous: on a GPU the times are when the host issued the work, not when
 the device ran it; no hook synchronises.
+
+`ProfilerSpans(model)` opens a ``torch.profiler.record_function`` range for every module's
+forward and backward (the same spans, NSA branches included), so a step recorded under
+``torch.profiler`` shows the modules around the operators they ran in one trace.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from torch import nn
 FWD_START, FWD_END, BWD_START, BWD_END, GRAD, STEP = range(6)
 PHASES = {FWD_START: "forward", BWD_START: "backward"}
 TID = {"forward": 1, "backward": 2, "grad": 3}
+THREAD_NAMES = {1: "module forward", 2: "module backward", 3: "gradient arrivals"}
 
 
 class AutogradTracer:
@@ -149,12 +154,12 @@ class AutogradTracer:
         return [{"module": m, "phase": phase, "start_us": self._us(s), "end_us": self._us(e),
                  "duration_us": round((e - s) / 1000, 3)} for m, phase, s, e in spans]
 
-    def chrome_trace(self) -> dict[str, Any]:
+    def chrome_trace(self, process_name: str = "nsadiag trace") -> dict[str, Any]:
         """Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
 
         Forward spans on tid 1, backward on tid 2 (an unfinished backward runs to the end
         of the trace, category "backward-unfinished"), gradient arrivals as instant events
-        on tid 3."""
+        on tid 3; metadata events ("M") name the process and the three threads."""
         pid = os.getpid()
         spans, unfinished = self._spans()
         end = self.t1_ns or (self.events[-1][0] if self._n else self.t0_ns)
@@ -167,7 +172,13 @@ class AutogradTracer:
                  "pid": pid, "tid": TID["grad"], "cat": "grad"}
                 for t, kind, j in self.events if kind == GRAD]
         out.sort(key=lambda e: e["ts"])
-        return {"traceEvents": out, "displayTimeUnit": "ms"}
+        meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                 "args": {"name": process_name}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                  "args": {"name": name}} for tid, name in THREAD_NAMES.items()]
+        meta += [{"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                  "args": {"sort_index": tid}} for tid in THREAD_NAMES]
+        return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
 
     def _per_step_counts(self) -> list[tuple[list[int], list[int]]]:
         """Per step: (accumulations per parameter, finished owner backwards per parameter)."""
@@ -215,3 +226,81 @@ class AutogradTracer:
             if name not in seen:
                 seen.append(name)
         return seen
+
+
+class ProfilerSpans:
+    """Context manager: while open, every named module's forward and backward run inside a
+    ``torch.profiler.record_function`` range named "<module> forward" / "<module>
+    backward", and so does every NSA branch call of the built-in model ("blocks.0.attn.sel
+    forward", from the branch wrappers of nsadiag.targets.BranchProbe); torch.profiler
+    records them beside the operators. Ranges of one module nest like its calls (a stack
+    per module and phase); a forward that raises still closes its range."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._modules = [(name, module) for name, module in model.named_modules() if name]
+        self._handles: list[Any] = []
+        self._open: dict[tuple[str, str], list[Any]] = {}
+        self._warnings: Any = None
+        self._branches: Any = None
+
+    def _open_range(self, name: str, phase: str) -> None:
+        rf = torch.autograd.profiler.record_function(f"{name} {phase}")
+        rf.__enter__()
+        self._open.setdefault((name, phase), []).append(rf)
+
+    def _close_range(self, name: str, phase: str) -> None:
+        stack = self._open.get((name, phase))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    def _start(self, name: str, phase: str):
+        def hook(*args: Any) -> None:
+            self._open_range(name, phase)
+        return hook
+
+    def _end(self, name: str, phase: str):
+        def hook(*args: Any) -> None:
+            self._close_range(name, phase)
+        return hook
+
+    def _branch_event(self, name: str, phase: str, edge: str) -> None:
+        if edge == "enter":
+            self._open_range(name, phase)
+        else:
+            self._close_range(name, phase)
+
+    def __enter__(self) -> ProfilerSpans:
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for name, module in self._modules:
+            self._handles += [
+                module.register_forward_pre_hook(self._start(name, "forward")),
+                module.register_forward_hook(self._end(name, "forward"), always_call=True),
+                module.register_full_backward_pre_hook(self._start(name, "backward")),
+                module.register_full_backward_hook(self._end(name, "backward")),
+            ]
+        from nsadiag.builtin import nsa_attention_class
+
+        nsa_attention = nsa_attention_class()
+        if nsa_attention is not None and any(isinstance(m, nsa_attention)
+                                             for m in self.model.modules()):
+            from nsadiag.targets import BranchProbe
+
+            self._branches = BranchProbe(self.model, self._branch_event)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._branches is not None:
+            self._branches.remove()
+            self._branches = None
+        for stack in self._open.values():  # a backward that never ended
+            while stack:
+                stack.pop().__exit__(None, None, None)
+        if self._warnings is not None:
+            self._warnings.__exit__(*exc)
+            self._warnings = None

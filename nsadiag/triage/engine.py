@@ -21,7 +21,7 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    bisection    delta debugging of the knobs that differ from the healthy baseline
                 (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
                 failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
-4. report   report.md and summary.json (nsadiag.triage_report), optionally compared with a
+4. report   report.md and summary.json (nsadiag.report.triage), optionally compared with a
             baseline summary.json for regressions in step time and peak memory.
 
 Time: the whole triage stays inside ``max_minutes``. Each trial gets the planned budget

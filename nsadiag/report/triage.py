@@ -3,33 +3,35 @@
 The shape is the hand-written hang reports' (executive summary, configuration comparison,
 systematic results, evidence, root cause with what is ruled out and what is implicated,
 minimal reproduction, recommendations); every sentence quotes a trial or a measurement.
-`render_triage(run_dir)` is what `nsadiag report` calls for a triage run directory.
+The state is the run directory's triage.json (nsadiag.triage.engine), the trials its
+trials.jsonl; nsadiag.report.dispatch writes what ``build_triage_report`` returns.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
+from nsadiag.ci import EXIT_FAILURE, EXIT_HEALTHY, EXIT_INCONCLUSIVE, EXIT_REGRESSION
 from nsadiag.compare import compare_rows, regressions
 from nsadiag.evidence import StackSample
 from nsadiag.probes.frames import hot_frame, user_frame
 from nsadiag.probes.profile import describe as describe_profile
-from nsadiag.report import (
+from nsadiag.report.markdown import (
     RECOMMENDATIONS,
     cli_value,
     evidence_section,
     fmt_bytes,
     fmt_s,
-    redact,
     reproduction,
     results_table,
 )
+from nsadiag.report.summary import STATUS_OF_EXIT, Summary, verdict_row
 from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.triage.decide import BASELINE
+from nsadiag.trials import triage_labels
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "
@@ -64,17 +66,7 @@ def _row(records: dict[str, TrialRecord], trial: str, label: str) -> SweepRow | 
 
 def _rows(state: dict[str, Any], records: dict[str, TrialRecord]) -> list[SweepRow]:
     """Every trial of the triage once, labelled by the stage that ran it."""
-    labelled: dict[str, str] = {}
-    for ref in state.get("sweep", {}).get("probed", []):
-        labelled.setdefault(ref["trial"], "sweep")
-    for ref in state.get("repeats", {}).get("runs", [])[1:]:
-        labelled.setdefault(ref["trial"], "repeat")
-    for ref in state.get("branches", {}).get("runs", []):
-        labelled.setdefault(ref["trial"], f"{ref['branch']} only")
-    for ref in (state.get("bisection") or {}).get("tests", []):
-        applied = ", ".join(ref["applied"]) or "none"
-        labelled.setdefault(ref["trial"], f"bisect: {applied}")
-    rows = [_row(records, trial, label) for trial, label in labelled.items()]
+    rows = [_row(records, trial, label) for trial, label in triage_labels(state).items()]
     return [row for row in rows if row is not None]
 
 
@@ -550,9 +542,8 @@ def _time_section(state) -> list[str]:
     return [" ".join(lines)]
 
 
-def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = False
-                        ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary) of a triage run directory."""
+def build_triage_report(run_dir: Path, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a triage run directory's state and trials."""
     records = _records(run_dir)
     rows = _rows(state, records)
     frames = _frames(state, records)
@@ -587,35 +578,26 @@ def build_triage_report(run_dir: Path, state: dict[str, Any], no_redact: bool = 
         md += ["", "## Regression against the baseline", ""] + _regression_section(regression)
     md += ["", "## Time", ""] + _time_section(state)
     text = "\n".join(md) + "\n"
-    summary = {"command": "triage", "target": state["target"],
-               "status": ("failure" if failure else
-                          "inconclusive" if _unreproduced(state) else "healthy"),
-               "headline": headline,
-               "complete": not state.get("stopped"), "stopped": state.get("stopped"),
-               "threshold": (state.get("sweep") or {}).get("threshold"),
-               "deepest_ok": (state.get("sweep") or {}).get("deepest_ok"),
-               "failure": failure, "checks": [
-                   {k: c[k] for k in ("name", "passed", "module", "summary")} |
-                   {"verdict": c["verdict"]["name"]}
-                   for c in (state.get("checks") or {}).get("results", [])],
-               "env_problems": state.get("env_problems", []),
-               "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
-                            for r in rows],
-               "rows": [r.to_dict() for r in rows],
-               "regression": ({"baseline": regression["path"],
-                               "threshold": regression["threshold"],
-                               "regressions": regressed} if regression else None),
-               "elapsed_s": state.get("elapsed_s"), "baseline_knobs": dict(BASELINE)}
-    if not no_redact:
-        text = redact(text)
-        summary = json.loads(redact(json.dumps(summary)))
-    return text, summary
-
-
-def render_triage(run_dir: Path, no_redact: bool = False) -> Path:
-    """Write report.md and summary.json of a triage run directory; returns report.md."""
-    state = json.loads((run_dir / "triage.json").read_text())
-    text, summary = build_triage_report(run_dir, state, no_redact)
-    (run_dir / "report.md").write_text(text)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return run_dir / "report.md"
+    code = (EXIT_FAILURE if failure else EXIT_REGRESSION if regressed else
+            EXIT_INCONCLUSIVE if _unreproduced(state) else EXIT_HEALTHY)
+    summary = Summary(
+        command="triage", headline=headline, status=STATUS_OF_EXIT[code],
+        verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len) for r in rows],
+        rows=[r.to_dict() for r in rows],
+        failing=(records[failure["trial"]].verdict if failure and failure.get("trial") in
+                 records else _failed_checks(state)[0]["verdict"] if failure and
+                 failure.get("check") else None),
+        details={"target": state["target"], "complete": not state.get("stopped"),
+                 "stopped": state.get("stopped"),
+                 "threshold": (state.get("sweep") or {}).get("threshold"),
+                 "deepest_ok": (state.get("sweep") or {}).get("deepest_ok"),
+                 "failure": failure, "checks": [
+                     {k: c[k] for k in ("name", "passed", "module", "summary")} |
+                     {"verdict": c["verdict"]["name"]}
+                     for c in (state.get("checks") or {}).get("results", [])],
+                 "env_problems": state.get("env_problems", []),
+                 "regression": ({"baseline": regression["path"],
+                                 "threshold": regression["threshold"],
+                                 "regressions": regressed} if regression else None),
+                 "elapsed_s": state.get("elapsed_s"), "baseline_knobs": dict(BASELINE)})
+    return text, summary.to_dict()

@@ -13,11 +13,23 @@ memory: the cliff, before a run falls off it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from nsadiag.report import RECOMMENDATIONS, evidence_section, fmt_bytes, fmt_s, reproduction
+from nsadiag.report.markdown import (
+    RECOMMENDATIONS,
+    config_table,
+    evidence_section,
+    fmt_bytes,
+    fmt_s,
+    md_table,
+    reproduction,
+    rows_frame,
+)
+from nsadiag.report.plots import sweep_plot
+from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import Fit, SweepRow, fit_quantity, row_from_record
 
@@ -57,16 +69,21 @@ def analyse_seq(rows: Sequence[SweepRow]) -> dict[str, Any]:
 
 
 def _fits_lines(fits: dict[str, Fit]) -> list[str]:
+    import pandas as pd
+
     if not fits:
         return ["Fewer than three OK lengths: no fit."]
-    lines = ["| quantity | per token (± s.e.) | R² | points | growth | predicted |",
-             "|---|---|---|---|---|---|"]
-    for name, fit in fits.items():
-        unit = fmt_bytes if name != "step_s" else (lambda v: f"{v:.3g} s")
-        predicted = ", ".join(f"S={s}: {unit(v)}" for s, v in fit.extrapolated.items())
-        lines.append(f"| {name} | {unit(fit.slope)} ± {unit(fit.slope_se)} | {fit.r2:.3f} | "
-                     f"{fit.points} | {fit.growth()} | {predicted or '-'} |")
-    return lines
+
+    def unit(name: str):
+        return fmt_bytes if name != "step_s" else (lambda v: f"{v:.3g} s")
+
+    frame = pd.DataFrame([{
+        "quantity": name, "per token (± s.e.)": f"{unit(name)(f.slope)} ± "
+                                               f"{unit(name)(f.slope_se)}",
+        "R²": f"{f.r2:.3f}", "points": str(f.points), "growth": f.growth(),
+        "predicted": ", ".join(f"S={s}: {unit(name)(v)}" for s, v in f.extrapolated.items())
+        or "-"} for name, f in fits.items()])
+    return md_table(frame, {c: str for c in frame.columns})
 
 
 def _cliff(analysis: dict[str, Any], total: int) -> list[str]:
@@ -87,11 +104,15 @@ def _cliff(analysis: dict[str, Any], total: int) -> list[str]:
     return lines
 
 
-def build_seq_report(records: Sequence[TrialRecord], meta: dict[str, Any]
+LABEL = "sweep-seq"
+
+
+def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any]
                      ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary) of a sweep-seq run directory's records."""
+    """(markdown, summary.json) of a sweep-seq run directory's records; writes
+    sweep.png (time and peak against S) into run_dir."""
     records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
-    rows = [row_from_record(record) for record in records]
+    rows = [row_from_record(record, LABEL) for record in records]
     analysis = analyse_seq(rows)
     failing = next((r for r in records if r.verdict_name != "OK"), None)
     headline = (f"{failing.verdict_name} at S={failing.spec.get('seq_len')}" if failing
@@ -104,17 +125,29 @@ def build_seq_report(records: Sequence[TrialRecord], meta: dict[str, Any]
                             f"**{failing.verdict_name}**. {failing.verdict['reasons'][0]}"
                             if failing else "every length OK.")]
     md += [""] + _cliff(analysis, total)
-    md += ["", "## Configuration", "", "| field | value |", "|---|---|"]
-    for key in ("target", "n_layers", "batch", "dtype", "grad_ckpt", "branches", "backend",
-                "device", "steps", "stall_timeout_s", "budget_s", "overrides"):
-        md.append(f"| {key} | {first.get(key)} |")
-    md += ["", "## Results", "", "| S | verdict | step | peak RSS | saved for backward | "
-           "rest of the peak | steps |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        md.append(f"| {row.seq_len} | {row.verdict} | {fmt_s(row.step_s)} | "
-                  f"{fmt_bytes(row.peak_rss)} | {fmt_bytes(row.saved_bytes)} | "
-                  f"{fmt_bytes(_rest(row))} | {row.steps_done} |")
+    md += ["", "## Configuration", ""] + config_table(first, (
+        "target", "n_layers", "batch", "dtype", "grad_ckpt", "branches", "backend", "device",
+        "steps", "stall_timeout_s", "budget_s", "overrides"))
+    frame = rows_frame(rows)
+    md += ["", "## Results", ""]
+    if not frame.empty:
+        table = frame[["seq_len", "verdict", "step_s", "peak_rss", "saved_bytes",
+                       "steps_done"]].assign(rest=[_rest(r) for r in rows])
+        table = table[["seq_len", "verdict", "step_s", "peak_rss", "saved_bytes", "rest",
+                       "steps_done"]]
+        table.columns = ["S", "verdict", "step", "peak RSS", "saved for backward",
+                         "rest of the peak", "steps"]
+        md += md_table(table, {"S": str, "step": fmt_s, "peak RSS": fmt_bytes,
+                               "saved for backward": fmt_bytes, "rest of the peak": fmt_bytes,
+                               "steps": str})
+    else:
+        md += ["No trial finished."]
     md += ["", "### Fits against the sequence length", ""] + _fits_lines(analysis["fits"])
+    png = sweep_plot({LABEL: rows}, {LABEL: analysis["fits"]}, run_dir / "sweep.png",
+                     {LABEL: f"{LABEL} ({first.get('target')}, {first.get('n_layers') or 'default'}"
+                             f" layers)"}, x="seq_len")
+    if png:
+        md += ["", f"![time and memory against the sequence length]({png.name})"]
     md += ["", "## Evidence", ""] + (evidence_section(failing or records[-1]) if records
                                      else ["No trial ran."])
     md += ["", "## Minimal reproduction", ""] + reproduction(meta.get("argv"), failing)
@@ -122,12 +155,14 @@ def build_seq_report(records: Sequence[TrialRecord], meta: dict[str, Any]
     md += [RECOMMENDATIONS.get(failing.verdict_name, "") if failing else
            "Every length finished: compare the predicted peak with the memory of the machine "
            "the full run uses."]
-    summary = {"command": "sweep-seq", "headline": headline,
-               "verdicts": [{"seq_len": r.seq_len, "n_layers": r.n_layers,
-                             "verdict": r.verdict} for r in rows],
-               "rows": [r.to_dict() for r in rows],
-               "fits": {q: f.to_dict() for q, f in analysis["fits"].items()},
-               "rest_outgrows_saved": analysis["rest_outgrows_saved"],
-               "machine_memory": total,
-               "failing": failing.verdict if failing else None}
-    return "\n".join(md) + "\n", summary
+    summary = Summary(
+        command="sweep-seq", headline=headline,
+        status=status_of_verdicts(r.verdict for r in rows),
+        verdicts=[verdict_row(LABEL, r.verdict, r.n_layers, r.seq_len) for r in rows],
+        rows=[r.to_dict() for r in rows],
+        fits={LABEL: {q: f.to_dict() for q, f in analysis["fits"].items()}}
+        if analysis["fits"] else {},
+        failing=failing.verdict if failing else None,
+        details={"rest_outgrows_saved": analysis["rest_outgrows_saved"],
+                 "machine_memory": total})
+    return "\n".join(md) + "\n", summary.to_dict()

@@ -4,20 +4,22 @@ block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 report.md: the verdict and its reasons, the command and how it ended, every watched
 process (its events by kind), the evidence of the training process (stacks, last events,
 the profile's loop and line), the tail of the command's stderr, and what to do next.
-summary.json: command, headline, verdict, the command's exit code.
+summary.json: the common envelope plus the verdict, the command's own exit code and argv.
+The record is record.json in the run directory (written by nsadiag.commands.run).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
-from nsadiag.report import RECOMMENDATIONS, evidence_section, redact
+from nsadiag.report.markdown import RECOMMENDATIONS, evidence_section
+from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
 from nsadiag.rundir import TrialRecord
 
 STDERR_LINES = 15
+LABEL = "run"
 
 
 def _stderr_tail(run_dir: Path) -> list[str]:
@@ -28,9 +30,8 @@ def _stderr_tail(run_dir: Path) -> list[str]:
     return lines[-STDERR_LINES:]
 
 
-def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
-                     ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary) of one `nsadiag run`."""
+def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of one `nsadiag run`."""
     verdict, evidence = record.verdict, record.evidence
     command = shlex.join(record.spec["command"])
     kind = record.spec.get("kind", "run")  # "watch": a block under nsadiag.watch()
@@ -60,19 +61,10 @@ def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
     if kind == "run":
         md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
                    f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
-    text = "\n".join(md) + "\n"
-    summary = {"command": kind, "headline": headline, "verdict": verdict["name"],
-               "exit_code": evidence.get("exit_code"), "argv": record.spec["command"]}
-    if not no_redact:
-        text, summary = redact(text), json.loads(redact(json.dumps(summary)))
-    return text, summary
-
-
-def write_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False) -> Path:
-    """report.md and summary.json of the run, and record.json that `nsadiag report`
-    re-renders them from."""
-    (run_dir / "record.json").write_text(json.dumps(record.to_dict(), indent=1))
-    text, summary = build_run_report(record, run_dir, no_redact)
-    (run_dir / "report.md").write_text(text)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return run_dir / "report.md"
+    summary = Summary(
+        command=kind, headline=headline, status=status_of_verdicts([verdict["name"]]),
+        verdicts=[verdict_row(LABEL, verdict["name"])],
+        failing=verdict if verdict["name"] != "OK" else None,
+        details={"verdict": verdict["name"], "command_exit_code": evidence.get("exit_code"),
+                 "argv": list(record.spec["command"])})
+    return "\n".join(md) + "\n", summary.to_dict()

@@ -1,6 +1,6 @@
 """The report of an `nsadiag ddp` run: one DDP trial, every rank side by side.
 
-Same shape as nsadiag.report (executive summary, configuration, per-rank results,
+Same shape as the sweep report (executive summary, configuration, per-rank results,
 evidence, analysis, minimal reproduction, recommendations), built only from the stored
 record: the verdict's reasons, the per-rank table (rank, pid, state, collectives issued,
 last collective, waiting in, position) and each rank's last heartbeats and stacks.
@@ -8,29 +8,45 @@ last collective, waiting in, position) and each rank's last heartbeats and stack
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
-from nsadiag.report import RECOMMENDATIONS, cli_value, last_events, redact, stack_excerpt
+from nsadiag.report.markdown import (
+    RECOMMENDATIONS,
+    config_table,
+    last_events,
+    md_table,
+    stack_excerpt,
+    trial_options,
+)
+from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
 from nsadiag.rundir import TrialRecord
+from nsadiag.sweep import row_from_record
 
-
-def _cell(value: Any) -> str:
-    return "-" if value is None else str(value).replace("|", "/")
+LABEL = "ddp"
 
 
 def ranks_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| rank | pid | state | collectives issued | last collective | waiting in | "
-             "position |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        waiting = row.get("waiting")
-        if waiting and row.get("waiting_since_s") is not None:
-            waiting = f"{waiting}, {row['waiting_since_s']:.1f} s"
-        lines.append(f"| {row['rank']} | {_cell(row.get('pid'))} | {_cell(row.get('state'))} "
-                     f"| {_cell(row.get('issued'))} | {_cell(row.get('last_collective'))} | "
-                     f"{_cell(waiting)} | {_cell(row.get('position'))} |")
-    return lines
+    """One line per rank: pid, state, collectives issued, the last one, what it waits in
+    (and for how long), where it is."""
+    import pandas as pd
+
+    if not rows:
+        return ["No rank reported."]
+
+    def waiting(row: dict[str, Any]) -> Any:
+        if row.get("waiting") and row.get("waiting_since_s") is not None:
+            return f"{row['waiting']}, {row['waiting_since_s']:.1f} s"
+        return row.get("waiting")
+
+    frame = pd.DataFrame({
+        "rank": [r["rank"] for r in rows], "pid": [r.get("pid") for r in rows],
+        "state": [r.get("state") for r in rows],
+        "collectives issued": [r.get("issued") for r in rows],
+        "last collective": [r.get("last_collective") for r in rows],
+        "waiting in": [waiting(r) for r in rows],
+        "position": [r.get("position") for r in rows]}, dtype=object)
+    return md_table(frame)
 
 
 def _rank_evidence(rank: dict[str, Any]) -> list[str]:
@@ -67,26 +83,16 @@ def _flight_recorder(ddp: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _reproduction(record: TrialRecord, meta: dict[str, Any]) -> list[str]:
-    spec, ddp = record.spec, record.evidence.get("ddp") or {}
-    args = ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--backend",
-            str(ddp.get("backend")), "--target", spec["target"], "--seq-len",
-            str(spec["seq_len"]), "--batch", str(spec["batch"]), "--dtype", spec["dtype"],
-            "--device", spec["device"],
-            "--steps", str(spec["steps"]), "--stall-timeout", f"{spec['stall_timeout_s']:g}",
-            "--budget", f"{spec['budget_s']:g}"]
-    if spec.get("n_layers") is not None:
-        args += ["--layers", str(spec["n_layers"])]
-    if spec.get("grad_ckpt"):
-        args.append("--grad-ckpt")
-    for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={cli_value(value)}"]
+def _reproduction(record: TrialRecord) -> list[str]:
+    ddp = record.evidence.get("ddp") or {}
+    args = ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--ddp-backend",
+            str(ddp.get("backend")), *trial_options(record.spec)]
     return ["```", shlex.join(args), "```"]
 
 
-def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any],
-                     no_redact: bool = False) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary) of a ddp run directory's record."""
+def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
+                     ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a ddp run directory's record."""
     record = records[-1]
     verdict, evidence = record.verdict, record.evidence
     ddp = evidence.get("ddp") or {}
@@ -97,15 +103,14 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any],
                    if facts.get("odd_ranks") else ""))
     md = [f"# nsadiag ddp: {headline}", "", "## Executive summary", "",
           f"**{verdict['name']}**. " + verdict["reasons"][0], ""]
-    md += ["## Configuration", "", "| field | value |", "|---|---|",
-           f"| world size | {ddp.get('world_size')} |", f"| backend | {ddp.get('backend')} |",
-           f"| process-group timeout | {ddp.get('pg_timeout_s')} s |"]
-    for key in ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "device",
-                "steps", "stall_timeout_s", "budget_s", "overrides"):
-        md.append(f"| {key} | {record.spec.get(key)} |")
     torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
-    if torch_version:
-        md.append(f"| torch | {torch_version} |")
+    md += ["## Configuration", ""] + config_table(
+        record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
+                      "backend", "device", "steps", "stall_timeout_s", "budget_s",
+                      "overrides"),
+        [("world size", ddp.get("world_size")), ("ddp backend", ddp.get("backend")),
+         ("process-group timeout", f"{ddp.get('pg_timeout_s')} s")]
+        + ([("torch", torch_version)] if torch_version else []))
     md += ["", "## Ranks", ""] + ranks_table(rows)
     md += ["", "## Evidence", "", f"Verdict **{verdict['name']}** after {record.wall_s:.1f} s:",
            ""]
@@ -125,7 +130,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any],
         md += ["Ruled out: a slow run (no rank wrote a heartbeat for the stall timeout) and a "
                "busy rank (each waits in a collective)." if not facts.get("pg_timeout") else
                "Ruled out: a slow run: a rank's collective hit the process-group timeout.", ""]
-    md += ["## Minimal reproduction", ""] + _reproduction(record, meta)
+    md += ["## Minimal reproduction", ""] + _reproduction(record)
     md += ["", "## Recommendations", ""]
     if facts.get("fixes"):
         md += [f"- {fix}" for fix in facts["fixes"]]
@@ -133,14 +138,15 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any],
         md += [RECOMMENDATIONS.get(verdict["name"], "Healthy: every rank finished and issued "
                                    "the same collectives.")]
     text = "\n".join(md) + "\n"
-    summary = {"command": "ddp", "headline": headline, "verdict": verdict["name"],
-               "world_size": ddp.get("world_size"), "backend": ddp.get("backend"),
-               "ranks": rows, "odd_ranks": facts.get("odd_ranks"),
-               "diverged_at": facts.get("diverged_at"), "failing":
-               verdict if verdict["name"] != "OK" else None,
-               "flight_recorder": ddp.get("flight_recorder") or []}
-    if not no_redact:
-        text = redact(text)
-        summary = json.loads(redact(json.dumps(summary)))
-    return text, summary
+    row = row_from_record(record, LABEL)
+    summary = Summary(
+        command="ddp", headline=headline, status=status_of_verdicts([verdict["name"]]),
+        verdicts=[verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),
+                              record.spec.get("seq_len"))],
+        rows=[row.to_dict()], failing=verdict if verdict["name"] != "OK" else None,
+        details={"verdict": verdict["name"], "world_size": ddp.get("world_size"),
+                 "ddp_backend": ddp.get("backend"), "ranks": rows,
+                 "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
+                 "flight_recorder": ddp.get("flight_recorder") or []})
+    return text, summary.to_dict()
 

@@ -1,0 +1,5 @@
+"""``python -m nsadiag.cli``."""
+
+from nsadiag.cli.app import main
+
+main()

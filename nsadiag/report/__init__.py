@@ -1,0 +1,14 @@
+"""Reports of run directories: one package for Markdown, summary.json, plots, redaction.
+
+    redact.py    what is hidden before anything is shared (text and JSON values)
+    markdown.py  the formatting every report shares (units, tables, evidence, reproduction)
+    summary.py   summary.json as a typed model (nsadiag/schemas/summary.schema.json)
+    plots.py     the PNG plots
+    sweep.py, seq.py, ddp.py, check.py, triage.py, memory.py, trace.py, stacks.py, run.py
+                 one renderer per run kind: (markdown, summary.json) from stored records
+    dispatch.py  render_run(run_dir): the kind from run.json, the renderer, redaction, files
+    bundle.py    write_bundle(run_dir): a redacted archive for sharing
+
+Renderers import nothing from each other; each imports the shared modules only. This
+package imports no renderer on its own, so ``nsadiag.report.redact`` stays light.
+"""

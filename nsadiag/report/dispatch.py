@@ -1,0 +1,162 @@
+"""Which report a run directory gets, rendered from what it stored.
+
+Every run directory names its kind in run.json (``command_name``): sweep-layers and
+isolate-branch (nsadiag.report.sweep, from trials.jsonl), sweep-seq (.seq), ddp (.ddp),
+check (.check, from checks.json), triage (.triage, from triage.json and trials.jsonl),
+memory (.memory, from memory.json), trace (.trace, from trace-result.json), stacks
+(.stacks, from stacks.json), run and watch (.run, from record.json) and attach (.attach,
+from attach.json). Directories written before
+run.json named every kind are recognised by their files.
+
+``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
+what `nsadiag report DIR` and every command end with. Both files are redacted
+(nsadiag.report.redact) unless ``no_redact``; a stored record that is malformed is one
+ValueError line, a record line of trials.jsonl that is torn is skipped and listed at the
+end of report.md and in summary.json's ``skipped_records``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nsadiag.report.redact import Redactor
+from nsadiag.report.summary import KINDS
+from nsadiag.rundir import TrialRecord, load_records, read_json, write_json, write_text
+
+PLOTS = ("sweep.png", "memory.png")
+
+
+@dataclass
+class Rendered:
+    """What rendering wrote: report.md, summary.json (its path and content, as written),
+    the plots and raw files worth naming; the run's headline and the exit code it stands
+    for."""
+
+    report: Path
+    summary_path: Path
+    summary: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        return self.summary["headline"]
+
+    @property
+    def exit_code(self) -> int:
+        return self.summary["exit_code"]
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """run.json of a run directory ({} when there is none)."""
+    path = run_dir / "run.json"
+    meta = read_json(path, "run.json") if path.exists() else {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"run.json: {path} is not a JSON object")
+    return meta
+
+
+def run_kind(run_dir: Path, meta: dict[str, Any]) -> str:
+    """The run's kind: run.json's command_name, else what its files say."""
+    kind = meta.get("command_name")
+    if kind is None:
+        for name, guess in (("triage.json", "triage"), ("record.json", "run"),
+                            ("attach.json", "attach"),
+                            ("checks.json", "check"), ("memory.json", "memory"),
+                            ("trace-result.json", "trace"), ("stacks.json", "stacks"),
+                            ("trials.jsonl", "sweep-layers")):
+            if (run_dir / name).exists():
+                return guess
+        raise ValueError(f"run_dir: {run_dir} holds no nsadiag run (no run.json, "
+                         f"trials.jsonl or triage.json)")
+    if kind not in KINDS:
+        raise ValueError(f"run.json: command_name must be one of {', '.join(KINDS)}, got "
+                         f"{kind!r}")
+    return kind
+
+
+def _records(run_dir: Path, skipped: list[str]) -> list[TrialRecord]:
+    records = load_records(run_dir / "trials.jsonl", skipped)
+    if not records:
+        raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")
+    return records
+
+
+def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+          ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
+    if kind in ("sweep-layers", "isolate-branch"):
+        from nsadiag.report.sweep import build_report
+
+        return build_report(run_dir, _records(run_dir, skipped), {"command_name": kind,
+                                                                  **meta})
+    if kind == "sweep-seq":
+        from nsadiag.report.seq import build_seq_report
+
+        return build_seq_report(run_dir, _records(run_dir, skipped), meta)
+    if kind == "ddp":
+        from nsadiag.report.ddp import build_ddp_report
+
+        return build_ddp_report(_records(run_dir, skipped), meta)
+    if kind == "triage":
+        from nsadiag.report.triage import build_triage_report
+
+        return build_triage_report(run_dir, read_json(run_dir / "triage.json", "triage.json"))
+    if kind == "attach":
+        from nsadiag.report.attach import build_attach_report
+
+        return build_attach_report(read_json(run_dir / "attach.json", "attach.json"), meta)
+    if kind in ("run", "watch"):
+        from nsadiag.report.run import build_run_report
+
+        record = read_json(run_dir / "record.json", "record.json")
+        return build_run_report(TrialRecord.from_dict(record), run_dir)
+    if kind == "check":
+        from nsadiag.checks import CheckResult
+        from nsadiag.report.check import build_check_report
+
+        stored = read_json(run_dir / "checks.json", "checks.json")
+        return build_check_report([CheckResult.from_dict(c) for c in stored["results"]],
+                                  stored["spec"], meta.get("argv") or [],
+                                  stored["world_size"])
+    if kind == "memory":
+        from nsadiag.report.memory import build_memory_report
+
+        return build_memory_report(run_dir, read_json(run_dir / "memory.json", "memory.json"),
+                                   meta)
+    if kind == "trace":
+        from nsadiag.report.trace import build_trace_report
+
+        return build_trace_report(run_dir, read_json(run_dir / "trace-result.json",
+                                                     "trace-result.json"), meta)
+    from nsadiag.report.stacks import build_stacks_report
+
+    return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
+
+
+def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
+    """Write the run directory's report.md and summary.json (redacted unless
+    ``no_redact``) from its stored records; ValueError (one line) for a directory that
+    holds no run or a malformed record."""
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    meta = read_meta(run_dir)
+    kind = run_kind(run_dir, meta)
+    skipped: list[str] = []
+    try:
+        text, summary = build(run_dir, kind, meta, skipped)
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+        raise ValueError(f"report: a stored record of {run_dir} is malformed "
+                         f"({type(err).__name__}: {err})") from None
+    if skipped:
+        text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
+        summary["skipped_records"] = skipped
+    if not no_redact:
+        redactor = Redactor()
+        text, summary = redactor.text(text), redactor.obj(summary)
+    report = write_text(run_dir / "report.md", text)
+    written = write_json(run_dir / "summary.json", summary)
+    plots = [run_dir / name for name in PLOTS if (run_dir / name).exists()]
+    return Rendered(report, written, summary, [report, written, *plots])
+

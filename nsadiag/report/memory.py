@@ -1,0 +1,101 @@
+"""The report of `nsadiag memory`: what a target saves for backward, where, and the peak.
+
+From the run directory's memory.json (the measurement, nsadiag.harness.memory): the bytes
+the first forward saved for backward in all, per module, per NSA branch and per layer (a
+layer saving more than four times the median stands out), the largest saved tensors,
+peak RSS and step time; on CUDA the allocator's counters, the memory history's summary
+and the expandable-segments A/B when it was measured. memory.png plots the per-layer and
+per-branch bytes, on every device.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsadiag.report.markdown import config_table, fmt_bytes, fmt_s, md_table
+from nsadiag.report.plots import memory_plot
+from nsadiag.report.summary import Summary
+
+SUMMARY_KEYS = ("device", "saved_total", "saved_by_module", "saved_by_branch", "per_layer",
+                "layer_standouts", "largest_saved", "step_s", "peak_rss", "cuda", "history",
+                "gpu", "ab_expandable_segments")
+TOP_MODULES = 15
+
+
+def _frame(rows: list[dict[str, Any]], columns: list[str]):
+    import pandas as pd
+
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def _history_lines(history: Mapping[str, Any]) -> list[str]:
+    if "unavailable" in history:
+        return [str(history["unavailable"])]
+    found = history["summary"]
+    sites = _frame(found["top_sites"], ["site", "bytes", "blocks"])
+    sites.columns = ["allocation site (live at peak)", "bytes", "blocks"]
+    return md_table(sites, {"bytes": fmt_bytes, "blocks": str}) + [
+        "", f"Segments {found['segments']}: reserved {fmt_bytes(found['reserved'])}, allocated "
+            f"{fmt_bytes(found['allocated'])}, {found['free_blocks']} free blocks, largest free "
+            f"block {fmt_bytes(found['largest_free_block'])}, fragmentation "
+            f"{found['fragmentation']:.2f}. Snapshot: `{Path(history['snapshot']).name}` "
+            f"(open in https://pytorch.org/memory_viz)."]
+
+
+def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mapping[str, Any]
+                        ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a memory run; writes memory.png into run_dir."""
+    import pandas as pd
+
+    spec = meta.get("spec") or {}
+    layers = measured.get("per_layer") or []
+    standouts = measured.get("layer_standouts") or []
+    headline = (f"{fmt_bytes(measured['saved_total'])} saved for backward, peak RSS "
+                f"{fmt_bytes(measured['peak_rss'])}" +
+                (f"; {', '.join(standouts)} stand(s) out" if standouts else ""))
+    png = memory_plot(measured, run_dir / "memory.png")
+    md = [f"# nsadiag memory: {headline}", "", "## Executive summary", "",
+          f"The first forward saved {fmt_bytes(measured['saved_total'])} for backward on "
+          f"{measured['device']}; one step takes {fmt_s(measured['step_s'])} s and the process "
+          f"peaked at {fmt_bytes(measured['peak_rss'])} resident."]
+    if measured.get("saved_by_branch"):
+        md += ["", "By NSA branch: " + ", ".join(
+            f"{b} {fmt_bytes(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
+    md += [f"\n**{name}** saves more than 4x the median layer." for name in standouts]
+    md += ["", "## Configuration", ""] + config_table(
+        spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
+               "device", "steps", "overrides"))
+    md += ["", "## Per layer", ""]
+    per_layer = _frame(layers, ["layer", "saved", "cuda_delta"])
+    per_layer.columns = ["layer", "saved for backward", "CUDA allocated delta"]
+    md += md_table(per_layer, {"saved for backward": fmt_bytes,
+                               "CUDA allocated delta": fmt_bytes})
+    if png:
+        md += ["", f"![saved for backward per layer and branch]({png.name})"]
+    modules = pd.DataFrame(list((measured.get("saved_by_module") or {}).items()),
+                           columns=["module", "saved"])
+    md += ["", "## Per module", ""] + md_table(modules, {"saved": fmt_bytes},
+                                               limit=TOP_MODULES)
+    largest = _frame(measured.get("largest_saved") or [], ["module", "shape", "dtype", "nbytes"])
+    largest.columns = ["largest saved tensors", "shape", "dtype", "size"]
+    md += ["", "## Largest saved tensors", ""] + md_table(
+        largest, {"size": fmt_bytes, "shape": lambda v: str(list(v))})
+    md += ["", "## Allocator", ""]
+    cuda = measured.get("cuda")
+    md.append(cuda if isinstance(cuda, str) else ", ".join(f"{k} {v}" for k, v in cuda.items()))
+    md += [""] + _history_lines(measured.get("history") or {})
+    if isinstance(measured.get("gpu"), str):
+        md += ["", measured["gpu"]]
+    ab = measured.get("ab_expandable_segments")
+    if ab:
+        rows = pd.DataFrame(ab["rows"])
+        md += ["", "## Expandable segments A/B", ""] + md_table(
+            rows[["quantity", "baseline", "expandable", "change"]],
+            {"change": lambda v: f"x{v:.2f}"})
+    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
+    summary = Summary(command="memory", headline=headline, status="measured",
+                      details={k: measured[k] for k in SUMMARY_KEYS if k in measured})
+    return "\n".join(md) + "\n", summary.to_dict()
