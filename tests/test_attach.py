@@ -50,6 +50,19 @@ SPIN = textwrap.dedent("""
 """)
 
 
+def wait_for_idle_pulses(run_dir: Path, count: int, timeout_s: float) -> None:
+    """Until the last `count` pulses of the heartbeat under run_dir report no progress."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pulses = [event for path in run_dir.glob("proc-*/events.jsonl")
+                  for line in path.read_text().splitlines()[:-1]  # the last may be torn
+                  for event in [json.loads(line)] if event.get("kind") == "pulse"]
+        if len(pulses) >= count and not any(p["progress"] for p in pulses[-count:]):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {count} idle pulses in a row under {run_dir} in {timeout_s} s")
+
+
 def start(tmp_path: Path, code: str, env: dict | None = None) -> subprocess.Popen:
     script = tmp_path / "target.py"
     script.write_text(code)
@@ -111,7 +124,9 @@ def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
     (tmp_path / "run").mkdir()
     proc = start(tmp_path, SPIN, env=command_env(tmp_path / "run"))
     try:
-        time.sleep(2.0)  # the sampler's states of the spin are all seen by now
+        # the sampler has seen every state of the spin once two pulses in a row say no
+        # progress (on a loaded machine that takes longer than on a quiet one)
+        wait_for_idle_pulses(tmp_path / "run", count=2, timeout_s=60.0)
         done, summary = attach(tmp_path, str(proc.pid), "--duration", "4")
         assert done.returncode == 1, done.stderr
         assert summary["verdict"] == "STALL-BUSY", summary["headline"]
