@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.probes.profile import describe, folded, read_profile, summarize
+from nsadiag.probes.profile import describe, folded, read_profile, summarize, tables
 from nsadiag.probes.sampler import PROFILE_VERSION, Sampler
 
 USER = "/home/user/proj/model.py"
@@ -70,6 +70,39 @@ def test_loop_counters_are_kept_and_values_that_are_not_counters_dropped():
         "busiest backward op: MmBackward0 in 100% of the backward samples",
         "loop variable `t` in attend (model.py:42) advanced 240 at 8.6/s, restarted 1 "
         "times: a loop iterating"]
+
+
+def test_frames_by_inclusive_and_self_share_put_the_users_code_first():
+    frames = summarize(_profile())["frames"]
+    # train and attend are on 9 of 10 stacks; attend is innermost on 3 of them, at line 42
+    # most often; softmax, a library frame with the largest self share, still comes after
+    assert [(f["where"], f["user"], f["inclusive"], f["self"]) for f in frames] == [
+        ("attend (model.py:42)", True, 9, 3), ("train (train.py:10)", True, 9, 0),
+        ("softmax (functional.py:7)", False, 6, 6),
+        ("_engine_run_backward (functional.py:9)", False, 1, 1)]
+    assert frames[0]["inclusive_share"] == pytest.approx(0.9)
+    assert frames[0]["self_share"] == pytest.approx(0.3)
+    lines = tables(summarize(_profile()))
+    assert "| attend (model.py:42) | user | 90% | 30% |" in lines
+    assert "| softmax (functional.py:7) | library | 60% | 60% |" in lines
+    assert tables({"samples": 0}) == [] and tables(None) == []
+
+
+def test_backward_time_goes_to_the_module_whose_backward_runs_and_names_the_op():
+    profile = _profile()
+    backward = profile["stacks"][2]
+    profile["stacks"][2:] = [
+        {**backward, "module": "blocks.1", "op": "MmBackward0", "count": 3},
+        {**backward, "module": "blocks.0", "op": None, "count": 1}]
+    profile["samples"] = 13
+    summary = summarize(profile)
+    assert summary["backward_modules"] == [
+        {"module": "blocks.1", "op": "MmBackward0", "count": 3, "share": 0.75},
+        {"module": "blocks.0", "op": None, "count": 1, "share": 0.25}]
+    assert ("in backward, 75% of the samples fell in the backward of blocks.1, op "
+            "MmBackward0") in describe(summary)
+    lines = tables(summary)
+    assert "| blocks.1 | MmBackward0 | 75% |" in lines and "| blocks.0 | - | 25% |" in lines
 
 
 def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely(tmp_path):

@@ -20,7 +20,19 @@ names the loop.
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
   "advanced", "restarts", "last", "rate_per_s", "observations"}``; ``rate_per_s`` is the
   rise per second while it rose;
-- ``backward_ops``: the autograd ops the backward samples were in, counted, most first.
+- ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
+- ``frames``: every function seen on the sampled stacks with its inclusive share (samples
+  with the function anywhere on the stack) and self share (samples with it innermost),
+  the user's own code first (``user`` True), each part by inclusive share:
+  ``{"where", "function", "file", "line", "user", "inclusive", "self",
+  "inclusive_share", "self_share"}``; ``line`` is the line the function was seen at most;
+- ``backward_modules``: the backward samples by the watched module whose backward was
+  running (the heartbeat's innermost open module) and the autograd op then running
+  (None where that backward was not instrumented), most first:
+  ``{"module", "op", "count", "share"}`` (share of the backward samples).
+
+``tables(summary)`` renders the frames and the backward attribution as Markdown tables for
+a report.
 """
 
 from __future__ import annotations
@@ -36,6 +48,8 @@ from typing import Any
 from nsadiag.probes.sampler import PROFILE_VERSION, is_user_file
 
 TOP = 5
+TABLE_ROWS = 8
+"""Rows of each part (user code, the rest) of the frames table."""
 MIN_OP_SHARE = 0.1
 """A backward op seen in fewer of the backward samples is not worth a sentence (most
 backwards are not instrumented: their samples carry no op)."""
@@ -126,6 +140,46 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found[:TOP]
 
 
+def _frames(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+    """Inclusive and self counts per (function, file), user code first (see the module
+    docstring)."""
+    inclusive: Counter = Counter()
+    own: Counter = Counter()
+    lines: dict[tuple[str, str], Counter] = {}
+    for entry in stacks:
+        count = int(entry.get("count", 0))
+        frames = [tuple(frame) for frame in entry.get("frames", [])]
+        for function, file, line in frames:
+            lines.setdefault((function, file), Counter())[line] += count
+        for key in {(function, file) for function, file, _ in frames}:
+            inclusive[key] += count
+        if frames:
+            own[frames[-1][:2]] += count
+    rows = []
+    for (function, file), count in inclusive.items():
+        line = lines[(function, file)].most_common(1)[0][0]
+        rows.append({"where": _where(function, file, line), "function": function,
+                     "file": file, "line": line, "user": is_user_file(file),
+                     "inclusive": count, "self": own.get((function, file), 0),
+                     "inclusive_share": count / samples if samples else 0.0,
+                     "self_share": own.get((function, file), 0) / samples if samples
+                     else 0.0})
+    rows.sort(key=lambda row: (not row["user"], -row["inclusive"], -row["self"]))
+    user = [row for row in rows if row["user"]][:TABLE_ROWS]
+    rest = [row for row in rows if not row["user"]][:TABLE_ROWS]
+    return user + rest
+
+
+def _backward_modules(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts: Counter = Counter()
+    for entry in stacks:
+        if entry.get("phase") == "backward":
+            counts[(entry.get("module"), entry.get("op"))] += int(entry.get("count", 0))
+    total = sum(counts.values())
+    return [{"module": module, "op": op, "count": n, "share": n / total if total else 0.0}
+            for (module, op), n in counts.most_common(TOP)]
+
+
 def folded(profile: dict[str, Any]) -> str:
     """The profile's stacks in the collapsed ("folded") format that flamegraph.pl,
     speedscope and inferno read: one line per stack, frames outermost first joined by ";",
@@ -158,7 +212,9 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
             "duration_s": (last - first) if first is not None and last is not None else None,
             "phases": dict(phases), "hot_lines": _hot_lines(stacks, samples),
             "loops": _loops(list(profile.get("loops", []))),
-            "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)]}
+            "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
+            "frames": _frames(stacks, samples),
+            "backward_modules": _backward_modules(stacks)}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:
@@ -183,6 +239,12 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:
         sentences.append(f"busiest backward op: {ops[0]['op']} in "
                          f"{ops[0]['count'] / in_backward:.0%} of the backward samples")
+    busiest = next((row for row in summary.get("backward_modules") or []
+                    if row["module"] is not None), None)
+    if busiest is not None and busiest["share"] >= MIN_OP_SHARE:
+        op = f", op {busiest['op']}" if busiest["op"] else ""
+        sentences.append(f"in backward, {busiest['share']:.0%} of the samples fell in the "
+                         f"backward of {busiest['module']}{op}")
     loops = summary.get("loops") or []
     if loops:
         loop = loops[0]
@@ -192,3 +254,31 @@ def describe(summary: dict[str, Any]) -> list[str]:
         sentences.append(f"loop variable `{loop['variable']}` in {loop['where']} advanced "
                          f"{loop['advanced']}{rate}{again}: a loop iterating")
     return sentences
+
+
+def _share(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def tables(summary: dict[str, Any] | None) -> list[str]:
+    """Markdown lines: the frames by inclusive and self share (user code first) and the
+    backward samples by module and op; [] without samples."""
+    if not summary or not summary.get("samples"):
+        return []
+    samples = summary["samples"]
+    over = f" over {summary['duration_s']:.0f} s" if summary.get("duration_s") else ""
+    lines = [f"Sampled profile ({samples} stacks{over}): frames by inclusive share (on the "
+             f"stack) and self share (innermost), the target's own code first.", "",
+             "| frame | code | inclusive | self |", "|---|---|---|---|"]
+    for row in summary.get("frames") or []:
+        lines.append(f"| {row['where']} | {'user' if row['user'] else 'library'} | "
+                     f"{_share(row['inclusive_share'])} | {_share(row['self_share'])} |")
+    backward = summary.get("backward_modules") or []
+    if backward:
+        lines += ["", "Backward samples by the module whose backward ran and the op running "
+                      "(op - where that backward was not instrumented):", "",
+                  "| module | op | share of backward samples |", "|---|---|---|"]
+        for row in backward:
+            lines.append(f"| {row['module'] or '(no watched module)'} | {row['op'] or '-'} "
+                         f"| {_share(row['share'])} |")
+    return lines
