@@ -585,7 +585,10 @@ def trace_cmd(target: str = TARGET, set_: list[str] = SET,
 def check_cmd(which: str = typer.Argument(..., help="causality, parity, ckpt, ddp or all."),
               target: str = TARGET, set_: list[str] = SET,
               layers: int = typer.Option(None, help="Number of layers."),
-              seq_len: int = typer.Option(128), batch: int = typer.Option(2),
+              seq_len: int = typer.Option(2048, help="Tokens per sequence, as the trial "
+                                          "commands; causality also runs a second pass at a "
+                                          "longer length where the budget allows."),
+              batch: int = typer.Option(2),
               device: str = typer.Option("cpu"), backend: str = typer.Option(None),
               world_size: int = typer.Option(2, help="Ranks of the ddp check."),
               stall_timeout: float = typer.Option(60.0, help="Seconds without a heartbeat."),
