@@ -134,6 +134,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any],
                                    "the same collectives.")]
     text = "\n".join(md) + "\n"
     summary = {"command": "ddp", "headline": headline, "verdict": verdict["name"],
+               "slow_by": (verdict.get("facts") or {}).get("slow_by"),
                "world_size": ddp.get("world_size"), "backend": ddp.get("backend"),
                "ranks": rows, "odd_ranks": facts.get("odd_ranks"),
                "diverged_at": facts.get("diverged_at"), "failing":

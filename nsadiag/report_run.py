@@ -57,6 +57,7 @@ def build_run_report(record: TrialRecord, run_dir: Path, no_redact: bool = False
                f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
     text = "\n".join(md) + "\n"
     summary = {"command": "run", "headline": headline, "verdict": verdict["name"],
+               "slow_by": (verdict.get("facts") or {}).get("slow_by"),
                "exit_code": evidence.get("exit_code"), "argv": record.spec["command"]}
     if not no_redact:
         text, summary = redact(text), json.loads(redact(json.dumps(summary)))

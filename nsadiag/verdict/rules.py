@@ -17,6 +17,10 @@ Progress is a heartbeat event (a block entered or left, a step, a collective) or
 the progress sampler that saw progress (a loop iterating inside one module, autograd nodes
 running in backward). A timer firing is never a verdict by itself: a run still progressing
 is SLOW, and a run that stopped is classified by what its process was doing.
+
+The reasons speak of "the child" for a job nsadiag started (a trial, a check) and of "the
+command" for a user's own command under ``nsadiag run`` (its evidence's spec names the
+command), whose time limit is its deadline rather than a budget.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from nsadiag.probes.frames import (
 )
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
+from nsadiag.verdict.load import contention, contention_sentence
 from nsadiag.verdict.progress import Progress, module_events, progress
 
 NAMES = ("OK", "SLOW", "INCONCLUSIVE", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM",
@@ -48,7 +53,14 @@ is a timing verdict (SLOW, STALL-BUSY) that did not reproduce or that machine co
 explains; it is never a failure."""
 
 FAILURES = frozenset(NAMES) - {"OK", "INCONCLUSIVE"}
-"""Verdicts that are a failure found (exit code 1)."""
+"""Verdicts that are a failure found (exit code 1), but for a SLOW by size (is_failure)."""
+
+
+def is_failure(name: str, slow_by: str | None = None) -> bool:
+    """Whether a verdict is a failure found: a name in FAILURES, except a SLOW by size (the
+    work itself outlasts the time limit, done without a defect: big, not broken).
+    ``slow_by`` is the verdict's fact of that name ("size", "defect" or None)."""
+    return name in FAILURES and not (name == "SLOW" and slow_by == "size")
 
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
@@ -73,6 +85,28 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+
+@dataclass(frozen=True)
+class _Words:
+    """How reasons name the watched process and its limits."""
+
+    who: str
+    limit: str  # the wall-clock limit that ended a progressing run
+    no_exception: str  # how a failure without a recorded exception is described
+    runner: str  # who stops the process
+    between: str  # what may sit between nsadiag and the Python process
+
+
+CHILD = _Words("the child", "the budget", "without writing an exception", "the runner",
+               "a shell or launcher between the runner and the child")
+COMMAND = _Words("the command", "the deadline", "without a Python traceback on stderr",
+                 "nsadiag", "the shell or launcher that runs the command")
+
+
+def words(evidence: Evidence) -> _Words:
+    """COMMAND for `nsadiag run`'s evidence (its spec names the user's command), else CHILD."""
+    return COMMAND if "command" in evidence.spec else CHILD
 
 
 def _thread_label(thread: ThreadStack) -> str:
@@ -132,14 +166,24 @@ def _signal_name(number: int, name: str | None) -> str:
 
 
 def rule_ok(evidence: Evidence) -> Verdict | None:
-    """OK: the child wrote a result with status ok and exited with status 0."""
+    """OK: the child wrote a result with status ok and exited with status 0 (a user's
+    command: it exited with status 0)."""
     result, outcome = evidence.result, evidence.outcome
     if not result or result.get("status") != "ok" or outcome.exit_code != 0:
         return None
     steps = result.get("steps_done")
     facts = {"steps_done": steps, "wall_s": outcome.wall_s, "peak_rss": result.get("peak_rss")}
-    reasons = [f"the child finished {steps} of {evidence.total_steps} steps with status ok "
-               f"and exit code 0 in {outcome.wall_s:.1f} s"]
+    if words(evidence) is COMMAND:
+        reasons = [f"the command exited with code 0 after {steps} training step(s) in "
+                   f"{outcome.wall_s:.1f} s"]
+    else:
+        reasons = [f"the child finished {steps} of {evidence.total_steps} steps with status "
+                   f"ok and exit code 0 in {outcome.wall_s:.1f} s"]
+    timing = result.get("timing_steps")
+    if timing:
+        facts["timing_steps"] = timing
+        reasons.append(f"then {timing} more step(s) for the step-time median, as the budget "
+                       f"allowed")
     return Verdict("OK", reasons, facts)
 
 
@@ -157,7 +201,8 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     where = project_frame(str(exception.get("traceback", "")))
     facts = {**_position(evidence), "exception_type": kind, "message": first_line,
              "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}
-    reasons = [f"the child raised {kind}: {first_line}"]
+    who = words(evidence).who
+    reasons = [f"{who} raised {kind}: {first_line}"]
     if where:
         reasons.append(f"innermost project frame: {where}")
     explanation = explain_exception(kind, message)
@@ -168,7 +213,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:
-        reasons.append(f"peak RSS of the child was {_gib(facts['peak_rss'])}")
+        reasons.append(f"peak RSS of {who} was {_gib(facts['peak_rss'])}")
     peak_cuda = (evidence.result or {}).get("peak_cuda")
     if peak_cuda:
         facts["peak_cuda"] = peak_cuda
@@ -188,21 +233,23 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
     facts = {**_position(evidence), "signal": outcome.signal, "signal_name": name,
              "memory_cap_bytes": outcome.memory_cap_bytes, "wall_s": outcome.wall_s}
     where = _position_sentence(facts)
+    said = words(evidence)
     if outcome.oom_killer:
-        return Verdict("OOM", [f"the kernel OOM killer killed the child ({name or 'no signal'} "
-                               f"recorded) after {outcome.wall_s:.1f} s", where], facts)
+        return Verdict("OOM", [f"the kernel OOM killer killed {said.who} "
+                               f"({name or 'no signal'} recorded) after {outcome.wall_s:.1f} s",
+                               where], facts)
     if name == "SIGKILL" and outcome.memory_cap_bytes:
         rss = facts.get("last_rss")
-        reasons = [f"the child died of SIGKILL, not sent by the runner, under a memory cap of "
-                   f"{_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
+        reasons = [f"{said.who} died of SIGKILL, not sent by {said.runner}, under a memory cap "
+                   f"of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
         if rss:
             reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
         return Verdict("OOM", reasons, facts)
-    reasons = [f"the child died of {name} (signal {outcome.signal}) after {outcome.wall_s:.1f} s "
-               f"without writing an exception", where]
+    reasons = [f"{said.who} died of {name} (signal {outcome.signal}) after "
+               f"{outcome.wall_s:.1f} s {said.no_exception}", where]
     if name == "SIGKILL":
-        reasons.append("no memory cap was set and no OOM kill was recorded: something outside "
-                       "the runner sent SIGKILL")
+        reasons.append(f"no memory cap was set and no OOM kill was recorded: something outside "
+                       f"{said.runner} sent SIGKILL")
     return Verdict("CRASH", reasons, facts)
 
 
@@ -237,17 +284,35 @@ def rule_budget(evidence: Evidence) -> Verdict | None:
     outcome = evidence.outcome
     if not (outcome.killed_by_runner and outcome.kill_reason == "budget"):
         return None
+    limit = words(evidence).limit
+    finished = _asked_steps_finished(evidence)
+    if finished is not None:
+        return finished
     gap, window = _gap_before_end(evidence), _stall_window(evidence)
     if last_progress_t(evidence) is None:
-        return _stall_verdict(evidence, [f"the budget ran out after {outcome.wall_s:.1f} s "
+        return _stall_verdict(evidence, [f"{limit} ran out after {outcome.wall_s:.1f} s "
                                          f"before any heartbeat or progress pulse"])
     opportunity = evidence.stall.opportunity_s if evidence.stall else None
     if gap is not None and gap > window and (opportunity is None or opportunity > window):
         return _stall_verdict(evidence, [
-            f"the budget ran out after {outcome.wall_s:.1f} s, but the last progress "
+            f"{limit} ran out after {outcome.wall_s:.1f} s, but the last progress "
             f"(heartbeat or sampler pulse) came {gap:.1f} s before the kill (stall window "
             f"{window:.1f} s): not progressing"])
     return _slow_verdict(evidence, gap, window)
+
+
+def _asked_steps_finished(evidence: Evidence) -> Verdict | None:
+    """OK for a trial whose every asked step had finished when the budget kill came (it
+    was running extra steps for the step-time median, or writing its result): the run did
+    what it was asked. None when a step is missing or the step count is unknown."""
+    done, total = evidence.event_counts.get("step", 0), evidence.total_steps
+    if total <= 0 or done < total or words(evidence) is COMMAND:
+        return None
+    facts = {"steps_done": total, "wall_s": evidence.outcome.wall_s, "budget_kill": True}
+    return Verdict("OK", [f"the child finished all {total} steps; the budget ran out after "
+                          f"{evidence.outcome.wall_s:.1f} s, while it ran {done - total} "
+                          f"extra step(s) for the step-time median or wrote its result"],
+                   facts)
 
 
 def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdict:
@@ -263,8 +328,9 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     when = (f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
             if gap is not None else
             "at an unrecorded time, and the runner's stall watch had not fired")
-    reasons = [f"still progressing at the budget kill after {evidence.outcome.wall_s:.1f} s: "
-               f"the last progress (heartbeat or sampler pulse) came {when}"]
+    reasons = [f"still progressing at {words(evidence).limit} kill after "
+               f"{evidence.outcome.wall_s:.1f} s: the last progress (heartbeat or sampler "
+               f"pulse) came {when}"]
     if p.rate is not None:
         reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
     reasons.append(_fraction_sentence(p, evidence))
@@ -280,7 +346,25 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     samples = evidence.stall.samples if evidence.stall else []
     _add_hot_frame(samples, facts, reasons)
     _add_profile(evidence, facts, reasons)
+    load = _add_load(evidence, facts, reasons)
+    if load and load["contended"] and facts.get("slow_by") is None:
+        return Verdict("INCONCLUSIVE", [*reasons, "no count (host reads per token, FLOPs per "
+                                        "op) ties the slowness to a defect, and contention "
+                                        "alone can stretch a run past its limit: SLOW here "
+                                        "must be confirmed on a quieter machine"],
+                       {**facts, "would_be": "SLOW", "contended": True})
     return Verdict("SLOW", reasons, facts)
+
+
+def _add_load(evidence: Evidence, facts: dict, reasons: list[str]) -> dict[str, Any] | None:
+    """The machine's load while the job ran (nsadiag.verdict.load), relative to its usable
+    CPUs, into facts and one sentence; None when no load was recorded."""
+    found = contention(evidence.load)
+    if found is None:
+        return None
+    facts["load"] = found
+    reasons.append(contention_sentence(found))
+    return found
 
 
 def _add_profile(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
@@ -399,6 +483,7 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
              "unavailable": list(stall.unavailable)}
     reasons = [*preface, _cpu_sentence(stall), _position_sentence(facts)]
     _add_profile(evidence, facts, reasons)
+    _add_load(evidence, facts, reasons)
     verdict = _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
     if stall.stretched:
         return _contended(stall, verdict)
@@ -558,19 +643,22 @@ def _stall_cpu_unknown(stall: StallEvidence, facts: dict, reasons: list[str]) ->
 def rule_exit_code(evidence: Evidence) -> Verdict:
     """ERROR for anything else: an exit without an exception or a signal."""
     outcome, result = evidence.outcome, evidence.result
+    said = words(evidence)
     facts = {**_position(evidence), "exit_code": outcome.exit_code,
              "result_status": (result or {}).get("status")}
-    if result is None:
+    if said is COMMAND:
+        reasons = [f"the command exited with code {outcome.exit_code} {said.no_exception}"]
+    elif result is None:
         reasons = [f"the child exited with code {outcome.exit_code} without writing a result"]
     else:
         reasons = [f"the child exited with code {outcome.exit_code} and result status "
                    f"{result.get('status')!r} without an exception"]
     code = outcome.exit_code
     if code is not None and code > 128 and code - 128 in signals.valid_signals():
-        reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: a shell or launcher "
-                       f"between the runner and the child may report a signal this way")
+        reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: {said.between} "
+                       f"may report a signal this way")
     if outcome.killed_by_runner:
-        reasons.append(f"the runner killed it (reason {outcome.kill_reason!r})")
+        reasons.append(f"{said.runner} killed it (reason {outcome.kill_reason!r})")
     reasons.append(_position_sentence(facts))
     return Verdict("ERROR", reasons, facts)
 
