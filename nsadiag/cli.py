@@ -399,6 +399,8 @@ def compare_cmd(before: Path = typer.Argument(..., help="Run directory or summar
         for d in result["deltas"]:
             style = "red" if d["regressed"] else "green"
             noise = f"±{d['noise']:.0%}" if d.get("noise") is not None else "-"
+            if d.get("explained"):
+                noise += f"; vs expected cost {d['cost_change']:+.0%}: the machine"
             table.add_row(d["label"] or "-", str(d["n_layers"]), d["quantity"],
                           f"{d['before']:.4g}", f"{d['after']:.4g}",
                           f"[{style}]{d['change']:+.0%}[/{style}]", noise)

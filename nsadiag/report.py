@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import SweepRow, analyse, row_from_record
+from nsadiag.sweep import SweepRow, analyse, first_failure, row_from_record
 
 RECOMMENDATIONS = {
     "SLOW": "The run is progressing: raise the job's timeout above the ETA, or remove the "
@@ -131,16 +132,23 @@ def _fmt_branch(row: SweepRow, branch: str) -> str:
 
 
 def results_table(rows: Sequence[SweepRow]) -> list[str]:
-    """One line per trial; saved-for-backward bytes in all and per NSA branch."""
+    """One line per trial: times as medians over "median of" steps, the step time against
+    its expected cost (the dense reference's time for its FLOPs), the peak with the bytes
+    saved for backward in all and per NSA branch and the rest of the peak."""
     branch_heads = " | ".join(f"saved {b}" for b in BRANCH_COLUMNS)
-    lines = [f"| run | layers | verdict | forward s | backward s | step s | peak RSS | "
-             f"saved for backward | {branch_heads} | steps |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(BRANCH_COLUMNS) + "---|"]
+    lines = [f"| run | layers | verdict | forward s | backward s | step s | median of | "
+             f"vs expected cost | peak RSS | saved for backward | {branch_heads} | "
+             f"rest of the peak | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(BRANCH_COLUMNS) +
+             "---|---|"]
     for r in rows:
         branches = " | ".join(_fmt_branch(r, b) for b in BRANCH_COLUMNS)
-        lines.append(f"| {r.label or '-'} | {r.n_layers} | {r.verdict} | {fmt_s(r.forward_s)} "
-                     f"| {fmt_s(r.backward_s)} | {fmt_s(r.step_s)} | {fmt_bytes(r.peak_rss)} "
-                     f"| {fmt_bytes(r.saved_bytes)} | {branches} | {r.steps_done} |")
+        verdict = f"{r.verdict} (by {r.slow_by})" if r.slow_by else r.verdict
+        cost = f"{r.cost_ratio:.1f}x" if r.cost_ratio is not None else "-"
+        lines.append(f"| {r.label or '-'} | {r.n_layers} | {verdict} | {fmt_s(r.forward_s)} "
+                     f"| {fmt_s(r.backward_s)} | {fmt_s(r.step_s)} | {r.timed_steps} | {cost} "
+                     f"| {fmt_bytes(r.peak_rss)} | {fmt_bytes(r.saved_bytes)} | {branches} | "
+                     f"{fmt_bytes(r.rest_bytes)} | {r.steps_done} |")
     return lines
 
 
@@ -249,6 +257,8 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
                      f"{stall['cpu_delta_s']:.2f} s")
     lines += stall_lines(stall)
+    if verdict["name"] != "OK" and evidence.get("profile"):
+        lines += [""] + profile_tables(evidence["profile"]) + [""]
     for missing in stall.get("unavailable") or []:
         lines.append(f"- Evidence unavailable: {missing}")
     if isinstance(record.gpu, str):
@@ -283,6 +293,18 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
     elif step_fit:
         implicated.append(f"Step time grows faster than linearly with depth (quadratic term "
                           f"{step_fit.curvature:.4f} s/layer²).")
+    growth = analysis.get("memory_growth")
+    if growth and growth["outgrows"]:
+        implicated.append(f"The peak grows faster than the bytes saved for backward: from "
+                          f"{growth['from']} to {growth['to']} layers the rest of the peak "
+                          f"grew {growth['rest']:.1f}x while the saved bytes grew "
+                          f"{growth['saved']:.1f}x (peak {growth['peak']:.1f}x): a temporary "
+                          f"or a cache that grows faster than the activations sets the peak; "
+                          f"`nsadiag memory` names the module.")
+    elif growth:
+        ruled_out.append(f"A peak outgrowing the activations: from {growth['from']} to "
+                         f"{growth['to']} layers the saved bytes grew {growth['saved']:.1f}x "
+                         f"and the rest of the peak {growth['rest']:.1f}x.")
     mem_fit = analysis["fits"].get("peak_rss")
     if mem_fit and mem_fit.poor:
         mem_fit = None
@@ -377,15 +399,22 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         groups.setdefault(label, []).append(row_from_record(record, label))
     all_rows = [r for rows in groups.values() for r in rows]
     analyses = {label: analyse(rows) for label, rows in groups.items()}
-    failing = next((r for r in records if r.verdict_name != "OK"), None)
+    failing = first_failure(records) or next(
+        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
+    big = next((r for r in all_rows if r.slow_by == "size"), None)
     png = plot(groups, run_dir / "sweep.png")
     headline = (f"{failing.verdict_name} at {failing.spec.get('n_layers')} layers"
-                if failing else "all trials OK")
+                if failing else "all trials OK" if big is None else
+                f"no failure; slow by size from {big.n_layers} layers")
     md = [f"# nsadiag {meta.get('command_name', 'report')}: {headline}", ""]
     md += ["## Executive summary", ""]
     if failing:
         md += [f"{len(records)} trial(s); the first non-OK is {failing.spec.get('n_layers')} "
                f"layers: **{failing.verdict_name}**. " + failing.verdict["reasons"][0]]
+    elif big is not None:
+        md += [f"{len(records)} trial(s), none failed: from {big.n_layers} layers the work "
+               f"itself outlasts the budget (slow by size: no host read per token, no loop "
+               f"of tiny ops). A longer `--budget` or fewer `--steps` lets it finish."]
     else:
         md += [f"{len(records)} trial(s), every one OK."]
     for label, analysis in analyses.items():
@@ -424,8 +453,8 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
            "configuration with this one (sequence length, dtype, world size)."]
     text = "\n".join(md) + "\n"
     summary = {"command": meta.get("command_name"), "headline": headline,
-               "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict}
-                            for r in all_rows],
+               "verdicts": [{"n_layers": r.n_layers, "label": r.label, "verdict": r.verdict,
+                             "slow_by": r.slow_by} for r in all_rows],
                "threshold": int(failing.spec["n_layers"]) if failing else None,
                "rows": [r.to_dict() for r in all_rows],
                "fits": {label: {q: f.to_dict() for q, f in a["fits"].items()}

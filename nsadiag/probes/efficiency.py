@@ -15,7 +15,12 @@ and how fast the arithmetic runs is reported beside:
   forward and backward of a plain transformer block (SDPA attention and a 4x MLP) of the
   target's batch, sequence length and width: what a healthy model of these dims reaches;
 - ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token, ops
-  far smaller than a dense block's), else "size"; efficiency is reported beside.
+  far smaller than a dense block's), else "size"; efficiency is reported beside;
+- ``step_cost(measured, step_s)``: a step's time against its expected cost, the time the
+  dense reference would take here for the step's FLOPs (FLOPs over the dense block's
+  achieved FLOP/s, i.e. over this machine's matmul rate times the dense efficiency). The
+  matmul rate cancels out of the ratio, so a noisy rate reading does not move it;
+  ``far_above_cost`` says whether a step took DEFECT_COST_RATIO times that or more.
 
 torch is imported by the functions that use it.
 """
@@ -46,6 +51,10 @@ REFERENCE_MAX_TOKENS = 4096
 """The dense reference runs at most this many tokens (batch x sequence): its efficiency
 hardly changes beyond, and a long sequence's full attention matrix would not fit."""
 RATE_WINDOW_S = 0.15
+DEFECT_COST_RATIO = 30.0
+"""A step taking this many times the dense reference's time for its FLOPs or more is slow
+for its work (measured here: the per-token loop 24-81x, the built-in NSA 1.5-6x; the margin
+leaves room for a step timed under load against a reference timed before it)."""
 _RATES: dict[tuple[str, str], float] = {}
 
 
@@ -224,3 +233,20 @@ def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[st
         found.append(f"{per_op:,.0f} FLOP per op where a dense block's ops average "
                      f"{dense_per_op:,.0f}: a loop issuing tiny ops")
     return ("defect", found) if found else ("size", [])
+
+
+def step_cost(measured: dict[str, Any], step_s: float | None) -> dict[str, Any] | None:
+    """{"expected_s", "ratio"}: the dense reference's time here for the step's FLOPs, and
+    ``step_s`` over it; None when the FLOPs, the machine's rate, the dense efficiency or
+    the step time is unknown."""
+    flops, rate = measured.get("flops_per_step"), measured.get("machine_flops_per_s")
+    dense = measured.get("dense_efficiency")
+    if not flops or not rate or not dense or not step_s or step_s <= 0:
+        return None
+    expected = flops / (rate * dense)
+    return {"expected_s": expected, "ratio": step_s / expected}
+
+
+def far_above_cost(cost: dict[str, Any] | None) -> bool:
+    """Whether a step took DEFECT_COST_RATIO times its expected cost or more."""
+    return cost is not None and cost["ratio"] >= DEFECT_COST_RATIO
