@@ -237,3 +237,13 @@ def test_a_command_exiting_non_zero_without_a_traceback_reads_as_the_command():
     assert reasons[0] == "the command exited with code 137 without a Python traceback on stderr"
     assert reasons[1] == ("137 = 128 + SIGKILL: the shell or launcher that runs the command may "
                           "report a signal this way")
+
+
+def test_progress_after_the_runners_decision_is_progress_at_the_kill_not_a_negative_gap():
+    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    # the runner decided 2 s before the last event: the child went on while being sampled
+    data["outcome"]["ended_at"] = data["events"][-1]["t"] - 2.0
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW" and verdict.facts["since_last_event_s"] == 0.0
+    assert verdict.reasons[0].endswith("came at the kill itself (it went on while its stacks "
+                                       "were sampled)")

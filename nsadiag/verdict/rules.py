@@ -262,10 +262,12 @@ def last_progress_t(evidence: Evidence) -> float | None:
 
 
 def _gap_before_end(evidence: Evidence) -> float | None:
-    """Seconds from the last progress to the end of the process, None when unknown."""
+    """Seconds from the last progress to the end of the process, None when unknown; 0 when
+    progress came after the end (ended_at is when the runner decided to stop, and the
+    process went on while its stacks were sampled)."""
     last = last_progress_t(evidence)
     if last is not None and evidence.outcome.ended_at is not None:
-        return evidence.outcome.ended_at - last
+        return max(0.0, evidence.outcome.ended_at - last)
     if evidence.stall is not None:
         return evidence.stall.since_last_event_s
     return None
@@ -325,7 +327,8 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
              "fraction_done": p.fraction, "eta_s": p.eta_s, "events_done": p.events_done,
              "events_expected": p.events_expected, "fraction_basis": p.basis,
              "since_last_event_s": gap}
-    when = (f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
+    when = ("at the kill itself (it went on while its stacks were sampled)" if gap == 0.0 else
+            f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
             if gap is not None else
             "at an unrecorded time, and the runner's stall watch had not fired")
     reasons = [f"still progressing at {words(evidence).limit} kill after "
