@@ -101,6 +101,12 @@ def _frames(state: dict[str, Any], records: dict[str, TrialRecord]) -> dict[str,
     profiled = next((run.evidence["profile"] for run in runs if run.evidence.get("profile")),
                     None)
     found["profile"] = describe_profile(profiled) if profiled else []
+    line = ((profiled or {}).get("hot_lines") or [None])[0]
+    if line is not None:  # hundreds of samples over the run outrank a few at the kill
+        found.update(hot_frame=line["where"] + (f" `{line['code']}`" if line.get("code")
+                                                else ""),
+                     hot_count=line["count"], samples=profiled["samples"],
+                     hot_share=line["fraction"])
     found["slow_by"] = next((reason for run in runs for reason in run.verdict["reasons"]
                              if reason.startswith("slow by ")), None)
     return found
@@ -299,7 +305,9 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(f"Branch isolation: the {', '.join(failure['branches'])} branch "
                          f"alone reproduces {failure['verdict']}.")
         if frames.get("hot_frame"):
-            lines.append(f"Hot frame: {frames['hot_frame']}.")
+            share = (f" in {frames['hot_share']:.0%} of {frames['samples']} sampled stacks"
+                     if frames.get("hot_share") is not None else "")
+            lines.append(f"Hot frame: {frames['hot_frame']}{share}.")
         if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
         if frames.get("slow_by"):

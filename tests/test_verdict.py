@@ -395,6 +395,13 @@ def test_a_slow_verdict_names_the_loop_and_line_of_the_sampled_profile():
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
     assert verdict.facts["hot_line"] == "attend (model.py:42)"
+    # the profile's 240 samples name the hot frame and its share; the three stack samples
+    # taken at the kill only say where the run was then
+    assert verdict.facts["hot_frame"] == "attend (model.py:42)"
+    assert verdict.facts["hot_share"] == 0.75 and verdict.facts["hot_source"] == "profile"
+    assert verdict.facts["kill_frame"] == "_select_per_token (per_token_loop.py:38)"
+    assert any(r.startswith("at the kill the stacks were in _select_per_token "
+                            "(per_token_loop.py:38)") for r in verdict.reasons)
     assert verdict.facts["loop"]["variable"] == "t"
     assert "sampled profile: 240 stacks over 30 s (forward 83%, backward 17%)" \
         in verdict.reasons

@@ -14,7 +14,9 @@ names the loop.
 - ``samples``, ``duration_s``: how many stacks, over how long;
 - ``phases``: samples per phase ("forward", "backward", "other");
 - ``hot_lines``: the innermost user-code line of each sample, counted, most first:
-  ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81}``;
+  ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81,
+  "training_fraction": 0.9}``; ``fraction`` is of all samples, ``training_fraction`` of
+  those taken once the model was built (every phase but "build");
 - ``loops``: integer locals of user frames that count a loop (the source assigns them in
   a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
@@ -73,7 +75,8 @@ def _where(function: str, file: str, line: int) -> str:
     return f"{function} ({Path(file).name}:{line})"
 
 
-def _hot_lines(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+def _hot_lines(stacks: list[dict[str, Any]], samples: int, training: int
+               ) -> list[dict[str, Any]]:
     counts: Counter = Counter()
     code: dict[tuple[str, str, int], str | None] = {}
     for entry in stacks:
@@ -84,7 +87,8 @@ def _hot_lines(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any
         counts[key] += int(entry.get("count", 0))
         code.setdefault(key, linecache.getline(key[1], key[2]).strip() or None)
     return [{"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
-             "count": count, "fraction": count / samples if samples else 0.0}
+             "count": count, "fraction": count / samples if samples else 0.0,
+             "training_fraction": count / training if training else 0.0}
             for key, count in counts.most_common(TOP)]
 
 
@@ -210,7 +214,8 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
     first, last = profile.get("first_t"), profile.get("last_t")
     return {"samples": samples,
             "duration_s": (last - first) if first is not None and last is not None else None,
-            "phases": dict(phases), "hot_lines": _hot_lines(stacks, samples),
+            "phases": dict(phases),
+            "hot_lines": _hot_lines(stacks, samples, samples - phases.get("build", 0)),
             "loops": _loops(list(profile.get("loops", []))),
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
             "frames": _frames(stacks, samples),
@@ -232,8 +237,10 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if hot:
         line = hot[0]
         code = f" `{line['code']}`" if line.get("code") else ""
+        built = (f" ({line['training_fraction']:.0%} once the model was built)"
+                 if phases.get("build") and "training_fraction" in line else "")
         sentences.append(f"hottest line of user code: {line['where']}{code} in "
-                         f"{line['fraction']:.0%} of the samples")
+                         f"{line['fraction']:.0%} of the samples{built}")
     ops = summary.get("backward_ops") or []
     in_backward = phases.get("backward", 0)
     if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:

@@ -347,8 +347,14 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     if measured is not None:
         _add_efficiency(measured, evidence, facts, reasons)
     samples = evidence.stall.samples if evidence.stall else []
-    _add_hot_frame(samples, facts, reasons)
+    hot_lines = (evidence.profile or {}).get("hot_lines") or []
+    # hundreds of samples over the run name where the time went; the few taken at the kill
+    # name only where the run happened to be (in backward: the autograd engine)
+    _add_hot_frame(samples, facts, reasons, at_kill=bool(hot_lines))
     _add_profile(evidence, facts, reasons)
+    if hot_lines:
+        facts.update(hot_frame=hot_lines[0]["where"], hot_share=hot_lines[0]["fraction"],
+                     hot_code=hot_lines[0].get("code"), hot_source="profile")
     load = _add_load(evidence, facts, reasons)
     if load and load["contended"] and facts.get("slow_by") is None:
         return Verdict("INCONCLUSIVE", [*reasons, "no count (host reads per token, FLOPs per "
@@ -445,19 +451,28 @@ def _fraction_sentence(p: Progress, evidence: Evidence) -> str:
     return f"{p.fraction:.0%} done by steps and the position inside the current step"
 
 
-def _add_hot_frame(samples: Sequence[StackSample], facts: dict, reasons: list[str]) -> None:
-    """Put the hot frame of ``samples`` into facts and a sentence into reasons."""
+def _add_hot_frame(samples: Sequence[StackSample], facts: dict, reasons: list[str],
+                   at_kill: bool = False) -> None:
+    """Put the hot frame of ``samples`` into facts and a sentence into reasons; with
+    ``at_kill`` (a sampled profile names the hot frame) the samples only say where the run
+    was when it was stopped (facts kill_frame, kill_count)."""
     hot = hot_frame(samples)
     if hot is None:
         return
     frame, count, native_below = hot
     occurrences = sum(len(busy_threads(sample)) for sample in samples)
-    facts.update(hot_frame=frame.where(), hot_function=frame.function, hot_count=count,
-                 native_below=native_below)
     native_known = any(sample.native for sample in samples)
     below = ("native frames sit below it" if native_below else
              "no native frames below it" if native_known else "native frames not sampled")
     code = f" `{frame.code}`" if frame.code else ""
+    if at_kill:
+        facts.update(kill_frame=frame.where(), kill_count=count, hot_function=frame.function,
+                     native_below=native_below)
+        reasons.append(f"at the kill the stacks were in {frame.where()}{code} in {count} of "
+                       f"{occurrences} thread samples; {below}")
+        return
+    facts.update(hot_frame=frame.where(), hot_function=frame.function, hot_count=count,
+                 native_below=native_below)
     reasons.append(f"hot frame {frame.where()}{code} in {count} of {occurrences} thread "
                    f"samples; {below}")
 
