@@ -198,7 +198,9 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
         if failure.get("minimal"):
             text += f"; minimal failing change: {_knob_text(failure['minimal'])}"
         elif failure.get("minimal") == {}:
-            text += "; fails at the healthy baseline's knobs too"
+            text += ("; the defect shows at the healthy baseline's knobs too"
+                     if failure["verdict"] == "SLOW" else
+                     "; fails at the healthy baseline's knobs too")
         return text
     unreproduced = _unreproduced(state)
     if unreproduced:
@@ -319,7 +321,10 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
         if failure["minimal"] is not None:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
                           " on top of the healthy baseline.") if failure["minimal"] else
-                         "The failure reproduces with every knob at the healthy baseline.")
+                         ("The defect shows with every knob at the healthy baseline (its "
+                          "work, not whether its steps fitted a budget)."
+                          if failure["verdict"] == "SLOW" else
+                          "The failure reproduces with every knob at the healthy baseline."))
     elif _unreproduced(state):
         lines.append(_sentence(_headline(state, None)) + ". Rerun on a quieter machine or "
                      "with a larger `--budget` to settle it; the runs' evidence is in their "

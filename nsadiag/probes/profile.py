@@ -15,8 +15,11 @@ names the loop.
 - ``phases``: samples per phase ("forward", "backward", "other");
 - ``hot_lines``: the innermost user-code line of each sample, counted, most first:
   ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81,
-  "training_fraction": 0.9}``; ``fraction`` is of all samples, ``training_fraction`` of
-  those taken once the model was built (every phase but "build");
+  "training_fraction": 0.9, "phase": "forward", "phase_fraction": 0.95}``; ``fraction``
+  is of all samples, ``training_fraction`` of those taken once the model was built (every
+  phase but "build"), ``phase_fraction`` of the samples of the phase the line was seen in
+  most (a forward loop's line is absent from backward samples, whose Python stack is the
+  autograd engine's);
 - ``loops``: integer locals of user frames that count a loop (the source assigns them in
   a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
@@ -75,9 +78,10 @@ def _where(function: str, file: str, line: int) -> str:
     return f"{function} ({Path(file).name}:{line})"
 
 
-def _hot_lines(stacks: list[dict[str, Any]], samples: int, training: int
+def _hot_lines(stacks: list[dict[str, Any]], samples: int, phases: Counter
                ) -> list[dict[str, Any]]:
     counts: Counter = Counter()
+    by_phase: dict[tuple[str, str, int], Counter] = {}
     code: dict[tuple[str, str, int], str | None] = {}
     for entry in stacks:
         user = [tuple(frame) for frame in entry.get("frames", []) if is_user_file(frame[1])]
@@ -85,11 +89,19 @@ def _hot_lines(stacks: list[dict[str, Any]], samples: int, training: int
             continue
         key = user[-1]
         counts[key] += int(entry.get("count", 0))
+        by_phase.setdefault(key, Counter())[entry.get("phase") or "other"] += \
+            int(entry.get("count", 0))
         code.setdefault(key, linecache.getline(key[1], key[2]).strip() or None)
-    return [{"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
-             "count": count, "fraction": count / samples if samples else 0.0,
-             "training_fraction": count / training if training else 0.0}
-            for key, count in counts.most_common(TOP)]
+    training = samples - phases.get("build", 0)
+    lines = []
+    for key, count in counts.most_common(TOP):
+        phase, in_phase = by_phase[key].most_common(1)[0]
+        lines.append({"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
+                      "count": count, "fraction": count / samples if samples else 0.0,
+                      "training_fraction": count / training if training else 0.0,
+                      "phase": phase, "phase_fraction": in_phase / phases[phase]
+                      if phases.get(phase) else 0.0})
+    return lines
 
 
 def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
@@ -215,7 +227,7 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
     return {"samples": samples,
             "duration_s": (last - first) if first is not None and last is not None else None,
             "phases": dict(phases),
-            "hot_lines": _hot_lines(stacks, samples, samples - phases.get("build", 0)),
+            "hot_lines": _hot_lines(stacks, samples, phases),
             "loops": _loops(list(profile.get("loops", []))),
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
             "frames": _frames(stacks, samples),
@@ -237,8 +249,12 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if hot:
         line = hot[0]
         code = f" `{line['code']}`" if line.get("code") else ""
-        built = (f" ({line['training_fraction']:.0%} once the model was built)"
-                 if phases.get("build") and "training_fraction" in line else "")
+        shares = []
+        if phases.get("build") and "training_fraction" in line:
+            shares.append(f"{line['training_fraction']:.0%} once the model was built")
+        if len(phases) > 1 and line.get("phase_fraction") is not None:
+            shares.append(f"{line['phase_fraction']:.0%} of the {line['phase']} samples")
+        built = f" ({'; '.join(shares)})" if shares else ""
         sentences.append(f"hottest line of user code: {line['where']}{code} in "
                          f"{line['fraction']:.0%} of the samples{built}")
     ops = summary.get("backward_ops") or []
