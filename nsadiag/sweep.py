@@ -63,7 +63,7 @@ class SweepRow:
     seq_len: int | None = None
     timed_steps: int = 0  # steps the medians cover
     rest_bytes: int | None = None  # peak RSS minus saved_bytes
-    efficiency: float | None = None  # FLOP/s over this machine's matmul rate (last step)
+    efficiency: float | None = None  # FLOP/s of the median step over the matmul rate
     dense_efficiency: float | None = None  # the dense reference's, same shape, same machine
     expected_step_s: float | None = None
     cost_ratio: float | None = None
@@ -215,7 +215,9 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     timed_steps=len(measured("step_s")),
                     rest_bytes=max(0, peak - saved) if peak is not None and saved is not None
                     else None,
-                    efficiency=result.get("efficiency"),
+                    efficiency=(result["flops_per_step"] / step_s /
+                                result["machine_flops_per_s"]) if cost else
+                    result.get("efficiency"),
                     dense_efficiency=result.get("dense_efficiency"),
                     expected_step_s=cost["expected_s"] if cost else None,
                     cost_ratio=cost["ratio"] if cost else None,

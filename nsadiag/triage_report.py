@@ -134,6 +134,10 @@ def _efficiency_sentence(ref: dict[str, Any] | None) -> str | None:
             f"trial){cost}.")
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _efficiency_section(state: dict[str, Any]) -> list[str]:
     refs = [r for r in (state.get("sweep") or {}).get("probed") or []
             if r.get("dense_efficiency") is not None]
@@ -151,7 +155,8 @@ def _efficiency_section(state: dict[str, Any]) -> list[str]:
         defect = {True: "yes", False: "no"}.get(r.get("defect"), "-")
         lines.append(f"| {r['trial']} | {r['n_layers']} | {r['verdict']} | "
                      f"{fmt_s(r.get('step_s'))} | {r.get('timed_steps', '-')} | "
-                     f"{fmt_s(r.get('expected_step_s'))} | {ratio} | {r['efficiency']:.2%} | "
+                     f"{_seconds(r.get('expected_step_s'))} | {ratio} | "
+                     f"{r['efficiency']:.2%} | "
                      f"{r['dense_efficiency']:.1%} | {defect} |")
     return lines
 

@@ -94,6 +94,8 @@ def test_time_per_step_is_set_against_the_dense_references_time_for_its_flops():
     assert step_cost({**RATES, "dense_efficiency": None}, 0.5) is None
     row = row_from_record(_record(2))
     assert row.expected_step_s == pytest.approx(0.02) and row.cost_ratio == pytest.approx(12.5)
+    # the row's efficiency is the median step's: 1 GFLOP in 0.25 s at 100 GFLOP/s
+    assert row.efficiency == pytest.approx(0.04)
     assert "| 12.5x |" in results_table([row])[2]
 
 

@@ -419,7 +419,8 @@ def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
     if flops:
         figures.append(f"{flops / 1e9:.2f} GFLOP per step")
     if efficiency is not None and rate:
-        figures.append(f"{efficiency * rate / 1e9:.2f} GFLOP/s, {efficiency:.1%} of this "
+        share = f"{efficiency:.2%}" if efficiency < 0.01 else f"{efficiency:.1%}"
+        figures.append(f"{efficiency * rate / 1e9:.2f} GFLOP/s, {share} of this "
                        f"machine's matmul rate ({rate / 1e9:.0f} GFLOP/s)")
     if reference:
         figures.append(f"a dense transformer block of the same shape reaches {reference:.1%}")
