@@ -405,14 +405,14 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     png = plot(groups, run_dir / "sweep.png")
     headline = (f"{failing.verdict_name} at {failing.spec.get('n_layers')} layers"
                 if failing else "all trials OK" if big is None else
-                f"no failure; slow by size from {big.n_layers} layers")
+                f"no failure; slow by size from {big.n_layers} layer(s)")
     md = [f"# nsadiag {meta.get('command_name', 'report')}: {headline}", ""]
     md += ["## Executive summary", ""]
     if failing:
         md += [f"{len(records)} trial(s); the first non-OK is {failing.spec.get('n_layers')} "
                f"layers: **{failing.verdict_name}**. " + failing.verdict["reasons"][0]]
     elif big is not None:
-        md += [f"{len(records)} trial(s), none failed: from {big.n_layers} layers the work "
+        md += [f"{len(records)} trial(s), none failed: from {big.n_layers} layer(s) the work "
                f"itself outlasts the budget (slow by size: no host read per token, no loop "
                f"of tiny ops). A longer `--budget` or fewer `--steps` lets it finish."]
     else:

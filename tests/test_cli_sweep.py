@@ -59,7 +59,7 @@ def test_isolate_branch_slow_by_size_is_no_failure_and_exits_0(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [(v["label"], v["verdict"], v["slow_by"]) for v in summary["verdicts"]] == [
         ("all branches", "SLOW", "size"), ("win only", "SLOW", "size")]
-    assert summary["headline"] == "no failure; slow by size from 1 layers"
+    assert summary["headline"] == "no failure; slow by size from 1 layer(s)"
     assert summary["threshold"] is None
 
 

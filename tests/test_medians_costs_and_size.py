@@ -146,7 +146,7 @@ def test_slow_by_size_is_no_failure_in_a_sweep_report_or_its_exit_code(tmp_path)
     assert is_failure("SLOW") and not is_failure("INCONCLUSIVE") and not is_failure("OK")
     records = [_record(1), _record(2), _record(4, "SLOW", slow_by="size")]
     text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
-    assert summary["headline"] == "no failure; slow by size from 4 layers"
+    assert summary["headline"] == "no failure; slow by size from 4 layer(s)"
     assert summary["threshold"] is None and exit_code(summary) == 0
     assert analyse([row_from_record(r) for r in records])["threshold"] is None
     assert "| SLOW (by size) |" in text
