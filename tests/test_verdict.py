@@ -320,6 +320,25 @@ def test_hot_frame_counts_running_threads_and_reports_the_common_line():
     assert hot_frame([]) is None
 
 
+def test_with_no_thread_seen_running_a_thread_blocked_in_a_wait_is_not_the_hot_frame():
+    # a loaded machine: py-spy saw no thread running; the main thread spins through two
+    # functions while a helper thread sleeps in the same wait in every sample
+    def sample(function: str) -> StackSample:
+        spin = ThreadStack(1, "MainThread", [StackFrame(function, "/m/spin.py", 20)],
+                           active=False)
+        helper = ThreadStack(2, "sampler", [StackFrame("Condition.wait",
+                                                       "/usr/lib/threading.py", 331)],
+                             active=False)
+        return StackSample(t=1.0, pid=9, threads=[spin, helper])
+
+    frame, count, _ = hot_frame([sample("_ready"), sample("forward"), sample("_ready")])
+    assert (frame.function, count) == ("_ready", 2)
+    # when every thread waits, the waits are all there is to report
+    waiting = StackSample(t=1.0, pid=9, threads=[ThreadStack(
+        1, "MainThread", [StackFrame("acquire", "/m/lock.py", 5)], active=False)])
+    assert hot_frame([waiting])[0].function == "acquire"
+
+
 # ---- progress below module granularity, load and contention -------------------------------
 
 
