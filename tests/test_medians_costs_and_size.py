@@ -173,6 +173,14 @@ def test_contention_is_judged_per_usable_cpu_with_steal_where_readable(tmp_path)
     quiet = contention(_load(2.0, 2, (0, 1000)))
     assert quiet["load_per_cpu"] == pytest.approx(1.0) and quiet["steal"] == 0.0
     assert not quiet["contended"]
+    # a load the job makes itself (two ranks, each main thread asking for a whole CPU) is
+    # no contention from elsewhere: 4.0 on 2 CPUs, less the job's 2.0
+    own = _load(4.0, 2, (0, 1000))
+    own["main_thread"] = {"rank-0": {"got": 0.9, "demand": 1.0},
+                          "rank-1": {"got": 0.9, "demand": 1.0}}
+    found = contention(own)
+    assert found["load_per_cpu"] == pytest.approx(2.0)
+    assert found["others_per_cpu"] == pytest.approx(1.0) and not found["contended"]
     # the same load average on one usable CPU is contention
     assert contention(_load(2.0, 1, (0, 1000)))["contended"]
     stolen = contention(_load(1.0, 2, (150, 1000)))
@@ -195,8 +203,14 @@ def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive()
     data["load"] = _load(6.0, 2, (0, 1000))
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "INCONCLUSIVE" and verdict.facts["would_be"] == "SLOW"
-    assert any(r.startswith("the machine was contended (3.0 runnable tasks per usable CPU)")
-               for r in verdict.reasons)
+    assert any(r.startswith("the machine was contended (3.0 runnable tasks per usable CPU "
+                            "besides the job's own)") for r in verdict.reasons)
+    # a user's command at its own deadline did not finish, whatever the load: SLOW, with
+    # the load figures beside it
+    command = {**data, "spec": {"command": ["python", "train.py"], "stall_timeout_s": 30.0,
+                                "deadline_s": 60.0}}
+    verdict = decide(Evidence.from_dict(command))
+    assert verdict.name == "SLOW" and verdict.facts["load"]["contended"]
     data["load"] = _load(1.0, 2, (0, 1000))
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW" and verdict.facts["load"]["contended"] is False

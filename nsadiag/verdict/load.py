@@ -7,14 +7,16 @@ use of each process's main thread over its life (on-CPU and run-queue seconds).
 ``contention(load)`` turns them into figures relative to the CPUs the job could use:
 
 - ``load_per_cpu``: the larger 1-minute load average of start and end over the usable CPUs
-  (runnable tasks per CPU: above LOADED_PER_CPU the job shares its CPUs);
+  (runnable tasks per CPU); ``others_per_cpu`` the same less the job's own main threads'
+  demand for the CPU (on-CPU plus run-queue seconds per second, where recorded): above
+  LOADED_PER_CPU the job shares its CPUs with other work;
 - ``steal``: the part of all CPU time between start and end that a hypervisor gave to other
   guests (``/proc/stat`` steal over the total), None where the kernel has no steal column
   or the two readings are missing;
 - ``got``: the part of the CPU the job's main thread asked for (on-CPU plus run-queue
   seconds) that it received, the lowest over the job's processes;
-- ``contended``: any of load_per_cpu above LOADED_PER_CPU, steal at or above STEAL_CONTENDED,
-  got below GOT_CONTENDED; ``why`` says which.
+- ``contended``: any of others_per_cpu above LOADED_PER_CPU, steal at or above
+  STEAL_CONTENDED, got below GOT_CONTENDED; ``why`` says which.
 
 A timing verdict (SLOW, STALL-BUSY) read on a contended machine is one a quieter machine
 must confirm; counts (host reads, FLOPs per op) are not timings and stand at any load.
@@ -61,17 +63,21 @@ def contention(load: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     start, end = load.get("start"), load.get("end")
     per_cpu = [x for x in (_load_per_cpu(start), _load_per_cpu(end)) if x is not None]
-    got = [use["got"] for use in (load.get("main_thread") or {}).values()
-           if use.get("got") is not None]
+    threads = (load.get("main_thread") or {}).values()
+    got = [use["got"] for use in threads if use.get("got") is not None]
+    own = sum(use.get("demand") or 0.0 for use in threads)
+    cpus = (end or start or {}).get("cpus")
     found: dict[str, Any] = {
         "load_per_cpu": max(per_cpu) if per_cpu else None,
+        "others_per_cpu": max(0.0, max(per_cpu) - own / cpus) if per_cpu and cpus else None,
         "loadavg": [(r or {}).get("loadavg", [None])[0] for r in (start, end)],
         "usable_cpus": (end or start or {}).get("cpus"),
         "steal": cpu_steal((start or {}).get("cpu_stat"), (end or {}).get("cpu_stat")),
         "got": min(got) if got else None}
     why = []
-    if found["load_per_cpu"] is not None and found["load_per_cpu"] > LOADED_PER_CPU:
-        why.append(f"{found['load_per_cpu']:.1f} runnable tasks per usable CPU")
+    if found["others_per_cpu"] is not None and found["others_per_cpu"] > LOADED_PER_CPU:
+        why.append(f"{found['others_per_cpu']:.1f} runnable tasks per usable CPU besides "
+                   f"the job's own")
     if found["steal"] is not None and found["steal"] >= STEAL_CONTENDED:
         why.append(f"{found['steal']:.0%} of the CPU time stolen by the hypervisor")
     if found["got"] is not None and found["got"] < GOT_CONTENDED:

@@ -356,7 +356,11 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
         facts.update(hot_frame=hot_lines[0]["where"], hot_share=hot_lines[0]["fraction"],
                      hot_code=hot_lines[0].get("code"), hot_source="profile")
     load = _add_load(evidence, facts, reasons)
-    if load and load["contended"] and facts.get("slow_by") is None:
+    # a trial's budget is nsadiag's choice, so a SLOW nothing but its time supports must
+    # survive a quieter machine; a user's command at its own deadline did not finish, and
+    # the load figures beside it say how busy the machine was
+    if load and load["contended"] and facts.get("slow_by") is None and \
+            words(evidence) is CHILD:
         return Verdict("INCONCLUSIVE", [*reasons, "no count (host reads per token, FLOPs per "
                                         "op) ties the slowness to a defect, and contention "
                                         "alone can stretch a run past its limit: SLOW here "
