@@ -16,7 +16,12 @@ from nsadiag.ci import exit_code
 from nsadiag.evidence import Evidence
 from nsadiag.harness.jobs import cpu_stat
 from nsadiag.harness.trial import MEDIAN_STEPS, timing_step_fits
-from nsadiag.probes.efficiency import DEFECT_COST_RATIO, far_above_cost, step_cost
+from nsadiag.probes.efficiency import (
+    DEFECT_COST_RATIO,
+    far_above_cost,
+    step_cost,
+    token_loop,
+)
 from nsadiag.report import build_report, results_table
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
@@ -263,3 +268,31 @@ def test_progress_after_the_runners_decision_is_progress_at_the_kill_not_a_negat
     assert verdict.name == "SLOW" and verdict.facts["since_last_event_s"] == 0.0
     assert verdict.reasons[0].endswith("came at the kill itself (it went on while its stacks "
                                        "were sampled)")
+
+
+def _loop_profile(last: int, by_one: bool | None, phase: str = "forward") -> dict:
+    return {"samples": 100, "duration_s": 20.0, "phases": {"build": 40, phase: 60},
+            "hot_lines": [{"where": "forward (attn.py:27)", "file": "/u/attn.py", "line": 27,
+                           "count": 50, "fraction": 0.5, "phase": phase}],
+            "loops": [{"where": "forward (attn.py:26)", "variable": "t", "advanced": last,
+                       "restarts": 0, "last": last, "rate_per_s": 400.0, "observations": 60,
+                       "by_one": by_one}],
+            "backward_ops": []}
+
+
+def test_a_per_token_loop_the_profile_read_is_slow_by_defect_before_any_forward_was_counted():
+    # a budget kill inside the first forward of a per-token loop on a busy machine: no
+    # count yet, but the model's own counter stood at 5892 of 8192 tokens
+    assert token_loop(_loop_profile(5892, True), 8192).startswith(
+        "loop variable `t` in forward (attn.py:26) counted to 5892 within one pass over 8192 "
+        "tokens")
+    assert token_loop(_loop_profile(100, True), 8192) is None  # far from one per token
+    assert token_loop(_loop_profile(5892, False), 8192) is None  # range(0, S, 64): chunks
+    assert token_loop(_loop_profile(5892, True, phase="build"), 8192) is None  # set-up
+    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    data["spec"]["seq_len"] = 8192
+    data["profile"] = _loop_profile(5892, True)
+    data["load"] = _load(6.0, 2, (0, 1000))  # contended: an uncounted SLOW would not stand
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert any(r.startswith("slow by defect: loop variable `t`") for r in verdict.reasons)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.probes.profile import describe, folded, read_profile, summarize, tables
+from nsadiag.probes.profile import (
+    counts_by_one,
+    describe,
+    folded,
+    read_profile,
+    summarize,
+    tables,
+)
 from nsadiag.probes.sampler import PROFILE_VERSION, Sampler
 
 USER = "/home/user/proj/model.py"
@@ -125,6 +132,27 @@ def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely
         {**reading, "variable": "t"}, {**reading, "variable": "width", "advanced": 1000},
         {**reading, "variable": "total", "advanced": 500}]})["loops"]
     assert [loop["variable"] for loop in loops] == ["t", "total"]
+
+
+def test_the_source_says_which_loop_counters_count_iterations(tmp_path):
+    source = tmp_path / "loops.py"
+    source.write_text("def forward(x, S):\n"
+                      "    for t in range(S):\n"
+                      "        pass\n"
+                      "    for i, row in enumerate(x):\n"
+                      "        pass\n"
+                      "    for start in range(0, S, 64):\n"
+                      "        pass\n"
+                      "    for j in range(0, S, 1):\n"
+                      "        pass\n"
+                      "    n = 0\n"
+                      "    while n < S:\n"
+                      "        n += 1\n"
+                      "    m = 0\n"
+                      "    m += 8\n")
+    by_one = {v: counts_by_one(str(source), "forward", v) for v in "t i start j n m".split()}
+    assert by_one == {"t": True, "i": True, "start": False, "j": True, "n": True, "m": False}
+    assert counts_by_one(str(tmp_path / "gone.py"), "forward", "t") is None
 
 
 def test_the_folded_stacks_put_phase_and_op_at_the_root():

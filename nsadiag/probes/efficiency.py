@@ -17,6 +17,10 @@ and how fast the arithmetic runs is reported beside:
   with the matmul rate it was measured against;
 - ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token, ops
   far smaller than a dense block's), else "size"; efficiency is reported beside;
+- ``token_loop(profile, seq_len)``: the sampled profile's word for a defect when no forward
+  was counted in time (a forward of a per-token loop can outlast a budget on a busy
+  machine): a loop counter of the model's code that counted over the tokens within one
+  entry of its loop, in a function the forward or backward samples were in;
 - ``step_cost(measured, step_s)``: a step's time against its expected cost, the time the
   dense reference would take here for the step's FLOPs (FLOPs over the dense block's
   achieved FLOP/s, i.e. over this machine's matmul rate times the dense efficiency). The
@@ -267,3 +271,34 @@ def step_cost(measured: dict[str, Any], step_s: float | None) -> dict[str, Any] 
 def far_above_cost(cost: dict[str, Any] | None) -> bool:
     """Whether a step took DEFECT_COST_RATIO times its expected cost or more."""
     return cost is not None and cost["ratio"] >= DEFECT_COST_RATIO
+
+
+def token_loop(profile: dict[str, Any] | None, seq_len: int) -> str | None:
+    """A finding when the sampled profile (nsadiag.probes.profile.summarize) shows a Python
+    loop over the tokens in the model's forward or backward: a loop counter of the user's
+    code that steps by one (the source says so: ``range(n)``, ``enumerate``, ``+= 1``;
+    ``range(0, S, 64)`` counts chunks, not iterations) and reached at least
+    HOST_READS_PER_TOKEN x seq_len (and MIN_HOST_READS) within
+    one entry of its loop (its last value, or its rises over its entries), in a function
+    whose lines the forward or backward samples were in most. The counter's value is read
+    from the program, not timed: load cannot make it up. None otherwise."""
+    if not profile or seq_len <= 0:
+        return None
+    running = {_function_and_file(line["where"]) for line in profile.get("hot_lines") or []
+               if line.get("phase") in ("forward", "backward")}
+    for loop in profile.get("loops") or []:
+        if not loop.get("by_one") or _function_and_file(loop["where"]) not in running:
+            continue  # a stride other than one makes the value no count of iterations
+        reached = max(int(loop.get("last") or 0),
+                      int(loop.get("advanced") or 0) // (int(loop.get("restarts") or 0) + 1))
+        if reached >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):
+            return (f"loop variable `{loop['variable']}` in {loop['where']} counted to "
+                    f"{reached} within one pass over {seq_len} tokens: a Python loop over "
+                    f"the tokens")
+    return None
+
+
+def _function_and_file(where: str) -> tuple[str, str]:
+    """("forward", "model.py") of "forward (model.py:42)"."""
+    function, _, rest = where.partition(" (")
+    return function, rest.rsplit(":", 1)[0]

@@ -23,8 +23,10 @@ names the loop.
 - ``loops``: integer locals of user frames that count a loop (the source assigns them in
   a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
-  "advanced", "restarts", "last", "rate_per_s", "observations"}``; ``rate_per_s`` is the
-  rise per second while it rose;
+  "advanced", "restarts", "last", "rate_per_s", "observations", "by_one"}``;
+  ``rate_per_s`` is the rise per second while it rose; ``by_one`` says the source steps
+  it by one (``range(n)``, ``enumerate``, ``+= 1``: its value counts iterations), None
+  without the source;
 - ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
 - ``frames``: every function seen on the sampled stacks with its inclusive share (samples
   with the function anywhere on the stack) and self share (samples with it innermost),
@@ -121,6 +123,52 @@ def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
     return False
 
 
+def _counts_by_one(source: str, function: str, variable: str) -> bool:
+    """Whether ``variable`` steps by one inside ``function``: ``for variable in range(n)``
+    or ``range(a, b)`` (or a step of literal 1), the index of ``enumerate``, or
+    ``variable += 1``; its value is then the number of iterations so far."""
+    def is_one(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value == 1
+
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                node.name == function):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Name) and \
+                    inner.target.id == variable and isinstance(inner.op, ast.Add) and \
+                    is_one(inner.value):
+                return True
+            if not isinstance(inner, (ast.For, ast.AsyncFor, ast.comprehension)) or \
+                    not isinstance(inner.iter, ast.Call) or \
+                    not isinstance(inner.iter.func, ast.Name):
+                continue
+            call, target = inner.iter, inner.target
+            if call.func.id == "range" and isinstance(target, ast.Name) and \
+                    target.id == variable and not call.keywords and \
+                    (len(call.args) in (1, 2) or (len(call.args) == 3 and is_one(call.args[2]))):
+                return True
+            if call.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
+                    target.elts and isinstance(target.elts[0], ast.Name) and \
+                    target.elts[0].id == variable and len(call.args) == 1 and \
+                    not call.keywords:
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def counts_by_one(file: str, function: str, variable: str) -> bool | None:
+    """Whether the source says ``variable`` steps by one in ``function`` (see
+    _counts_by_one); None when the source cannot be read or parsed."""
+    source = "".join(linecache.getlines(file))
+    if not source:
+        return None
+    try:
+        return _counts_by_one(source, function, variable)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
 @functools.lru_cache(maxsize=64)
 def loop_variable(file: str, function: str, variable: str) -> bool | None:
     """Whether the source says ``variable`` counts a loop in ``function`` (see
@@ -151,7 +199,9 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "variable": loop["variable"], "advanced": advanced,
                       "restarts": restarts, "last": loop["last"][1],
                       "rate_per_s": advanced / seconds if seconds > 0 else None,
-                      "observations": int(loop["observations"])})
+                      "observations": int(loop["observations"]),
+                      "by_one": counts_by_one(loop["file"], loop["function"],
+                                              loop["variable"])})
     found.sort(key=lambda loop: loop["advanced"], reverse=True)
     return found[:TOP]
 

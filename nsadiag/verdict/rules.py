@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
-from nsadiag.probes.efficiency import slow_by
+from nsadiag.probes.efficiency import slow_by, token_loop
 from nsadiag.probes.frames import (
     IDLE_CPU_FRACTION,
     busy_threads,
@@ -346,6 +346,7 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     measured = _work_measured(evidence.events)
     if measured is not None:
         _add_efficiency(measured, evidence, facts, reasons)
+    _add_token_loop(evidence, facts, reasons)
     samples = evidence.stall.samples if evidence.stall else []
     hot_lines = (evidence.profile or {}).get("hot_lines") or []
     # hundreds of samples over the run name where the time went; the few taken at the kill
@@ -439,6 +440,19 @@ def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
     reasons.append("slow by size: no host read per token and ops the size of a dense "
                    "block's" + (f" ({shown})" if shown else "") +
                    f": the work itself outlasts the budget{left}")
+
+
+def _add_token_loop(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
+    """Slow by defect from the sampled profile when it shows a Python loop over the tokens
+    (nsadiag.probes.efficiency.token_loop) and no count said defect already: a forward of
+    such a loop can outlast the budget before its work was counted."""
+    found = token_loop(evidence.profile, int(evidence.spec.get("seq_len") or 0))
+    if found is None or facts.get("slow_by") == "defect":
+        return
+    facts.update(slow_by="defect", slow_findings=[*facts.get("slow_findings", []), found])
+    reasons[:] = [reason for reason in reasons if not reason.startswith("slow by size")]
+    reasons.append(f"slow by defect: {found} (the sampled profile's reading of the "
+                   f"model's own counter)")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:
