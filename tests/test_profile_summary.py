@@ -82,17 +82,22 @@ def test_loop_counters_are_kept_and_values_that_are_not_counters_dropped():
 
 
 def test_frames_by_inclusive_and_self_share_put_the_users_code_first():
-    frames = summarize(_profile())["frames"]
-    # train and attend are on 9 of 10 stacks; attend is innermost on 3 of them, at line 42
-    # most often; softmax, a library frame with the largest self share, still comes after
+    profile = _profile()
+    harness = ["run_step", "/repo/nsadiag/harness/trial.py", 300]  # on every stack
+    for entry in profile["stacks"]:
+        entry["frames"] = [harness, *entry["frames"]]
+    frames = summarize(profile)["frames"]
+    # train:10 is on 9 of 10 stacks; attend:42 on 6 (calling softmax), attend:43 on 3 and
+    # innermost there; softmax, a library line with the largest self share, comes after
+    # the user's lines; nsadiag's own frame is left out
     assert [(f["where"], f["user"], f["inclusive"], f["self"]) for f in frames] == [
-        ("attend (model.py:42)", True, 9, 3), ("train (train.py:10)", True, 9, 0),
-        ("softmax (functional.py:7)", False, 6, 6),
+        ("train (train.py:10)", True, 9, 0), ("attend (model.py:42)", True, 6, 0),
+        ("attend (model.py:43)", True, 3, 3), ("softmax (functional.py:7)", False, 6, 6),
         ("_engine_run_backward (functional.py:9)", False, 1, 1)]
     assert frames[0]["inclusive_share"] == pytest.approx(0.9)
-    assert frames[0]["self_share"] == pytest.approx(0.3)
-    lines = tables(summarize(_profile()))
-    assert "| attend (model.py:42) | user | 90% | 30% |" in lines
+    assert frames[2]["self_share"] == pytest.approx(0.3)
+    lines = tables(summarize(profile))
+    assert "| attend (model.py:43) | user | 30% | 30% |" in lines
     assert "| softmax (functional.py:7) | library | 60% | 60% |" in lines
     assert tables({"samples": 0}) == [] and tables(None) == []
 

@@ -28,11 +28,16 @@ names the loop.
   it by one (``range(n)``, ``enumerate``, ``+= 1``: its value counts iterations), None
   without the source;
 - ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
-- ``frames``: every function seen on the sampled stacks with its inclusive share (samples
-  with the function anywhere on the stack) and self share (samples with it innermost),
-  the user's own code first (``user`` True), each part by inclusive share:
-  ``{"where", "function", "file", "line", "user", "inclusive", "self",
-  "inclusive_share", "self_share"}``; ``line`` is the line the function was seen at most;
+- ``frames``: every line seen on the sampled stacks with its inclusive share (samples with
+  it anywhere on the stack) and self share (samples with it innermost), the user's own
+  code first (``user`` True), each part by inclusive share: ``{"where", "function",
+  "file", "line", "user", "inclusive", "self", "inclusive_share", "self_share"}``. Lines,
+  not functions: the profile names a function without its class, so two ``forward``
+  methods of one file would merge. Only stacks taken once the model was built count
+  (shares are of those: the "build" phase is start-up, imports and nsadiag's own
+  reference timings), and nsadiag's own frames (the harness on every stack, the work
+  count's dispatch mode in step 0's forward) and the interpreter's start-up frames are
+  left out;
 - ``backward_modules``: the backward samples by the watched module whose backward was
   running (the heartbeat's innermost open module) and the autograd op then running
   (None where that backward was not instrumented), most first:
@@ -52,6 +57,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from nsadiag.probes.frames import INSTRUMENTATION_PATH
 from nsadiag.probes.sampler import PROFILE_VERSION, is_user_file
 
 TOP = 5
@@ -206,30 +212,36 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found[:TOP]
 
 
+def _harness(file: str) -> bool:
+    """nsadiag's own frames (its work count's dispatch mode included) and the
+    interpreter's start-up ("<frozen runpy>")."""
+    return "/nsadiag/" in file or file.startswith("<") or bool(INSTRUMENTATION_PATH.search(file))
+
+
 def _frames(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
-    """Inclusive and self counts per (function, file), user code first (see the module
-    docstring)."""
+    """Inclusive and self counts per (function, file, line), user code first (see the
+    module docstring)."""
     inclusive: Counter = Counter()
     own: Counter = Counter()
-    lines: dict[tuple[str, str], Counter] = {}
     for entry in stacks:
+        if entry.get("phase") == "build":
+            continue
         count = int(entry.get("count", 0))
         frames = [tuple(frame) for frame in entry.get("frames", [])]
-        for function, file, line in frames:
-            lines.setdefault((function, file), Counter())[line] += count
-        for key in {(function, file) for function, file, _ in frames}:
+        for key in set(frames):
             inclusive[key] += count
         if frames:
-            own[frames[-1][:2]] += count
+            own[frames[-1]] += count
     rows = []
-    for (function, file), count in inclusive.items():
-        line = lines[(function, file)].most_common(1)[0][0]
+    for (function, file, line), count in inclusive.items():
+        if _harness(file):
+            continue
+        mine = own.get((function, file, line), 0)
         rows.append({"where": _where(function, file, line), "function": function,
                      "file": file, "line": line, "user": is_user_file(file),
-                     "inclusive": count, "self": own.get((function, file), 0),
+                     "inclusive": count, "self": mine,
                      "inclusive_share": count / samples if samples else 0.0,
-                     "self_share": own.get((function, file), 0) / samples if samples
-                     else 0.0})
+                     "self_share": mine / samples if samples else 0.0})
     rows.sort(key=lambda row: (not row["user"], -row["inclusive"], -row["self"]))
     user = [row for row in rows if row["user"]][:TABLE_ROWS]
     rest = [row for row in rows if not row["user"]][:TABLE_ROWS]
@@ -280,7 +292,7 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
             "hot_lines": _hot_lines(stacks, samples, phases),
             "loops": _loops(list(profile.get("loops", []))),
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
-            "frames": _frames(stacks, samples),
+            "frames": _frames(stacks, samples - phases.get("build", 0)),
             "backward_modules": _backward_modules(stacks)}
 
 
@@ -340,8 +352,10 @@ def tables(summary: dict[str, Any] | None) -> list[str]:
         return []
     samples = summary["samples"]
     over = f" over {summary['duration_s']:.0f} s" if summary.get("duration_s") else ""
-    lines = [f"Sampled profile ({samples} stacks{over}): frames by inclusive share (on the "
-             f"stack) and self share (innermost), the target's own code first.", "",
+    built = samples - (summary.get("phases") or {}).get("build", 0)
+    lines = [f"Sampled profile ({samples} stacks{over}; {built} once the model was built, "
+             f"which the shares are of): frames by inclusive share (on the stack) and self "
+             f"share (innermost), the target's own code first.", "",
              "| frame | code | inclusive | self |", "|---|---|---|---|"]
     for row in summary.get("frames") or []:
         lines.append(f"| {row['where']} | {'user' if row['user'] else 'library'} | "
