@@ -113,8 +113,12 @@ def test_backward_time_goes_to_the_module_whose_backward_runs_and_names_the_op()
     assert summary["backward_modules"] == [
         {"module": "blocks.1", "op": "MmBackward0", "count": 3, "share": 0.75},
         {"module": "blocks.0", "op": None, "count": 1, "share": 0.25}]
-    assert ("in backward, 75% of the samples fell in the backward of blocks.1, op "
-            "MmBackward0") in describe(summary)
+    assert summary["backward_by_module"] == [
+        {"module": "blocks.1", "count": 3, "share": 0.75, "op": "MmBackward0",
+         "op_share": 0.75},
+        {"module": "blocks.0", "count": 1, "share": 0.25, "op": None, "op_share": 0.0}]
+    assert ("in backward, 75% of the samples fell in the backward of blocks.1 (busiest op "
+            "MmBackward0, 75%)") in describe(summary)
     lines = tables(summary)
     assert "| blocks.1 | MmBackward0 | 75% |" in lines and "| blocks.0 | - | 25% |" in lines
 

@@ -41,7 +41,9 @@ names the loop.
 - ``backward_modules``: the backward samples by the watched module whose backward was
   running (the heartbeat's innermost open module) and the autograd op then running
   (None where that backward was not instrumented), most first:
-  ``{"module", "op", "count", "share"}`` (share of the backward samples).
+  ``{"module", "op", "count", "share"}`` (share of the backward samples);
+- ``backward_by_module``: the same summed per module, with its busiest op:
+  ``{"module", "count", "share", "op", "op_share"}``.
 
 ``tables(summary)`` renders the frames and the backward attribution as Markdown tables for
 a report.
@@ -248,14 +250,34 @@ def _frames(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
     return user + rest
 
 
-def _backward_modules(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _backward_counts(stacks: list[dict[str, Any]]) -> Counter:
     counts: Counter = Counter()
     for entry in stacks:
         if entry.get("phase") == "backward":
             counts[(entry.get("module"), entry.get("op"))] += int(entry.get("count", 0))
+    return counts
+
+
+def _backward_modules(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts = _backward_counts(stacks)
     total = sum(counts.values())
     return [{"module": module, "op": op, "count": n, "share": n / total if total else 0.0}
-            for (module, op), n in counts.most_common(TOP)]
+            for (module, op), n in counts.most_common(2 * TOP)]
+
+
+def _backward_by_module(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts = _backward_counts(stacks)
+    total = sum(counts.values())
+    modules: Counter = Counter()
+    for (module, _), n in counts.items():
+        modules[module] += n
+    rows = []
+    for module, n in modules.most_common(TOP):
+        ops = Counter({op: c for (m, op), c in counts.items() if m == module and op})
+        op, in_op = ops.most_common(1)[0] if ops else (None, 0)
+        rows.append({"module": module, "count": n, "share": n / total if total else 0.0,
+                     "op": op, "op_share": in_op / total if total else 0.0})
+    return rows
 
 
 def folded(profile: dict[str, Any]) -> str:
@@ -293,7 +315,8 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
             "loops": _loops(list(profile.get("loops", []))),
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
             "frames": _frames(stacks, samples - phases.get("build", 0)),
-            "backward_modules": _backward_modules(stacks)}
+            "backward_modules": _backward_modules(stacks),
+            "backward_by_module": _backward_by_module(stacks)}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:
@@ -324,10 +347,11 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:
         sentences.append(f"busiest backward op: {ops[0]['op']} in "
                          f"{ops[0]['count'] / in_backward:.0%} of the backward samples")
-    busiest = next((row for row in summary.get("backward_modules") or []
+    busiest = next((row for row in summary.get("backward_by_module") or []
                     if row["module"] is not None), None)
     if busiest is not None and busiest["share"] >= MIN_OP_SHARE:
-        op = f", op {busiest['op']}" if busiest["op"] else ""
+        op = (f" (busiest op {busiest['op']}, {busiest['op_share']:.0%})" if busiest["op"]
+              else "")
         sentences.append(f"in backward, {busiest['share']:.0%} of the samples fell in the "
                          f"backward of {busiest['module']}{op}")
     loops = summary.get("loops") or []
