@@ -110,8 +110,9 @@ def test_a_bisection_test_reproduces_a_slow_by_its_work_not_by_its_budget():
     # SLOW only because its steps did not fit the budget: no defect, a normal cost
     assert not reproduces("SLOW", {"verdict": "SLOW", "slow_by": "size", "defect": False,
                                    "cost_ratio": 3.0})
-    # no count says defect, but a step took 40x its expected cost
-    assert reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 40.0})
+    # no count says defect, but a step took 150x its expected cost
+    assert reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 150.0})
+    assert not reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 40.0})
     # nothing measured: the verdict decides, and slow by size is not the failure
     assert reproduces("SLOW", {"verdict": "SLOW"})
     assert not reproduces("SLOW", {"verdict": "SLOW", "slow_by": "size"})
