@@ -4,7 +4,8 @@ Exit codes of every command that diagnoses (triage, sweep-layers, isolate-branch
 check; compare uses 0, 2 and 3):
     0  healthy: no trial and no check ended other than OK (a check cut short by its
        time budget is reported as not finished)
-    1  a failure was found (any verdict but OK and INCONCLUSIVE)
+    1  a failure was found (any verdict but OK and INCONCLUSIVE; a SLOW by size, the work
+       itself outlasting the time limit, is not a failure)
     2  usage error: a bad option, target or file (one line on stderr)
     3  regression: healthy, but step time or peak memory is worse than the baseline's by
        more than the threshold
@@ -53,9 +54,11 @@ def exit_code(summary: Mapping[str, Any]) -> int:
     if status == "inconclusive":
         return EXIT_INCONCLUSIVE
     if status is None:
-        names = [row["verdict"] for row in summary.get("verdicts") or []]
-        names += [summary["verdict"]] if summary.get("verdict") else []
-        return verdicts_exit_code(names)
+        rows = [*(summary.get("verdicts") or []),
+                *([{"verdict": summary["verdict"], "slow_by": summary.get("slow_by")}]
+                  if summary.get("verdict") else [])]
+        return verdicts_exit_code(row["verdict"] for row in rows
+                                  if row["verdict"] != "SLOW" or row.get("slow_by") != "size")
     return EXIT_HEALTHY
 
 

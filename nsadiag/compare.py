@@ -1,10 +1,18 @@
 """Two runs side by side: verdict changes and step time / peak memory deltas.
 
 Rows of summary.json (sweep-layers, isolate-branch, triage) are matched by (label,
-n_layers); a measurement is compared only when both rows are OK. A delta is a regression
-when the later value exceeds the earlier one by more than ``threshold`` (0.2 = +20%) and
-by more than the noise: the larger relative spread of the step times the two rows were
-measured from (unknown with fewer than two measured steps, then the threshold alone).
+n_layers). Time per step is compared whenever both rows timed finished steps, whatever
+their verdicts (a run that did not finish its steps within a budget still measured how
+long a step takes); peak memory only when both rows are OK (a killed run's peak is
+partial). A delta is a regression when the later value exceeds the earlier one by more
+than ``threshold`` (0.2 = +20%) and by more than the noise: the larger relative spread of
+the step times the two rows were measured from (unknown with fewer than two measured
+steps, then the threshold alone). Time per step is also set against its expected cost on
+each run's machine (``cost_ratio``: the step time over the time the dense reference,
+timed in the same trial, takes for the step's FLOPs; nsadiag.probes.efficiency): a step
+that got slower while its cost ratio did not grow by more than the threshold was slowed
+by the machine (busier, or slower), not by the code, and is no regression
+(``explained``).
 Runs whose configurations differ (spec.json beside summary.json: target, sequence length,
 batch, dtype, ...) are not compared unless forced: their difference is the configuration's.
 `nsadiag compare A B` and `nsadiag triage --baseline` both use this module.
@@ -37,6 +45,8 @@ class Delta:
     change: float
     regressed: bool
     noise: float | None = None
+    cost_change: float | None = None  # change of the step time over its expected cost
+    explained: bool = False  # the machine's expected cost grew alike: not the code
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,7 +60,7 @@ def _frame(rows: Sequence[dict[str, Any]]):
     """Rows as a DataFrame keyed by (label, n_layers), the first row of each key kept."""
     import pandas as pd
 
-    columns = ["label", "n_layers", "verdict", *QUANTITIES, *SPREAD.values()]
+    columns = ["label", "n_layers", "verdict", *QUANTITIES, *SPREAD.values(), "cost_ratio"]
     frame = pd.DataFrame(list(rows)).reindex(columns=columns)
     frame["label"] = frame["label"].fillna("").astype(str)
     frame["n_layers"] = frame["n_layers"].astype(int)
@@ -67,16 +77,19 @@ def _matched(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]):
 
 def compare_rows(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]],
                  threshold: float = DEFAULT_THRESHOLD) -> list[Delta]:
-    """Deltas of every quantity of every (label, n_layers) that is OK in both."""
+    """Deltas of the step time of every (label, n_layers) both runs timed, and of the peak
+    of those OK in both (see the module docstring)."""
     if not threshold >= 0:
         raise ValueError(f"regression-threshold: must be >= 0, got {threshold!r}")
     both = _matched(before, after)
     if both is None:
         return []
-    both = both[(both["verdict_a"] == "OK") & (both["verdict_b"] == "OK")]
     deltas = []
     for row in both.to_dict("records"):
+        both_ok = row["verdict_a"] == "OK" and row["verdict_b"] == "OK"
         for quantity in QUANTITIES:
+            if quantity != "step_s" and not both_ok:
+                continue
             x, y = _number(row[f"{quantity}_a"]), _number(row[f"{quantity}_b"])
             if not x or y is None or x <= 0:
                 continue
@@ -86,9 +99,19 @@ def compare_rows(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
                                    _number(row.get(f"{field}_b"))) if s is not None] \
                 if field else []
             noise = max(spreads) if spreads else None
+            regressed = change > max(threshold, noise or 0.0)
+            cost_change = _cost_change(row) if quantity == "step_s" else None
+            explained = regressed and cost_change is not None and cost_change <= threshold
             deltas.append(Delta(row["label"], int(row["n_layers"]), quantity, x, y, change,
-                                change > max(threshold, noise or 0.0), noise))
+                                regressed and not explained, noise, cost_change, explained))
     return deltas
+
+
+def _cost_change(row: dict[str, Any]) -> float | None:
+    """How the step time over its expected cost changed from run a to run b, None when
+    either run did not measure it."""
+    x, y = _number(row.get("cost_ratio_a")), _number(row.get("cost_ratio_b"))
+    return y / x - 1.0 if x and y is not None and x > 0 else None
 
 
 def _number(value: Any) -> float | None:

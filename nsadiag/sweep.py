@@ -5,11 +5,22 @@ before the next starts; a rerun in the same run directory skips the layer counts
 recorded for the same spec. The sweep stops after the first non-OK trial unless asked to
 keep going: that count is the threshold, and the trials above it would only repeat it.
 
+`row_from_record` reduces a trial to one row: step, forward and backward times are
+medians of the steps after step 0 (which pays one-off costs), and the row says how many
+steps each median covers (trials run timing steps up to three where the budget allows);
+the peak is split into what step 0's forward saved for backward and the rest (autograd
+and temporary scratch, the model and the optimizer); the step time is set against its
+expected cost (nsadiag.probes.efficiency.step_cost); a SLOW row says whether it is slow
+by size or by defect.
+
 `analyse` turns rows into fits: least squares of step time, forward time, backward time
 and peak memory against the layer count (three counts at least), with the slope's standard
 error, extrapolated to the next counts, and a flag when growth is super-linear (a quadratic
 term that explains most of the linear fit's error). A poor fit (R² below 0.9, or a slope
-within two standard errors of zero) claims no growth law and extrapolates nothing.
+within two standard errors of zero) claims no growth law and extrapolates nothing. It also
+says whether the rest of the peak grows much faster than the saved bytes
+(``rest_outgrows_saved``), and the threshold is the first failure: a SLOW by size is the
+work outlasting the budget, not a failure (``is_failure``).
 """
 
 from __future__ import annotations
@@ -22,15 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.harness.jobs import run_trial
+from nsadiag.probes.efficiency import step_cost
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
 from nsadiag.spec import TrialSpec
+from nsadiag.verdict import is_failure
 
 
 @dataclass
 class SweepRow:
     """One layer count: its verdict and the medians of its measured steps (None when the
-    trial did not complete a step); saved_bytes and saved_by_branch are what step 0's
-    forward saved for backward, in all and inside each NSA branch."""
+    trial did not complete a step) over ``timed_steps`` steps; saved_bytes and
+    saved_by_branch are what step 0's forward saved for backward, in all and inside each
+    NSA branch, ``rest_bytes`` the rest of the peak; ``expected_step_s`` is the dense
+    reference's time here for a step's FLOPs and ``cost_ratio`` the step time over it;
+    ``slow_by`` is "size" or "defect" for a SLOW, else None."""
 
     label: str
     n_layers: int
@@ -45,6 +61,19 @@ class SweepRow:
     saved_by_branch: dict[str, int] | None = None  # per NSA branch (cmp/sel/win), step 0
     step_s_spread: float | None = None  # (max - min) / median of the measured step times
     seq_len: int | None = None
+    timed_steps: int = 0  # steps the medians cover
+    rest_bytes: int | None = None  # peak RSS minus saved_bytes
+    efficiency: float | None = None  # FLOP/s of the median step over the matmul rate
+    dense_efficiency: float | None = None  # the dense reference's, same shape, same machine
+    expected_step_s: float | None = None
+    cost_ratio: float | None = None
+    slow_by: str | None = None
+
+    @property
+    def failure(self) -> bool:
+        """A failure found (nsadiag.verdict.is_failure): not OK, INCONCLUSIVE or slow by
+        size."""
+        return is_failure(self.verdict, self.slow_by)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +158,9 @@ def parse_layers(text: str) -> list[int]:
     return sorted(counts)
 
 
+RATE_FIELDS = ("flops_per_step", "machine_flops_per_s", "dense_efficiency", "efficiency")
+
+
 def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     """The child's result, or for a trial killed before writing one, the same timings
     rebuilt from its "step" heartbeat events (and the saved bytes from step 0's
@@ -139,7 +171,10 @@ def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     steps = [e for e in record.evidence.get("events", []) if e.get("kind") == "step"]
     rebuilt: dict[str, Any] = {key: [e[key] for e in steps if key in e]
                                for key in ("step_s", "forward_s", "backward_s")}
-    rebuilt["steps_done"] = (steps[-1]["step"] + 1) if steps else 0
+    asked = int(record.spec.get("steps") or 0)
+    rebuilt["steps_done"] = min(steps[-1]["step"] + 1, asked or steps[-1]["step"] + 1) \
+        if steps else 0
+    rebuilt.update({key: steps[-1].get(key) for key in RATE_FIELDS} if steps else {})
     rss = [e["rss"] for e in record.evidence.get("events", []) if e.get("rss")]
     rebuilt["peak_rss"] = max(rss) if rss else None
     saved = next((e for e in record.evidence.get("events", []) if e.get("kind") == "start"
@@ -166,14 +201,27 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
         middle = statistics.median(values) if len(values) >= 2 else 0.0
         return (max(values) - min(values)) / middle if middle > 0 else None
 
+    peak, saved, step_s = result.get("peak_rss"), result.get("saved_bytes"), median("step_s")
+    cost = step_cost(result, step_s)
+    facts = record.verdict.get("facts") or {}
     return SweepRow(label=label, n_layers=int(record.spec["n_layers"] or 0),
                     verdict=record.verdict_name, forward_s=median("forward_s"),
-                    backward_s=median("backward_s"), step_s=median("step_s"),
-                    peak_rss=result.get("peak_rss"), saved_bytes=result.get("saved_bytes"),
+                    backward_s=median("backward_s"), step_s=step_s,
+                    peak_rss=peak, saved_bytes=saved,
                     steps_done=int(result.get("steps_done", 0)),
                     trial_dir=record.trial_dir,
                     saved_by_branch=result.get("saved_by_branch"),
-                    step_s_spread=spread("step_s"), seq_len=record.spec.get("seq_len"))
+                    step_s_spread=spread("step_s"), seq_len=record.spec.get("seq_len"),
+                    timed_steps=len(measured("step_s")),
+                    rest_bytes=max(0, peak - saved) if peak is not None and saved is not None
+                    else None,
+                    efficiency=(result["flops_per_step"] / step_s /
+                                result["machine_flops_per_s"]) if cost else
+                    result.get("efficiency"),
+                    dense_efficiency=result.get("dense_efficiency"),
+                    expected_step_s=cost["expected_s"] if cost else None,
+                    cost_ratio=cost["ratio"] if cost else None,
+                    slow_by=facts.get("slow_by") if record.verdict_name == "SLOW" else None)
 
 
 
@@ -249,20 +297,56 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
     return fit
 
 
+FASTER_THAN_SAVED = 1.5
+"""The rest of the peak growing this many times faster than the saved bytes (first to
+last point) is called out."""
+
+
+def rest_outgrows_saved(rows: Sequence[SweepRow], key: str = "n_layers"
+                        ) -> dict[str, Any] | None:
+    """How the saved bytes, the rest of the peak and the peak grew from the first to the
+    last OK row (ordered by ``key``), as ratios, and ``outgrows``: the rest grew more than
+    FASTER_THAN_SAVED times as fast as the saved bytes (a temporary or a cache that grows
+    faster than the activations sets the peak); None with fewer than two such rows."""
+    ok = sorted((r for r in rows if r.verdict == "OK" and getattr(r, key) and r.saved_bytes
+                 and r.rest_bytes and r.peak_rss), key=lambda r: getattr(r, key))
+    if len(ok) < 2 or getattr(ok[0], key) == getattr(ok[-1], key):
+        return None
+    first, last = ok[0], ok[-1]
+    growth = {"from": getattr(first, key), "to": getattr(last, key),
+              "saved": last.saved_bytes / first.saved_bytes,
+              "rest": last.rest_bytes / first.rest_bytes,
+              "peak": last.peak_rss / first.peak_rss}
+    growth["outgrows"] = growth["rest"] > FASTER_THAN_SAVED * growth["saved"]
+    return growth
+
+
+def first_failure(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The first record that is a failure found (nsadiag.verdict.is_failure)."""
+    return next((r for r in records if is_failure(
+        r.verdict_name, (r.verdict.get("facts") or {}).get("slow_by"))), None)
+
+
 def analyse(rows: Sequence[SweepRow], extrapolate_count: int = 2) -> dict[str, Any]:
-    """Fits over the OK rows, the threshold (first non-OK count) and the growth flags."""
+    """Fits over the OK rows, the threshold (first failing count: not OK, INCONCLUSIVE or
+    slow by size), the first count slow by size, the growth flags, and how the peak's
+    parts grew (``rest_outgrows_saved``)."""
     rows = sorted(rows, key=lambda r: r.n_layers)
     ok = [r for r in rows if r.verdict == "OK"]
     xs = [r.n_layers for r in ok]
     step = max(1, xs[-1] - xs[-2]) if len(xs) >= 2 else 1
     targets = [xs[-1] + step * (i + 1) for i in range(extrapolate_count)] if xs else []
     fits = {}
-    for quantity in ("step_s", "forward_s", "backward_s", "peak_rss", "saved_bytes"):
+    for quantity in ("step_s", "forward_s", "backward_s", "peak_rss", "saved_bytes",
+                     "rest_bytes"):
         pairs = [(r.n_layers, getattr(r, quantity)) for r in ok if getattr(r, quantity)]
         fit = fit_quantity(quantity, [p[0] for p in pairs], [p[1] for p in pairs], targets)
         if fit:
             fits[quantity] = fit
-    failing = next((r for r in rows if r.verdict != "OK"), None)
+    failing = next((r for r in rows if r.failure), None)
+    big = next((r for r in rows if r.slow_by == "size"), None)
     return {"fits": fits, "threshold": failing.n_layers if failing else None,
             "threshold_verdict": failing.verdict if failing else None,
-            "super_linear": sorted(q for q, f in fits.items() if f.super_linear)}
+            "slow_by_size_from": big.n_layers if big else None,
+            "super_linear": sorted(q for q, f in fits.items() if f.super_linear),
+            "memory_growth": rest_outgrows_saved(rows)}

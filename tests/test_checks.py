@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -61,6 +62,51 @@ def test_causality_names_the_block_that_reads_the_next_token(writer):
     rows = {row["module"]: row for row in result.table}
     assert not rows["layers.0"]["changed"] and rows["layers.1"]["changed"]
     assert "layers.1" in result.summary and "before position 8" in result.summary
+
+
+def test_causality_second_pass_catches_a_leak_past_a_window_the_first_length_misses(writer):
+    # the chunked window (512) leaks only past one chunk: S=128 shows nothing
+    spec = factory_spec("tests.check_targets:window_leak", seq_len=128)
+    first = causality.one_pass(causality.resolve(spec), 128, 2, 0, writer, 0)
+    assert first.passed
+    result = causality.measure(spec, writer, deadline=time.time() + 600)
+    assert result.verdict.name == "WRONG" and result.module == "layers.1"
+    assert result.verdict.facts["long_seq_len"] == 4096
+    assert result.summary.startswith("at S=4096, the second pass (S=128 showed nothing): "
+                                     "perturbing tokens >= 2048 of 4096 changed layers.1's")
+    rows = [(r["S"], r["module"], r["changed"]) for r in result.table]
+    assert (128, "layers.1", False) in rows and (4096, "layers.1", True) in rows
+    assert (4096, "layers.0", False) in rows  # the first block is causal at any length
+
+
+def test_causality_second_pass_is_planned_from_the_first_and_what_is_left():
+    plan = causality.plan_long_pass
+    gib = 2**30
+    # S=2048 took 2 s for batch 2: S=8192 at batch 1 predicts 2 x 16 / 2 x 1.5 = 24 s
+    assert plan(2048, 2, 1.0, 2.0, 0, left_s=100.0, available_bytes=8 * gib) == (8192, None)
+    # 30 s left: 8192 does not fit (25 s + 10 s reserve), 4096 does (1 + 6 s)
+    assert plan(2048, 2, 1.0, 2.0, 0, left_s=30.0, available_bytes=8 * gib) == (4096, None)
+    length, why = plan(2048, 2, 1.0, 2.0, 0, left_s=12.0, available_bytes=8 * gib)
+    assert length is None and "S=8192 would take about 25 s, 12 s of the budget are left" in why
+    # a short S still reaches past common windows: 4 x 128 is raised to 4096
+    assert plan(128, 1, 0.1, 0.001, 0, left_s=600.0, available_bytes=8 * gib) == (4096, None)
+    # memory: the first pass grew the peak 100 MiB; S=8192 needs x16 / 2 = 800 MiB, more
+    # than half of 1 GiB; S=4096 needs 200 MiB
+    assert plan(2048, 2, 0.0, 0.1, 100 * 2**20, left_s=600.0, available_bytes=gib) == \
+        (4096, None)
+    length, why = plan(2048, 2, 0.0, 0.1, 100 * 2**20, left_s=600.0,
+                       available_bytes=300 * 2**20)
+    assert length is None and "S=8192 would need about 0.8 GiB more" in why
+    assert "S=4096 would need about 0.2 GiB more, 0.3 GiB are available" in why
+
+
+def test_cli_check_causality_at_its_default_length_catches_the_window_leak(tmp_path):
+    done = nsadiag("check", "causality", "--target", "tests.check_targets:window_leak",
+                   "--out", str(tmp_path / "run"), "--json")
+    assert done.returncode == 1, done.stderr
+    (found,) = json.loads(done.stdout)
+    assert found["verdict"]["name"] == "WRONG" and found["module"] == "layers.1"
+    assert "of 2048 changed layers.1's output" in found["summary"]  # the default S
 
 
 # ---------------------------------------------------------------- parity
@@ -153,6 +199,20 @@ def test_ckpt_names_a_module_whose_recompute_is_not_exact(writer):
                                      "inside it, layers.1.mix received an input")
     grads = {r["module"]: r for r in result.table if r["part"] == "gradients"}
     assert not grads["layers.1"]["ok"] and grads["layers.2"]["ok"]
+
+
+def test_ckpt_matches_recomputes_by_module_when_several_linears_share_an_input(writer):
+    # W_Q, W_K and W_V take the same x; only W_K's input changes in the recompute (to the
+    # tensor W_Q and W_V received): W_K is named, W_Q never "ran W_K's parameters"
+    result = ckpt.measure(factory_spec("tests.check_targets:shared_input_recompute"),
+                          writer)
+    assert result.verdict.name == "WRONG" and result.module == "layers.0"
+    assert result.summary.startswith("recompute of layers.0 diverged from its forward: inside "
+                                     "it, layers.0.W_K received an input its own forward did "
+                                     "not receive")
+    recompute = [r["detail"] for r in result.table if r["part"] == "recompute"]
+    assert not any("parameters" in detail for detail in recompute), recompute
+    assert all("W_Q" not in detail and "W_V" not in detail for detail in recompute)
 
 
 def test_ckpt_passes_on_a_healthy_checkpointed_factory(writer):

@@ -53,7 +53,10 @@ def test_compare_rows_flags_growth_beyond_the_threshold():
     after = [_row(1, 1.1, 100), _row(2, 2.5, 200), _row(4, 4.0, 400, verdict="SLOW"),
              _row(8, 9.0, 900)]
     deltas = {(d.n_layers, d.quantity): d for d in compare_rows(before, after, 0.2)}
-    assert set(deltas) == {(1, "step_s"), (1, "peak_rss"), (2, "step_s"), (2, "peak_rss")}
+    # a SLOW row's steps were timed all the same; its peak (a killed run's) is partial
+    assert set(deltas) == {(1, "step_s"), (1, "peak_rss"), (2, "step_s"), (2, "peak_rss"),
+                           (4, "step_s")}
+    assert deltas[4, "step_s"].change == 0 and not deltas[4, "step_s"].regressed
     assert deltas[1, "step_s"].change == pytest.approx(0.1) and not deltas[1, "step_s"].regressed
     assert deltas[2, "step_s"].change == pytest.approx(0.25) and deltas[2, "step_s"].regressed
     assert not deltas[2, "peak_rss"].regressed
@@ -164,3 +167,21 @@ def test_exit_codes_of_sweep_and_ddp_summaries_follow_their_verdicts():
     assert exit_code({"status": "inconclusive"}) == 4
     assert exit_code({"status": "inconclusive",
                       "regression": {"regressions": [{"quantity": "step_s"}]}}) == 3
+
+
+def test_a_slower_step_that_its_expected_cost_explains_is_the_machine_not_a_regression():
+    # +50 % step time; the same step over its expected cost (the dense reference's time for
+    # its FLOPs, timed in each run): 12x before, 12.5x after: the machine got slower
+    before = [{**_row(1, 1.0, 100), "cost_ratio": 12.0}]
+    busy = [{**_row(1, 1.5, 100), "cost_ratio": 12.5}]
+    (delta, _) = compare_rows(before, busy, 0.2)
+    assert delta.change == pytest.approx(0.5) and delta.cost_change == pytest.approx(0.5 / 12)
+    assert delta.explained and not delta.regressed
+    # the code got slower: the step grew against its expected cost too
+    slower = [{**_row(1, 1.5, 100), "cost_ratio": 18.0}]
+    (delta, _) = compare_rows(before, slower, 0.2)
+    assert delta.regressed and not delta.explained
+    assert delta.cost_change == pytest.approx(0.5)
+    # a run that did not measure it falls back on the step time alone
+    (delta, _) = compare_rows([_row(1, 1.0, 100)], busy, 0.2)
+    assert delta.regressed and delta.cost_change is None

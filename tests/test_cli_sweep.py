@@ -49,6 +49,20 @@ def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):
     assert rendered.returncode == 0 and (out / "report.md").read_text() == report
 
 
+def test_isolate_branch_slow_by_size_is_no_failure_and_exits_0(tmp_path):
+    # 2000 steps cannot finish in 15 s on any machine: SLOW; the NSA model does its work
+    # without per-token reads or tiny-op loops, so by size: no failure anywhere
+    out = tmp_path / "iso"
+    done = nsadiag("isolate-branch", "win", "--layers", "1", *TINY[:-6], "--steps", "2000",
+                   "--budget", "15", "--stall-timeout", "60", "--out", str(out))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(v["label"], v["verdict"], v["slow_by"]) for v in summary["verdicts"]] == [
+        ("all branches", "SLOW", "size"), ("win only", "SLOW", "size")]
+    assert summary["headline"] == "no failure; slow by size from 1 layer(s)"
+    assert summary["threshold"] is None
+
+
 def test_isolate_branch_attributes_time_to_the_branch(tmp_path):
     out = tmp_path / "iso"
     done = nsadiag("isolate-branch", "win", "--layers", "1-2", *TINY, "--out", str(out))

@@ -3,11 +3,18 @@ hand-made measurements and on real tiny models (counts only: no timing is assert
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nsadiag.probes.efficiency import WorkCount, count_work, dense_reference, slow_by
+from nsadiag.probes.efficiency import (
+    WorkCount,
+    count_work,
+    dense_reference,
+    matmul_rate,
+    slow_by,
+)
 
 
 def test_a_host_read_per_token_and_tiny_ops_are_a_defect():
@@ -64,3 +71,7 @@ def test_the_dense_reference_counts_three_forwards_of_flops_per_step():
     assert found["flops"] > 3 * forward.flops  # more than its first projection alone
     assert found["flops"] % 3 == 0 and found["flops_per_op"] > 0
     assert found["efficiency"] > 0
+    # measured against the best matmul reading so far, the one trials then report
+    rate = found["machine_flops_per_s"]
+    assert rate == matmul_rate(torch.device("cpu"), torch.float32)
+    assert found["efficiency"] == pytest.approx(found["flops"] / found["seconds"] / rate)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.probes.profile import describe, folded, read_profile, summarize
+from nsadiag.probes.profile import (
+    counts_by_one,
+    describe,
+    folded,
+    read_profile,
+    summarize,
+    tables,
+)
 from nsadiag.probes.sampler import PROFILE_VERSION, Sampler
 
 USER = "/home/user/proj/model.py"
@@ -66,10 +73,54 @@ def test_loop_counters_are_kept_and_values_that_are_not_counters_dropped():
     assert summary["backward_ops"] == [{"op": "MmBackward0", "count": 1}]
     assert describe(summary) == [
         "sampled profile: 10 stacks over 30 s (forward 90%, backward 10%)",
-        "hottest line of user code: attend (model.py:42) in 60% of the samples",
+        # 6 of the 9 forward samples: the line's share of the phase it runs in
+        "hottest line of user code: attend (model.py:42) in 60% of the samples (67% of the "
+        "forward samples)",
         "busiest backward op: MmBackward0 in 100% of the backward samples",
         "loop variable `t` in attend (model.py:42) advanced 240 at 8.6/s, restarted 1 "
         "times: a loop iterating"]
+
+
+def test_frames_by_inclusive_and_self_share_put_the_users_code_first():
+    profile = _profile()
+    harness = ["run_step", "/repo/nsadiag/harness/trial.py", 300]  # on every stack
+    for entry in profile["stacks"]:
+        entry["frames"] = [harness, *entry["frames"]]
+    frames = summarize(profile)["frames"]
+    # train:10 is on 9 of 10 stacks; attend:42 on 6 (calling softmax), attend:43 on 3 and
+    # innermost there; softmax, a library line with the largest self share, comes after
+    # the user's lines; nsadiag's own frame is left out
+    assert [(f["where"], f["user"], f["inclusive"], f["self"]) for f in frames] == [
+        ("train (train.py:10)", True, 9, 0), ("attend (model.py:42)", True, 6, 0),
+        ("attend (model.py:43)", True, 3, 3), ("softmax (functional.py:7)", False, 6, 6),
+        ("_engine_run_backward (functional.py:9)", False, 1, 1)]
+    assert frames[0]["inclusive_share"] == pytest.approx(0.9)
+    assert frames[2]["self_share"] == pytest.approx(0.3)
+    lines = tables(summarize(profile))
+    assert "| attend (model.py:43) | user | 30% | 30% |" in lines
+    assert "| softmax (functional.py:7) | library | 60% | 60% |" in lines
+    assert tables({"samples": 0}) == [] and tables(None) == []
+
+
+def test_backward_time_goes_to_the_module_whose_backward_runs_and_names_the_op():
+    profile = _profile()
+    backward = profile["stacks"][2]
+    profile["stacks"][2:] = [
+        {**backward, "module": "blocks.1", "op": "MmBackward0", "count": 3},
+        {**backward, "module": "blocks.0", "op": None, "count": 1}]
+    profile["samples"] = 13
+    summary = summarize(profile)
+    assert summary["backward_modules"] == [
+        {"module": "blocks.1", "op": "MmBackward0", "count": 3, "share": 0.75},
+        {"module": "blocks.0", "op": None, "count": 1, "share": 0.25}]
+    assert summary["backward_by_module"] == [
+        {"module": "blocks.1", "count": 3, "share": 0.75, "op": "MmBackward0",
+         "op_share": 0.75},
+        {"module": "blocks.0", "count": 1, "share": 0.25, "op": None, "op_share": 0.0}]
+    assert ("in backward, 75% of the samples fell in the backward of blocks.1 (busiest op "
+            "MmBackward0, 75%)") in describe(summary)
+    lines = tables(summary)
+    assert "| blocks.1 | MmBackward0 | 75% |" in lines and "| blocks.0 | - | 25% |" in lines
 
 
 def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely(tmp_path):
@@ -90,6 +141,27 @@ def test_with_the_source_at_hand_a_loop_target_counts_even_when_sampled_sparsely
         {**reading, "variable": "t"}, {**reading, "variable": "width", "advanced": 1000},
         {**reading, "variable": "total", "advanced": 500}]})["loops"]
     assert [loop["variable"] for loop in loops] == ["t", "total"]
+
+
+def test_the_source_says_which_loop_counters_count_iterations(tmp_path):
+    source = tmp_path / "loops.py"
+    source.write_text("def forward(x, S):\n"
+                      "    for t in range(S):\n"
+                      "        pass\n"
+                      "    for i, row in enumerate(x):\n"
+                      "        pass\n"
+                      "    for start in range(0, S, 64):\n"
+                      "        pass\n"
+                      "    for j in range(0, S, 1):\n"
+                      "        pass\n"
+                      "    n = 0\n"
+                      "    while n < S:\n"
+                      "        n += 1\n"
+                      "    m = 0\n"
+                      "    m += 8\n")
+    by_one = {v: counts_by_one(str(source), "forward", v) for v in "t i start j n m".split()}
+    assert by_one == {"t": True, "i": True, "start": False, "j": True, "n": True, "m": False}
+    assert counts_by_one(str(tmp_path / "gone.py"), "forward", "t") is None
 
 
 def test_the_folded_stacks_put_phase_and_op_at_the_root():

@@ -85,8 +85,10 @@ def test_tiny_nsa_trial_succeeds(tiny_nsa_trial):
     result = read_result(trial_dir)
     assert result["status"] == "ok"
     assert result["steps_done"] == 2
+    # the budget (600 s) allows two timing steps more: a median over steps 1-3
+    assert result["timing_steps"] == 2
     assert result["exception"] is None and result["oom"] is False
-    assert len(result["step_s"]) == len(result["forward_s"]) == len(result["backward_s"]) == 2
+    assert len(result["step_s"]) == len(result["forward_s"]) == len(result["backward_s"]) == 4
     assert all(s >= f + b for s, f, b in zip(result["step_s"], result["forward_s"],
                                              result["backward_s"], strict=True))
     assert result["peak_rss"] > 50 * 2**20  # torch alone maps more than this
@@ -104,11 +106,12 @@ def test_tiny_nsa_events_are_well_formed(tiny_nsa_trial):
     assert all(e["rss"] > 0 and e["cuda_alloc"] is None and e["cuda_reserved"] is None
                for e in events)
     starts = [(e["phase"], e["step"]) for e in events if e["kind"] == "start"]
-    assert starts == [("build", 0)] + [(p, s) for s in (0, 1)
+    assert starts == [("build", 0)] + [(p, s) for s in (0, 1, 2, 3)
                                        for p in ("forward", "backward", "optimizer")]
     steps = [e for e in events if e["kind"] == "step"]
     result = read_result(trial_dir)
-    assert [e["step"] for e in steps] == [0, 1]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3]
+    assert [bool(e.get("timing")) for e in steps] == [False, False, True, True]
     assert [e["step_s"] for e in steps] == result["step_s"]
     assert [e["forward_s"] for e in steps] == result["forward_s"]
 

@@ -67,12 +67,12 @@ def test_results_table_has_a_column_per_branch():
     old = SweepRow(**{**row.to_dict(), "saved_by_branch": None})
     header, _, line, line_old = results_table([row, old])
     assert "| saved cmp | saved sel | saved win |" in header
-    assert "| 6 MiB | 1 MiB | 3 MiB | 1 MiB | 2 |" in line
-    assert "| 6 MiB | - | - | - | 2 |" in line_old  # a record written before branches
+    assert "| 6 MiB | 1 MiB | 3 MiB | 1 MiB | - | 2 |" in line
+    assert "| 6 MiB | - | - | - | - | 2 |" in line_old  # a record written before branches
     small = SweepRow(**{**row.to_dict(), "saved_bytes": 12 * 2**10, "saved_by_branch": {}})
-    assert "| 12 KiB | - | - | - | 2 |" in results_table([small])[2]  # no NSA branches
+    assert "| 12 KiB | - | - | - | - | 2 |" in results_table([small])[2]  # no NSA branches
     alone = SweepRow(**{**row.to_dict(), "saved_by_branch": {"sel": 3 * 2**20}})
-    assert "| 6 MiB | - | 3 MiB | - | 2 |" in results_table([alone])[2]  # sel only
+    assert "| 6 MiB | - | 3 MiB | - | - | 2 |" in results_table([alone])[2]  # sel only
 
 
 def test_stall_evidence_names_the_class_and_the_open_backward_without_py_spy(

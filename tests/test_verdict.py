@@ -320,6 +320,25 @@ def test_hot_frame_counts_running_threads_and_reports_the_common_line():
     assert hot_frame([]) is None
 
 
+def test_with_no_thread_seen_running_a_thread_blocked_in_a_wait_is_not_the_hot_frame():
+    # a loaded machine: py-spy saw no thread running; the main thread spins through two
+    # functions while a helper thread sleeps in the same wait in every sample
+    def sample(function: str) -> StackSample:
+        spin = ThreadStack(1, "MainThread", [StackFrame(function, "/m/spin.py", 20)],
+                           active=False)
+        helper = ThreadStack(2, "sampler", [StackFrame("Condition.wait",
+                                                       "/usr/lib/threading.py", 331)],
+                             active=False)
+        return StackSample(t=1.0, pid=9, threads=[spin, helper])
+
+    frame, count, _ = hot_frame([sample("_ready"), sample("forward"), sample("_ready")])
+    assert (frame.function, count) == ("_ready", 2)
+    # when every thread waits, the waits are all there is to report
+    waiting = StackSample(t=1.0, pid=9, threads=[ThreadStack(
+        1, "MainThread", [StackFrame("acquire", "/m/lock.py", 5)], active=False)])
+    assert hot_frame([waiting])[0].function == "acquire"
+
+
 # ---- progress below module granularity, load and contention -------------------------------
 
 
@@ -395,6 +414,13 @@ def test_a_slow_verdict_names_the_loop_and_line_of_the_sampled_profile():
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
     assert verdict.facts["hot_line"] == "attend (model.py:42)"
+    # the profile's 240 samples name the hot frame and its share; the three stack samples
+    # taken at the kill only say where the run was then
+    assert verdict.facts["hot_frame"] == "attend (model.py:42)"
+    assert verdict.facts["hot_share"] == 0.75 and verdict.facts["hot_source"] == "profile"
+    assert verdict.facts["kill_frame"] == "_select_per_token (per_token_loop.py:38)"
+    assert any(r.startswith("at the kill the stacks were in _select_per_token "
+                            "(per_token_loop.py:38)") for r in verdict.reasons)
     assert verdict.facts["loop"]["variable"] == "t"
     assert "sampled profile: 240 stacks over 30 s (forward 83%, backward 17%)" \
         in verdict.reasons

@@ -60,6 +60,8 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     assert any(pulse.get("progress") for pulse in record.evidence["pulses"])
     facts = record.verdict["facts"]
     assert "per_token_loop.py" in facts["hot_line"]
+    # the hot frame is the loop's line from the sampled profile, with its share
+    assert facts["hot_frame"] == facts["hot_line"] and 0 < facts["hot_share"] <= 1
     assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
     # a read and a handful of tiny ops per token: slow by defect, whatever the load
     assert facts["slow_by"] == "defect", record.verdict["reasons"]

@@ -11,12 +11,26 @@ model's output names "(outside the blocks)". The rows >= t must change, or the c
 that the perturbation reached nothing (the model ignores its input there).
 
 The model runs in eval mode, so dropout cannot fake a leak.
+
+A leak can hide below a length: a sliding window of w keys handled in chunks of w, say,
+whose chunk boundary reads one key too far shows only once S exceeds w. So after a pass
+at spec.seq_len finds nothing, the check runs a second pass at a longer length L (batch
+1, the target built anew at that length), where the budget allows (``plan_long_pass``):
+the first of LONG_FACTOR x S and 2 x S (each at least LONG_MIN_TOKENS / LONG_FACTOR x 2,
+so a short S still reaches past common windows) whose predicted time (the first pass's,
+grown with the square of the length, with a margin) and memory (the first pass's growth
+of the peak, grown alike) fit what is left of the budget and of the machine's memory. A
+second pass that cannot run (a model with a maximum length, say) is reported, never
+turned into a failure.
 """
 
 from __future__ import annotations
 
+import resource
+import time
 from typing import Any
 
+import psutil
 import torch
 
 from nsadiag.checks import CheckResult, finding
@@ -26,26 +40,125 @@ from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 
 OUTPUT = "(model output)"
+LONG_FACTOR = 4
+LONG_MIN_TOKENS = 4096
+"""The second pass runs at LONG_FACTOR x S, and at least this many tokens (2 x S and half
+as many when that does not fit): past the paper's window of 512 and longer ones."""
+TIME_MARGIN = 1.5
+"""The second pass's predicted time is the first's, scaled with the square of the length
+(attention's cost; a linear-cost model takes less), times this."""
+RESERVE_S = 10.0
+"""Budget kept after the second pass: writing the result and exiting, on a busy machine."""
+MEMORY_SHARE = 0.5
+"""The second pass may grow the peak by at most this share of the memory available."""
 
 
-def measure(spec: TrialSpec, writer: HeartbeatWriter) -> CheckResult:
+def measure(spec: TrialSpec, writer: HeartbeatWriter,
+            deadline: float | None = None) -> CheckResult:
+    """The check (see the module docstring). ``deadline`` is the unix time the budget ends
+    (default: this process's start plus spec.budget_s, as the runner counts it)."""
     if spec.seq_len < 2:
         raise ValueError(f"seq_len: the causality check needs at least 2 tokens, "
                          f"got {spec.seq_len}")
+    if deadline is None:
+        deadline = psutil.Process().create_time() + spec.budget_s
+    started = time.monotonic()
     target = resolve(spec)
+    built_s = time.monotonic() - started
+    peak_before = _peak_rss()
+    started = time.monotonic()
+    first = one_pass(target, spec.seq_len, spec.batch, spec.seed, writer, 0)
+    pass_s = time.monotonic() - started
+    if not first.passed:
+        return first
+    length, why_not = plan_long_pass(
+        spec.seq_len, spec.batch, built_s, pass_s, _peak_rss() - peak_before,
+        deadline - time.time(), _memory_available(spec.memory_cap_bytes))
+    if length is None:
+        return _with_second(first, f"no second pass at a longer length: {why_not}", [],
+                            long_seq_len=None)
+    try:
+        long_target = resolve(spec.replace(seq_len=length, batch=1))
+        second = one_pass(long_target, length, 1, spec.seed, writer, 2)
+    except Exception as exc:  # the length may be beyond the model: that is no leak
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _with_second(first, f"the second pass at S={length} could not run "
+                                   f"({type(exc).__name__}: {message})", [],
+                            long_seq_len=None)
+    if not second.passed:
+        return finding("causality", False, second.module,
+                       f"at S={length}, the second pass (S={spec.seq_len} showed nothing): "
+                       f"{second.summary}", first.table + second.table,
+                       t=second.verdict.facts.get("t"), long_seq_len=length)
+    return _with_second(first, f"again at S={length}: {second.summary.split('; ')[0]}",
+                        second.table, long_seq_len=length)
+
+
+def _with_second(first: CheckResult, sentence: str, rows: list[dict[str, Any]],
+                 **facts: Any) -> CheckResult:
+    """The first pass's passing result, with what the second pass did."""
+    kept = {k: v for k, v in first.verdict.facts.items() if k not in ("check", "module")}
+    return finding("causality", True, None, f"{first.summary}; {sentence}",
+                   first.table + rows, **{**kept, **facts})
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, bytes (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _memory_available(cap_bytes: int | None) -> int:
+    """Memory the second pass may use: what the machine has available, and below the
+    runner's address-space cap when one is set."""
+    available = psutil.virtual_memory().available
+    if cap_bytes:
+        used = psutil.Process().memory_info().vms
+        available = min(available, max(0, cap_bytes - used))
+    return available
+
+
+def plan_long_pass(seq_len: int, batch: int, built_s: float, pass_s: float, grown_bytes: int,
+                   left_s: float, available_bytes: int) -> tuple[int | None, str | None]:
+    """(the second pass's length, None), or (None, why it does not run): the longest of
+    the candidate lengths (see the module docstring) whose predicted time fits ``left_s``
+    less RESERVE_S and whose predicted growth of the peak fits MEMORY_SHARE of
+    ``available_bytes``. ``pass_s`` and ``grown_bytes`` are the first pass's time and
+    growth of the peak at ``seq_len`` with ``batch`` rows; the second pass has one row
+    and builds the model again (``built_s``)."""
+    candidates = sorted({max(LONG_FACTOR * seq_len, LONG_MIN_TOKENS),
+                         max(2 * seq_len, LONG_MIN_TOKENS // 2)}, reverse=True)
+    reasons = []
+    for length in candidates:
+        scale = (length / seq_len) ** 2 / max(1, batch)
+        need_s = built_s + pass_s * scale * TIME_MARGIN
+        need_bytes = max(0, grown_bytes) * scale
+        if need_s > left_s - RESERVE_S:
+            reasons.append(f"S={length} would take about {need_s:.0f} s, "
+                           f"{max(0.0, left_s):.0f} s of the budget are left")
+        elif need_bytes > MEMORY_SHARE * available_bytes:
+            reasons.append(f"S={length} would need about {need_bytes / 2**30:.1f} GiB more, "
+                           f"{available_bytes / 2**30:.1f} GiB are available")
+        else:
+            return length, None
+    return None, "; ".join(reasons)
+
+
+def one_pass(target: Target, seq_len: int, batch: int, seed: int, writer: HeartbeatWriter,
+             step: int) -> CheckResult:
+    """Two forwards at ``seq_len`` (clean, then with tokens >= seq_len // 2 perturbed),
+    judged; the heartbeat calls them steps ``step`` and ``step + 1``."""
     target.model.eval()
-    t = spec.seq_len // 2
+    t = seq_len // 2
     device = model_device(target.model)
-    ids = random_ids(target.vocab_size, spec.batch, spec.seq_len, spec.seed, device)
-    shift = random_ids(target.vocab_size - 1, spec.batch, spec.seq_len - t, spec.seed + 1,
-                       device) + 1
+    ids = random_ids(target.vocab_size, batch, seq_len, seed, device)
+    shift = random_ids(target.vocab_size - 1, batch, seq_len - t, seed + 1, device) + 1
     perturbed = ids.clone()
     perturbed[:, t:] = (ids[:, t:] + shift) % target.vocab_size
-    writer.start("forward", 0)
+    writer.start("forward", step)
     clean = outputs_of(target, ids, writer)
-    writer.start("forward", 1)
+    writer.start("forward", step + 1)
     dirty = outputs_of(target, perturbed, writer)
-    return judge(target, clean, dirty, t, spec.seq_len)
+    return judge(target, clean, dirty, t, seq_len)
 
 
 def outputs_of(target: Target, ids: torch.Tensor, writer: HeartbeatWriter) -> dict[str, Any]:
@@ -84,8 +197,8 @@ def judge(target: Target, clean: dict[str, Any], dirty: dict[str, Any], t: int,
         past = difference(after[:, :t], before[:, :t])
         if before.dtype in (torch.int64, torch.int32):  # block indices: exact
             past.tol = 0.0
-        rows.append({"module": name, "max abs diff before t": past.err, "tol": past.tol,
-                     "changed": not past.ok})
+        rows.append({"S": seq_len, "module": name, "max abs diff before t": past.err,
+                     "tol": past.tol, "changed": not past.ok})
         if not past.ok:
             changed.append(name)
     future = difference(dirty[OUTPUT][:, t:], clean[OUTPUT][:, t:]) if _has_time_axis(

@@ -9,11 +9,17 @@ backward each on the same ids (no autocast). Then:
   call, in the forward and again in the backward (where a forward call is checkpoint
   recomputation): the module that ran, a digest of its input tensors, input and output
   shapes, and a sample of its output; the NSA branch wrappers record each branch output
-  (for "select" the block indices). Each recompute call is matched to the forward call that
-  received the same input: a different module there means the recompute ran other
-  parameters ("recompute of blocks.0 ran blocks.3's parameters", the late-bound closure); a
-  different output or shape means the recompute is not exact. Branch outputs are matched
-  by name and occurrence. The first difference in forward order is the finding.
+  (for "select" the block indices). Recompute calls are matched by module identity: a
+  recompute of module M is the twin of M's own forward call that received the same input,
+  and then a different output or shape means the recompute is not exact. A recompute of M
+  whose input none of M's forward calls received is one of two things. When another
+  module N of the same kind received that input in the forward and N's forward was not
+  replayed with it, the recompute ran M's parameters where N's belonged ("recompute of
+  blocks.0 ran blocks.3's parameters", the late-bound closure). Otherwise M's input
+  itself differs from its forward's: several Linears fed the same tensor (W_Q, W_K, W_V)
+  each have their own twin, so one of them receiving another's forward input says only
+  that its own input changed. Branch outputs are matched by name and occurrence. The
+  first difference in forward order is the finding.
 
 The tensors a checkpointed segment saves are rebuilt from its input by its modules, so a
 module call whose input, output and shapes match its forward rebuilt them; the saved
@@ -51,6 +57,7 @@ class Call:
     phase: str
     order: int
     key: str | None = None
+    ident: int | None = None  # id() of the module object; None for a branch output
     parent: int | None = None  # order of the enclosing module call, if any
     in_shapes: list[list[int]] = field(default_factory=list)
     out_shapes: list[list[int]] | None = None
@@ -79,7 +86,8 @@ class Recorder:
         def hook(module: nn.Module, args: Any) -> None:
             tensors = _tensors(args)
             call = Call(name, type(module).__name__, self.phase, len(self.calls),
-                        key=_digest(tensors), in_shapes=[list(t.shape) for t in tensors],
+                        key=_digest(tensors), ident=id(module),
+                        in_shapes=[list(t.shape) for t in tensors],
                         parent=self._open[-1].order if self._open else None)
             self.calls.append(call)
             self._open.append(call)
@@ -206,17 +214,19 @@ def compare_gradients(target: Target, got: dict[str, Any],
 
 
 def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]:
-    """(forward order, row) for every recompute call that differs from its forward."""
+    """(forward order, row) for every recompute call that differs from its forward, each
+    recompute matched by module identity (see the module docstring)."""
     forward = [c for c in calls if c.phase == "forward"]
-    by_key: dict[str, list[Call]] = {}
+    recompute = [c for c in calls if c.phase == "recompute"]
+    own: dict[int | None, list[Call]] = {}
     for call in forward:
-        if call.key is not None:
-            by_key.setdefault(call.key, []).append(call)
+        own.setdefault(call.ident, []).append(call)
+    replayed = {(c.ident, c.key) for c in recompute if c.kind != "branch"}
     found: list[tuple[int, dict[str, Any]]] = []
     branch_seen: dict[str, int] = {}
     matched: dict[int, Call] = {}  # recompute call order -> its forward twin (same module)
     reported: set[int] = set()  # recompute calls already found to differ
-    for call in (c for c in calls if c.phase == "recompute"):
+    for call in recompute:
         if call.kind == "branch":
             k = branch_seen.get(call.module, 0)
             branch_seen[call.module] = k + 1
@@ -226,8 +236,7 @@ def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]
                 if row:
                     found.append((twins[k].order, row))
             continue
-        candidates = by_key.get(call.key or "", [])
-        same = next((c for c in candidates if c.module == call.module), None)
+        same = next((c for c in own.get(call.ident, []) if c.key == call.key), None)
         if same is not None:
             matched[call.order] = same
             row = _differs(same, call)
@@ -236,7 +245,9 @@ def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]
                 reported.add(call.order)
             continue
         reported.add(call.order)
-        alike = next((c for c in candidates if c.kind == call.kind), None)
+        # another module's forward input, where that module's own forward was not replayed
+        alike = next((c for c in forward if c.key == call.key and c.kind == call.kind
+                      and c.ident != call.ident and (c.ident, c.key) not in replayed), None)
         if alike is not None:
             found.append((alike.order, _row(alike.module, f"recompute of {alike.module} ran "
                                             f"{call.module}'s parameters (same input as "
@@ -246,15 +257,19 @@ def recompute_differences(calls: list[Call]) -> list[tuple[int, dict[str, Any]]]
         if outer is not None and outer.order in reported:
             continue  # a consequence of the enclosing call's difference, already listed
         twin = matched.get(outer.order) if outer is not None else None
+        received = ("an input its own forward did not receive" if own.get(call.ident)
+                    else "an input no forward call received")
         if twin is not None:  # the enclosing call started alike and diverged inside
             found.append((twin.order, _row(twin.module, f"recompute of {twin.module} diverged "
                                            f"from its forward: inside it, {call.module} "
-                                           f"received an input no forward call received",
-                                           None)))
+                                           f"received {received}", None)))
+        elif own.get(call.ident):
+            first = own[call.ident][0]
+            found.append((first.order, _row(call.module, f"recompute of {call.module} "
+                                            f"received {received}", None)))
         else:
             found.append((len(calls) + call.order, _row(
-                call.module, f"recompute of {call.module} received an input that no "
-                             f"forward call received", None)))
+                call.module, f"recompute of {call.module} received {received}", None)))
     return sorted(found, key=lambda item: item[0])
 
 

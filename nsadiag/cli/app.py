@@ -412,13 +412,15 @@ def trace_cmd(
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
 @trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "seed"), seq_len=128, batch=2)
+                "budget", "seed"), seq_len=2048, batch=2)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(
             "--world-size", help="Ranks of the ddp check (at least 2).")] = 2,
         as_json: AsJson = False, no_redact: NoRedact = False, out: Out = None) -> None:
-    """Correctness checks: WRONG naming the first module that differs; exit 1 on a failure."""
+    """Correctness checks: WRONG naming the first module that differs; exit 1 on a failure.
+    They run at the trial commands' sequence length; causality also runs a second pass at
+    a longer one where the budget allows (a leak past a sliding window shows only there)."""
     from nsadiag.commands.check import check_command
 
     redaction(no_redact)

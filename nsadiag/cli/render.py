@@ -351,6 +351,15 @@ def stacks_tables(term: Terminal, summary: Mapping[str, Any]) -> None:
                 term.print(f"    {frame}")
 
 
+def _noise_cell(delta: Mapping[str, Any]) -> str:
+    """The measured spread, and for a slowdown the machine explains, the change of the
+    step time over its expected cost."""
+    noise = f"±{delta['noise']:.0%}" if delta.get("noise") is not None else "-"
+    if delta.get("explained"):
+        noise += f"; vs expected cost {delta['cost_change']:+.0%}: the machine"
+    return noise
+
+
 def compare_tables(term: Terminal, result: Mapping[str, Any], threshold: float) -> None:
     for change in result["verdict_changes"]:
         term.print(f"{change['label'] or '-'} {change['n_layers']} layers: "
@@ -359,8 +368,7 @@ def compare_tables(term: Terminal, result: Mapping[str, Any], threshold: float) 
         term.print(f"configurations differ (forced): {difference}")
     term.table(("run", "layers", "quantity", "before", "after", "change", "noise"),
                [(d["label"] or "-", d["n_layers"], d["quantity"], f"{d['before']:.4g}",
-                 f"{d['after']:.4g}", f"{d['change']:+.0%}",
-                 f"±{d['noise']:.0%}" if d.get("noise") is not None else "-")
+                 f"{d['after']:.4g}", f"{d['change']:+.0%}", _noise_cell(d))
                 for d in result["deltas"]],
                ["red" if d["regressed"] else "green" for d in result["deltas"]])
     term.print(f"{len(result['regressions'])} regression(s) above +{100 * threshold:.0f}%")

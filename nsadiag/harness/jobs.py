@@ -174,13 +174,29 @@ def outcome_of(returncode: int | None, reason: str | None, wall_s: float, ended_
                           memory_cap_bytes=cap, ended_at=ended_at)
 
 
+def cpu_stat(path: Path = Path("/proc/stat")) -> dict[str, int | None] | None:
+    """The machine's cumulative CPU time in jiffies: {"total", "steal"} from the first
+    line of /proc/stat (steal None where the kernel has no steal column); None when
+    unreadable. Two readings give the share of CPU time a hypervisor stole between them."""
+    try:
+        with open(path) as handle:
+            fields = handle.readline().split()
+        values = [int(x) for x in fields[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal guest guest_nice; guest time is
+    # already counted in user and nice
+    return {"total": sum(values[:8]), "steal": values[7] if len(values) > 7 else None}
+
+
 def machine_load() -> dict[str, Any]:
-    """Load averages and usable CPUs now."""
+    """Load averages, usable CPUs and the cumulative CPU times (with steal) now."""
     try:
         one, five, fifteen = (float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
     except (OSError, ValueError):
         one = five = fifteen = None
-    return {"loadavg": [one, five, fifteen], "cpus": len(os.sched_getaffinity(0))}
+    return {"loadavg": [one, five, fifteen], "cpus": len(os.sched_getaffinity(0)),
+            "cpu_stat": cpu_stat()}
 
 
 @dataclass

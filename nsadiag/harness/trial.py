@@ -11,11 +11,19 @@ Measured into ``Progress``: per-step phase times and loss, module events of step
 expected events per step), and what step 0's forward saved for backward, in all and per
 NSA branch (the saved-tensor ledger, fed by the heartbeat's branch wrappers through
 ``BranchTee`` so the branches are wrapped once).
+
+Step times are reported as medians of the steps after step 0 (which pays one-off costs).
+A single process that was asked for fewer than 1 + MEDIAN_STEPS steps runs timing steps
+after them, one at a time while the next one fits well inside the budget
+(``timing_step_fits``), so the median covers MEDIAN_STEPS steps where the budget allows;
+they are counted apart (``timing_steps``) and the verdict judges the asked steps only.
+Ranks never do: every rank would have to agree on each extra step's collectives.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +39,11 @@ if TYPE_CHECKING:
     from nsadiag.targets import Target
 
 LEARNING_RATE = 1e-3
+MEDIAN_STEPS = 3
+"""Step times are the median of this many steps after step 0, where the budget allows."""
+FINISH_MARGIN_S = 5.0
+"""What a trial keeps of its budget after its last timing step: writing the result,
+stopping the sampler, exiting."""
 
 
 @dataclass
@@ -45,9 +58,13 @@ class Progress:
     saved_bytes: int | None = None  # saved for backward by step 0's forward
     saved_by_branch: dict[str, int] | None = None  # the same, inside each NSA branch
     rates: dict[str, Any] = field(default_factory=dict)  # see Rates
+    timing_steps: int = 0  # steps run after the asked ones, for the step-time median
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps_done": len(self.step_s), "step_s": self.step_s,
+        """steps_done counts the asked steps; the lists hold every step, timing steps
+        included."""
+        return {"steps_done": len(self.step_s) - self.timing_steps,
+                "timing_steps": self.timing_steps, "step_s": self.step_s,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "loss": self.loss, "expected_events_per_step": self.expected_events_per_step,
                 "saved_bytes": self.saved_bytes, "saved_by_branch": self.saved_by_branch,
@@ -105,6 +122,8 @@ def measure_rates(spec: TrialSpec, target: Target, device: torch.device) -> Rate
             dense = dense_reference(spec.batch, spec.seq_len, dim, device, dtype)
             rates.dense_efficiency = dense["efficiency"]
             rates.dense_flops_per_op = dense["flops_per_op"]
+            rates.machine_flops_per_s = dense["machine_flops_per_s"]  # the same rate as
+            # the dense efficiency's, measured again after the reference
         return rates
     except Exception as exc:  # a reference that cannot run here decides nothing
         return Rates(unavailable=f"{type(exc).__name__}: {exc}")
@@ -155,6 +174,25 @@ def device_of(model: nn.Module) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
+def timing_step_fits(step_s: list[float], elapsed_s: float, budget_s: float) -> bool:
+    """Whether one more timing step is worth running and fits: fewer than
+    1 + MEDIAN_STEPS steps ran, and twice the slowest step so far, plus FINISH_MARGIN_S,
+    still ends inside the budget (``elapsed_s`` counts from the process start)."""
+    if not step_s or len(step_s) >= 1 + MEDIAN_STEPS:
+        return False
+    return elapsed_s + 2 * max(step_s) + FINISH_MARGIN_S <= budget_s
+
+
+def _process_started() -> float:
+    """Unix time this process started (the parent's budget clock starts with it)."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()
+
+
 def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Progress,
           rank: RankEnv | None = None, collectives: Any = None) -> None:
     """spec.steps steps; measurements go to `progress`. `collectives` (a
@@ -178,16 +216,22 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
     generator = torch.Generator().manual_seed(spec.seed)
     tee = BranchTee(writer)
     rates = measure_rates(spec, target, device)
+    started = _process_started()
+    step = 0
     with watch(target, writer, tee):
-        for step in range(spec.steps):
+        while step < spec.steps or (rank is None and timing_step_fits(
+                progress.step_s, time.time() - started, spec.budget_s)):
             batch = torch.randint(target.vocab_size, (world * spec.batch, spec.seq_len + 1),
                                   generator=generator)
             before = writer.module_events
+            timing = step >= spec.steps
             loss = run_step(spec, target.model, loss_of, optimizer, batch[rows].to(device),
-                            step, writer, progress, tee, rates)
+                            step, writer, progress, tee, rates, timing=timing)
             if step == 0:
                 progress.expected_events_per_step = writer.module_events - before
+            progress.timing_steps += timing
             progress.loss.append(mean_over_ranks(loss, device, world) if rank else loss)
+            step += 1
 
 
 @contextlib.contextmanager
@@ -205,10 +249,12 @@ def _forward_context(ledger: Any, counted: Any) -> Iterator[None]:
 
 def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.optim.Optimizer,
              ids: torch.Tensor, step: int, writer: HeartbeatWriter, progress: Progress,
-             tee: BranchTee | None = None, rates: Rates | None = None) -> float:
+             tee: BranchTee | None = None, rates: Rates | None = None,
+             timing: bool = False) -> float:
     """One step (nsadiag.harness.step) with a "start" event per phase and a "step" event
-    at its end; step 0's forward runs under the saved-tensor ledger, and with ``rates``
-    step 0 counts its FLOPs. Returns the loss."""
+    at its end (marked ``timing`` for a step run only for the step-time median); step 0's
+    forward runs under the saved-tensor ledger, and with ``rates`` step 0 counts its
+    FLOPs. Returns the loss."""
     from nsadiag.harness.step import train_step
     from nsadiag.probes.efficiency import WorkCount
     from nsadiag.probes.memory import SavedTensorLedger
@@ -246,6 +292,8 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
     extra = rates.for_step(times.step_s) if rates is not None else {}
     if rates is not None:
         progress.rates = extra
+    if timing:
+        extra = {**extra, "timing": True}
     writer.step_done(step_s=times.step_s, forward_s=times.forward_s,
                      backward_s=times.backward_s, **extra)
     progress.step_s.append(times.step_s)

@@ -9,13 +9,23 @@ and how fast the arithmetic runs is reported beside:
   convolutions, attention, the CPU's flash attention included), the aten ops and the host
   reads (``.item()``) of what runs inside it;
 - ``matmul_rate(device, dtype)``: FLOP/s of a square matmul here, the best of repeats over
-  a fraction of a second, once per process; measured under the same load as the trial, so
-  a ratio to it survives a busy machine;
+  a fraction of a second, measured once per process and again after the dense reference
+  (the best reading is kept: a reading taken while another process held a core is low);
 - ``dense_reference(...)``: the efficiency (achieved FLOP/s over the matmul rate) of one
   forward and backward of a plain transformer block (SDPA attention and a 4x MLP) of the
-  target's batch, sequence length and width: what a healthy model of these dims reaches;
+  target's batch, sequence length and width: what a healthy model of these dims reaches,
+  with the matmul rate it was measured against;
 - ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token, ops
-  far smaller than a dense block's), else "size"; efficiency is reported beside.
+  far smaller than a dense block's), else "size"; efficiency is reported beside;
+- ``token_loop(profile, seq_len)``: the sampled profile's word for a defect when no forward
+  was counted in time (a forward of a per-token loop can outlast a budget on a busy
+  machine): a loop counter of the model's code that counted over the tokens within one
+  entry of its loop, in a function the forward or backward samples were in;
+- ``step_cost(measured, step_s)``: a step's time against its expected cost, the time the
+  dense reference would take here for the step's FLOPs (FLOPs over the dense block's
+  achieved FLOP/s, i.e. over this machine's matmul rate times the dense efficiency). The
+  matmul rate cancels out of the ratio, so a noisy rate reading does not move it;
+  ``far_above_cost`` says whether a step took DEFECT_COST_RATIO times that or more.
 
 torch is imported by the functions that use it.
 """
@@ -46,6 +56,12 @@ REFERENCE_MAX_TOKENS = 4096
 """The dense reference runs at most this many tokens (batch x sequence): its efficiency
 hardly changes beyond, and a long sequence's full attention matrix would not fit."""
 RATE_WINDOW_S = 0.15
+DEFECT_COST_RATIO = 100.0
+"""A step taking this many times the dense reference's time for its FLOPs or more is slow
+for its work, whatever the counts say. The ratio is a timing and a noisy one at small
+widths (measured on 2 shared cores: the per-token loop 15-250x at S=512 and 24x at S=64
+from run to run, the built-in NSA 1.5-6x), so the bar sits where no healthy model came
+near it; the counts decide the common defects."""
 _RATES: dict[tuple[str, str], float] = {}
 
 
@@ -120,24 +136,38 @@ def count_work(into: WorkCount | None = None) -> Iterator[WorkCount]:
 
 def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of a MATMUL_SIZE square matmul on ``device`` in ``dtype`` (fp32 where the
-    dtype has no fast CPU matmul), the best of repeats over RATE_WINDOW_S; cached."""
+    dtype has no fast CPU matmul), the best of repeats over RATE_WINDOW_S; cached (and
+    raised by a better reading after a dense reference)."""
+    key = _rate_key(device, dtype)
+    if key not in _RATES:
+        _RATES[key] = _time_matmul(device, dtype)
+    return _RATES[key]
+
+
+def _rate_key(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
     import torch
 
     if device.type == "cpu" and dtype not in (torch.float32, torch.float64):
         dtype = torch.float32
-    key = (str(device), str(dtype))
-    if key not in _RATES:
-        a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
-        b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
-        best, deadline = float("inf"), time.perf_counter() + RATE_WINDOW_S
-        while time.perf_counter() < deadline or best == float("inf"):
-            started = time.perf_counter()
-            a @ b
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - started)
-        _RATES[key] = 2 * MATMUL_SIZE**3 / max(best, 1e-9)
-    return _RATES[key]
+    return str(device), str(dtype)
+
+
+def _time_matmul(device: torch.device, dtype: torch.dtype) -> float:
+    """One reading of the matmul rate: the best of repeats over RATE_WINDOW_S."""
+    import torch
+
+    if device.type == "cpu" and dtype not in (torch.float32, torch.float64):
+        dtype = torch.float32
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=dtype)
+    best, deadline = float("inf"), time.perf_counter() + RATE_WINDOW_S
+    while time.perf_counter() < deadline or best == float("inf"):
+        started = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * MATMUL_SIZE**3 / max(best, 1e-9)
 
 
 def model_dim(model: nn.Module) -> int | None:
@@ -196,10 +226,12 @@ def dense_reference(batch: int, seq_len: int, dim: int, device: torch.device,
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = min(seconds, time.perf_counter() - started)
-    rate = matmul_rate(device, dtype)
+    key = _rate_key(device, dtype)
+    rate = max(matmul_rate(device, dtype), _time_matmul(device, dtype))
+    _RATES[key] = rate
     achieved = 3 * (counted.flops or 0) / max(seconds, 1e-9)  # a step is ~3 forwards
     return {"flops": 3 * (counted.flops or 0), "seconds": seconds,
-            "efficiency": achieved / rate,
+            "efficiency": achieved / rate, "machine_flops_per_s": rate,
             "flops_per_op": counted.flops_per_op()}
 
 
@@ -224,3 +256,51 @@ def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[st
         found.append(f"{per_op:,.0f} FLOP per op where a dense block's ops average "
                      f"{dense_per_op:,.0f}: a loop issuing tiny ops")
     return ("defect", found) if found else ("size", [])
+
+
+def step_cost(measured: dict[str, Any], step_s: float | None) -> dict[str, Any] | None:
+    """{"expected_s", "ratio"}: the dense reference's time here for the step's FLOPs, and
+    ``step_s`` over it; None when the FLOPs, the machine's rate, the dense efficiency or
+    the step time is unknown."""
+    flops, rate = measured.get("flops_per_step"), measured.get("machine_flops_per_s")
+    dense = measured.get("dense_efficiency")
+    if not flops or not rate or not dense or not step_s or step_s <= 0:
+        return None
+    expected = flops / (rate * dense)
+    return {"expected_s": expected, "ratio": step_s / expected}
+
+
+def far_above_cost(cost: dict[str, Any] | None) -> bool:
+    """Whether a step took DEFECT_COST_RATIO times its expected cost or more."""
+    return cost is not None and cost["ratio"] >= DEFECT_COST_RATIO
+
+
+def token_loop(profile: dict[str, Any] | None, seq_len: int) -> str | None:
+    """A finding when the sampled profile (nsadiag.probes.profile.summarize) shows a Python
+    loop over the tokens in the model's forward or backward: a loop counter of the user's
+    code that steps by one (the source says so: ``range(n)``, ``enumerate``, ``+= 1``;
+    ``range(0, S, 64)`` counts chunks, not iterations) and reached at least
+    HOST_READS_PER_TOKEN x seq_len (and MIN_HOST_READS) within
+    one entry of its loop (its last value, or its rises over its entries), in a function
+    whose lines the forward or backward samples were in most. The counter's value is read
+    from the program, not timed: load cannot make it up. None otherwise."""
+    if not profile or seq_len <= 0:
+        return None
+    running = {_function_and_file(line["where"]) for line in profile.get("hot_lines") or []
+               if line.get("phase") in ("forward", "backward")}
+    for loop in profile.get("loops") or []:
+        if not loop.get("by_one") or _function_and_file(loop["where"]) not in running:
+            continue  # a stride other than one makes the value no count of iterations
+        reached = max(int(loop.get("last") or 0),
+                      int(loop.get("advanced") or 0) // (int(loop.get("restarts") or 0) + 1))
+        if reached >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):
+            return (f"loop variable `{loop['variable']}` in {loop['where']} counted to "
+                    f"{reached} within one pass over {seq_len} tokens: a Python loop over "
+                    f"the tokens")
+    return None
+
+
+def _function_and_file(where: str) -> tuple[str, str]:
+    """("forward", "model.py") of "forward (model.py:42)"."""
+    function, _, rest = where.partition(" (")
+    return function, rest.rsplit(":", 1)[0]

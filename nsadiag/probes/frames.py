@@ -146,9 +146,13 @@ def innermost_python(thread: ThreadStack) -> tuple[StackFrame | None, bool]:
 
 
 def busy_threads(sample: StackSample) -> list[ThreadStack]:
-    """Threads py-spy saw running, or all of them when it saw none running."""
+    """Threads py-spy saw running; when it saw none running (a loaded machine's run queue
+    held them all), those not blocked in a wait; all of them when every one waits."""
     active = [thread for thread in sample.threads if thread.active]
-    return active or list(sample.threads)
+    if active:
+        return active
+    working = [thread for thread in sample.threads if wait_frame(thread) is None]
+    return working or list(sample.threads)
 
 
 def _signature(sample: StackSample, python_only: bool) -> tuple:

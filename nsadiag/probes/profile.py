@@ -14,13 +14,39 @@ names the loop.
 - ``samples``, ``duration_s``: how many stacks, over how long;
 - ``phases``: samples per phase ("forward", "backward", "other");
 - ``hot_lines``: the innermost user-code line of each sample, counted, most first:
-  ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81}``;
+  ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81,
+  "training_fraction": 0.9, "phase": "forward", "phase_fraction": 0.95}``; ``fraction``
+  is of all samples, ``training_fraction`` of those taken once the model was built (every
+  phase but "build"), ``phase_fraction`` of the samples of the phase the line was seen in
+  most (a forward loop's line is absent from backward samples, whose Python stack is the
+  autograd engine's);
 - ``loops``: integer locals of user frames that count a loop (the source assigns them in
   a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
-  "advanced", "restarts", "last", "rate_per_s", "observations"}``; ``rate_per_s`` is the
-  rise per second while it rose;
-- ``backward_ops``: the autograd ops the backward samples were in, counted, most first.
+  "advanced", "restarts", "last", "rate_per_s", "observations", "by_one"}``;
+  ``rate_per_s`` is the rise per second while it rose; ``by_one`` says the source steps
+  it by one (``range(n)``, ``enumerate``, ``+= 1``: its value counts iterations), None
+  without the source;
+- ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
+- ``frames``: every line seen on the sampled stacks with its inclusive share (samples with
+  it anywhere on the stack) and self share (samples with it innermost), the user's own
+  code first (``user`` True), each part by inclusive share: ``{"where", "function",
+  "file", "line", "user", "inclusive", "self", "inclusive_share", "self_share"}``. Lines,
+  not functions: the profile names a function without its class, so two ``forward``
+  methods of one file would merge. Only stacks taken once the model was built count
+  (shares are of those: the "build" phase is start-up, imports and nsadiag's own
+  reference timings), and nsadiag's own frames (the harness on every stack, the work
+  count's dispatch mode in step 0's forward) and the interpreter's start-up frames are
+  left out;
+- ``backward_modules``: the backward samples by the watched module whose backward was
+  running (the heartbeat's innermost open module) and the autograd op then running
+  (None where that backward was not instrumented), most first:
+  ``{"module", "op", "count", "share"}`` (share of the backward samples);
+- ``backward_by_module``: the same summed per module, with its busiest op:
+  ``{"module", "count", "share", "op", "op_share"}``.
+
+``tables(summary)`` renders the frames and the backward attribution as Markdown tables for
+a report.
 """
 
 from __future__ import annotations
@@ -33,9 +59,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from nsadiag.probes.frames import INSTRUMENTATION_PATH
 from nsadiag.probes.sampler import PROFILE_VERSION, is_user_file
 
 TOP = 5
+TABLE_ROWS = 8
+"""Rows of each part (user code, the rest) of the frames table."""
 MIN_OP_SHARE = 0.1
 """A backward op seen in fewer of the backward samples is not worth a sentence (most
 backwards are not instrumented: their samples carry no op)."""
@@ -59,8 +88,10 @@ def _where(function: str, file: str, line: int) -> str:
     return f"{function} ({Path(file).name}:{line})"
 
 
-def _hot_lines(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+def _hot_lines(stacks: list[dict[str, Any]], samples: int, phases: Counter
+               ) -> list[dict[str, Any]]:
     counts: Counter = Counter()
+    by_phase: dict[tuple[str, str, int], Counter] = {}
     code: dict[tuple[str, str, int], str | None] = {}
     for entry in stacks:
         user = [tuple(frame) for frame in entry.get("frames", []) if is_user_file(frame[1])]
@@ -68,10 +99,19 @@ def _hot_lines(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any
             continue
         key = user[-1]
         counts[key] += int(entry.get("count", 0))
+        by_phase.setdefault(key, Counter())[entry.get("phase") or "other"] += \
+            int(entry.get("count", 0))
         code.setdefault(key, linecache.getline(key[1], key[2]).strip() or None)
-    return [{"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
-             "count": count, "fraction": count / samples if samples else 0.0}
-            for key, count in counts.most_common(TOP)]
+    training = samples - phases.get("build", 0)
+    lines = []
+    for key, count in counts.most_common(TOP):
+        phase, in_phase = by_phase[key].most_common(1)[0]
+        lines.append({"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
+                      "count": count, "fraction": count / samples if samples else 0.0,
+                      "training_fraction": count / training if training else 0.0,
+                      "phase": phase, "phase_fraction": in_phase / phases[phase]
+                      if phases.get(phase) else 0.0})
+    return lines
 
 
 def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
@@ -89,6 +129,52 @@ def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
                            for name in ast.walk(target)):
                         return True
     return False
+
+
+def _counts_by_one(source: str, function: str, variable: str) -> bool:
+    """Whether ``variable`` steps by one inside ``function``: ``for variable in range(n)``
+    or ``range(a, b)`` (or a step of literal 1), the index of ``enumerate``, or
+    ``variable += 1``; its value is then the number of iterations so far."""
+    def is_one(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value == 1
+
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                node.name == function):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Name) and \
+                    inner.target.id == variable and isinstance(inner.op, ast.Add) and \
+                    is_one(inner.value):
+                return True
+            if not isinstance(inner, (ast.For, ast.AsyncFor, ast.comprehension)) or \
+                    not isinstance(inner.iter, ast.Call) or \
+                    not isinstance(inner.iter.func, ast.Name):
+                continue
+            call, target = inner.iter, inner.target
+            if call.func.id == "range" and isinstance(target, ast.Name) and \
+                    target.id == variable and not call.keywords and \
+                    (len(call.args) in (1, 2) or (len(call.args) == 3 and is_one(call.args[2]))):
+                return True
+            if call.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
+                    target.elts and isinstance(target.elts[0], ast.Name) and \
+                    target.elts[0].id == variable and len(call.args) == 1 and \
+                    not call.keywords:
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def counts_by_one(file: str, function: str, variable: str) -> bool | None:
+    """Whether the source says ``variable`` steps by one in ``function`` (see
+    _counts_by_one); None when the source cannot be read or parsed."""
+    source = "".join(linecache.getlines(file))
+    if not source:
+        return None
+    try:
+        return _counts_by_one(source, function, variable)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,9 +207,77 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "variable": loop["variable"], "advanced": advanced,
                       "restarts": restarts, "last": loop["last"][1],
                       "rate_per_s": advanced / seconds if seconds > 0 else None,
-                      "observations": int(loop["observations"])})
+                      "observations": int(loop["observations"]),
+                      "by_one": counts_by_one(loop["file"], loop["function"],
+                                              loop["variable"])})
     found.sort(key=lambda loop: loop["advanced"], reverse=True)
     return found[:TOP]
+
+
+def _harness(file: str) -> bool:
+    """nsadiag's own frames (its work count's dispatch mode included) and the
+    interpreter's start-up ("<frozen runpy>")."""
+    return "/nsadiag/" in file or file.startswith("<") or bool(INSTRUMENTATION_PATH.search(file))
+
+
+def _frames(stacks: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+    """Inclusive and self counts per (function, file, line), user code first (see the
+    module docstring)."""
+    inclusive: Counter = Counter()
+    own: Counter = Counter()
+    for entry in stacks:
+        if entry.get("phase") == "build":
+            continue
+        count = int(entry.get("count", 0))
+        frames = [tuple(frame) for frame in entry.get("frames", [])]
+        for key in set(frames):
+            inclusive[key] += count
+        if frames:
+            own[frames[-1]] += count
+    rows = []
+    for (function, file, line), count in inclusive.items():
+        if _harness(file):
+            continue
+        mine = own.get((function, file, line), 0)
+        rows.append({"where": _where(function, file, line), "function": function,
+                     "file": file, "line": line, "user": is_user_file(file),
+                     "inclusive": count, "self": mine,
+                     "inclusive_share": count / samples if samples else 0.0,
+                     "self_share": mine / samples if samples else 0.0})
+    rows.sort(key=lambda row: (not row["user"], -row["inclusive"], -row["self"]))
+    user = [row for row in rows if row["user"]][:TABLE_ROWS]
+    rest = [row for row in rows if not row["user"]][:TABLE_ROWS]
+    return user + rest
+
+
+def _backward_counts(stacks: list[dict[str, Any]]) -> Counter:
+    counts: Counter = Counter()
+    for entry in stacks:
+        if entry.get("phase") == "backward":
+            counts[(entry.get("module"), entry.get("op"))] += int(entry.get("count", 0))
+    return counts
+
+
+def _backward_modules(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts = _backward_counts(stacks)
+    total = sum(counts.values())
+    return [{"module": module, "op": op, "count": n, "share": n / total if total else 0.0}
+            for (module, op), n in counts.most_common(2 * TOP)]
+
+
+def _backward_by_module(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    counts = _backward_counts(stacks)
+    total = sum(counts.values())
+    modules: Counter = Counter()
+    for (module, _), n in counts.items():
+        modules[module] += n
+    rows = []
+    for module, n in modules.most_common(TOP):
+        ops = Counter({op: c for (m, op), c in counts.items() if m == module and op})
+        op, in_op = ops.most_common(1)[0] if ops else (None, 0)
+        rows.append({"module": module, "count": n, "share": n / total if total else 0.0,
+                     "op": op, "op_share": in_op / total if total else 0.0})
+    return rows
 
 
 def folded(profile: dict[str, Any]) -> str:
@@ -156,9 +310,13 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
     first, last = profile.get("first_t"), profile.get("last_t")
     return {"samples": samples,
             "duration_s": (last - first) if first is not None and last is not None else None,
-            "phases": dict(phases), "hot_lines": _hot_lines(stacks, samples),
+            "phases": dict(phases),
+            "hot_lines": _hot_lines(stacks, samples, phases),
             "loops": _loops(list(profile.get("loops", []))),
-            "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)]}
+            "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
+            "frames": _frames(stacks, samples - phases.get("build", 0)),
+            "backward_modules": _backward_modules(stacks),
+            "backward_by_module": _backward_by_module(stacks)}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:
@@ -176,13 +334,26 @@ def describe(summary: dict[str, Any]) -> list[str]:
     if hot:
         line = hot[0]
         code = f" `{line['code']}`" if line.get("code") else ""
+        shares = []
+        if phases.get("build") and "training_fraction" in line:
+            shares.append(f"{line['training_fraction']:.0%} once the model was built")
+        if len(phases) > 1 and line.get("phase_fraction") is not None:
+            shares.append(f"{line['phase_fraction']:.0%} of the {line['phase']} samples")
+        built = f" ({'; '.join(shares)})" if shares else ""
         sentences.append(f"hottest line of user code: {line['where']}{code} in "
-                         f"{line['fraction']:.0%} of the samples")
+                         f"{line['fraction']:.0%} of the samples{built}")
     ops = summary.get("backward_ops") or []
     in_backward = phases.get("backward", 0)
     if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:
         sentences.append(f"busiest backward op: {ops[0]['op']} in "
                          f"{ops[0]['count'] / in_backward:.0%} of the backward samples")
+    busiest = next((row for row in summary.get("backward_by_module") or []
+                    if row["module"] is not None), None)
+    if busiest is not None and busiest["share"] >= MIN_OP_SHARE:
+        op = (f" (busiest op {busiest['op']}, {busiest['op_share']:.0%})" if busiest["op"]
+              else "")
+        sentences.append(f"in backward, {busiest['share']:.0%} of the samples fell in the "
+                         f"backward of {busiest['module']}{op}")
     loops = summary.get("loops") or []
     if loops:
         loop = loops[0]
@@ -192,3 +363,33 @@ def describe(summary: dict[str, Any]) -> list[str]:
         sentences.append(f"loop variable `{loop['variable']}` in {loop['where']} advanced "
                          f"{loop['advanced']}{rate}{again}: a loop iterating")
     return sentences
+
+
+def _share(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def tables(summary: dict[str, Any] | None) -> list[str]:
+    """Markdown lines: the frames by inclusive and self share (user code first) and the
+    backward samples by module and op; [] without samples."""
+    if not summary or not summary.get("samples"):
+        return []
+    samples = summary["samples"]
+    over = f" over {summary['duration_s']:.0f} s" if summary.get("duration_s") else ""
+    built = samples - (summary.get("phases") or {}).get("build", 0)
+    lines = [f"Sampled profile ({samples} stacks{over}; {built} once the model was built, "
+             f"which the shares are of): frames by inclusive share (on the stack) and self "
+             f"share (innermost), the target's own code first.", "",
+             "| frame | code | inclusive | self |", "|---|---|---|---|"]
+    for row in summary.get("frames") or []:
+        lines.append(f"| {row['where']} | {'user' if row['user'] else 'library'} | "
+                     f"{_share(row['inclusive_share'])} | {_share(row['self_share'])} |")
+    backward = summary.get("backward_modules") or []
+    if backward:
+        lines += ["", "Backward samples by the module whose backward ran and the op running "
+                      "(op - where that backward was not instrumented):", "",
+                  "| module | op | share of backward samples |", "|---|---|---|"]
+        for row in backward:
+            lines.append(f"| {row['module'] or '(no watched module)'} | {row['op'] or '-'} "
+                         f"| {_share(row['share'])} |")
+    return lines

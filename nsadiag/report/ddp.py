@@ -19,7 +19,7 @@ from nsadiag.report.markdown import (
     stack_excerpt,
     trial_options,
 )
-from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
+from nsadiag.report.summary import Summary, status_of_rows, verdict_row
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import row_from_record
 
@@ -139,12 +139,14 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
                                    "the same collectives.")]
     text = "\n".join(md) + "\n"
     row = row_from_record(record, LABEL)
+    slow_by = (verdict.get("facts") or {}).get("slow_by")
+    verdicts = [verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),
+                            record.spec.get("seq_len"), slow_by)]
     summary = Summary(
-        command="ddp", headline=headline, status=status_of_verdicts([verdict["name"]]),
-        verdicts=[verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),
-                              record.spec.get("seq_len"))],
+        command="ddp", headline=headline, status=status_of_rows(verdicts), verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict if verdict["name"] != "OK" else None,
-        details={"verdict": verdict["name"], "world_size": ddp.get("world_size"),
+        details={"verdict": verdict["name"], "slow_by": slow_by,
+                 "world_size": ddp.get("world_size"),
                  "ddp_backend": ddp.get("backend"), "ranks": rows,
                  "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
                  "flight_recorder": ddp.get("flight_recorder") or []})

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
 
 if TYPE_CHECKING:
@@ -113,19 +114,30 @@ def rows_frame(rows: Sequence[Any]) -> pd.DataFrame:
 
 
 def results_table(rows: Sequence[Any]) -> list[str]:
-    """One line per trial; saved-for-backward bytes in all and per NSA branch."""
+    """One line per trial: times as medians over "median of" steps, the step time against
+    its expected cost (the dense reference's time for its FLOPs), the peak with the bytes
+    saved for backward in all and per NSA branch and the rest of the peak."""
     frame = rows_frame(rows)
     if frame.empty:
         return ["No trial finished."]
-    table = frame.assign(run=frame["label"].replace("", "-"))[[
-        "run", "n_layers", "verdict", "forward_s", "backward_s", "step_s", "peak_rss",
-        "saved_bytes", *(f"saved_{b}" for b in BRANCH_COLUMNS), "steps_done"]]
+    for column in ("timed_steps", "cost_ratio", "rest_bytes", "slow_by"):
+        if column not in frame:
+            frame[column] = None
+    verdict = [f"{v} (by {by})" if isinstance(by, str) else v
+               for v, by in zip(frame["verdict"], frame["slow_by"], strict=True)]
+    table = frame.assign(run=frame["label"].replace("", "-"), verdict=verdict)[[
+        "run", "n_layers", "verdict", "forward_s", "backward_s", "step_s", "timed_steps",
+        "cost_ratio", "peak_rss", "saved_bytes", *(f"saved_{b}" for b in BRANCH_COLUMNS),
+        "rest_bytes", "steps_done"]]
     table.columns = ["run", "layers", "verdict", "forward s", "backward s", "step s",
-                     "peak RSS", "saved for backward",
-                     *(f"saved {b}" for b in BRANCH_COLUMNS), "steps"]
-    byte_columns = ["peak RSS", "saved for backward", *(f"saved {b}" for b in BRANCH_COLUMNS)]
+                     "median of", "vs expected cost", "peak RSS", "saved for backward",
+                     *(f"saved {b}" for b in BRANCH_COLUMNS), "rest of the peak", "steps"]
+    byte_columns = ["peak RSS", "saved for backward", *(f"saved {b}" for b in BRANCH_COLUMNS),
+                    "rest of the peak"]
     formats = {**{c: fmt_s for c in ("forward s", "backward s", "step s")},
-               **{c: fmt_bytes for c in byte_columns}, "layers": str, "steps": str}
+               **{c: fmt_bytes for c in byte_columns}, "layers": str, "steps": str,
+               "median of": lambda n: "-" if _missing(n) else str(int(n)),
+               "vs expected cost": lambda r: "-" if _missing(r) else f"{r:.1f}x"}
     return md_table(table, formats)
 
 
@@ -207,6 +219,8 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
                      f"{stall['cpu_delta_s']:.2f} s")
     lines += stall_lines(stall)
+    if verdict["name"] != "OK" and evidence.get("profile"):
+        lines += [""] + profile_tables(evidence["profile"]) + [""]
     for missing in stall.get("unavailable") or []:
         lines.append(f"- Evidence unavailable: {missing}")
     if isinstance(record.gpu, str):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.report.markdown import RECOMMENDATIONS, evidence_section
-from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
+from nsadiag.report.summary import Summary, status_of_rows, verdict_row
 from nsadiag.rundir import TrialRecord
 
 STDERR_LINES = 15
@@ -61,10 +61,12 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     if kind == "run":
         md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
                    f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
+    slow_by = (verdict.get("facts") or {}).get("slow_by")
+    verdicts = [verdict_row(LABEL, verdict["name"], slow_by=slow_by)]
     summary = Summary(
-        command=kind, headline=headline, status=status_of_verdicts([verdict["name"]]),
-        verdicts=[verdict_row(LABEL, verdict["name"])],
+        command=kind, headline=headline, status=status_of_rows(verdicts), verdicts=verdicts,
         failing=verdict if verdict["name"] != "OK" else None,
-        details={"verdict": verdict["name"], "command_exit_code": evidence.get("exit_code"),
+        details={"verdict": verdict["name"], "slow_by": slow_by,
+                 "command_exit_code": evidence.get("exit_code"),
                  "argv": list(record.spec["command"])})
     return "\n".join(md) + "\n", summary.to_dict()

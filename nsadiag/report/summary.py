@@ -81,6 +81,14 @@ def status_of_verdicts(names: Iterable[str]) -> str:
 
 
 def verdict_row(label: str, verdict: str, n_layers: int | None = None,
-                seq_len: int | None = None) -> dict[str, Any]:
-    """One entry of ``verdicts``."""
-    return {"label": label, "n_layers": n_layers, "seq_len": seq_len, "verdict": verdict}
+                seq_len: int | None = None, slow_by: str | None = None) -> dict[str, Any]:
+    """One entry of ``verdicts`` (``slow_by``: "defect" or "size" for a SLOW)."""
+    return {"label": label, "n_layers": n_layers, "seq_len": seq_len, "verdict": verdict,
+            "slow_by": slow_by}
+
+
+def status_of_rows(rows: Iterable[Mapping[str, Any]]) -> str:
+    """``status_of_verdicts`` of verdict rows, where a SLOW by size (the work itself
+    outlasting the time limit) is no failure."""
+    return status_of_verdicts(row["verdict"] for row in rows
+                              if row["verdict"] != "SLOW" or row.get("slow_by") != "size")

@@ -26,9 +26,9 @@ from nsadiag.report.markdown import (
     stall_summary,
 )
 from nsadiag.report.plots import sweep_plot
-from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
+from nsadiag.report.summary import Summary, status_of_rows, verdict_row
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, analyse, row_from_record
+from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, row_from_record
 
 CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
                "device", "steps", "stall_timeout_s", "budget_s", "memory_cap_bytes",
@@ -100,6 +100,18 @@ def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
     elif step_fit:
         implicated.append(f"Step time grows faster than linearly with depth (quadratic term "
                           f"{step_fit.curvature:.4f} s/layer²).")
+    growth = analysis.get("memory_growth")
+    if growth and growth["outgrows"]:
+        implicated.append(f"The peak grows faster than the bytes saved for backward: from "
+                          f"{growth['from']} to {growth['to']} layers the rest of the peak "
+                          f"grew {growth['rest']:.1f}x while the saved bytes grew "
+                          f"{growth['saved']:.1f}x (peak {growth['peak']:.1f}x): a temporary "
+                          f"or a cache that grows faster than the activations sets the peak; "
+                          f"`nsadiag memory` names the module.")
+    elif growth:
+        ruled_out.append(f"A peak outgrowing the activations: from {growth['from']} to "
+                         f"{growth['to']} layers the saved bytes grew {growth['saved']:.1f}x "
+                         f"and the rest of the peak {growth['rest']:.1f}x.")
     mem_fit = analysis["fits"].get("peak_rss")
     if mem_fit and mem_fit.poor:
         mem_fit = None
@@ -145,16 +157,23 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         groups.setdefault(label, []).append(row_from_record(record, label))
     all_rows = [r for rows in groups.values() for r in rows]
     analyses = {label: analyse(rows) for label, rows in groups.items()}
-    failing = next((r for r in records if r.verdict_name != "OK"), None)
+    failing = first_failure(records) or next(
+        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
+    big = next((r for r in all_rows if r.slow_by == "size"), None)
     first = records[0].spec if records else {}
     png = sweep_plot(groups, {label: a["fits"] for label, a in analyses.items()},
                      run_dir / "sweep.png", legend_names(groups, first))
     headline = (f"{failing.verdict_name} at {failing.spec.get('n_layers')} layers"
-                if failing else "all trials OK")
+                if failing else "all trials OK" if big is None else
+                f"no failure; slow by size from {big.n_layers} layer(s)")
     md = [f"# nsadiag {command}: {headline}", "", "## Executive summary", ""]
     if failing:
         md += [f"{len(records)} trial(s); the first non-OK is {failing.spec.get('n_layers')} "
                f"layers: **{failing.verdict_name}**. " + failing.verdict["reasons"][0]]
+    elif big is not None:
+        md += [f"{len(records)} trial(s), none failed: from {big.n_layers} layer(s) the work "
+               f"itself outlasts the budget (slow by size: no host read per token, no loop "
+               f"of tiny ops). A longer `--budget` or fewer `--steps` lets it finish."]
     else:
         md += [f"{len(records)} trial(s), every one OK."]
     for label, analysis in analyses.items():
@@ -186,10 +205,12 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         "stall": stall_summary(failing) if failing else None}
     if command == "isolate-branch":
         details["branch"] = meta.get("branch")
+    verdicts = [verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
+                for r in all_rows]
     summary = Summary(
         command=command, headline=headline,
-        status=status_of_verdicts(r.verdict for r in all_rows),
-        verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len) for r in all_rows],
+        status=status_of_rows(verdicts),
+        verdicts=verdicts,
         rows=[r.to_dict() for r in all_rows],
         fits={label: {q: f.to_dict() for q, f in a["fits"].items()}
               for label, a in analyses.items() if a["fits"]},

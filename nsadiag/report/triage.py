@@ -93,9 +93,64 @@ def _frames(state: dict[str, Any], records: dict[str, TrialRecord]) -> dict[str,
     profiled = next((run.evidence["profile"] for run in runs if run.evidence.get("profile")),
                     None)
     found["profile"] = describe_profile(profiled) if profiled else []
+    line = ((profiled or {}).get("hot_lines") or [None])[0]
+    if line is not None:  # hundreds of samples over the run outrank a few at the kill
+        found.update(hot_frame=line["where"] + (f" `{line['code']}`" if line.get("code")
+                                                else ""),
+                     hot_count=line["count"], samples=profiled["samples"],
+                     hot_share=line["fraction"])
     found["slow_by"] = next((reason for run in runs for reason in run.verdict["reasons"]
                              if reason.startswith("slow by ")), None)
     return found
+
+
+def _efficiency_ref(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The sweep trial whose efficiency the summary quotes: the failing one, else the
+    deepest probed one that measured it."""
+    sweep = state.get("sweep") or {}
+    measured = [r for r in sweep.get("probed") or [] if r.get("efficiency") is not None]
+    failing = (sweep.get("failing") or {}).get("trial")
+    chosen = next((r for r in measured if r["trial"] == failing), None)
+    return chosen or max(measured, key=lambda r: r["n_layers"] or 0, default=None)
+
+
+def _efficiency_sentence(ref: dict[str, Any] | None) -> str | None:
+    if not ref or ref.get("dense_efficiency") is None:
+        return None
+    cost = (f"; a step took {ref['cost_ratio']:.1f}x its expected cost (the dense "
+            f"reference's time for its FLOPs)" if ref.get("cost_ratio") is not None else "")
+    return (f"Efficiency of trial `{ref['trial']}` ({ref['n_layers']} layer(s)): "
+            f"{ref['efficiency']:.2%} of this machine's matmul rate, beside "
+            f"{ref['dense_efficiency']:.1%} for a dense reference (a plain SDPA transformer "
+            f"block of the target's batch, sequence length and width, timed in the same "
+            f"trial){cost}.")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _efficiency_section(state: dict[str, Any]) -> list[str]:
+    refs = [r for r in (state.get("sweep") or {}).get("probed") or []
+            if r.get("dense_efficiency") is not None]
+    if not refs:
+        return ["No trial measured its FLOPs against the dense reference."]
+    lines = ["Every trial times a dense reference on this machine: a plain transformer block "
+             "(SDPA attention, a 4x MLP) of the target's batch, sequence length and width. "
+             "A step's expected cost is that block's time for the step's FLOPs; the matmul "
+             "rate cancels out of the ratio.", "",
+             "| trial | layers | verdict | step s | median of | expected s | vs expected | "
+             "efficiency | dense reference | defect counted |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in refs:
+        ratio = f"{r['cost_ratio']:.1f}x" if r.get("cost_ratio") is not None else "-"
+        defect = {True: "yes", False: "no"}.get(r.get("defect"), "-")
+        lines.append(f"| {r['trial']} | {r['n_layers']} | {r['verdict']} | "
+                     f"{fmt_s(r.get('step_s'))} | {r.get('timed_steps', '-')} | "
+                     f"{_seconds(r.get('expected_step_s'))} | {ratio} | "
+                     f"{r['efficiency']:.2%} | "
+                     f"{r['dense_efficiency']:.1%} | {defect} |")
+    return lines
 
 
 def _sentence(text: str) -> str:
@@ -140,7 +195,9 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
         if failure.get("minimal"):
             text += f"; minimal failing change: {_knob_text(failure['minimal'])}"
         elif failure.get("minimal") == {}:
-            text += "; fails at the healthy baseline's knobs too"
+            text += ("; the defect shows at the healthy baseline's knobs too"
+                     if failure["verdict"] == "SLOW" else
+                     "; fails at the healthy baseline's knobs too")
         return text
     unreproduced = _unreproduced(state)
     if unreproduced:
@@ -247,16 +304,24 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
             lines.append(f"Branch isolation: the {', '.join(failure['branches'])} branch "
                          f"alone reproduces {failure['verdict']}.")
         if frames.get("hot_frame"):
-            lines.append(f"Hot frame: {frames['hot_frame']}.")
+            share = (f" in {frames['hot_share']:.0%} of {frames['samples']} sampled stacks"
+                     if frames.get("hot_share") is not None else "")
+            lines.append(f"Hot frame: {frames['hot_frame']}{share}.")
         if frames.get("user_frame") and frames["user_frame"] != frames.get("hot_frame"):
             lines.append(f"Hottest frame in the target's own code: {frames['user_frame']}.")
         if frames.get("slow_by"):
             lines.append(_sentence(frames["slow_by"]) + ".")
+        efficiency = _efficiency_sentence(_efficiency_ref(state))
+        if efficiency:
+            lines.append(efficiency)
         lines += [_sentence(sentence) + "." for sentence in frames.get("profile", [])]
         if failure["minimal"] is not None:
             lines.append(("The failure needs only " + _knob_text(failure["minimal"]) +
                           " on top of the healthy baseline.") if failure["minimal"] else
-                         "The failure reproduces with every knob at the healthy baseline.")
+                         ("The defect shows with every knob at the healthy baseline (its "
+                          "work, not whether its steps fitted a budget)."
+                          if failure["verdict"] == "SLOW" else
+                          "The failure reproduces with every knob at the healthy baseline."))
     elif _unreproduced(state):
         lines.append(_sentence(_headline(state, None)) + ". Rerun on a quieter machine or "
                      "with a larger `--budget` to settle it; the runs' evidence is in their "
@@ -266,6 +331,9 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
                      "the model's work without a host read per token or a loop of tiny ops, "
                      "at the machine's pace; a longer `--budget` or fewer `--steps` lets "
                      "them finish (their evidence gives FLOPs, efficiency and the ETA).")
+        efficiency = _efficiency_sentence(_efficiency_ref(state))
+        if efficiency:
+            lines.append(efficiency)
     elif not failure:
         lines.append(_sentence(_headline(state, None)) + ": no trial ended other than OK.")
     if failure and failure["verdict"] == "SLOW" and \
@@ -362,6 +430,7 @@ def _results_section(state, records, rows) -> list[str]:
     elif sweep.get("complete"):
         lines.append(f"Every probed depth up to {state['max_layers']} layer(s) is OK.")
     lines += ["", "All trials:", ""] + results_table(rows)
+    lines += ["", "### Efficiency against a dense reference", ""] + _efficiency_section(state)
     repeats = state.get("repeats") or {}
     if repeats.get("confidence"):
         conf = repeats["confidence"]
@@ -396,17 +465,29 @@ def _results_section(state, records, rows) -> list[str]:
         lines += ["", "### Knob bisection (delta debugging towards the healthy baseline)", "",
                   f"Changes against the baseline: {_knob_text(bisection['changes'])} "
                   f"(baseline: {_knob_text(bisection['baseline'])}). A test applies some "
-                  f"changes to the baseline at {bisection['n_layers']} layer(s) and fails "
-                  f"when it ends {bisection['verdict']}.", ""]
+                  f"changes to the baseline at {bisection['n_layers']} layer(s) and "
+                  + ("reproduces the failure when its work shows the defect: the counts of "
+                     "its first forward say so, or its time per step is far above its "
+                     "expected cost, whatever its verdict (not whether its steps fitted "
+                     "the budget)." if bisection["verdict"] == "SLOW" else
+                     f"fails when it ends {bisection['verdict']}."), ""]
         if not bisection["changes"]:
             lines.append("No knob differs from the baseline: nothing to bisect.")
         else:
-            lines += ["| changes applied | verdict | trial |", "|---|---|---|"]
-            lines.append(f"| all ({', '.join(bisection['changes'])}) | {bisection['verdict']} "
-                         f"| {state['sweep']['failing']['trial']} |")
-            for test in bisection["tests"]:
-                lines.append(f"| {', '.join(test['applied']) or 'none (baseline)'} | "
-                             f"{test['verdict']} | {test['trial']} |")
+            lines += ["| changes applied | verdict | step s | vs expected cost | defect "
+                      "counted | reproduces | trial |", "|---|---|---|---|---|---|---|"]
+            failing_ref = state["sweep"]["failing"]
+            for label, test in [(f"all ({', '.join(bisection['changes'])})",
+                                 {**failing_ref, "reproduces": True}),
+                                *[(", ".join(t["applied"]) or "none (baseline)", t)
+                                  for t in bisection["tests"]]]:
+                ratio = (f"{test['cost_ratio']:.1f}x" if test.get("cost_ratio") is not None
+                         else "-")
+                defect = {True: "yes", False: "no"}.get(test.get("defect"), "-")
+                again = {True: "yes", False: "no"}.get(
+                    test.get("reproduces", test["verdict"] == bisection["verdict"]))
+                lines.append(f"| {label} | {test['verdict']} | {fmt_s(test.get('step_s'))} | "
+                             f"{ratio} | {defect} | {again} | {test['trial']} |")
         if bisection.get("minimal") is not None:
             lines += ["", f"Minimal failing change set: **{_knob_text(bisection['minimal'])}**"
                           f" (trial `{bisection['minimal_trial']}`)."]
@@ -467,7 +548,10 @@ def _root_cause(state, records, failure, frames) -> list[str]:
                     continue
                 without = tuple(k for k in minimal if k != knob)
                 test = tests.get(without)
-                evidence = f" (trial `{test['trial']}`: {test['verdict']})" if test else ""
+                shown = (", its work shows no defect" if test and test.get("reproduces") is
+                         False and test["verdict"] == bisection["verdict"] else "")
+                evidence = (f" (trial `{test['trial']}`: {test['verdict']}{shown})" if test
+                            else "")
                 implicated.append(f"{knob}={value}: with {knob}={base} instead, the failure "
                                   f"goes away{evidence}.")
     elif not failure:
@@ -526,7 +610,9 @@ def _regression_section(regression) -> list[str]:
         unit = fmt_bytes if d["quantity"] == "peak_rss" else fmt_s
         lines.append(f"| {d['label'] or '-'} | {d['n_layers']} | {d['quantity']} | "
                      f"{unit(d['before'])} | {unit(d['after'])} | {d['change']:+.0%} | "
-                     f"{'**yes**' if d['regressed'] else 'no'} |")
+                     f"{'**yes**' if d['regressed'] else 'no'}"
+                     + (f" (against its expected cost {d['cost_change']:+.0%}: the machine "
+                        f"slowed, not the code)" if d.get("explained") else "") + " |")
     return lines
 
 
@@ -582,7 +668,8 @@ def build_triage_report(run_dir: Path, state: dict[str, Any]) -> tuple[str, dict
             EXIT_INCONCLUSIVE if _unreproduced(state) else EXIT_HEALTHY)
     summary = Summary(
         command="triage", headline=headline, status=STATUS_OF_EXIT[code],
-        verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len) for r in rows],
+        verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
+                  for r in rows],
         rows=[r.to_dict() for r in rows],
         failing=(records[failure["trial"]].verdict if failure and failure.get("trial") in
                  records else _failed_checks(state)[0]["verdict"] if failure and
@@ -596,6 +683,7 @@ def build_triage_report(run_dir: Path, state: dict[str, Any]) -> tuple[str, dict
                      {"verdict": c["verdict"]["name"]}
                      for c in (state.get("checks") or {}).get("results", [])],
                  "env_problems": state.get("env_problems", []),
+                 "efficiency": _efficiency_ref(state),
                  "regression": ({"baseline": regression["path"],
                                  "threshold": regression["threshold"],
                                  "regressions": regressed} if regression else None),

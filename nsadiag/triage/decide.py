@@ -15,6 +15,8 @@ A triage asks a trial function questions and this module decides which question 
   into per-trial budgets, and the check before each trial that it can still finish.
 * ``knob_changes`` and ``env_problems``  what differs from the baseline, and what in the
   environment would weaken the evidence.
+* ``reproduces``  whether a bisection test shows the failure: a SLOW by its work (a defect
+  counted, or time per step far above its expected cost), whatever its verdict.
 * ``time_by_module``  where a trial's time went, from its heartbeat events.
 """
 
@@ -27,7 +29,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from nsadiag.probes.efficiency import DEFECT_COST_RATIO
 from nsadiag.verdict import FAILURES
+from nsadiag.verdict.load import LOADED_PER_CPU
 
 T = TypeVar("T", bound=Hashable)
 
@@ -227,6 +231,27 @@ def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:
     return len(verdicts) < 2 or len(set(verdicts)) > 1
 
 
+def reproduces(failing: str, test: Mapping[str, Any]) -> bool:
+    """Whether a bisection test (a trial reference: ``verdict``, ``slow_by``, ``defect``,
+    ``cost_ratio``) reproduces a failure whose verdict is ``failing``.
+
+    A SLOW failure is slow by defect (a slow by size is never chased): a property of the
+    work, not of how many steps fitted the budget. A test reproduces it when its own
+    measurements show it, whatever its verdict: the counts of its first forward say
+    defect (``defect``), or its median time per step is DEFECT_COST_RATIO times its
+    expected cost or more (``cost_ratio``: the step time over the dense reference's time
+    here for the step's FLOPs). A test that finished its steps in time can still carry
+    the defect; one that ran out of budget slow by size does not. Without either
+    measurement the verdict decides (SLOW, not by size). Any other failure: the same
+    verdict."""
+    if failing != "SLOW":
+        return test.get("verdict") == failing
+    defect, ratio = test.get("defect"), test.get("cost_ratio")
+    if defect is None and ratio is None:
+        return test.get("verdict") == "SLOW" and test.get("slow_by") != "size"
+    return bool(defect) or (ratio is not None and ratio >= DEFECT_COST_RATIO)
+
+
 # ---- time limit ---------------------------------------------------------------------------
 
 
@@ -285,11 +310,6 @@ def baseline_values(failing: Mapping[str, Any], changes: Mapping[str, Any],
     if "seq_len" in values:
         values["seq_len"] = min(baseline["seq_len"], failing["seq_len"])
     return values
-
-
-LOADED_PER_CPU = 1.5
-"""A 1-minute load average above this many runnable tasks per usable CPU is a loaded
-machine."""
 
 
 def env_problems(env: Mapping[str, Any], device: str) -> list[str]:

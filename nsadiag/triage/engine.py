@@ -20,7 +20,10 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    branches     for NSA targets: each branch alone at the threshold depth
    bisection    delta debugging of the knobs that differ from the healthy baseline
                 (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
-                failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
+                failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp);
+                a test reproduces a SLOW when its work shows the defect (counts, or time
+                per step far above its expected cost: nsadiag.triage.decide.reproduces),
+                not when it merely ran out of budget
 4. report   report.md and summary.json (nsadiag.report.triage), optionally compared with a
             baseline summary.json for regressions in step time and peak memory.
 
@@ -50,9 +53,10 @@ from nsadiag.checks import run_check
 from nsadiag.envinfo import collect_env
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.harness.targetcheck import inspect_target
+from nsadiag.probes.efficiency import slow_by
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 from nsadiag.spec import BRANCHES, TrialSpec
-from nsadiag.sweep import Callbacks
+from nsadiag.sweep import Callbacks, row_from_record
 from nsadiag.triage.decide import (
     BASELINE,
     OutOfTime,
@@ -69,6 +73,7 @@ from nsadiag.triage.decide import (
     needs_repeat,
     plan_trial_budget,
     reproduced,
+    reproduces,
     time_by_module,
 )
 
@@ -197,12 +202,32 @@ def is_failure(record: TrialRecord) -> bool:
 
 
 def _trial_ref(record: TrialRecord) -> dict[str, Any]:
-    """How triage.json points at a trial: directory name, verdict, first reason."""
+    """How triage.json points at a trial: directory name, verdict, first reason, and what
+    its work measured: whether the counts of its first forward say defect, its median
+    step time, expected cost and their ratio (nsadiag.probes.efficiency), whatever its
+    verdict."""
     world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+    row = row_from_record(record)
     return {"trial": Path(record.trial_dir).name, "verdict": record.verdict_name,
             "n_layers": record.spec.get("n_layers"), "world_size": world_size,
             "reason": record.verdict["reasons"][0],
-            "slow_by": (record.verdict.get("facts") or {}).get("slow_by")}
+            "slow_by": (record.verdict.get("facts") or {}).get("slow_by"),
+            "defect": _defect_counted(record), "step_s": row.step_s,
+            "timed_steps": row.timed_steps, "expected_step_s": row.expected_step_s,
+            "cost_ratio": row.cost_ratio, "efficiency": row.efficiency,
+            "dense_efficiency": row.dense_efficiency}
+
+
+def _defect_counted(record: TrialRecord) -> bool | None:
+    """Whether the counts of the trial's first forward say defect (host reads per token,
+    tiny ops), None when no forward was counted."""
+    measured = record.evidence.get("result") or {}
+    if "host_reads_per_step" not in measured:
+        counted = [e for e in record.evidence.get("events") or []
+                   if "host_reads_per_step" in e]
+        measured = counted[-1] if counted else {}
+    found, _ = slow_by(measured, int(record.spec.get("seq_len") or 0))
+    return None if found is None else found == "defect"
 
 
 def accepted_knobs(spec: TrialSpec) -> list[str]:
@@ -395,9 +420,10 @@ class Triage:
             spec = self._depth_spec(depth, **_as_spec_fields(knobs))
             ref = {"applied": sorted(subset, key=list(changes).index),
                    **_trial_ref(self._run(spec, world_size))}
+            ref["reproduces"] = reproduces(verdict, ref)
             tests.append(ref)
             by_subset[subset] = ref
-            return ref["verdict"] == verdict
+            return ref["reproduces"]
 
         minimal = ddmin(list(changes), fails)
         bisection["minimal"] = {k: changes[k] for k in minimal}

@@ -17,17 +17,21 @@ Progress is a heartbeat event (a block entered or left, a step, a collective) or
 the progress sampler that saw progress (a loop iterating inside one module, autograd nodes
 running in backward). A timer firing is never a verdict by itself: a run still progressing
 is SLOW, and a run that stopped is classified by what its process was doing.
+
+The reasons speak of "the child" for a job nsadiag started (a trial, a check) and of "the
+command" for a user's own command under ``nsadiag run`` (its evidence's spec names the
+command), whose time limit is its deadline rather than a budget.
 """
 
 from __future__ import annotations
 
 import signal as signals
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
-from nsadiag.probes.efficiency import slow_by
+from nsadiag.probes.efficiency import slow_by, token_loop
 from nsadiag.probes.frames import (
     IDLE_CPU_FRACTION,
     busy_threads,
@@ -39,6 +43,7 @@ from nsadiag.probes.frames import (
 )
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
+from nsadiag.verdict.load import contention, contention_sentence
 from nsadiag.verdict.progress import Progress, module_events, progress
 
 NAMES = ("OK", "SLOW", "INCONCLUSIVE", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM",
@@ -48,7 +53,14 @@ is a timing verdict (SLOW, STALL-BUSY) that did not reproduce or that machine co
 explains; it is never a failure."""
 
 FAILURES = frozenset(NAMES) - {"OK", "INCONCLUSIVE"}
-"""Verdicts that are a failure found (exit code 1)."""
+"""Verdicts that are a failure found (exit code 1), but for a SLOW by size (is_failure)."""
+
+
+def is_failure(name: str, slow_by: str | None = None) -> bool:
+    """Whether a verdict is a failure found: a name in FAILURES, except a SLOW by size (the
+    work itself outlasts the time limit, done without a defect: big, not broken).
+    ``slow_by`` is the verdict's fact of that name ("size", "defect" or None)."""
+    return name in FAILURES and not (name == "SLOW" and slow_by == "size")
 
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
@@ -73,6 +85,34 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+
+@dataclass(frozen=True)
+class _Words:
+    """How reasons name the watched process and its limits."""
+
+    who: str
+    limit: str  # the wall-clock limit that ended a progressing run
+    no_exception: str  # how a failure without a recorded exception is described
+    runner: str  # who stops the process
+    between: str  # what may sit between nsadiag and the Python process
+    users_own: bool  # the user's own code and limits (nsadiag run, watch(), attach)
+
+
+CHILD = _Words("the child", "the budget", "without writing an exception", "the runner",
+               "a shell or launcher between the runner and the child", False)
+COMMAND = _Words("the command", "the deadline", "without a Python traceback on stderr",
+                 "nsadiag", "the shell or launcher that runs the command", True)
+
+
+def words(evidence: Evidence) -> _Words:
+    """CHILD for a trial's child; COMMAND for the user's own code (`nsadiag run`'s
+    command, a block under watch(), an attached process), naming it by the spec's
+    "subject" ("the command", "the watched block", "the process")."""
+    spec = evidence.spec
+    if "command" not in spec and "subject" not in spec:
+        return CHILD
+    return replace(COMMAND, who=str(spec.get("subject") or COMMAND.who))
 
 
 def _thread_label(thread: ThreadStack) -> str:
@@ -118,11 +158,6 @@ def _position_sentence(facts: dict[str, Any]) -> str:
             f"{facts['steps_done']})")
 
 
-def _who(evidence: Evidence) -> str:
-    """Whom the reasons speak of: "the child" of a trial, or the spec's "subject" (the
-    user's command under `nsadiag run`, a process watched or attached to)."""
-    return str(evidence.spec.get("subject") or "the child")
-
 
 def _signal_name(number: int, name: str | None) -> str:
     if name:
@@ -138,14 +173,28 @@ def _signal_name(number: int, name: str | None) -> str:
 
 
 def rule_ok(evidence: Evidence) -> Verdict | None:
-    """OK: the child wrote a result with status ok and exited with status 0."""
+    """OK: the child wrote a result with status ok and exited with status 0 (a user's
+    command: it exited with status 0)."""
     result, outcome = evidence.result, evidence.outcome
     if not result or result.get("status") != "ok" or outcome.exit_code != 0:
         return None
     steps = result.get("steps_done")
     facts = {"steps_done": steps, "wall_s": outcome.wall_s, "peak_rss": result.get("peak_rss")}
-    reasons = [f"{_who(evidence)} finished {steps} of {evidence.total_steps} steps with status "
-               f"ok and exit code 0 in {outcome.wall_s:.1f} s"]
+    said = words(evidence)
+    if said.users_own and evidence.total_steps:
+        reasons = [f"{said.who} finished {steps} of {evidence.total_steps} steps in "
+                   f"{outcome.wall_s:.1f} s"]
+    elif said.users_own:
+        reasons = [f"{said.who} exited with code 0 after {steps} training step(s) in "
+                   f"{outcome.wall_s:.1f} s"]
+    else:
+        reasons = [f"the child finished {steps} of {evidence.total_steps} steps with status "
+                   f"ok and exit code 0 in {outcome.wall_s:.1f} s"]
+    timing = result.get("timing_steps")
+    if timing:
+        facts["timing_steps"] = timing
+        reasons.append(f"then {timing} more step(s) for the step-time median, as the budget "
+                       f"allowed")
     return Verdict("OK", reasons, facts)
 
 
@@ -163,7 +212,8 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     where = project_frame(str(exception.get("traceback", "")))
     facts = {**_position(evidence), "exception_type": kind, "message": first_line,
              "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}
-    reasons = [f"{_who(evidence)} raised {kind}: {first_line}"]
+    who = words(evidence).who
+    reasons = [f"{who} raised {kind}: {first_line}"]
     if where:
         reasons.append(f"innermost project frame: {where}")
     explanation = explain_exception(kind, message)
@@ -174,7 +224,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:
-        reasons.append(f"peak RSS of {_who(evidence)} was {_gib(facts['peak_rss'])}")
+        reasons.append(f"peak RSS of {who} was {_gib(facts['peak_rss'])}")
     peak_cuda = (evidence.result or {}).get("peak_cuda")
     if peak_cuda:
         facts["peak_cuda"] = peak_cuda
@@ -194,23 +244,23 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
     facts = {**_position(evidence), "signal": outcome.signal, "signal_name": name,
              "memory_cap_bytes": outcome.memory_cap_bytes, "wall_s": outcome.wall_s}
     where = _position_sentence(facts)
+    said = words(evidence)
     if outcome.oom_killer:
-        return Verdict("OOM", [f"the kernel OOM killer killed {_who(evidence)} "
-                               f"({name or 'no signal'} "
-                               f"recorded) after {outcome.wall_s:.1f} s", where], facts)
+        return Verdict("OOM", [f"the kernel OOM killer killed {said.who} "
+                               f"({name or 'no signal'} recorded) after {outcome.wall_s:.1f} s",
+                               where], facts)
     if name == "SIGKILL" and outcome.memory_cap_bytes:
         rss = facts.get("last_rss")
-        reasons = [f"{_who(evidence)} died of SIGKILL, not sent by the runner, under a memory "
-                   f"cap of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
+        reasons = [f"{said.who} died of SIGKILL, not sent by {said.runner}, under a memory cap "
+                   f"of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
         if rss:
             reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
         return Verdict("OOM", reasons, facts)
-    reasons = [f"{_who(evidence)} died of {name} (signal {outcome.signal}) after "
-               f"{outcome.wall_s:.1f} s "
-               f"without writing an exception", where]
+    reasons = [f"{said.who} died of {name} (signal {outcome.signal}) after "
+               f"{outcome.wall_s:.1f} s {said.no_exception}", where]
     if name == "SIGKILL":
-        reasons.append("no memory cap was set and no OOM kill was recorded: something outside "
-                       "the runner sent SIGKILL")
+        reasons.append(f"no memory cap was set and no OOM kill was recorded: something outside "
+                       f"{said.runner} sent SIGKILL")
     return Verdict("CRASH", reasons, facts)
 
 
@@ -223,10 +273,11 @@ def last_progress_t(evidence: Evidence) -> float | None:
 
 
 def _gap_before_end(evidence: Evidence) -> float | None:
-    """Seconds from the last progress to the end of the process, None when unknown."""
+    """Seconds from the last progress to the end of the process, None when unknown; 0 when
+    progress came after the end (ended_at is when the runner decided to stop, and the
+    process went on while its stacks were sampled)."""
     last = last_progress_t(evidence)
     if last is not None and evidence.outcome.ended_at is not None:
-        # ended_at is when the watcher decided; the process ran on while evidence was taken
         return max(0.0, evidence.outcome.ended_at - last)
     if evidence.stall is not None:
         return evidence.stall.since_last_event_s
@@ -246,17 +297,35 @@ def rule_budget(evidence: Evidence) -> Verdict | None:
     outcome = evidence.outcome
     if not (outcome.killed_by_runner and outcome.kill_reason == "budget"):
         return None
+    limit = words(evidence).limit
+    finished = _asked_steps_finished(evidence)
+    if finished is not None:
+        return finished
     gap, window = _gap_before_end(evidence), _stall_window(evidence)
     if last_progress_t(evidence) is None:
-        return _stall_verdict(evidence, [f"the budget ran out after {outcome.wall_s:.1f} s "
+        return _stall_verdict(evidence, [f"{limit} ran out after {outcome.wall_s:.1f} s "
                                          f"before any heartbeat or progress pulse"])
     opportunity = evidence.stall.opportunity_s if evidence.stall else None
     if gap is not None and gap > window and (opportunity is None or opportunity > window):
         return _stall_verdict(evidence, [
-            f"the budget ran out after {outcome.wall_s:.1f} s, but the last progress "
+            f"{limit} ran out after {outcome.wall_s:.1f} s, but the last progress "
             f"(heartbeat or sampler pulse) came {gap:.1f} s before the kill (stall window "
             f"{window:.1f} s): not progressing"])
     return _slow_verdict(evidence, gap, window)
+
+
+def _asked_steps_finished(evidence: Evidence) -> Verdict | None:
+    """OK for a trial whose every asked step had finished when the budget kill came (it
+    was running extra steps for the step-time median, or writing its result): the run did
+    what it was asked. None when a step is missing or the step count is unknown."""
+    done, total = evidence.event_counts.get("step", 0), evidence.total_steps
+    if total <= 0 or done < total or words(evidence).users_own:
+        return None
+    facts = {"steps_done": total, "wall_s": evidence.outcome.wall_s, "budget_kill": True}
+    return Verdict("OK", [f"the child finished all {total} steps; the budget ran out after "
+                          f"{evidence.outcome.wall_s:.1f} s, while it ran {done - total} "
+                          f"extra step(s) for the step-time median or wrote its result"],
+                   facts)
 
 
 def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdict:
@@ -269,11 +338,13 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
              "fraction_done": p.fraction, "eta_s": p.eta_s, "events_done": p.events_done,
              "events_expected": p.events_expected, "fraction_basis": p.basis,
              "since_last_event_s": gap}
-    when = (f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
+    when = ("at the kill itself (it went on while its stacks were sampled)" if gap == 0.0 else
+            f"{gap:.1f} s before the kill (within the {window:.1f} s stall window)"
             if gap is not None else
             "at an unrecorded time, and the runner's stall watch had not fired")
-    reasons = [f"still progressing at the budget kill after {evidence.outcome.wall_s:.1f} s: "
-               f"the last progress (heartbeat or sampler pulse) came {when}"]
+    reasons = [f"still progressing at {words(evidence).limit} kill after "
+               f"{evidence.outcome.wall_s:.1f} s: the last progress (heartbeat or sampler "
+               f"pulse) came {when}"]
     if p.rate is not None:
         reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
     reasons.append(_fraction_sentence(p, evidence))
@@ -286,10 +357,39 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     measured = _work_measured(evidence.events)
     if measured is not None:
         _add_efficiency(measured, evidence, facts, reasons)
+    _add_token_loop(evidence, facts, reasons)
     samples = evidence.stall.samples if evidence.stall else []
-    _add_hot_frame(samples, facts, reasons)
+    hot_lines = (evidence.profile or {}).get("hot_lines") or []
+    # hundreds of samples over the run name where the time went; the few taken at the kill
+    # name only where the run happened to be (in backward: the autograd engine)
+    _add_hot_frame(samples, facts, reasons, at_kill=bool(hot_lines))
     _add_profile(evidence, facts, reasons)
+    if hot_lines:
+        facts.update(hot_frame=hot_lines[0]["where"], hot_share=hot_lines[0]["fraction"],
+                     hot_code=hot_lines[0].get("code"), hot_source="profile")
+    load = _add_load(evidence, facts, reasons)
+    # a trial's budget is nsadiag's choice, so a SLOW nothing but its time supports must
+    # survive a quieter machine; a user's command at its own deadline did not finish, and
+    # the load figures beside it say how busy the machine was
+    if load and load["contended"] and facts.get("slow_by") is None and \
+            not words(evidence).users_own:
+        return Verdict("INCONCLUSIVE", [*reasons, "no count (host reads per token, FLOPs per "
+                                        "op) ties the slowness to a defect, and contention "
+                                        "alone can stretch a run past its limit: SLOW here "
+                                        "must be confirmed on a quieter machine"],
+                       {**facts, "would_be": "SLOW", "contended": True})
     return Verdict("SLOW", reasons, facts)
+
+
+def _add_load(evidence: Evidence, facts: dict, reasons: list[str]) -> dict[str, Any] | None:
+    """The machine's load while the job ran (nsadiag.verdict.load), relative to its usable
+    CPUs, into facts and one sentence; None when no load was recorded."""
+    found = contention(evidence.load)
+    if found is None:
+        return None
+    facts["load"] = found
+    reasons.append(contention_sentence(found))
+    return found
 
 
 def _add_profile(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
@@ -335,7 +435,8 @@ def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
     if flops:
         figures.append(f"{flops / 1e9:.2f} GFLOP per step")
     if efficiency is not None and rate:
-        figures.append(f"{efficiency * rate / 1e9:.2f} GFLOP/s, {efficiency:.1%} of this "
+        share = f"{efficiency:.2%}" if efficiency < 0.01 else f"{efficiency:.1%}"
+        figures.append(f"{efficiency * rate / 1e9:.2f} GFLOP/s, {share} of this "
                        f"machine's matmul rate ({rate / 1e9:.0f} GFLOP/s)")
     if reference:
         figures.append(f"a dense transformer block of the same shape reaches {reference:.1%}")
@@ -350,6 +451,19 @@ def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
     reasons.append("slow by size: no host read per token and ops the size of a dense "
                    "block's" + (f" ({shown})" if shown else "") +
                    f": the work itself outlasts the budget{left}")
+
+
+def _add_token_loop(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
+    """Slow by defect from the sampled profile when it shows a Python loop over the tokens
+    (nsadiag.probes.efficiency.token_loop) and no count said defect already: a forward of
+    such a loop can outlast the budget before its work was counted."""
+    found = token_loop(evidence.profile, int(evidence.spec.get("seq_len") or 0))
+    if found is None or facts.get("slow_by") == "defect":
+        return
+    facts.update(slow_by="defect", slow_findings=[*facts.get("slow_findings", []), found])
+    reasons[:] = [reason for reason in reasons if not reason.startswith("slow by size")]
+    reasons.append(f"slow by defect: {found} (the sampled profile's reading of the "
+                   f"model's own counter)")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:
@@ -367,19 +481,28 @@ def _fraction_sentence(p: Progress, evidence: Evidence) -> str:
     return f"{p.fraction:.0%} done by steps and the position inside the current step"
 
 
-def _add_hot_frame(samples: Sequence[StackSample], facts: dict, reasons: list[str]) -> None:
-    """Put the hot frame of ``samples`` into facts and a sentence into reasons."""
+def _add_hot_frame(samples: Sequence[StackSample], facts: dict, reasons: list[str],
+                   at_kill: bool = False) -> None:
+    """Put the hot frame of ``samples`` into facts and a sentence into reasons; with
+    ``at_kill`` (a sampled profile names the hot frame) the samples only say where the run
+    was when it was stopped (facts kill_frame, kill_count)."""
     hot = hot_frame(samples)
     if hot is None:
         return
     frame, count, native_below = hot
     occurrences = sum(len(busy_threads(sample)) for sample in samples)
-    facts.update(hot_frame=frame.where(), hot_function=frame.function, hot_count=count,
-                 native_below=native_below)
     native_known = any(sample.native for sample in samples)
     below = ("native frames sit below it" if native_below else
              "no native frames below it" if native_known else "native frames not sampled")
     code = f" `{frame.code}`" if frame.code else ""
+    if at_kill:
+        facts.update(kill_frame=frame.where(), kill_count=count, hot_function=frame.function,
+                     native_below=native_below)
+        reasons.append(f"at the kill the stacks were in {frame.where()}{code} in {count} of "
+                       f"{occurrences} thread samples; {below}")
+        return
+    facts.update(hot_frame=frame.where(), hot_function=frame.function, hot_count=count,
+                 native_below=native_below)
     reasons.append(f"hot frame {frame.where()}{code} in {count} of {occurrences} thread "
                    f"samples; {below}")
 
@@ -408,6 +531,7 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
              "unavailable": list(stall.unavailable)}
     reasons = [*preface, _cpu_sentence(stall), _position_sentence(facts)]
     _add_profile(evidence, facts, reasons)
+    _add_load(evidence, facts, reasons)
     verdict = _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
     if stall.stretched:
         return _contended(stall, verdict)
@@ -567,20 +691,22 @@ def _stall_cpu_unknown(stall: StallEvidence, facts: dict, reasons: list[str]) ->
 def rule_exit_code(evidence: Evidence) -> Verdict:
     """ERROR for anything else: an exit without an exception or a signal."""
     outcome, result = evidence.outcome, evidence.result
+    said = words(evidence)
     facts = {**_position(evidence), "exit_code": outcome.exit_code,
              "result_status": (result or {}).get("status")}
-    if result is None:
-        reasons = [f"{_who(evidence)} exited with code {outcome.exit_code} without writing a "
-                   f"result"]
+    if said.users_own:
+        reasons = [f"{said.who} exited with code {outcome.exit_code} {said.no_exception}"]
+    elif result is None:
+        reasons = [f"the child exited with code {outcome.exit_code} without writing a result"]
     else:
-        reasons = [f"{_who(evidence)} exited with code {outcome.exit_code} and result status "
+        reasons = [f"{words(evidence).who} exited with code {outcome.exit_code} and result status "
                    f"{result.get('status')!r} without an exception"]
     code = outcome.exit_code
     if code is not None and code > 128 and code - 128 in signals.valid_signals():
-        reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: a shell or launcher "
-                       f"between the runner and {_who(evidence)} may report a signal this way")
+        reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: {said.between} "
+                       f"may report a signal this way")
     if outcome.killed_by_runner:
-        reasons.append(f"the runner killed it (reason {outcome.kill_reason!r})")
+        reasons.append(f"{said.runner} killed it (reason {outcome.kill_reason!r})")
     reasons.append(_position_sentence(facts))
     return Verdict("ERROR", reasons, facts)
 

@@ -1,0 +1,105 @@
+"""Was the machine contended while a job ran? Pure reading of the load figures of one job.
+
+Every job records the machine's load at its start and end (nsadiag.harness.jobs.machine_load:
+the 1, 5 and 15 minute load averages, the CPUs this process may use, and the cumulative
+``/proc/stat`` CPU times with the steal column where the kernel reports one) and the CPU
+use of each process's main thread over its life (on-CPU and run-queue seconds).
+``contention(load)`` turns them into figures relative to the CPUs the job could use:
+
+- ``load_per_cpu``: the larger 1-minute load average of start and end over the usable CPUs
+  (runnable tasks per CPU); ``others_per_cpu`` the same less the job's own main threads'
+  demand for the CPU (on-CPU plus run-queue seconds per second, where recorded): above
+  LOADED_PER_CPU the job shares its CPUs with other work;
+- ``steal``: the part of all CPU time between start and end that a hypervisor gave to other
+  guests (``/proc/stat`` steal over the total), None where the kernel has no steal column
+  or the two readings are missing;
+- ``got``: the part of the CPU the job's main thread asked for (on-CPU plus run-queue
+  seconds) that it received, the lowest over the job's processes;
+- ``contended``: any of others_per_cpu above LOADED_PER_CPU, steal at or above
+  STEAL_CONTENDED, got below GOT_CONTENDED; ``why`` says which.
+
+A timing verdict (SLOW, STALL-BUSY) read on a contended machine is one a quieter machine
+must confirm; counts (host reads, FLOPs per op) are not timings and stand at any load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+LOADED_PER_CPU = 1.5
+"""A 1-minute load average above this many runnable tasks per usable CPU is a loaded
+machine."""
+STEAL_CONTENDED = 0.1
+"""A hypervisor taking this share of the CPU time or more contends with the job."""
+GOT_CONTENDED = 0.5
+"""A main thread that received less than this share of the CPU it asked for was made to
+wait for a core most of the time."""
+
+
+def cpu_steal(start: Mapping[str, Any] | None, end: Mapping[str, Any] | None) -> float | None:
+    """Steal jiffies over all jiffies between two ``/proc/stat`` readings ({"steal",
+    "total"}); None when either reading or the steal column is missing, or no time passed."""
+    if not start or not end or start.get("steal") is None or end.get("steal") is None:
+        return None
+    total = end["total"] - start["total"]
+    if total <= 0:
+        return None
+    return max(0.0, (end["steal"] - start["steal"]) / total)
+
+
+def _load_per_cpu(reading: Mapping[str, Any] | None) -> float | None:
+    if not reading:
+        return None
+    loadavg, cpus = reading.get("loadavg") or [], reading.get("cpus")
+    if not loadavg or loadavg[0] is None or not cpus:
+        return None
+    return float(loadavg[0]) / cpus
+
+
+def contention(load: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The figures described in the module docstring, None when nothing was recorded."""
+    if not load:
+        return None
+    start, end = load.get("start"), load.get("end")
+    per_cpu = [x for x in (_load_per_cpu(start), _load_per_cpu(end)) if x is not None]
+    threads = (load.get("main_thread") or {}).values()
+    got = [use["got"] for use in threads if use.get("got") is not None]
+    own = sum(use.get("demand") or 0.0 for use in threads)
+    cpus = (end or start or {}).get("cpus")
+    found: dict[str, Any] = {
+        "load_per_cpu": max(per_cpu) if per_cpu else None,
+        "others_per_cpu": max(0.0, max(per_cpu) - own / cpus) if per_cpu and cpus else None,
+        "loadavg": [(r or {}).get("loadavg", [None])[0] for r in (start, end)],
+        "usable_cpus": (end or start or {}).get("cpus"),
+        "steal": cpu_steal((start or {}).get("cpu_stat"), (end or {}).get("cpu_stat")),
+        "got": min(got) if got else None}
+    why = []
+    if found["others_per_cpu"] is not None and found["others_per_cpu"] > LOADED_PER_CPU:
+        why.append(f"{found['others_per_cpu']:.1f} runnable tasks per usable CPU besides "
+                   f"the job's own")
+    if found["steal"] is not None and found["steal"] >= STEAL_CONTENDED:
+        why.append(f"{found['steal']:.0%} of the CPU time stolen by the hypervisor")
+    if found["got"] is not None and found["got"] < GOT_CONTENDED:
+        why.append(f"the main thread received {found['got']:.0%} of the CPU it asked for")
+    if all(value is None for key, value in found.items() if key != "loadavg"):
+        return None
+    found["contended"], found["why"] = bool(why), why
+    return found
+
+
+def contention_sentence(found: Mapping[str, Any]) -> str:
+    """One sentence with the figures and whether they mean contention."""
+    parts = []
+    loads = [x for x in found.get("loadavg") or [] if x is not None]
+    if loads and found.get("usable_cpus"):
+        parts.append(f"load average {max(loads):.1f} on {found['usable_cpus']} usable CPU(s)")
+    parts.append("steal " + (f"{found['steal']:.0%}" if found.get("steal") is not None
+                             else "not reported"))
+    if found.get("got") is not None:
+        parts.append(f"the main thread received {found['got']:.0%} of the CPU it asked for")
+    figures = ", ".join(parts)
+    if found.get("contended"):
+        return (f"the machine was contended ({'; '.join(found['why'])}): {figures}; a "
+                f"timing read here must be confirmed on a quieter machine")
+    return f"the machine was not contended: {figures}"
