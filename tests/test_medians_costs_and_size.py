@@ -22,7 +22,8 @@ from nsadiag.probes.efficiency import (
     step_cost,
     token_loop,
 )
-from nsadiag.report import build_report, results_table
+from nsadiag.report.markdown import results_table
+from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
 from nsadiag.triage.decide import reproduces

@@ -4,7 +4,8 @@
     markdown.py  the formatting every report shares (units, tables, evidence, reproduction)
     summary.py   summary.json as a typed model (nsadiag/schemas/summary.schema.json)
     plots.py     the PNG plots
-    sweep.py, seq.py, ddp.py, check.py, triage.py, memory.py, trace.py, stacks.py, run.py
+    sweep.py, seq.py, ddp.py, check.py, triage.py, memory.py, trace.py, stacks.py, run.py,
+    attach.py
                  one renderer per run kind: (markdown, summary.json) from stored records
     dispatch.py  render_run(run_dir): the kind from run.json, the renderer, redaction, files
     bundle.py    write_bundle(run_dir): a redacted archive for sharing
