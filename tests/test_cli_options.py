@@ -13,7 +13,7 @@ from nsadiag.cli.options import NSA_BACKENDS, SPEC_DEFAULTS, TrialOptions, trial
 from nsadiag.spec import TrialSpec
 
 COMMANDS = ("env", "sweep-layers", "sweep-seq", "isolate-branch", "triage", "compare", "ddp",
-            "run", "memory", "trace", "check", "stacks", "report")
+            "run", "memory", "trace", "check", "stacks", "attach", "report")
 
 
 def nsadiag(*args, **kwargs):

@@ -474,11 +474,9 @@ def attach_cmd(
 
     redaction(no_redact)
     path = call(run_dir, out, "attach")
-    with term.status(f"watching {'the ranks under ' if ranks else ''}pid {pid} for "
-                     f"{duration:g} s") as update:
-        update("sampling stacks and CPU")
+    with term.status(f"attach to {'the ranks under ' if ranks else ''}pid {pid}") as update:
         rendered = call(attach_command, pid, duration, ranks, path, argv(), no_redact,
-                        out=path)
+                        on_start=update, out=path)
     raise typer.Exit(wrote(term, rendered, as_json=as_json))
 
 

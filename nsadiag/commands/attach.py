@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,12 +288,16 @@ def observe_all(targets: Sequence[tuple[int, int | None]], duration_s: float,
 
 
 def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
-                   argv: Sequence[str], no_redact: bool = False) -> Rendered:
+                   argv: Sequence[str], no_redact: bool = False,
+                   on_start: Callable[[str], None] | None = None) -> Rendered:
     """``nsadiag attach``: check, attach, then write the run directory (see the module
-    docstring); returns what the report wrote. Nothing is written when a check fails."""
+    docstring); returns what the report wrote. Nothing is written when a check fails;
+    ``on_start`` hears what is watched once the checks passed."""
     _check_duration(duration_s)
     targets = targets_of(pid, ranks)
     prepare_run_dir(run_dir)
+    if on_start:
+        on_start(f"sampling {len(targets)} process(es) for {duration_s:g} s")
     write_run_meta(run_dir, "attach", list(argv), pid=pid, duration_s=duration_s,
                    ranks=ranks)
     verdict, observations = observe_all(targets, duration_s)

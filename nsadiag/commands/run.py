@@ -33,10 +33,10 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
                          "nsadiag run -- python train.py")
     if shutil.which(command[0]) is None and not Path(command[0]).exists():
         raise ValueError(f"command: {command[0]!r} not found")
-    if on_start:
-        on_start(f"watching {shlex.join(command)}")
     with discard_on_refusal(run_dir):
-        prepare_run_dir(run_dir)
+        prepare_run_dir(run_dir)  # refuses while another nsadiag holds the directory
+        if on_start:
+            on_start(f"watching {shlex.join(command)}")
         record = run_command(list(command), run_dir, stall_timeout_s, deadline_s)
     write_run_meta(run_dir, "run", list(argv))
     write_json(run_dir / "record.json", record.to_dict())
