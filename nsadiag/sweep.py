@@ -44,7 +44,12 @@ class SweepRow:
     """One layer count: its verdict and the medians of its measured steps (None when the
     trial did not complete a step) over ``timed_steps`` steps; saved_bytes and
     saved_by_branch are what step 0's forward saved for backward, in all and inside each
-    NSA branch, ``rest_bytes`` the rest of the peak; ``expected_step_s`` is the dense
+    NSA branch, ``state_bytes`` the training state (parameters, gradients, optimizer
+    state), ``rest_bytes`` the rest of the peak: the peak less the saved bytes and the
+    state, i.e. autograd and temporary scratch (the peak is ``peak_cuda``, torch's peak of
+    allocated CUDA memory, on a CUDA device, where the tensors live; the peak RSS
+    elsewhere; a record without state_bytes leaves the state in the rest);
+    ``expected_step_s`` is the dense
     reference's time here for a step's FLOPs and ``cost_ratio`` the step time over it;
     ``slow_by`` is "size" or "defect" for a SLOW, else None."""
 
@@ -62,7 +67,9 @@ class SweepRow:
     step_s_spread: float | None = None  # (max - min) / median of the measured step times
     seq_len: int | None = None
     timed_steps: int = 0  # steps the medians cover
-    rest_bytes: int | None = None  # peak RSS minus saved_bytes
+    rest_bytes: int | None = None  # the device's peak minus saved_bytes and state_bytes
+    peak_cuda: int | None = None  # torch.cuda.max_memory_allocated() on CUDA, else None
+    state_bytes: int | None = None  # parameters, gradients and optimizer state
     efficiency: float | None = None  # FLOP/s of the median step over the matmul rate
     dense_efficiency: float | None = None  # the dense reference's, same shape, same machine
     expected_step_s: float | None = None
@@ -201,7 +208,10 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
         middle = statistics.median(values) if len(values) >= 2 else 0.0
         return (max(values) - min(values)) / middle if middle > 0 else None
 
+    peak_cuda = result.get("peak_cuda")
     peak, saved, step_s = result.get("peak_rss"), result.get("saved_bytes"), median("step_s")
+    device_peak = peak_cuda if peak_cuda is not None else peak
+    state = result.get("state_bytes")
     cost = step_cost(result, step_s)
     facts = record.verdict.get("facts") or {}
     return SweepRow(label=label, n_layers=int(record.spec["n_layers"] or 0),
@@ -213,8 +223,9 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     saved_by_branch=result.get("saved_by_branch"),
                     step_s_spread=spread("step_s"), seq_len=record.spec.get("seq_len"),
                     timed_steps=len(measured("step_s")),
-                    rest_bytes=max(0, peak - saved) if peak is not None and saved is not None
-                    else None,
+                    rest_bytes=max(0, device_peak - saved - (state or 0))
+                    if device_peak is not None and saved is not None else None,
+                    peak_cuda=peak_cuda, state_bytes=state,
                     efficiency=(result["flops_per_step"] / step_s /
                                 result["machine_flops_per_s"]) if cost else
                     result.get("efficiency"),
@@ -308,15 +319,18 @@ def rest_outgrows_saved(rows: Sequence[SweepRow], key: str = "n_layers"
     last OK row (ordered by ``key``), as ratios, and ``outgrows``: the rest grew more than
     FASTER_THAN_SAVED times as fast as the saved bytes (a temporary or a cache that grows
     faster than the activations sets the peak); None with fewer than two such rows."""
+    def peak(row: SweepRow) -> int | None:  # the device's: CUDA's when it was measured
+        return row.peak_cuda if row.peak_cuda is not None else row.peak_rss
+
     ok = sorted((r for r in rows if r.verdict == "OK" and getattr(r, key) and r.saved_bytes
-                 and r.rest_bytes and r.peak_rss), key=lambda r: getattr(r, key))
+                 and r.rest_bytes and peak(r)), key=lambda r: getattr(r, key))
     if len(ok) < 2 or getattr(ok[0], key) == getattr(ok[-1], key):
         return None
     first, last = ok[0], ok[-1]
     growth = {"from": getattr(first, key), "to": getattr(last, key),
               "saved": last.saved_bytes / first.saved_bytes,
               "rest": last.rest_bytes / first.rest_bytes,
-              "peak": last.peak_rss / first.peak_rss}
+              "peak": peak(last) / peak(first)}
     growth["outgrows"] = growth["rest"] > FASTER_THAN_SAVED * growth["saved"]
     return growth
 
@@ -337,8 +351,8 @@ def analyse(rows: Sequence[SweepRow], extrapolate_count: int = 2) -> dict[str, A
     step = max(1, xs[-1] - xs[-2]) if len(xs) >= 2 else 1
     targets = [xs[-1] + step * (i + 1) for i in range(extrapolate_count)] if xs else []
     fits = {}
-    for quantity in ("step_s", "forward_s", "backward_s", "peak_rss", "saved_bytes",
-                     "rest_bytes"):
+    for quantity in ("step_s", "forward_s", "backward_s", "peak_rss", "peak_cuda",
+                     "saved_bytes", "rest_bytes"):
         pairs = [(r.n_layers, getattr(r, quantity)) for r in ok if getattr(r, quantity)]
         fit = fit_quantity(quantity, [p[0] for p in pairs], [p[1] for p in pairs], targets)
         if fit:

@@ -104,7 +104,7 @@ def test_cli_check_causality_at_its_default_length_catches_the_window_leak(tmp_p
     done = nsadiag("check", "causality", "--target", "tests.check_targets:window_leak",
                    "--out", str(tmp_path / "run"), "--json")
     assert done.returncode == 1, done.stderr
-    (found,) = json.loads(done.stdout)
+    (found,) = json.loads(done.stdout)["checks"]  # --json prints summary.json
     assert found["verdict"]["name"] == "WRONG" and found["module"] == "layers.1"
     assert "of 2048 changed layers.1's output" in found["summary"]  # the default S
 

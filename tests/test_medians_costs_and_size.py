@@ -145,6 +145,25 @@ def test_rows_split_the_peak_and_a_peak_outgrowing_the_saved_bytes_is_called_out
     assert not rest_outgrows_saved([row_from_record(r) for r in steady])["outgrows"]
 
 
+def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_state(tmp_path):
+    # on CUDA the tensors live on the device: its peak counts, not the host's RSS; the
+    # parameters, gradients and AdamW state grow with depth but are no scratch
+    records = [_record(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB,
+                       state_bytes=140 * n * MiB) for n in (1, 6, 12)]
+    rows = [row_from_record(r) for r in records]
+    assert [r.rest_bytes for r in rows] == [(80 + n) * MiB for n in (1, 6, 12)]
+    assert [r.peak_cuda for r in rows] == [(80 + 145 * n) * MiB for n in (1, 6, 12)]
+    assert not rest_outgrows_saved(rows)["outgrows"]
+    text, _ = build_report(tmp_path, records, {"command_name": "sweep-layers"})
+    header = text.splitlines()[text.splitlines().index("## Results") + 2]
+    assert "| peak RSS | peak CUDA | saved for backward |" in header
+    # without the state (a record from before it was measured) the state is in the rest
+    older = [_record(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB)
+             for n in (1, 6, 12)]
+    assert [row_from_record(r).rest_bytes for r in older] == \
+        [(80 + 141 * n) * MiB for n in (1, 6, 12)]
+
+
 # ---- slow by size is no failure --------------------------------------------------------------
 
 

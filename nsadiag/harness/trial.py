@@ -59,6 +59,7 @@ class Progress:
     saved_by_branch: dict[str, int] | None = None  # the same, inside each NSA branch
     rates: dict[str, Any] = field(default_factory=dict)  # see Rates
     timing_steps: int = 0  # steps run after the asked ones, for the step-time median
+    state_bytes: int | None = None  # parameters, gradients and optimizer state after step 0
 
     def to_dict(self) -> dict[str, Any]:
         """steps_done counts the asked steps; the lists hold every step, timing steps
@@ -68,7 +69,7 @@ class Progress:
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "loss": self.loss, "expected_events_per_step": self.expected_events_per_step,
                 "saved_bytes": self.saved_bytes, "saved_by_branch": self.saved_by_branch,
-                **self.rates}
+                "state_bytes": self.state_bytes, **self.rates}
 
 
 @dataclass
@@ -229,9 +230,28 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
                             step, writer, progress, tee, rates, timing=timing)
             if step == 0:
                 progress.expected_events_per_step = writer.module_events - before
+                progress.state_bytes = model_state_bytes(target.model, optimizer)
             progress.timing_steps += timing
             progress.loss.append(mean_over_ranks(loss, device, world) if rank else loss)
             step += 1
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes the training state holds whatever the activations: parameters, their
+    gradients and the optimizer's state tensors (AdamW: two per parameter). Part of every
+    peak, and linear in the layer count."""
+    import torch
+
+    tensors = list(model.parameters()) + \
+        [p.grad for p in model.parameters() if p.grad is not None] + \
+        [t for state in optimizer.state.values() for t in state.values()
+         if isinstance(t, torch.Tensor)]
+    seen, total = set(), 0
+    for tensor in tensors:
+        if tensor.data_ptr() not in seen:  # tied weights count once
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
 @contextlib.contextmanager

@@ -120,20 +120,22 @@ def results_table(rows: Sequence[Any]) -> list[str]:
     frame = rows_frame(rows)
     if frame.empty:
         return ["No trial finished."]
-    for column in ("timed_steps", "cost_ratio", "rest_bytes", "slow_by"):
+    for column in ("timed_steps", "cost_ratio", "rest_bytes", "slow_by", "peak_cuda"):
         if column not in frame:
             frame[column] = None
+    cuda = frame["peak_cuda"].notna().any()  # the device's peak beside the host's
     verdict = [f"{v} (by {by})" if isinstance(by, str) else v
                for v, by in zip(frame["verdict"], frame["slow_by"], strict=True)]
     table = frame.assign(run=frame["label"].replace("", "-"), verdict=verdict)[[
         "run", "n_layers", "verdict", "forward_s", "backward_s", "step_s", "timed_steps",
-        "cost_ratio", "peak_rss", "saved_bytes", *(f"saved_{b}" for b in BRANCH_COLUMNS),
-        "rest_bytes", "steps_done"]]
+        "cost_ratio", "peak_rss", *(["peak_cuda"] if cuda else []), "saved_bytes",
+        *(f"saved_{b}" for b in BRANCH_COLUMNS), "rest_bytes", "steps_done"]]
     table.columns = ["run", "layers", "verdict", "forward s", "backward s", "step s",
-                     "median of", "vs expected cost", "peak RSS", "saved for backward",
+                     "median of", "vs expected cost", "peak RSS",
+                     *(["peak CUDA"] if cuda else []), "saved for backward",
                      *(f"saved {b}" for b in BRANCH_COLUMNS), "rest of the peak", "steps"]
-    byte_columns = ["peak RSS", "saved for backward", *(f"saved {b}" for b in BRANCH_COLUMNS),
-                    "rest of the peak"]
+    byte_columns = ["peak RSS", "peak CUDA", "saved for backward",
+                    *(f"saved {b}" for b in BRANCH_COLUMNS), "rest of the peak"]
     formats = {**{c: fmt_s for c in ("forward s", "backward s", "step s")},
                **{c: fmt_bytes for c in byte_columns}, "layers": str, "steps": str,
                "median of": lambda n: "-" if _missing(n) else str(int(n)),

@@ -49,7 +49,8 @@ def fits_section(fits: Mapping[str, Fit], unit_x: str = "layer") -> list[str]:
         return [f"Fewer than three OK {unit_x} counts: no fit."]
 
     def unit(name: str):
-        return fmt_bytes if name in ("peak_rss", "saved_bytes", "rest") else \
+        return fmt_bytes if name in ("peak_rss", "peak_cuda", "saved_bytes", "rest_bytes",
+                                     "rest") else \
             (lambda v: f"{v:.3g} s")
 
     frame = pd.DataFrame([{
