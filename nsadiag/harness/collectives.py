@@ -97,15 +97,20 @@ class CollectiveCounter:
         annotations: DDP checks them and accepts only dist.GradBucket / Future."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        buffer = bucket.buffer()
         detail = f"DDP bucket {bucket.index()}, {len(bucket.gradients())} tensors"
-        n = self.start("all_reduce", "ddp", detail, [list(buffer.shape)])
+        return self._counted_bucket("all_reduce", detail, allreduce_hook, state, bucket)
+
+    def _counted_bucket(self, op: str, detail: str, hook: Callable[..., Any], state: Any,
+                        bucket: Any) -> Any:
+        """Run one bucket's comm hook as one counted collective; the collectives the hook
+        itself issues are not counted again."""
+        n = self.start(op, "ddp", detail, [list(bucket.buffer().shape)])
         self._inside.active = True
         try:
-            future = allreduce_hook(state, bucket)
+            future = hook(state, bucket)
         finally:
             self._inside.active = False
-        self.end_when_done(future, n, "all_reduce", "ddp", detail)
+        self.end_when_done(future, n, op, "ddp", detail)
         return future
 
     def counted_hook(self, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -116,14 +121,7 @@ class CollectiveCounter:
         def counted(state, bucket):
             detail = (f"DDP bucket {bucket.index()}, {len(bucket.gradients())} tensors, "
                       f"comm hook {name}")
-            n = self.start("comm_hook", "ddp", detail, [list(bucket.buffer().shape)])
-            self._inside.active = True
-            try:
-                future = hook(state, bucket)
-            finally:
-                self._inside.active = False
-            self.end_when_done(future, n, "comm_hook", "ddp", detail)
-            return future
+            return self._counted_bucket("comm_hook", detail, hook, state, bucket)
 
         counted.__qualname__ = name
         return counted

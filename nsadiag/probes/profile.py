@@ -56,6 +56,7 @@ import functools
 import json
 import linecache
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,30 +165,31 @@ def _counts_by_one(source: str, function: str, variable: str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=64)
-def counts_by_one(file: str, function: str, variable: str) -> bool | None:
-    """Whether the source says ``variable`` steps by one in ``function`` (see
-    _counts_by_one); None when the source cannot be read or parsed."""
+def _ask_source(file: str, question: Callable[[str, str, str], bool], function: str,
+                variable: str) -> bool | None:
+    """``question(source, function, variable)`` of ``file``'s source; None when the source
+    cannot be read or parsed."""
     source = "".join(linecache.getlines(file))
     if not source:
         return None
     try:
-        return _counts_by_one(source, function, variable)
+        return question(source, function, variable)
     except (SyntaxError, ValueError, RecursionError):
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def counts_by_one(file: str, function: str, variable: str) -> bool | None:
+    """Whether the source says ``variable`` steps by one in ``function`` (see
+    _counts_by_one); None when the source cannot be read or parsed."""
+    return _ask_source(file, _counts_by_one, function, variable)
 
 
 @functools.lru_cache(maxsize=64)
 def loop_variable(file: str, function: str, variable: str) -> bool | None:
     """Whether the source says ``variable`` counts a loop in ``function`` (see
     _assigned_by_loop); None when the source cannot be read or parsed."""
-    source = "".join(linecache.getlines(file))
-    if not source:
-        return None
-    try:
-        return _assigned_by_loop(source, function, variable)
-    except (SyntaxError, ValueError, RecursionError):
-        return None
+    return _ask_source(file, _assigned_by_loop, function, variable)
 
 
 def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
