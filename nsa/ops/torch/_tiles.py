@@ -124,20 +124,15 @@ def _expand_groups(blocked: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1):
-    """Layouts of the fused CPU flash kernel: [B, Hq, T, D] with kv heads repeated per group,
-    and the mask as an additive fp32 bias (the kernel's requirement)."""
+    """Layouts of the fused CPU flash kernel, one problem per (batch, kv head): the G query
+    heads of a group as rows, q [B, Hkv, T*G, D] (`heads_first`); k, v [B, Hkv, K, D]
+    (slices, never repeated per query head); the mask as an additive fp32 bias [T*G, K]
+    (the kernel's requirement), shared by every problem."""
     group = q.shape[2] // kh.shape[1]
-    qt = q[:, t0:t1].float().transpose(1, 2)
-    kt = kh[:, :, k0:k1].repeat_interleave(group, dim=1)
-    vt = vh[:, :, k0:k1].repeat_interleave(group, dim=1)
+    qt = heads_first(q[:, t0:t1], kh.shape[1])
+    blocked = _expand_groups(blocked, group)
     bias = torch.zeros(blocked.shape, dtype=torch.float32, device=q.device)
-    return qt, kt, vt, bias.masked_fill_(blocked, NEG_INF)
-
-
-def _fold_groups(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """[B, Hq, N, D] -> [B, Hkv, N, D], summing the heads of each group."""
-    batch, n_q_heads = x.shape[:2]
-    return x.view(batch, n_kv_heads, n_q_heads // n_kv_heads, *x.shape[2:]).sum(2)
+    return qt, kh[:, :, k0:k1], vh[:, :, k0:k1], bias.masked_fill_(blocked, NEG_INF)
 
 
 def fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale):
@@ -146,20 +141,22 @@ def fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale):
     The kernel reports lse = 0 for a row with no visible key; it becomes -inf here."""
     qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
     ot, lt = _CPU_FLASH(qt, kt, vt, 0.0, False, attn_mask=bias, scale=scale)
-    lt = lt.masked_fill(blocked.all(-1), NEG_INF)
-    return ot.transpose(1, 2), lt.transpose(1, 2)
+    empty = blocked.all(-1).repeat_interleave(q.shape[2] // kh.shape[1])  # rows of qt
+    lt = lt.masked_fill(empty, NEG_INF)
+    return heads_last(ot, t1 - t0), heads_last(lt.unsqueeze(-1), t1 - t0).squeeze(-1)
 
 
 def fused_cpu_backward(q, kh, vh, blocked, t0, t1, k0, k1, o, lse, do, scale):
     """Gradients of one tile from aten's CPU flash backward: dq [B, T, Hq, D] and
-    dk, dv [B, Hkv, k1 - k0, D] (group heads summed)."""
+    dk, dv [B, Hkv, k1 - k0, D]."""
     qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
-    ot, dot = o[:, t0:t1].float().transpose(1, 2), do[:, t0:t1].float().transpose(1, 2)
-    lt = lse[:, t0:t1].transpose(1, 2)
+    n_kv_heads = kh.shape[1]
+    ot, dot = heads_first(o[:, t0:t1], n_kv_heads), heads_first(do[:, t0:t1], n_kv_heads)
+    lt = heads_first(lse[:, t0:t1].unsqueeze(-1), n_kv_heads).squeeze(-1)
     lt = torch.where(torch.isinf(lt), 0.0, lt)  # the kernel's convention for empty rows
-    dq, dk, dv = _CPU_FLASH_BACKWARD(dot.contiguous(), qt, kt, vt, ot, lt.contiguous(), 0.0,
-                                     False, attn_mask=bias, scale=scale)
-    return dq.transpose(1, 2), _fold_groups(dk, kh.shape[1]), _fold_groups(dv, kh.shape[1])
+    dq, dk, dv = _CPU_FLASH_BACKWARD(dot, qt, kt, vt, ot, lt, 0.0, False, attn_mask=bias,
+                                     scale=scale)
+    return heads_last(dq, t1 - t0), dk, dv
 
 
 def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, scale: float,
