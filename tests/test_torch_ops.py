@@ -274,6 +274,36 @@ def test_query_chunk_does_not_change_results():
             assert (g - w).abs().max().item() <= 1e-6 * max(1.0, w.abs().max().item()), name
 
 
+def test_unfused_tile_math_matches_oracle(monkeypatch):
+    """The tile math that serves devices without aten's fused CPU kernel, run on the CPU."""
+    from nsa.ops.torch import _tiles, selected, window
+
+    for module in (_tiles, selected, window):
+        monkeypatch.setattr(module, "use_fused_kernel", lambda device: False)
+    batch, seq, block_size = 2, 90, 8
+    q, k, v, grad_o = _inputs(batch, seq, 4, 2)
+    idx = _random_indices(batch, seq, 2, 4, -(-seq // block_size))
+    cfg = NSAConfig(l=8, d=4)
+    n_cmp = num_compressed(seq, cfg)
+    cases = {
+        "sel": (lambda: selected_attention(q, k, v, idx, block_size, query_chunk=16,
+                                           dense_factor=2.0),
+                selection_mask(idx, seq, block_size), (k, v)),
+        "win": (lambda: window_attention(q, k, v, 11, query_chunk=16),
+                window_mask(seq, 11).view(1, seq, 1, seq).expand(batch, seq, 2, seq), (k, v)),
+        "cmp": (lambda: compressed_attention(q, k[:, :n_cmp], v[:, :n_cmp], 8, 4,
+                                             query_chunk=16)[0],
+                compressed_visibility(seq, cfg).view(1, seq, 1, n_cmp).expand(batch, seq, 2,
+                                                                              n_cmp),
+                (k[:, :n_cmp], v[:, :n_cmp])),
+    }
+    for run, mask, (keys, values) in cases.values():
+        o = run()
+        o_ref, _ = masked_attention(q, keys, values, mask)
+        _assert_close([o], [o_ref])
+        _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
 def _saved_bytes(run) -> int:
     """Bytes of the tensors autograd saves while `run()` builds its graph."""
     total = 0

@@ -23,13 +23,19 @@ from nsa.ops.torch._tiles import DenseBandAttention, check_chunk, check_layout, 
 __all__ = ["compressed_attention"]
 
 
+def _n_visible(n_cmp: int, block_len: int, stride: int, t: int) -> int:
+    """Compressed tokens visible to query t: i*stride + block_len - 1 <= t."""
+    return 0 if t < block_len - 1 else min(n_cmp, (t - block_len + 1) // stride + 1)
+
+
 def _compressed_band(n_cmp: int, block_len: int, stride: int, t0: int, t1: int,
-                     device: torch.device) -> tuple[int, int, torch.Tensor]:
-    # tokens with i*stride + block_len - 1 <= t1 - 1, i.e. visible to the tile's last query
-    n_visible = 0 if t1 < block_len else min(n_cmp, (t1 - block_len) // stride + 1)
+                     device: torch.device) -> tuple[int, int, int, torch.Tensor]:
+    # every query of the tile sees what its first one sees; its last one sees the most
+    k_open = _n_visible(n_cmp, block_len, stride, t0)
+    n_visible = _n_visible(n_cmp, block_len, stride, t1 - 1)
     t = torch.arange(t0, t1, device=device).unsqueeze(1)
-    last_key = torch.arange(n_visible, device=device).unsqueeze(0) * stride + block_len - 1
-    return 0, n_visible, last_key > t
+    last_key = torch.arange(k_open, n_visible, device=device).unsqueeze(0) * stride
+    return 0, k_open, n_visible, last_key + block_len - 1 > t
 
 
 def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor,

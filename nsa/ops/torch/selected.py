@@ -47,6 +47,7 @@ from nsa.ops.torch._tiles import (
     resolve_scale,
     tile_backward,
     tile_forward,
+    use_fused_kernel,
 )
 
 __all__ = ["DENSE_FACTOR", "selected_attention", "selected_attention_with_lse"]
@@ -138,7 +139,7 @@ def _fused_rows(x: torch.Tensor, batch: int) -> torch.Tensor:
 def _dense_forward_tile(q, kh, vh, tiler: _Tiler, t0: int, t1: int, scale: float):
     """(o [B, T, Hq, D], lse [B, T, Hq]) of one dense tile."""
     blocked = tiler.dense_blocked(t0, t1)
-    if q.device.type == "cpu":
+    if use_fused_kernel(q.device):
         qt, kt, vt, bias = _fused_inputs(q, kh, vh, blocked, t0, t1)
         ot, lt = _CPU_FLASH(qt, kt, vt, 0.0, False, attn_mask=bias, scale=scale)
         # the kernel reports lse = 0 for a row without a visible key
@@ -155,7 +156,7 @@ def _dense_backward_tile(q, kh, vh, o, lse, do, tiler: _Tiler, t0: int, t1: int,
     """(dq [B, T, Hq, D], dk, dv [B, Hkv, t1, D]) of one dense tile."""
     blocked = tiler.dense_blocked(t0, t1)
     n_kv_heads, group = tiler.n_kv_heads, tiler.group
-    if q.device.type == "cpu":
+    if use_fused_kernel(q.device):
         qt, kt, vt, bias = _fused_inputs(q, kh, vh, blocked, t0, t1)
 
         def rows(x):  # [B, T, Hq, ...] -> [B*Hkv, G, T, ...] like qt

@@ -34,17 +34,18 @@ from nsa.ops.torch._tiles import (
     check_chunk,
     check_layout,
     resolve_scale,
+    use_fused_kernel,
 )
 
 __all__ = ["window_attention", "window_attention_with_lse"]
 
 
 def _window_band(window: int, t0: int, t1: int,
-                 device: torch.device) -> tuple[int, int, torch.Tensor]:
+                 device: torch.device) -> tuple[int, int, int, torch.Tensor]:
     k0 = max(0, t0 - window + 1)
     t = torch.arange(t0, t1, device=device).unsqueeze(1)
     s = torch.arange(k0, t1, device=device).unsqueeze(0)
-    return k0, t1, (s > t) | (s <= t - window)
+    return k0, k0, t1, (s > t) | (s <= t - window)
 
 
 _CPU_TILE = 64
@@ -198,7 +199,7 @@ def window_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not isinstance(window, int) or window < 1:
         raise ValueError(f"window: must be a positive integer, got {window!r}")
     scale, query_chunk = resolve_scale(q.shape[-1], scale), check_chunk(query_chunk)
-    if q.device.type == "cpu":
+    if use_fused_kernel(q.device):
         return _CpuWindowAttention.apply(q, k, v, window, scale, query_chunk)
     band = functools.partial(_window_band, window)
     return DenseBandAttention.apply(q, k, v, band, scale, query_chunk)
