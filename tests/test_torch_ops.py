@@ -206,9 +206,13 @@ def test_window_matches_oracle(seq, n_q_heads, n_kv_heads, window, chunk):
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
+@pytest.mark.parametrize("call_floats", [1 << 21, 1 << 12], ids=["one-call", "many-calls"])
 @pytest.mark.parametrize("seq,window,chunk", [(300, 40, 32), (300, 100, 128), (200, 512, 256)])
-def test_window_long_sequences_match_oracle(seq, window, chunk):
+def test_window_long_sequences_match_oracle(seq, window, chunk, call_floats, monkeypatch):
     """Many tiles, batched per kernel call, the first ones masking the front padding."""
+    from nsa.ops.torch import window as window_module
+
+    monkeypatch.setattr(window_module, "_CALL_FLOATS", call_floats)
     q, k, v, grad_o = _inputs(2, seq, 6, 2, head_dim=16)
     o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
     mask = window_mask(seq, window).view(1, seq, 1, seq).expand(2, seq, 2, seq)

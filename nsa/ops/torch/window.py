@@ -11,11 +11,12 @@ log-sum-exp [B, S, Hq] and recomputes the probabilities tile by tile.
 Compute is fp32; outputs and gradients come back in the input dtype.
 
 On the CPU the tiles are small (`_CPU_TILE` queries, so that little of each key slice lies
-outside the band) and go to aten's fused flash kernel `query_chunk // _CPU_TILE` at a time,
-as one batch: keys and values are padded in front by window - 1 zero rows, after which
-every tile's key slice is a strided view of the same buffer (never copied) and every tile
-but the first few shares one band mask; those first tiles also mask the padding. The
-kernel's per-tile dK/dV are added back onto the overlapping slices in a fixed order.
+outside the band) and go to aten's fused flash kernel as one batch per call, as many as keep
+the call's per-tile dK/dV partials within `_CALL_FLOATS`. Keys and values are padded in front
+by window - 1 zero rows, after which every tile's key slice is a strided view of the same
+buffer (never copied) and every tile but the first few shares one band mask; those first
+tiles also mask the padding. The kernel's per-tile dK/dV are added back onto the
+overlapping slices in a fixed order.
 Elsewhere each `query_chunk` tile is one masked dense problem (`_tiles.DenseBandAttention`).
 """
 
@@ -49,6 +50,7 @@ def _window_band(window: int, t0: int, t1: int,
 
 
 _CPU_TILE = 64
+_CALL_FLOATS = 1 << 21  # fp32 elements of one call's per-tile dK (and of its dV): 8 MiB
 
 
 class _CpuLayout:
@@ -66,7 +68,7 @@ class _CpuLayout:
         self.tile = min(_CPU_TILE, query_chunk)
         self.n_tiles = -(-self.seq // self.tile)
         self.n_keys = self.tile + window - 1
-        self.per_call = max(1, query_chunk // self.tile)
+        self.per_call = max(1, _CALL_FLOATS // (n_kv_heads * self.n_keys * self.head_dim))
         # tiles whose slice starts before raw key 0 mask the padding too
         self.n_first = min(self.n_tiles, -(-(window - 1) // self.tile))
         self.device = q.device
