@@ -8,20 +8,22 @@ The keys query t sees split into
   local    its own block t // bs, causally, when it is selected: one [bs*G, D] x [D, bs]
            problem per (block, kv head) of the tile, read straight from the slab;
   earlier  its selected blocks j < t // bs, seen whole. The (query, block) pairs of the tile
-           are sorted by block and cut into segments of `seg` queries; a segment is one
-           unmasked [seg*G, D] x [D, bs] problem against one block, so each block is read
-           once per segment and no mask is built. Blocks after t // bs hold only future keys
-           and are dropped.
-One softmax spans both parts. Segments are taken a chunk at a time so that no temporary
-exceeds `_CHUNK_FLOATS`; the tile keeps a running row maximum M, and when a chunk raises
-M the tile's accumulated numerator and denominator are rescaled once (online softmax over
-chunks, never over single pairs), so every pair is exponentiated once against its final
-or current row maximum and multiplied into V by one batched matmul.
+           are grouped by block: block j with c_j queries is one unmasked
+           [m*G, D] x [D, bs] problem against that block, its c_j query rows gathered and
+           padded to m >= c_j. Blocks are taken in order of decreasing c_j and batched into
+           chunks that share one m (the chunk's largest c_j, rounded up), so padding stays
+           small, each block's keys are read once per tile and no mask is built. Blocks
+           after t // bs hold only future keys and are dropped.
+One softmax spans both parts. No chunk's temporaries exceed `_CHUNK_FLOATS`; the tile keeps
+a running row maximum M, and when a chunk raises M the tile's accumulated numerator and
+denominator are rescaled once (online softmax over chunks, never over single pairs), so
+every pair is exponentiated once and multiplied into V by one batched matmul.
 
 Backward gets the final lse and delta = rowsum(dO * O) of each query and needs no merge at
-all: every segment's probabilities are exp(s - lse), its dQ rows are summed per query with
-index_add_, its dK/dV per block with index_add_ (both in a fixed order: deterministic on
-CPU). The tile's segment count is read on the host once per tile: it sizes the buffers.
+all: every pair's probabilities are exp(s - lse), its dQ rows are summed per query with
+index_add_ (chunks and rows in a fixed order: deterministic on CPU), and each block's dK/dV
+comes from one problem. The tile's block counts are read on the host once per tile: they
+size the chunks.
 """
 
 from __future__ import annotations
@@ -34,19 +36,16 @@ from nsa.ops.torch._tiles import _FP32_MIN
 
 _CHUNK_FLOATS = 1 << 21  # fp32 elements of one chunk's largest temporary (8 MiB)
 _TILES_PER_CALL = 8
+_ROW_ALIGN = 8  # a chunk's queries per block are a multiple of this
+_MIN_FILL = 0.875  # a block joins a chunk only if its pairs fill this share of the slots
 _EXP_FLOOR = -80.0  # see _tiles._masked_exp: keeps CPU exp off its slow path
-
-
-def _segment_size(group: int) -> int:
-    """Queries per segment: [seg*G, D] x [D, bs] problems of about 128 rows."""
-    return max(8, 128 // group)
 
 
 def tiles(t_start: int, seq: int, block_size: int) -> list[tuple[int, int]]:
     """Query tiles of about S / 8 queries, whole blocks, from t_start (a multiple of bs).
 
     With T = S / 8 each of the S / bs blocks is picked by about T * n * bs / S = n * bs / 8
-    queries of a tile whatever S is, so segments stay full."""
+    queries of a tile whatever S is, so the per-block problems stay large."""
     step = max(1, -(-seq // (_TILES_PER_CALL * block_size))) * block_size
     return [(t0, min(t0 + step, seq)) for t0 in range(t_start, seq, step)]
 
@@ -55,13 +54,15 @@ class _Tile:
     """Layout and pairs of the query tile [t0, t1).
 
     rows [n_rows + 1, G, ...] tensors: kv-head-major rows (module docstring); row n_rows
-    is a zero row that padding slots of segments read.
-    seg_row [n_seg, seg]: the row of each slot; seg_block [n_seg]: the key-block row,
-    (b*Hkv + h)*n_blocks + j, of each segment. keep [n_rows]: the query selected its own
-    block (and exists: rows past S are padding).
+    is a zero row that padding slots read.
+    chunks: list of (rows [n, m], keys [n]): the query row of each of the m slots of each of
+    n blocks (padding -> n_rows), and the key-block row, (b*Hkv + h)*n_blocks + j, of each
+    block. keep [n_rows]: the query selected its own block (and exists: rows past S are
+    padding).
     """
 
-    def __init__(self, indices: torch.Tensor, t0: int, t1: int, block_size: int, group: int):
+    def __init__(self, indices: torch.Tensor, t0: int, t1: int, block_size: int, group: int,
+                 head_dim: int):
         batch, seq, n_kv_heads, _ = indices.shape
         device = indices.device
         self.t0, self.t1, self.n_tile = t0, t1, t1 - t0
@@ -75,14 +76,16 @@ class _Tile:
         own = (torch.arange(t0, t1, device=device) // block_size).view(1, -1, 1, 1)
         keep = (tile_idx == own).any(-1).transpose(1, 2)  # [B, Hkv, T]
         self.keep = self._pad_rows(keep, False).reshape(self.n_rows)
-        self._pair_segments(tile_idx, own, _segment_size(group))
+        self.chunks = self._pair_chunks(tile_idx, own, group * max(block_size, head_dim))
 
     def _pad_rows(self, x: torch.Tensor, value) -> torch.Tensor:
         """[B, Hkv, T, ...] -> [B, Hkv, T_pad, ...] padded with `value`."""
         pad = x.new_full((*x.shape[:2], self.t_pad - self.n_tile, *x.shape[3:]), value)
         return torch.cat([x, pad], dim=2)
 
-    def _pair_segments(self, tile_idx: torch.Tensor, own: torch.Tensor, seg: int) -> None:
+    def _pair_chunks(self, tile_idx: torch.Tensor, own: torch.Tensor,
+                     width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The chunks of the earlier-block pairs; width: floats per slot of a temporary."""
         batch, n_tile, n_kv_heads, n_sel = tile_idx.shape
         device = tile_idx.device
         earlier = (tile_idx >= 0) & (tile_idx < own)
@@ -96,23 +99,24 @@ class _Tile:
         order = torch.argsort(key, stable=True)
         key_sorted, row_sorted = key[order], row[order]
         counts = torch.bincount(key, minlength=n_keys + 1)[:n_keys]
-        segs_per_key = (counts + seg - 1) // seg
-        self.n_seg, n_pairs = torch.stack([segs_per_key.sum(), counts.sum()]).tolist()
-        first_seg = torch.cumsum(segs_per_key, 0) - segs_per_key
+        by_count = torch.argsort(counts, descending=True, stable=True)
+        sorted_counts = counts[by_count].tolist()  # the host read that sizes the chunks
+        plan, slot_start = _plan_chunks(sorted_counts, width)
+        if not plan:
+            return []
+        n_pairs = sum(sorted_counts)
+        position = torch.empty_like(by_count)
+        position[by_count] = torch.arange(n_keys, device=device)
         first_pair = torch.cumsum(counts, 0) - counts
         key_sorted, row_sorted = key_sorted[:n_pairs], row_sorted[:n_pairs]
         rank = torch.arange(n_pairs, device=device) - first_pair[key_sorted]
-        slot = (first_seg[key_sorted] + rank // seg) * seg + rank % seg
-        seg_row = torch.full((self.n_seg * seg,), self.n_rows, dtype=torch.long, device=device)
-        self.seg_row = seg_row.index_put_((slot,), row_sorted).view(self.n_seg, seg)
-        self.seg_block = torch.repeat_interleave(
-            torch.arange(n_keys, device=device), segs_per_key, output_size=self.n_seg)
-
-    def chunks(self, width: int) -> list[tuple[int, int]]:
-        """Segment ranges whose [segments, seg*G, width] temporaries fit _CHUNK_FLOATS."""
-        per_segment = self.seg_row.shape[1] * self.group * width
-        step = max(1, _CHUNK_FLOATS // per_segment)
-        return [(s0, min(s0 + step, self.n_seg)) for s0 in range(0, self.n_seg, step)]
+        starts = torch.tensor(slot_start, dtype=torch.long, device=device)
+        slot = starts[position[key_sorted]] + rank
+        slot_row = torch.full((plan[-1][0] + plan[-1][2] * plan[-1][3],), self.n_rows,
+                              dtype=torch.long, device=device)
+        slot_row.index_put_((slot,), row_sorted)
+        return [(slot_row[base:base + n * m].view(n, m), by_count[first:first + n])
+                for base, first, n, m in plan]
 
     def rows(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """[B, S, Hq, X...] -> fp32 [n_rows + 1, G, X...] of this tile, times `scale`,
@@ -145,15 +149,37 @@ class _Tile:
         return future.unsqueeze(0) | hidden.unsqueeze(-1)
 
 
+def _plan_chunks(counts: list[int], width: int) -> tuple[list[tuple[int, int, int, int]],
+                                                        list[int]]:
+    """Chunks of blocks sorted by decreasing pair count: (first slot, first block, blocks n,
+    slots per block m) each, and the first slot of every block with pairs.
+
+    A chunk starts at the largest remaining count, rounded up to _ROW_ALIGN, and takes the
+    next blocks while n * m * width stays within _CHUNK_FLOATS and their counts fill at
+    least _MIN_FILL of m (at least one block)."""
+    plan, slot_start, base, first = [], [], 0, 0
+    n_active = sum(1 for c in counts if c)
+    while first < n_active:
+        m = -(-counts[first] // _ROW_ALIGN) * _ROW_ALIGN
+        last = min(n_active, first + max(1, _CHUNK_FLOATS // (m * width)))
+        n = 1
+        while first + n < last and counts[first + n] >= _MIN_FILL * m:
+            n += 1
+        plan.append((base, first, n, m))
+        slot_start += range(base, base + n * m, m)
+        base, first = base + n * m, first + n
+    return plan, slot_start
+
+
 def _exp_shifted(logits: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """exp(logits - shift) in place, shift broadcast over the last dimension."""
     return logits.sub_(shift.unsqueeze(-1)).clamp_min_(_EXP_FLOOR).exp_()
 
 
-def _gather(rows_ext: torch.Tensor, seg_row: torch.Tensor) -> torch.Tensor:
-    """[n_rows + 1, G, X] -> [segments, seg*G, X] (row copies: a fast gather)."""
-    picked = rows_ext.index_select(0, seg_row.reshape(-1))
-    return picked.view(seg_row.shape[0], -1, rows_ext.shape[-1])
+def _gather(rows_ext: torch.Tensor, slot_rows: torch.Tensor) -> torch.Tensor:
+    """[n_rows + 1, G, X] -> [blocks, slots*G, X] (row copies: a fast gather)."""
+    picked = rows_ext.index_select(0, slot_rows.reshape(-1))
+    return picked.view(slot_rows.shape[0], -1, rows_ext.shape[-1])
 
 
 def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
@@ -169,10 +195,9 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
     peak = torch.cat([logits_loc.amax(-1).view(n_rows, group),
                       logits_loc.new_full((1, group), -math.inf)])
     o = total = None
-    for s0, s1 in tile.chunks(max(tile.block_size, head_dim)):
-        rows = tile.seg_row[s0:s1]
+    for rows, keys in tile.chunks:
         flat = rows.reshape(-1)
-        logits = torch.bmm(_gather(q_rows, rows), kt_blocks.index_select(0, tile.seg_block[s0:s1]))
+        logits = torch.bmm(_gather(q_rows, rows), kt_blocks.index_select(0, keys))
         new_peak = peak.scatter_reduce(0, flat.unsqueeze(1).expand(-1, group),
                                        logits.amax(-1).view(-1, group), "amax")
         if o is None:  # the local part waits for the first chunk's maxima: no rescale
@@ -185,7 +210,7 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
         shift = peak.clamp_min(_FP32_MIN).index_select(0, flat).view(logits.shape[:2])
         probs = _exp_shifted(logits, shift)
         total.index_add_(0, flat, probs.sum(-1).view(-1, group))
-        part = torch.bmm(probs, v_blocks.index_select(0, tile.seg_block[s0:s1]))
+        part = torch.bmm(probs, v_blocks.index_select(0, keys))
         o.index_add_(0, flat, part.view(-1, group, head_dim))
     if o is None:
         o, total = _local_forward(logits_loc, blocked, v_loc, peak, n_rows)
@@ -217,7 +242,7 @@ def forward_range(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tenso
     group = q.shape[2] // indices.shape[2]
     kt_blocks = k_blocks.transpose(1, 2).contiguous()  # contiguous operands: faster bmm
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
-        tile = _Tile(indices, t0, t1, block_size, group)
+        tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
         o_rows, lse_rows = _forward_tile(tile, tile.rows(q, scale), kt_blocks, v_blocks)
         out[:, t0:t1] = tile.unrows(o_rows)
         lse[:, t0:t1] = tile.unrows(lse_rows)
@@ -246,17 +271,16 @@ def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
         view = grads.view(tile.batch, tile.n_kv_heads, tile.n_blocks, *grads.shape[1:])
         view[:, :, tile.c0:tile.c0 + tile.n_local] += part.view(
             tile.batch, tile.n_kv_heads, tile.n_local, *grads.shape[1:])
-    for s0, s1 in tile.chunks(max(tile.block_size, head_dim)):
-        rows, seg_block = tile.seg_row[s0:s1], tile.seg_block[s0:s1]
+    for rows, keys in tile.chunks:
         flat = rows.reshape(-1)
-        q_seg, do_seg = _gather(q_rows, rows), _gather(do_rows, rows)
-        k_seg, kt_seg, vt_seg = (x.index_select(0, seg_block) for x in blocks)
-        probs = _probs(q_seg, kt_seg, shift.index_select(0, flat).view(*q_seg.shape[:2], 1))
-        dv_blocks.index_add_(0, seg_block, torch.bmm(probs.transpose(1, 2), do_seg))
-        d_scores = _score_grads(do_seg, vt_seg,
-                                delta_rows.index_select(0, flat).view(*q_seg.shape[:2], 1), probs)
-        dq_rows.index_add_(0, flat, torch.bmm(d_scores, k_seg).view(-1, group, head_dim))
-        dk_blocks.index_add_(0, seg_block, torch.bmm(d_scores.transpose(1, 2), q_seg))
+        q_pairs, do_pairs = _gather(q_rows, rows), _gather(do_rows, rows)
+        k, kt, vt = (x.index_select(0, keys) for x in blocks)
+        probs = _probs(q_pairs, kt, shift.index_select(0, flat).view(*q_pairs.shape[:2], 1))
+        dv_blocks.index_add_(0, keys, torch.bmm(probs.transpose(1, 2), do_pairs))
+        delta = delta_rows.index_select(0, flat).view(*q_pairs.shape[:2], 1)
+        d_scores = _score_grads(do_pairs, vt, delta, probs)
+        dq_rows.index_add_(0, flat, torch.bmm(d_scores, k).view(-1, group, head_dim))
+        dk_blocks.index_add_(0, keys, torch.bmm(d_scores.transpose(1, 2), q_pairs))
     return dq_rows[:n_rows]
 
 
@@ -279,7 +303,7 @@ def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_si
     blocks = (k_blocks, k_blocks.transpose(1, 2).contiguous(),
               v_blocks.transpose(1, 2).contiguous())
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
-        tile = _Tile(indices, t0, t1, block_size, group)
+        tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
         do_rows = tile.rows(do)
         delta = (do_rows * tile.rows(o)).sum(-1)
         lse_rows = tile.rows(lse)
