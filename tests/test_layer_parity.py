@@ -96,7 +96,9 @@ def test_long_sequence_crosses_the_selected_paths():
     layer = NSAAttention(cfg)
     x = torch.randn(2, 300, cfg.dim)
     q, kv, gates = _leaf_inputs(layer, x)
-    grad_out = torch.randn(2, 300, cfg.n_heads, cfg.head_dim)
+    # phi's parameter gradients sum over all 2 x 300 positions; a small upstream gradient
+    # keeps them near 1, where fp32 rounding stays well below the 1e-5 tolerance
+    grad_out = 0.1 * torch.randn(2, 300, cfg.n_heads, cfg.head_dim)
 
     def oracle(q, kv, gates):
         return naive_nsa_attention(q, kv, gates, layer.compress_k, layer.compress_v, cfg)[0]
@@ -104,6 +106,7 @@ def test_long_sequence_crosses_the_selected_paths():
     expected = _run(oracle, q, kv, gates, layer, grad_out)
     got = _run(lambda q, kv, gates: layer._tiled_attention(q, kv, gates, "torch"), q, kv, gates,
                layer, grad_out)
+    assert max(g.abs().max().item() for g in expected[4].values()) > 1.0
     assert _max_err(got[0], expected[0]) <= TOL, "output"
     assert _max_err(got[1], expected[1]) <= TOL, "dq"
     for branch in kv:
