@@ -10,13 +10,13 @@ O(S * (query_chunk + window)). Backward saves only q, k, v, the output and the f
 log-sum-exp [B, S, Hq] and recomputes the probabilities tile by tile.
 Compute is fp32; outputs and gradients come back in the input dtype.
 
-On the CPU the tiles are small (`_CPU_TILE` queries, so that little of each key slice lies
-outside the band) and go to aten's fused flash kernel as one batch per call, as many as keep
-the call's per-tile dK/dV partials within `_CALL_FLOATS`. Keys and values are padded in front
-by window - 1 zero rows, after which every tile's key slice is a strided view of the same
-buffer (never copied) and every tile but the first few shares one band mask; those first
-tiles also mask the padding. The kernel's per-tile dK/dV are added back onto the
-overlapping slices in a fixed order.
+On the CPU the tiles are small (min(`_CPU_TILE`, query_chunk) queries, so that little of
+each key slice lies outside the band) and go to aten's fused flash kernel as one batch per
+call, as many as keep the call's per-tile dK/dV partials within `_CALL_FLOATS`. Keys and
+values are padded in front by window - 1 zero rows, after which every tile's key slice is a
+strided view of the same buffer (never copied) and every tile but the first few shares one
+band mask; those first tiles also mask the padding. The kernel's per-tile dK/dV are added
+back onto the overlapping slices in a fixed order.
 Elsewhere each `query_chunk` tile is one masked dense problem (`_tiles.DenseBandAttention`).
 """
 
@@ -74,9 +74,10 @@ class _CpuLayout:
         self.device = q.device
 
     def pad_queries(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, S, Hq, ...] -> fp32 [B, n_tiles*T, Hq, ...] (zero rows after S)."""
+        """[B, S, Hq, ...] -> fp32 [B, n_tiles*T, Hq, ...] (zero rows after S); x itself
+        when it is fp32 already and S is whole tiles (read only)."""
         pad = self.n_tiles * self.tile - self.seq
-        return F.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, pad))
+        return F.pad(x.float(), (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x.float()
 
     def pad_keys(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, Hkv, D] -> fp32 [B, (n_tiles + J)*T, Hkv, D], window - 1 zero rows in
