@@ -5,11 +5,13 @@ Compressed token i summarises raw keys [i*stride, i*stride + block_len) and is v
 query t iff it is complete: i*stride + block_len - 1 <= t. A query that sees no token
 (t < block_len - 1, or N = 0 when S < block_len) gets o = 0 and lse = -inf, zero gradients.
 
-The log-sum-exp (fp32 [B, S, Hq], in units of scale * q.k) is returned alongside o because
-the selection branch rebuilds the compressed probabilities from it; it is marked
-non-differentiable. Tile [t0, t1) reads only the visible prefix of compressed tokens (bounded
-by its last query). Backward saves only q, k_cmp, v_cmp, o and lse and recomputes the
-probabilities tile by tile; gradients reach q, k_cmp and v_cmp.
+The log-sum-exp (fp32 [B, S, Hq], in units of scale * q.k) is returned alongside o and
+marked non-differentiable. Block selection does not reuse it: its own softmax costs no more
+on the CPU (measured) and keeps the chosen blocks independent of this op's rounding.
+Tile [t0, t1) reads only the visible prefix of compressed tokens (bounded by its last
+query); the tokens its first query already sees need no mask (`_tiles`, the band's k_open).
+Backward saves only q, k_cmp, v_cmp, o and lse and recomputes the probabilities tile by
+tile; gradients reach q, k_cmp and v_cmp.
 """
 
 from __future__ import annotations
