@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from nsa.ops.torch._tiles import _FP32_MIN
+from nsa.ops.torch._tiles import _FP32_MIN, Workspace
 
 _CHUNK_FLOATS = 1 << 21  # fp32 elements of one chunk's largest temporary (8 MiB)
 _TILES_PER_CALL = 8
@@ -118,11 +118,12 @@ class _Tile:
         return [(slot_row[base:base + n * m].view(n, m), by_count[first:first + n])
                 for base, first, n, m in plan]
 
-    def rows(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """[B, S, Hq, X...] -> fp32 [n_rows + 1, G, X...] of this tile, times `scale`,
-        with zeros in the padding rows and the extra row."""
+    def rows(self, x: torch.Tensor, ws: Workspace, name: str,
+             scale: float = 1.0) -> torch.Tensor:
+        """[B, S, Hq, X...] -> fp32 [n_rows + 1, G, X...] of this tile in workspace buffer
+        `name`, times `scale`, with zeros in the padding rows and the extra row."""
         tail = x.shape[3:]
-        out = x.new_zeros((self.n_rows + 1, self.group, *tail), dtype=torch.float32)
+        out = ws.take(name, self.n_rows + 1, self.group, *tail).zero_()
         view = out[: self.n_rows].view(self.batch, self.n_kv_heads, self.t_pad, self.group, *tail)
         part = x[:, self.t0:self.t1].unflatten(2, (self.n_kv_heads, self.group))
         view[:, :, : self.n_tile] = part.transpose(1, 2)
@@ -176,32 +177,43 @@ def _exp_shifted(logits: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return logits.sub_(shift.unsqueeze(-1)).clamp_min_(_EXP_FLOOR).exp_()
 
 
-def _gather(rows_ext: torch.Tensor, slot_rows: torch.Tensor) -> torch.Tensor:
-    """[n_rows + 1, G, X] -> [blocks, slots*G, X] (row copies: a fast gather)."""
-    picked = rows_ext.index_select(0, slot_rows.reshape(-1))
-    return picked.view(slot_rows.shape[0], -1, rows_ext.shape[-1])
+def _gather(rows_ext: torch.Tensor, slot_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """[n_rows + 1, G, X] -> [blocks, slots*G, X] into `out` (row copies: a fast gather)."""
+    n, m = slot_rows.shape
+    out = out.view(n * m, *rows_ext.shape[1:])
+    torch.index_select(rows_ext, 0, slot_rows.reshape(-1), out=out)
+    return out.view(n, -1, rows_ext.shape[-1])
+
+
+def _blocks(blocks: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The blocks named by `keys` [n] of blocks [B*Hkv*n_blocks, X, Y] -> `out` [n, X, Y]."""
+    return torch.index_select(blocks, 0, keys, out=out)
 
 
 def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
-                  v_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  v_blocks: torch.Tensor, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [n_rows, G, D], lse [n_rows, G]) of one tile; q_rows pre-scaled, from `rows`;
     kt_blocks [B*Hkv*n_blocks, D, bs] (keys transposed), v_blocks [B*Hkv*n_blocks, bs, D]."""
     group, head_dim, n_rows = tile.group, q_rows.shape[-1], tile.n_rows
     kt_loc, v_loc = tile.local_keys(kt_blocks), tile.local_keys(v_blocks)
     q_loc = q_rows[:n_rows].view(kt_loc.shape[0], -1, head_dim)
-    logits_loc = torch.bmm(q_loc, kt_loc)
+    logits_loc = torch.bmm(q_loc, kt_loc, out=ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
     blocked = tile.local_blocked()
     logits_loc.masked_fill_(blocked, -math.inf)
     peak = torch.cat([logits_loc.amax(-1).view(n_rows, group),
                       logits_loc.new_full((1, group), -math.inf)])
     o = total = None
+    block_size = tile.block_size
     for rows, keys in tile.chunks:
         flat = rows.reshape(-1)
-        logits = torch.bmm(_gather(q_rows, rows), kt_blocks.index_select(0, keys))
+        n, m = rows.shape
+        logits = torch.bmm(_gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim)),
+                           _blocks(kt_blocks, keys, ws.take("keys", n, head_dim, block_size)),
+                           out=ws.take("logits", n, m * group, block_size))
         new_peak = peak.scatter_reduce(0, flat.unsqueeze(1).expand(-1, group),
                                        logits.amax(-1).view(-1, group), "amax")
         if o is None:  # the local part waits for the first chunk's maxima: no rescale
-            o, total = _local_forward(logits_loc, blocked, v_loc, new_peak, n_rows)
+            o, total = _local_forward(logits_loc, blocked, v_loc, new_peak, n_rows, ws)
         else:
             factor = torch.exp(peak.clamp_min(_FP32_MIN) - new_peak.clamp_min(_FP32_MIN))
             o.mul_(factor.unsqueeze(-1))
@@ -210,23 +222,24 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
         shift = peak.clamp_min(_FP32_MIN).index_select(0, flat).view(logits.shape[:2])
         probs = _exp_shifted(logits, shift)
         total.index_add_(0, flat, probs.sum(-1).view(-1, group))
-        part = torch.bmm(probs, v_blocks.index_select(0, keys))
+        part = torch.bmm(probs, _blocks(v_blocks, keys, ws.take("keys", n, block_size, head_dim)),
+                         out=ws.take("pairs", n, m * group, head_dim))
         o.index_add_(0, flat, part.view(-1, group, head_dim))
     if o is None:
-        o, total = _local_forward(logits_loc, blocked, v_loc, peak, n_rows)
+        o, total = _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws)
     o, total, peak = o[:n_rows], total[:n_rows], peak[:n_rows]
     o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
     return o, peak + total.log()  # rows without keys: -inf + log 0 = -inf
 
 
-def _local_forward(logits_loc, blocked, v_loc, peak, n_rows):
+def _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws: Workspace):
     """Numerator [n_rows + 1, G, D] and denominator [n_rows + 1, G] of the local parts
     against the row maxima `peak` (consumes logits_loc)."""
     group = peak.shape[1]
     shift = peak[:n_rows].clamp_min(_FP32_MIN).view(logits_loc.shape[:2])
     probs = _exp_shifted(logits_loc, shift).masked_fill_(blocked, 0.0)
     total = torch.cat([probs.sum(-1).view(n_rows, group), peak.new_zeros(1, group)])
-    o = probs.new_empty(n_rows + 1, group, v_loc.shape[-1])
+    o = ws.take("o", n_rows + 1, group, v_loc.shape[-1])
     torch.bmm(probs, v_loc, out=o[:n_rows].view(*probs.shape[:2], -1))
     o[n_rows] = 0.0
     return o, total
@@ -241,15 +254,17 @@ def forward_range(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tenso
     without repeats in a row."""
     group = q.shape[2] // indices.shape[2]
     kt_blocks = k_blocks.transpose(1, 2).contiguous()  # contiguous operands: faster bmm
+    ws = Workspace(q.device)
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
         tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
-        o_rows, lse_rows = _forward_tile(tile, tile.rows(q, scale), kt_blocks, v_blocks)
+        o_rows, lse_rows = _forward_tile(tile, tile.rows(q, ws, "q", scale), kt_blocks,
+                                         v_blocks, ws)
         out[:, t0:t1] = tile.unrows(o_rows)
         lse[:, t0:t1] = tile.unrows(lse_rows)
 
 
 def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
-                   dk_blocks, dv_blocks) -> torch.Tensor:
+                   dk_blocks, dv_blocks, ws: Workspace) -> torch.Tensor:
     """dq rows [n_rows, G, D] (before the softmax scale) of one tile; dK/dV added to the
     block buffers. blocks = (k, k transposed, v transposed) block tensors. Padding and the
     extra row hold q = dO = delta = 0: they contribute 0."""
@@ -259,11 +274,13 @@ def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
     n_loc = k_loc.shape[0]
     q_loc = q_rows[:n_rows].view(n_loc, -1, head_dim)
     do_loc = do_rows[:n_rows].view(n_loc, -1, head_dim)
-    probs = _probs(q_loc, kt_loc, shift[:n_rows].view(n_loc, -1, 1))
+    probs = _probs(q_loc, kt_loc, shift[:n_rows].view(n_loc, -1, 1),
+                   ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
     probs.masked_fill_(tile.local_blocked(), 0.0)
     dv_loc = torch.bmm(probs.transpose(1, 2), do_loc)
-    d_scores = _score_grads(do_loc, vt_loc, delta_rows[:n_rows].view(n_loc, -1, 1), probs)
-    dq_rows = torch.empty_like(q_rows)
+    d_scores = _score_grads(do_loc, vt_loc, delta_rows[:n_rows].view(n_loc, -1, 1), probs,
+                            ws.take("local_scores", *probs.shape))
+    dq_rows = ws.take("dq", *q_rows.shape)
     torch.bmm(d_scores, k_loc, out=dq_rows[:n_rows].view(n_loc, -1, head_dim))
     dq_rows[n_rows] = 0.0
     dk_loc = torch.bmm(d_scores.transpose(1, 2), q_loc)
@@ -271,28 +288,41 @@ def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
         view = grads.view(tile.batch, tile.n_kv_heads, tile.n_blocks, *grads.shape[1:])
         view[:, :, tile.c0:tile.c0 + tile.n_local] += part.view(
             tile.batch, tile.n_kv_heads, tile.n_local, *grads.shape[1:])
+    bs = tile.block_size
     for rows, keys in tile.chunks:
         flat = rows.reshape(-1)
-        q_pairs, do_pairs = _gather(q_rows, rows), _gather(do_rows, rows)
-        k, kt, vt = (x.index_select(0, keys) for x in blocks)
-        probs = _probs(q_pairs, kt, shift.index_select(0, flat).view(*q_pairs.shape[:2], 1))
-        dv_blocks.index_add_(0, keys, torch.bmm(probs.transpose(1, 2), do_pairs))
-        delta = delta_rows.index_select(0, flat).view(*q_pairs.shape[:2], 1)
-        d_scores = _score_grads(do_pairs, vt, delta, probs)
-        dq_rows.index_add_(0, flat, torch.bmm(d_scores, k).view(-1, group, head_dim))
-        dk_blocks.index_add_(0, keys, torch.bmm(d_scores.transpose(1, 2), q_pairs))
+        n, m = rows.shape
+        q_pairs = _gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim))
+        do_pairs = _gather(do_rows, rows, ws.take("pairs_do", n, m * group, head_dim))
+        k, kt, vt = (_blocks(x, keys, ws.take(name, n, *x.shape[1:]))
+                     for x, name in zip(blocks, ("keys", "keys_t", "values_t"), strict=True))
+        shift_pairs = shift.index_select(0, flat).view(n, m * group, 1)
+        probs = _probs(q_pairs, kt, shift_pairs, ws.take("logits", n, m * group, bs))
+        dv_blocks.index_add_(0, keys, torch.bmm(probs.transpose(1, 2), do_pairs,
+                                                out=ws.take("dkv", n, bs, head_dim)))
+        delta = delta_rows.index_select(0, flat).view(n, m * group, 1)
+        d_scores = _score_grads(do_pairs, vt, delta, probs, ws.take("scores", n, m * group, bs))
+        dq_part = torch.bmm(d_scores, k, out=ws.take("pairs_do", n, m * group, head_dim))
+        dq_rows.index_add_(0, flat, dq_part.view(-1, group, head_dim))
+        dk_blocks.index_add_(0, keys, torch.bmm(d_scores.transpose(1, 2), q_pairs,
+                                                out=ws.take("dkv", n, bs, head_dim)))
     return dq_rows[:n_rows]
 
 
-def _probs(q: torch.Tensor, kt: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """exp(q kt - lse): [N, M, D] x [N, D, K] with lse [N, M, 1] -> [N, M, K]."""
-    return torch.baddbmm(lse, q, kt, beta=-1.0).clamp_min_(_EXP_FLOOR).exp_()
+def _probs(q: torch.Tensor, kt: torch.Tensor, lse: torch.Tensor,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """exp(q kt - lse): [N, M, D] x [N, D, K] with lse [N, M, 1] -> [N, M, K] (into `out`)."""
+    logits = torch.baddbmm(lse, q, kt, beta=-1.0, out=out) if out is not None else \
+        torch.baddbmm(lse, q, kt, beta=-1.0)
+    return logits.clamp_min_(_EXP_FLOOR).exp_()
 
 
 def _score_grads(do: torch.Tensor, vt: torch.Tensor, delta: torch.Tensor,
-                 probs: torch.Tensor) -> torch.Tensor:
-    """dS = P * (dO V^T - delta), in place of a fresh [N, M, K] tensor."""
-    return torch.baddbmm(delta, do, vt, beta=-1.0).mul_(probs)
+                 probs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dS = P * (dO V^T - delta): [N, M, K] (into `out`)."""
+    scores = torch.baddbmm(delta, do, vt, beta=-1.0, out=out) if out is not None else \
+        torch.baddbmm(delta, do, vt, beta=-1.0)
+    return scores.mul_(probs)
 
 
 def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size, scale,
@@ -302,12 +332,13 @@ def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_si
     group = q.shape[2] // indices.shape[2]
     blocks = (k_blocks, k_blocks.transpose(1, 2).contiguous(),
               v_blocks.transpose(1, 2).contiguous())
+    ws = Workspace(q.device)
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
         tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
-        do_rows = tile.rows(do)
-        delta = (do_rows * tile.rows(o)).sum(-1)
-        lse_rows = tile.rows(lse)
+        do_rows = tile.rows(do, ws, "do")
+        delta = (do_rows * tile.rows(o, ws, "o")).sum(-1)
+        lse_rows = tile.rows(lse, ws, "lse")
         lse_rows[tile.n_rows:] = math.inf  # the extra row: p = 0 against it
-        dq_rows = _backward_tile(tile, tile.rows(q, scale), do_rows, lse_rows, delta,
-                                 blocks, dk_blocks, dv_blocks)
+        dq_rows = _backward_tile(tile, tile.rows(q, ws, "q", scale), do_rows, lse_rows, delta,
+                                 blocks, dk_blocks, dv_blocks, ws)
         dq[:, t0:t1] = tile.unrows(dq_rows.mul_(scale))

@@ -32,6 +32,7 @@ from nsa.ops.torch._tiles import (
     _CPU_FLASH,
     _CPU_FLASH_BACKWARD,
     DenseBandAttention,
+    Workspace,
     check_chunk,
     check_layout,
     resolve_scale,
@@ -96,11 +97,15 @@ class _CpuLayout:
         return [(i, min(i + self.per_call, hi)) for lo, hi in zip(edges, edges[1:], strict=False)
                 for i in range(lo, hi, self.per_call)]
 
-    def rows(self, x_pad: torch.Tensor, b: int, i0: int, i1: int) -> torch.Tensor:
-        """Queries of tiles [i0, i1) of batch b: [B, S_pad, Hq, X] -> [n, Hkv, T*G, X]."""
+    def rows(self, x_pad: torch.Tensor, b: int, i0: int, i1: int, ws: Workspace,
+             name: str) -> torch.Tensor:
+        """Queries of tiles [i0, i1) of batch b: [B, S_pad, Hq, X] -> [n, Hkv, T*G, X], in
+        workspace buffer `name`."""
         n, tile = i1 - i0, self.tile
         part = x_pad[b, i0 * tile:i1 * tile].view(n, tile, self.n_kv_heads, self.group, -1)
-        return part.permute(0, 2, 1, 3, 4).reshape(n, self.n_kv_heads, tile * self.group, -1)
+        out = ws.take(name, n, self.n_kv_heads, tile, self.group, part.shape[-1])
+        out.copy_(part.permute(0, 2, 1, 3, 4))
+        return out.view(n, self.n_kv_heads, tile * self.group, -1)
 
     def unrows(self, x: torch.Tensor, out_pad: torch.Tensor, b: int, i0: int) -> None:
         """Write [n, Hkv, T*G, X] rows into out_pad [B, S_pad, Hq, X] at tile i0."""
@@ -138,10 +143,12 @@ class _CpuWindowAttention(torch.autograd.Function):
         q_pad, k_pad, v_pad = lay.pad_queries(q), lay.pad_keys(k), lay.pad_keys(v)
         o_pad = torch.empty_like(q_pad)
         lse_pad = q_pad.new_empty(q_pad.shape[:3] + (1,))
+        ws = Workspace(q.device)
         for b in range(lay.batch):
             for i0, i1 in lay.calls():
                 bias = lay.bias(i0, i1)
-                ot, lt = _CPU_FLASH(lay.rows(q_pad, b, i0, i1), lay.key_slices(k_pad, b, i0, i1),
+                ot, lt = _CPU_FLASH(lay.rows(q_pad, b, i0, i1, ws, "q"),
+                                    lay.key_slices(k_pad, b, i0, i1),
                                     lay.key_slices(v_pad, b, i0, i1), 0.0, False,
                                     attn_mask=bias.expand(i1 - i0, lay.n_kv_heads, -1, -1),
                                     scale=scale)
@@ -165,15 +172,16 @@ class _CpuWindowAttention(torch.autograd.Function):
         lse_pad = lay.pad_queries(lse.unsqueeze(-1))
         dq_pad = torch.empty_like(q_pad)
         dk_pad, dv_pad = torch.zeros_like(k_pad), torch.zeros_like(v_pad)
+        ws = Workspace(q.device)
         for b in range(lay.batch):
             for i0, i1 in lay.calls():
                 bias = lay.bias(i0, i1).expand(i1 - i0, lay.n_kv_heads, -1, -1)
-                lse_rows = lay.rows(lse_pad, b, i0, i1).squeeze(-1)
+                lse_rows = lay.rows(lse_pad, b, i0, i1, ws, "lse").squeeze(-1)
                 dq, dk, dv = _CPU_FLASH_BACKWARD(
-                    lay.rows(do_pad, b, i0, i1), lay.rows(q_pad, b, i0, i1),
+                    lay.rows(do_pad, b, i0, i1, ws, "do"), lay.rows(q_pad, b, i0, i1, ws, "q"),
                     lay.key_slices(k_pad, b, i0, i1), lay.key_slices(v_pad, b, i0, i1),
-                    lay.rows(o_pad, b, i0, i1), lse_rows, 0.0, False, attn_mask=bias,
-                    scale=scale)
+                    lay.rows(o_pad, b, i0, i1, ws, "o"), lse_rows, 0.0, False,
+                    attn_mask=bias, scale=scale)
                 lay.unrows(dq, dq_pad, b, i0)
                 _add_slices(dk, dk_pad[b], i0, lay.tile)
                 _add_slices(dv, dv_pad[b], i0, lay.tile)
