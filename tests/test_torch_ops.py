@@ -308,6 +308,23 @@ def test_unfused_tile_math_matches_oracle(monkeypatch):
         _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
+def test_sparse_selected_and_window_are_deterministic(monkeypatch):
+    """Reruns give identical bits (fixed summation orders: dQ rows and dK/dV blocks with
+    index_add_, window slices in tile order), also with many chunks and kernel calls."""
+    from nsa.ops.torch import segments, window
+
+    monkeypatch.setattr(segments, "_CHUNK_FLOATS", 1 << 12)
+    monkeypatch.setattr(window, "_CALL_FLOATS", 1 << 12)
+    q, k, v, grad_o = _inputs(2, 300, 4, 2, head_dim=16)
+    idx = _random_indices(2, 300, 2, 5, -(-300 // 16))
+    for run in (lambda: selected_attention(q, k, v, idx, 16, query_chunk=32, dense_factor=0.0),
+                lambda: window_attention(q, k, v, 40, query_chunk=32)):
+        first, second = run(), run()
+        got = [first.detach(), *_grads(first, grad_o, q, k, v)]
+        again = [second.detach(), *_grads(second, grad_o, q, k, v)]
+        assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
 def _saved_bytes(run) -> int:
     """Bytes of the tensors autograd saves while `run()` builds its graph."""
     total = 0
