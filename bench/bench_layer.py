@@ -348,7 +348,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, nargs="+",
                         default=[1024, 2048, 4096, 8192, 16384, 32768])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--model-step", action="store_true")
