@@ -3,11 +3,14 @@
     python bench/bench_layer.py                      # S = 1k..32k, CPU fp32, writes reports/
     python bench/bench_layer.py --seqs 1024 4096 --repeats 2
     python bench/bench_layer.py --model-step         # also a 12-layer training step at 2k
+    python bench/bench_layer.py --profile 16384 32768  # where NSA's time goes, per stage
 
 Every configuration runs in a fresh child process (`--one KIND S`), so the peak resident set
 size it reports belongs to that configuration alone. Peak memory is ru_maxrss of the child
 minus its resident size just before the first forward (weights and inputs included in the
-baseline); on CUDA it is torch.cuda.max_memory_allocated.
+baseline); on CUDA it is torch.cuda.max_memory_allocated. Each row records the machine's
+1-minute load average before and after it: on a shared machine the times are only as good
+as that load (a load above the core count means other processes took CPU time).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from nsa.config import NSAConfig  # noqa: E402
 from nsa.layer import NSAAttention  # noqa: E402
+from nsa.ops import torch as torch_ops  # noqa: E402
+from nsa.ops.selection import select_blocks  # noqa: E402
 
 PAPER = NSAConfig(dim=512, n_heads=8, n_kv_heads=2, head_dim=64, backend="torch")
 
@@ -63,6 +68,7 @@ def rss_bytes() -> int:
 
 def run_one(kind: str, seq: int, repeats: int, device: str) -> dict:
     """Time forward+backward of one layer; returns a result row."""
+    load_before = os.getloadavg()[0]
     torch.manual_seed(0)
     layer = (NSAAttention(PAPER) if kind == "nsa" else DenseAttention(PAPER)).to(device)
     x = torch.randn(1, seq, PAPER.dim, device=device, requires_grad=True)
@@ -83,13 +89,106 @@ def run_one(kind: str, seq: int, repeats: int, device: str) -> dict:
         x.grad = None
         del out
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    row = {"kind": kind, "seq": seq, "fwd_s": statistics.median(fwd_times[1:]),
-           "bwd_s": statistics.median(bwd_times[1:]), "peak_mem_bytes": peak_rss - baseline,
-           "peak_rss_bytes": peak_rss}
+    # the fastest timed round: on a shared machine, the one other processes disturbed least
+    fwd_s, bwd_s = min(zip(fwd_times[1:], bwd_times[1:], strict=True), key=sum)
+    row = {"kind": kind, "seq": seq, "fwd_s": fwd_s, "bwd_s": bwd_s,
+           "rounds": [[f, b] for f, b in zip(fwd_times[1:], bwd_times[1:], strict=True)],
+           "peak_mem_bytes": peak_rss - baseline,
+           "peak_rss_bytes": peak_rss, "load_before": load_before,
+           "load_after": os.getloadavg()[0]}
     if device == "cuda":
         row["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
     row["total_s"] = row["fwd_s"] + row["bwd_s"]
     return row
+
+
+def _stage_inputs(seq: int, device: str):
+    """The layer's own projections at S = seq as plain tensors, and the layer."""
+    torch.manual_seed(0)
+    layer = NSAAttention(PAPER).to(device)
+    with torch.no_grad():
+        q, kv, _ = layer.project(torch.randn(1, seq, PAPER.dim, device=device))
+        k_cmp = layer.compress_k(kv["cmp"][0])
+        v_cmp = layer.compress_v(kv["cmp"][1])
+    return layer, q, kv, k_cmp, v_cmp
+
+
+def _time_stage(fn, inputs, repeats: int, sync) -> tuple[float, float]:
+    """(forward s, backward s) of the fastest of `repeats` rounds of fn(*leaves) after one
+    warm-up round; leaves are fresh copies of `inputs` that require grad, the upstream
+    gradient is random."""
+    fwd, bwd = [], []
+    for _ in range(repeats + 1):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        sync()
+        start = time.perf_counter()
+        out = fn(*leaves)
+        sync()
+        mid = time.perf_counter()
+        out.backward(torch.randn_like(out))
+        sync()
+        fwd.append(mid - start)
+        bwd.append(time.perf_counter() - mid)
+    return min(zip(fwd[1:], bwd[1:], strict=True), key=sum)
+
+
+def run_profile(seq: int, repeats: int, device: str) -> dict:
+    """Forward and backward seconds of each NSA stage, each timed alone on the layer's own
+    projections (so the stages add up to the layer minus projections, RoPE and gates), and
+    of the whole layer; the fastest rounds after one warm-up round."""
+    load_before = os.getloadavg()[0]
+    layer, q, kv, k_cmp, v_cmp = _stage_inputs(seq, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    cfg, scale = PAPER, PAPER.head_dim ** -0.5
+    block_indices = select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
+    stages = {
+        "phi (k and v)": (lambda k, v: layer.compress_k(k).sum() + layer.compress_v(v).sum(),
+                          [kv["cmp"][0], kv["cmp"][1]]),
+        "compressed": (lambda q, k, v: torch_ops.compressed_attention(
+            q, k, v, cfg.l, cfg.d, scale, cfg.query_chunk)[0], [q, k_cmp, v_cmp]),
+        "selected": (lambda q, k, v: torch_ops.selected_attention(
+            q, k, v, block_indices, cfg.l_sel, scale, cfg.query_chunk), [q, *kv["sel"]]),
+        "window": (lambda q, k, v: torch_ops.window_attention(
+            q, k, v, cfg.w, scale, cfg.query_chunk), [q, *kv["win"]]),
+    }
+    row = {"kind": "profile", "seq": seq, "stages": {}}
+    for name, (fn, inputs) in stages.items():
+        row["stages"][name] = _time_stage(fn, inputs, repeats, sync)
+    selection = []
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
+        sync()
+        selection.append(time.perf_counter() - start)
+    row["stages"]["selection"] = (min(selection[1:]), 0.0)
+    x = torch.randn(1, seq, PAPER.dim, device=device)
+    row["layer"] = _time_stage(layer, [x], repeats, sync)
+    row["load_before"], row["load_after"] = load_before, os.getloadavg()[0]
+    return row
+
+
+def profile_lines(rows: list[dict]) -> list[str]:
+    """A markdown table of the stage times of `run_profile` rows."""
+    names = list(rows[0]["stages"])
+    out = ["| stage | " + " | ".join(f"S={r['seq']} fwd s | bwd s" for r in rows) + " |",
+           "|---|" + "---|---|" * len(rows)]
+    for name in [*names, "rest of the layer", "layer"]:
+        cells = []
+        for r in rows:
+            if name == "layer":
+                fwd, bwd = r["layer"]
+            elif name == "rest of the layer":
+                fwd = r["layer"][0] - sum(f for f, _ in r["stages"].values())
+                bwd = r["layer"][1] - sum(b for _, b in r["stages"].values())
+            else:
+                fwd, bwd = r["stages"][name]
+            cells += [f"{fwd:.2f}", f"{bwd:.2f}" if bwd else "-"]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    loads = ", ".join(f"S={r['seq']}: {r['load_before']:.1f} -> {r['load_after']:.1f}"
+                      for r in rows)
+    out += ["", f"1-minute load average before -> after: {loads}."]
+    return out
 
 
 def run_model_step(seq: int, device: str) -> dict:
@@ -144,6 +243,11 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def load_cell(*runs: dict) -> str:
+    loads = [r[key] for r in runs for key in ("load_before", "load_after") if key in r]
+    return f"{max(loads):.1f}" if loads else "-"
+
+
 def target_lines(by: dict) -> list[str]:
     """The project's CPU targets, each with the measured value and met / missed."""
     def speedup(seq):
@@ -167,11 +271,15 @@ def target_lines(by: dict) -> list[str]:
     ]
     out = ["| target | measured | |", "|---|---|---|"]
     for name, value, ok, unit in checks:
-        out.append(f"| {name} | {value:.2f}{unit} | {'met' if ok else 'missed'} |")
+        if math.isnan(value):
+            out.append(f"| {name} | - | not measured |")
+        else:
+            out.append(f"| {name} | {value:.2f}{unit} | {'met' if ok else 'missed'} |")
     return out
 
 
-def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -> str:
+def write_report(rows: list[dict], step: dict | None, path: Path, device: str,
+                 profile: list[dict]) -> str:
     lines = [
         "# NSA layer vs dense SDPA: forward + backward",
         "",
@@ -179,13 +287,14 @@ def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -
         f"{torch.get_num_threads()} threads), torch {torch.__version__}, fp32, batch 1.",
         f"Layer: hidden {PAPER.dim}, {PAPER.n_heads} query heads, {PAPER.n_kv_heads} KV heads, "
         f"head dim {PAPER.head_dim}; NSA l={PAPER.l}, d={PAPER.d}, l_sel={PAPER.l_sel}, "
-        f"n_sel={PAPER.n_sel}, w={PAPER.w}, backend torch. Median of the timed rounds after "
-        "one warm-up round, each configuration in a fresh process. Peak memory: peak RSS "
-        "minus RSS before the first forward.",
+        f"n_sel={PAPER.n_sel}, w={PAPER.w}, backend torch. The fastest of the timed rounds "
+        "after one warm-up round (on a shared machine, the round other processes disturbed "
+        "least; every round is in the JSON), each configuration in a fresh process. Peak "
+        "memory: peak RSS minus RSS before the first forward.",
         "",
         "| S | SDPA fwd+bwd s | NSA fwd s | NSA bwd s | NSA fwd+bwd s | speed-up | "
-        "SDPA peak | NSA peak | NSA peak growth | FLOP bound |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "SDPA peak | NSA peak | NSA peak growth | FLOP bound | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r.get("kind"), r.get("seq")): r for r in rows}
     prev_peak = None
@@ -206,10 +315,20 @@ def write_report(rows: list[dict], step: dict | None, path: Path, device: str) -
         prev_peak = peak
         bound = attention_flops("dense", seq) / attention_flops("nsa", seq)
         cells.append(f"{bound:.1f}x")
+        cells.append(load_cell(dense, nsa))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "FLOP bound: dense causal attention FLOPs / NSA attention FLOPs (the "
-              "speed-up if both ran at the same FLOP rate; projections excluded).", ""]
+              "speed-up if both ran at the same FLOP rate; projections excluded). Load: the "
+              f"highest 1-minute load average seen around the two runs of that row, on "
+              f"{os.cpu_count()} CPUs; above that count other processes were taking CPU time "
+              "and the row's times are inflated.", ""]
     lines += target_lines(by)
+    if profile:
+        lines += ["", "## Where NSA's time goes", "",
+                  "Each stage timed alone on the layer's own projections (fastest round after "
+                  "a warm-up round, fresh process per size); the rest of the layer is the "
+                  "projections, RoPE, gates and the branch sum.", ""]
+        lines += profile_lines(profile)
     if step:
         lines += ["", "## One training step, 12 layers, hidden 768, 12 heads (4 KV), S=2048, "
                   "gradient checkpointing, AdamW", ""]
@@ -229,24 +348,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, nargs="+",
                         default=[1024, 2048, 4096, 8192, 16384, 32768])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--model-step", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_layer_cpu.md")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="re-render the report from a JSON file written by a full run")
+    parser.add_argument("--profile-seqs", type=int, nargs="*", default=[16384, 32768],
+                        help="sizes (among --seqs) whose per-stage NSA profile the report shows")
+    parser.add_argument("--only-profile", action="store_true",
+                        help="print the per-stage profile of --profile-seqs and nothing else")
     parser.add_argument("--one", nargs=2, metavar=("KIND", "SEQ"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         kind, seq = args.one[0], int(args.one[1])
-        row = run_model_step(seq, args.device) if kind == "model-step" else \
-            run_one(kind, seq, args.repeats, args.device)
+        if kind == "model-step":
+            row = run_model_step(seq, args.device)
+        elif kind == "profile":
+            row = run_profile(seq, args.repeats, args.device)
+        else:
+            row = run_one(kind, seq, args.repeats, args.device)
         print(json.dumps(row))
         return
     if args.render:
         saved = json.loads(args.render.read_text())
-        print(write_report(saved["rows"], saved["model_step"], args.out, args.device))
+        print(write_report(saved["rows"], saved["model_step"], args.out, args.device,
+                           saved.get("profile", [])))
+        return
+    profile_seqs = args.profile_seqs if args.only_profile else \
+        [s for s in args.profile_seqs if s in args.seqs]
+    profile = [child(["--one", "profile", str(seq), "--repeats", str(args.repeats),
+                      "--device", args.device], args.timeout) for seq in profile_seqs]
+    profile = [r for r in profile if "error" not in r]
+    if args.only_profile:
+        print("\n".join(profile_lines(profile)) if profile else "profile failed")
         return
     rows = []
     for seq in args.seqs:
@@ -261,10 +397,9 @@ def main() -> None:
         step = child(["--one", "model-step", "2048", "--device", args.device], args.timeout)
         print(json.dumps(step), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(write_report(rows, step, args.out, args.device))
-    args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "model_step": step},
-                                                        indent=1))
-
+    print(write_report(rows, step, args.out, args.device, profile))
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"rows": rows, "model_step": step, "profile": profile}, indent=1))
 
 if __name__ == "__main__":
     main()

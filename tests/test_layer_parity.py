@@ -86,6 +86,36 @@ def test_branch_ops_match_oracle(branches, seq, gqa, shared, n_sel, compressor):
         assert _max_err(got[4][name], expected[4][name]) <= TOL, name
 
 
+def test_long_sequence_crosses_the_selected_paths():
+    """S = 300 with l_sel = 16, n_sel = 4: queries before t = 128 take the selected op's dense
+    path, later ones its sparse tiles; the window branch spans many CPU tiles."""
+    from nsa.ops.torch import selected
+
+    cfg = tiny_config(n_heads=4, n_kv_heads=2, n_sel=4, w=40, query_chunk=64, backend="torch")
+    assert 0 < selected.DENSE_FACTOR * cfg.n_sel * cfg.l_sel < 300
+    layer = NSAAttention(cfg)
+    x = torch.randn(2, 300, cfg.dim)
+    q, kv, gates = _leaf_inputs(layer, x)
+    # phi's parameter gradients sum over all 2 x 300 positions; a small upstream gradient
+    # keeps them near 1, where fp32 rounding stays well below the 1e-5 tolerance
+    grad_out = 0.1 * torch.randn(2, 300, cfg.n_heads, cfg.head_dim)
+
+    def oracle(q, kv, gates):
+        return naive_nsa_attention(q, kv, gates, layer.compress_k, layer.compress_v, cfg)[0]
+
+    expected = _run(oracle, q, kv, gates, layer, grad_out)
+    got = _run(lambda q, kv, gates: layer._tiled_attention(q, kv, gates, "torch"), q, kv, gates,
+               layer, grad_out)
+    assert max(g.abs().max().item() for g in expected[4].values()) > 1.0
+    assert _max_err(got[0], expected[0]) <= TOL, "output"
+    assert _max_err(got[1], expected[1]) <= TOL, "dq"
+    for branch in kv:
+        for g, e in zip(got[2][branch], expected[2][branch], strict=True):
+            assert _max_err(g, e) <= TOL, branch
+    for name in expected[4]:
+        assert _max_err(got[4][name], expected[4][name]) <= TOL, name
+
+
 @pytest.mark.parametrize("branches", BRANCH_SETS, ids="+".join)
 def test_whole_layer_matches_naive_backend(branches):
     cfg = tiny_config(branches=branches, backend="torch", n_sel=4)

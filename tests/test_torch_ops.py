@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nsa.config import NSAConfig, num_compressed
+from nsa.ops.indices import unique_block_indices
 from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
 from nsa.ops.torch import (
     compressed_attention,
@@ -90,6 +91,78 @@ def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, 
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
+@pytest.mark.parametrize("chunk_floats", [1 << 21, 1 << 12], ids=["one-chunk", "many-chunks"])
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_size,n_sel", [
+    (300, 4, 2, 16, 4),  # dense below t = 128, sparse tiles of 48 queries above
+    (333, 6, 2, 16, 5),  # G = 3, S not a multiple of the block
+    (700, 8, 2, 64, 4),  # the paper's block size: dense below t = 512, sparse after
+])
+def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, block_size, n_sel,
+                                                  chunk_floats, monkeypatch):
+    """The default split (dense for early queries, sparse after) over several sparse tiles,
+    and with chunks small enough that one tile rescales its running softmax many times."""
+    from nsa.ops.torch import segments, selected
+
+    monkeypatch.setattr(segments, "_CHUNK_FLOATS", chunk_floats)
+    batch = 2
+    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, head_dim=16)
+    idx = _random_indices(batch, seq, n_kv_heads, n_sel, -(-seq // block_size))
+    tiler = selected._Tiler(q, k, idx, block_size, 64, selected.DENSE_FACTOR)
+    assert 0 < tiler.sparse_start < seq
+    assert len(segments.tiles(tiler.sparse_start, seq, block_size)) > 1
+    o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=64)
+    o_ref, lse_ref = _selected_reference(q, k, v, idx, block_size)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def _with_repeats(idx: torch.Tensor, seed: int = 3) -> torch.Tensor:
+    """idx with some entries of each row overwritten by a copy of another entry."""
+    gen = torch.Generator().manual_seed(seed)
+    out = idx.clone()
+    n_sel = idx.shape[-1]
+    src = torch.randint(0, n_sel, idx.shape, generator=gen)
+    copy = torch.rand(idx.shape, generator=gen) < 0.4
+    return torch.where(copy, idx.gather(-1, src), out)
+
+
+def _has_repeats(idx: torch.Tensor) -> torch.Tensor:
+    """[..., n] -> [...] bool: some valid block appears twice in the row."""
+    same = (idx.unsqueeze(-1) == idx.unsqueeze(-2)) & (idx >= 0).unsqueeze(-1)
+    return same.sum((-1, -2)) > (idx >= 0).sum(-1)
+
+
+def test_unique_block_indices_keeps_first_occurrences():
+    idx = torch.tensor([[3, 1, 3, -1, 1, 3], [0, 0, 0, 0, 0, 0], [-1, -1, 2, -5, -5, 7]])
+    want = torch.tensor([[3, 1, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1],
+                         [-1, -1, 2, -5, -1, 7]])
+    assert torch.equal(unique_block_indices(idx), want)
+    rows = _random_indices(2, 30, 2, 4, 8)  # no repeats: unchanged
+    assert torch.equal(unique_block_indices(rows), rows)
+
+
+@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["segments", "mixed", "dense"])
+def test_selected_repeated_indices_count_once(dense_factor):
+    """A block listed twice in a row is attended once, on every path (the oracle's mask is a
+    set of keys, so it counts a block once by construction)."""
+    batch, seq, block_size, n_sel = 2, 300, 16, 5
+    q, k, v, grad_o = _inputs(batch, seq, 4, 2, head_dim=16)
+    unique = _random_indices(batch, seq, 2, n_sel, -(-seq // block_size))
+    idx = _with_repeats(unique)
+    repeats = _has_repeats(idx)
+    assert repeats[:, :128].any() and repeats[:, 128:].any()  # before and after t = 128
+    o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=32,
+                                         dense_factor=dense_factor)
+    o_ref, lse_ref = _selected_reference(q, k, v, unique_block_indices(idx), block_size)
+    assert torch.equal(selection_mask(idx, seq, block_size),
+                       selection_mask(unique_block_indices(idx), seq, block_size))
+    seen = torch.isfinite(lse_ref)
+    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
 PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["segments", "dense"])
 
 
@@ -128,6 +201,21 @@ def test_window_matches_oracle(seq, n_q_heads, n_kv_heads, window, chunk):
     q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
     o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
     mask = window_mask(seq, window).view(1, seq, 1, seq).expand(batch, seq, n_kv_heads, seq)
+    o_ref, lse_ref = masked_attention(q, k, v, mask)
+    _assert_close([o, lse], [o_ref, lse_ref])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+@pytest.mark.parametrize("call_floats", [1 << 21, 1 << 12], ids=["one-call", "many-calls"])
+@pytest.mark.parametrize("seq,window,chunk", [(300, 40, 32), (300, 100, 128), (200, 512, 256)])
+def test_window_long_sequences_match_oracle(seq, window, chunk, call_floats, monkeypatch):
+    """Many tiles, batched per kernel call, the first ones masking the front padding."""
+    from nsa.ops.torch import window as window_module
+
+    monkeypatch.setattr(window_module, "_CALL_FLOATS", call_floats)
+    q, k, v, grad_o = _inputs(2, seq, 6, 2, head_dim=16)
+    o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
+    mask = window_mask(seq, window).view(1, seq, 1, seq).expand(2, seq, 2, seq)
     o_ref, lse_ref = masked_attention(q, k, v, mask)
     _assert_close([o, lse], [o_ref, lse_ref])
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
@@ -188,6 +276,53 @@ def test_query_chunk_does_not_change_results():
         # dK/dV sum over tiles in a different order, so they agree to 1e-6 relative
         for g, w in zip(got, want, strict=True):
             assert (g - w).abs().max().item() <= 1e-6 * max(1.0, w.abs().max().item()), name
+
+
+def test_unfused_tile_math_matches_oracle(monkeypatch):
+    """The tile math that serves devices without aten's fused CPU kernel, run on the CPU."""
+    from nsa.ops.torch import _tiles, selected, window
+
+    for module in (_tiles, selected, window):
+        monkeypatch.setattr(module, "use_fused_kernel", lambda device: False)
+    batch, seq, block_size = 2, 90, 8
+    q, k, v, grad_o = _inputs(batch, seq, 4, 2)
+    idx = _random_indices(batch, seq, 2, 4, -(-seq // block_size))
+    cfg = NSAConfig(l=8, d=4)
+    n_cmp = num_compressed(seq, cfg)
+    cases = {
+        "sel": (lambda: selected_attention(q, k, v, idx, block_size, query_chunk=16,
+                                           dense_factor=2.0),
+                selection_mask(idx, seq, block_size), (k, v)),
+        "win": (lambda: window_attention(q, k, v, 11, query_chunk=16),
+                window_mask(seq, 11).view(1, seq, 1, seq).expand(batch, seq, 2, seq), (k, v)),
+        "cmp": (lambda: compressed_attention(q, k[:, :n_cmp], v[:, :n_cmp], 8, 4,
+                                             query_chunk=16)[0],
+                compressed_visibility(seq, cfg).view(1, seq, 1, n_cmp).expand(batch, seq, 2,
+                                                                              n_cmp),
+                (k[:, :n_cmp], v[:, :n_cmp])),
+    }
+    for run, mask, (keys, values) in cases.values():
+        o = run()
+        o_ref, _ = masked_attention(q, keys, values, mask)
+        _assert_close([o], [o_ref])
+        _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def test_sparse_selected_and_window_are_deterministic(monkeypatch):
+    """Reruns give identical bits (fixed summation orders: dQ rows and dK/dV blocks with
+    index_add_, window slices in tile order), also with many chunks and kernel calls."""
+    from nsa.ops.torch import segments, window
+
+    monkeypatch.setattr(segments, "_CHUNK_FLOATS", 1 << 12)
+    monkeypatch.setattr(window, "_CALL_FLOATS", 1 << 12)
+    q, k, v, grad_o = _inputs(2, 300, 4, 2, head_dim=16)
+    idx = _random_indices(2, 300, 2, 5, -(-300 // 16))
+    for run in (lambda: selected_attention(q, k, v, idx, 16, query_chunk=32, dense_factor=0.0),
+                lambda: window_attention(q, k, v, 40, query_chunk=32)):
+        first, second = run(), run()
+        got = [first.detach(), *_grads(first, grad_o, q, k, v)]
+        again = [second.detach(), *_grads(second, grad_o, q, k, v)]
+        assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
 def _saved_bytes(run) -> int:

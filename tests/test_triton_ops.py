@@ -18,7 +18,14 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 from nsa.ops.triton import ops, selected  # noqa: E402
 from nsa.ops.triton._common import unsupported_reason
 from tests.conftest import tiny_config
-from tests.test_torch_ops import _assert_close, _grads, _inputs, _random_indices
+from tests.test_torch_ops import (
+    _assert_close,
+    _grads,
+    _has_repeats,
+    _inputs,
+    _random_indices,
+    _with_repeats,
+)
 
 pytestmark = pytest.mark.skipif(not ops.INTERPRETED,
                                 reason="kernels compiled for a GPU; see test_triton_gpu.py")
@@ -80,6 +87,18 @@ def test_selected_backward_is_deterministic_and_splits_long_query_lists(monkeypa
     assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
     _assert_close(split, first)
     _assert_close(split, _grads(o_ref, grad_o, *leaves))
+
+
+def test_selected_repeated_indices_count_once():
+    """A block listed twice in a row is attended once, as on the torch backend."""
+    q, k, v, grad_o = _inputs(1, 40, 4, 2, head_dim=16)
+    idx = _with_repeats(_random_indices(1, 40, 2, 3, 3))
+    assert _has_repeats(idx).any()
+    o, lse = ops.selected_attention_with_lse(q, k, v, idx, 16, SCALE)
+    o_ref, lse_ref = masked_attention(q, k, v, selection_mask(idx, 40, 16), SCALE)
+    seen = torch.isfinite(lse_ref)
+    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
 def test_selected_rows_without_visible_keys_give_zeros():

@@ -109,7 +109,8 @@ def naive_select(scores: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
 
 def selection_mask(block_indices: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
     """[B, S, Hkv, n] indices (-1 padded) -> [B, S, Hkv, S] bool: key s is in a selected
-    block of query t and s <= t."""
+    block of query t and s <= t. The mask is a set of keys, so a block listed twice in a row
+    is attended once (the rule of every backend, `nsa.ops.indices`)."""
     s = torch.arange(seq_len, device=block_indices.device)
     key_block = (s // block_size).view(1, 1, 1, 1, seq_len)
     in_selected = (block_indices.unsqueeze(-1) == key_block).any(dim=-2)

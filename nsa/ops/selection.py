@@ -68,7 +68,7 @@ def block_rank_keys(scores: torch.Tensor, query_pos: torch.Tensor,
                     cfg: NSAConfig) -> torch.Tensor:
     """Eq.11's order as one int64 key per block: scores [B, T, Hkv, n_blocks], query_pos
     [T] -> keys of the same shape. Unavailable blocks (j*l_sel > t) get the lowest key,
-    forced ones (block 0 and the two local blocks) the highest keys, lower index first;
+    forced ones (block 0 and the two local blocks) the highest keys, higher index first;
     the rest rank by score, ties to the lower index (`_rank_keys`)."""
     n_blocks = scores.shape[-1]
     j = torch.arange(n_blocks, device=scores.device)
@@ -78,6 +78,8 @@ def block_rank_keys(scores: torch.Tensor, query_pos: torch.Tensor,
     forced = available & ((j == 0) | (j == local) | (j == local - 1))
     lowest, highest = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
     key = torch.where(available, _rank_keys(scores), lowest)
+    # forced blocks outrank every scored one; among themselves the higher index ranks first,
+    # which never matters: there are at most three and n_sel >= 3 takes them all
     return torch.where(forced, highest - ((1 << 31) - 1 - j), key)
 
 
@@ -121,17 +123,29 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
             pos = torch.arange(start, stop, device=q.device)
             # tokens i with i*d + l - 1 <= stop - 1: all that the tile's last query sees
             n_vis = min(n_cmp, max(0, (stop - cfg.l) // cfg.d + 1))
-            scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
             if n_vis > 0:
                 q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
                                                        head_dim).transpose(1, 2)
                 logits = (q_tile.flatten(2, 3) @ k_t[..., :n_vis]).mul_(scale)  # [B,Hkv,T*G,N']
                 logits = logits.view(batch, n_kv_heads, stop - start, group, n_vis)
-                last_key = torch.arange(n_vis, device=q.device) * cfg.d + cfg.l - 1
-                visible = last_key <= pos.view(-1, 1)
-                logits = logits.masked_fill(~visible.view(1, 1, -1, 1, n_vis), float("-inf"))
-                probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows with none -> 0
+                probs = _compressed_probs(logits, start, cfg)
                 p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
                 scores = group_block_scores(p_group, n_blocks, cfg)
+            else:
+                scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
             out[:, start:stop] = top_n_blocks(scores, pos, cfg)
     return out
+
+
+def _compressed_probs(logits: torch.Tensor, start: int, cfg: NSAConfig) -> torch.Tensor:
+    """Eq.8 for one tile: logits [B, Hkv, T, G, N'] (scaled) of the queries
+    start .. start + T - 1 -> probabilities, 0 on tokens a query cannot see (all 0 when it
+    sees none). Only the last columns can be invisible to some query of the tile (a tile
+    spans T / d + 1 compressed tokens at most), so only they are masked."""
+    n_tile, n_vis = logits.shape[2], logits.shape[-1]
+    pos = torch.arange(start, start + n_tile, device=logits.device)
+    first_hidden = min(n_vis, max(0, (start - cfg.l) // cfg.d + 1))
+    last_key = torch.arange(first_hidden, n_vis, device=logits.device) * cfg.d + cfg.l - 1
+    hidden = (last_key > pos.view(-1, 1)).view(1, 1, n_tile, 1, n_vis - first_hidden)
+    logits[..., first_hidden:].masked_fill_(hidden, float("-inf"))
+    return torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows that see none -> 0

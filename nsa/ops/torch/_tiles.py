@@ -8,9 +8,12 @@ gradients, never NaN.
 
 `DenseBandAttention` is the flash-style autograd Function shared by the sliding-window and
 compressed branches: every query tile reads one contiguous key range [k0, k1) shared by all
-its queries, so the key tile is a slice, never a gather. On the CPU each tile goes through
-aten's fused flash kernel (the one SDPA uses there, with the band as an additive mask):
-about twice as fast as the unfused tile math, which still serves other devices.
+its queries, so the key tile is a slice, never a gather. The band also names the keys
+[k0, k_open) that every query of the tile sees: on the CPU that part goes through aten's
+fused flash kernel (the one SDPA uses there) without a mask, the rest [k_open, k1) with the
+band as an additive mask, and the two are merged by their log-sum-exp (backward hands both
+the merged o and lse: each part's gradients are then exactly its share). The fused kernel
+is about twice as fast as the unfused tile math, which still serves other devices.
 """
 
 from __future__ import annotations
@@ -28,8 +31,34 @@ _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 _EXP_FLOOR = -80.0
 
-# band(t0, t1, device) -> (k0, k1, blocked [t1 - t0, k1 - k0] bool), True = hidden
-Band = Callable[[int, int, torch.device], tuple[int, int, torch.Tensor]]
+
+class Workspace:
+    """Flat fp32 buffers that every tile and chunk of one call reuses by name.
+
+    A fresh multi-MiB tensor comes back from the OS page by page, and on the CPU those page
+    faults cost about as much as the arithmetic done on it; so the large temporaries are
+    allocated once per call (growing when a later chunk needs more)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.buffers = device, {}
+
+    def take(self, name: str, *shape: int) -> torch.Tensor:
+        """An uninitialised [*shape] fp32 view of buffer `name`."""
+        numel = math.prod(shape)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.buffers[name] = torch.empty(numel, device=self.device)
+        return buffer[:numel].view(shape)
+
+
+def use_fused_kernel(device: torch.device) -> bool:
+    """Whether tiles on `device` go through aten's fused CPU flash kernel (the CPU) or the
+    unfused tile math (every other device)."""
+    return device.type == "cpu"
+
+# band(t0, t1, device) -> (k0, k_open, k1, blocked [t1 - t0, k1 - k_open] bool): keys
+# [k0, k_open) are visible to every query of the tile, blocked (True = hidden) masks the rest
+Band = Callable[[int, int, torch.device], tuple[int, int, int, torch.Tensor]]
 
 
 def resolve_scale(head_dim: int, scale: float | None) -> float:
@@ -123,43 +152,72 @@ def _expand_groups(blocked: torch.Tensor, group: int) -> torch.Tensor:
     return blocked.unsqueeze(1).expand(n_rows, group, n_keys).reshape(n_rows * group, n_keys)
 
 
-def _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1):
-    """Layouts of the fused CPU flash kernel: [B, Hq, T, D] with kv heads repeated per group,
-    and the mask as an additive fp32 bias (the kernel's requirement)."""
-    group = q.shape[2] // kh.shape[1]
-    qt = q[:, t0:t1].float().transpose(1, 2)
-    kt = kh[:, :, k0:k1].repeat_interleave(group, dim=1)
-    vt = vh[:, :, k0:k1].repeat_interleave(group, dim=1)
-    bias = torch.zeros(blocked.shape, dtype=torch.float32, device=q.device)
-    return qt, kt, vt, bias.masked_fill_(blocked, NEG_INF)
+def _cpu_bias(blocked: torch.Tensor, group: int) -> torch.Tensor:
+    """[T, K] bool -> the fused kernel's additive fp32 mask [T*G, K] (rows of `heads_first`)."""
+    blocked = _expand_groups(blocked, group)
+    bias = torch.zeros(blocked.shape, dtype=torch.float32, device=blocked.device)
+    return bias.masked_fill_(blocked, NEG_INF)
 
 
-def _fold_groups(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """[B, Hq, N, D] -> [B, Hkv, N, D], summing the heads of each group."""
-    batch, n_q_heads = x.shape[:2]
-    return x.view(batch, n_kv_heads, n_q_heads // n_kv_heads, *x.shape[2:]).sum(2)
+def _merge_parts(o_a, lse_a, o_b, lse_b):
+    """Log-sum-exp merge of two parts of one softmax over disjoint keys; part a sees a key
+    on every row. o [..., M, D], lse [..., M] -> (o, lse)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    o = o_a.mul_(torch.exp(lse_a - lse).unsqueeze(-1))
+    return o.add_(o_b.mul_(torch.exp(lse_b - lse).unsqueeze(-1))), lse
 
 
-def fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale):
+def fused_cpu_forward(q, kh, vh, band_keys, t0, t1, scale):
     """One tile through aten's CPU flash kernel -> (o [B, T, Hq, D], lse [B, T, Hq]).
 
-    The kernel reports lse = 0 for a row with no visible key; it becomes -inf here."""
-    qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
-    ot, lt = _CPU_FLASH(qt, kt, vt, 0.0, False, attn_mask=bias, scale=scale)
-    lt = lt.masked_fill(blocked.all(-1), NEG_INF)
-    return ot.transpose(1, 2), lt.transpose(1, 2)
+    band_keys = (k0, k_open, k1, blocked) of the band. The G query heads of a kv group are
+    the rows of one problem per (batch, kv head), so keys are slices, never repeated per
+    head. The kernel reports lse = 0 for a row with no visible key; it becomes -inf here."""
+    k0, k_open, k1, blocked = band_keys
+    n_kv_heads = kh.shape[1]
+    group = q.shape[2] // n_kv_heads
+    qt = heads_first(q[:, t0:t1], n_kv_heads)
+    parts = []
+    if k_open > k0:
+        parts.append(_CPU_FLASH(qt, kh[:, :, k0:k_open], vh[:, :, k0:k_open], 0.0, False,
+                                scale=scale))
+    if k1 > k_open:
+        ot, lt = _CPU_FLASH(qt, kh[:, :, k_open:k1], vh[:, :, k_open:k1], 0.0, False,
+                            attn_mask=_cpu_bias(blocked, group), scale=scale)
+        parts.append((ot, lt.masked_fill(blocked.all(-1).repeat_interleave(group), NEG_INF)))
+    ot, lt = parts[0] if len(parts) == 1 else _merge_parts(*parts[0], *parts[1])
+    return heads_last(ot, t1 - t0), heads_last(lt.unsqueeze(-1), t1 - t0).squeeze(-1)
 
 
-def fused_cpu_backward(q, kh, vh, blocked, t0, t1, k0, k1, o, lse, do, scale):
-    """Gradients of one tile from aten's CPU flash backward: dq [B, T, Hq, D] and
-    dk, dv [B, Hkv, k1 - k0, D] (group heads summed)."""
-    qt, kt, vt, bias = _cpu_kernel_inputs(q, kh, vh, blocked, t0, t1, k0, k1)
-    ot, dot = o[:, t0:t1].float().transpose(1, 2), do[:, t0:t1].float().transpose(1, 2)
-    lt = lse[:, t0:t1].transpose(1, 2)
+def fused_cpu_backward(q, kh, vh, band_keys, t0, t1, o, lse, do, scale):
+    """Gradients of one tile from aten's CPU flash backward, part by part (the same split
+    as `fused_cpu_forward`, each part given the merged o and lse): dq [B, T, Hq, D] and
+    dk, dv [B, Hkv, k1 - k0, D]."""
+    k0, k_open, k1, blocked = band_keys
+    n_kv_heads = kh.shape[1]
+    group = q.shape[2] // n_kv_heads
+    qt = heads_first(q[:, t0:t1], n_kv_heads)
+    ot, dot = heads_first(o[:, t0:t1], n_kv_heads), heads_first(do[:, t0:t1], n_kv_heads)
+    lt = heads_first(lse[:, t0:t1].unsqueeze(-1), n_kv_heads).squeeze(-1)
     lt = torch.where(torch.isinf(lt), 0.0, lt)  # the kernel's convention for empty rows
-    dq, dk, dv = _CPU_FLASH_BACKWARD(dot.contiguous(), qt, kt, vt, ot, lt.contiguous(), 0.0,
-                                     False, attn_mask=bias, scale=scale)
-    return dq.transpose(1, 2), _fold_groups(dk, kh.shape[1]), _fold_groups(dv, kh.shape[1])
+    dq, dks, dvs = None, [], []
+    for lo, hi, bias in ((k0, k_open, None), (k_open, k1, blocked)):
+        if hi <= lo:
+            continue
+        mask = None if bias is None else _cpu_bias(bias, group)
+        dq_part, dk, dv = _CPU_FLASH_BACKWARD(dot, qt, kh[:, :, lo:hi], vh[:, :, lo:hi], ot, lt,
+                                              0.0, False, attn_mask=mask, scale=scale)
+        dq = dq_part if dq is None else dq.add_(dq_part)
+        dks.append(dk)
+        dvs.append(dv)
+    return heads_last(dq, t1 - t0), torch.cat(dks, 2), torch.cat(dvs, 2)
+
+
+def _full_mask(band_keys, device) -> torch.Tensor:
+    """The band's mask over all of [k0, k1) (the unfused tile math takes one mask)."""
+    k0, k_open, _, blocked = band_keys
+    open_part = torch.zeros(blocked.shape[0], k_open - k0, dtype=torch.bool, device=device)
+    return torch.cat([open_part, blocked], dim=1)
 
 
 def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band, scale: float,
@@ -172,16 +230,16 @@ def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Band,
     lse = torch.full((batch, seq, n_q_heads), NEG_INF, dtype=torch.float32, device=q.device)
     for t0 in range(0, seq, query_chunk):
         t1 = min(seq, t0 + query_chunk)
-        k0, k1, blocked = band(t0, t1, q.device)
+        band_keys = band(t0, t1, q.device)
+        k0, _, k1, _ = band_keys
         if k1 <= k0:
             continue  # no visible key for the whole tile: o = 0, lse = -inf
-        if q.device.type == "cpu":
-            ot, lt = fused_cpu_forward(q, kh, vh, blocked, t0, t1, k0, k1, scale)
-            o[:, t0:t1], lse[:, t0:t1] = ot, lt
+        if use_fused_kernel(q.device):
+            o[:, t0:t1], lse[:, t0:t1] = fused_cpu_forward(q, kh, vh, band_keys, t0, t1, scale)
             continue
         qt = heads_first(q[:, t0:t1], n_kv_heads) * scale  # not in place: may view q
         ot, lt = tile_forward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1],
-                              _expand_groups(blocked, group))
+                              _expand_groups(_full_mask(band_keys, q.device), group))
         o[:, t0:t1] = heads_last(ot, t1 - t0)
         lse[:, t0:t1] = heads_last(lt.unsqueeze(-1), t1 - t0).squeeze(-1)
     return o, lse
@@ -197,20 +255,21 @@ def dense_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dkh, dvh = torch.zeros_like(kh), torch.zeros_like(vh)
     for t0 in range(0, seq, query_chunk):
         t1 = min(seq, t0 + query_chunk)
-        k0, k1, blocked = band(t0, t1, q.device)
+        band_keys = band(t0, t1, q.device)
+        k0, _, k1, _ = band_keys
         if k1 <= k0:
             continue
-        if q.device.type == "cpu":
-            dqt, dkt, dvt = fused_cpu_backward(q, kh, vh, blocked, t0, t1, k0, k1, o, lse, do,
-                                               scale)
+        if use_fused_kernel(q.device):
+            dqt, dkt, dvt = fused_cpu_backward(q, kh, vh, band_keys, t0, t1, o, lse, do, scale)
             dq[:, t0:t1] = dqt
         else:
             qt = heads_first(q[:, t0:t1], n_kv_heads) * scale  # not in place: may view q
             ot = heads_first(o[:, t0:t1], n_kv_heads)
             dot = heads_first(do[:, t0:t1], n_kv_heads)
             lt = heads_first(lse[:, t0:t1].unsqueeze(-1), n_kv_heads).squeeze(-1)
-            dqt, dkt, dvt = tile_backward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1],
-                                          _expand_groups(blocked, group), ot, dot, lt, scale)
+            blocked = _expand_groups(_full_mask(band_keys, q.device), group)
+            dqt, dkt, dvt = tile_backward(qt, kh[:, :, k0:k1], vh[:, :, k0:k1], blocked, ot,
+                                          dot, lt, scale)
             dq[:, t0:t1] = heads_last(dqt, t1 - t0)
         dkh[:, :, k0:k1] += dkt
         dvh[:, :, k0:k1] += dvt
@@ -242,33 +301,3 @@ class DenseBandAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = dense_backward(q, k, v, o, lse, do, ctx.band, ctx.scale, ctx.query_chunk)
         return dq, dk, dv, None, None, None
-
-
-def _blocked(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
-    """[M, K] True above the diagonal (query i sees keys 0..i), or nothing blocked."""
-    if not causal:
-        return torch.zeros(1, 1, dtype=torch.bool, device=q.device)
-    return torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu_(1)
-
-
-def attend_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked (or causal) attention of independent problems, fp32.
-
-    q [N, H, M, D], k, v [N, H, K, D] -> (o [N, H, M, D], lse [N, H, M]). On the CPU this is
-    aten's fused flash kernel; elsewhere the tile math above."""
-    if q.device.type == "cpu":
-        return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)
-    return tile_forward(q * scale, k, v, _blocked(q, k, causal))
-
-
-def attend_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    o: torch.Tensor, lse: torch.Tensor, scale: float,
-                    causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of `attend_forward` given the softmax statistics (o, lse) to use.
-
-    o and lse may be those of a larger softmax that this problem is one part of: the
-    gradients are then this part's share (the split-KV identity)."""
-    if q.device.type == "cpu":
-        return _CPU_FLASH_BACKWARD(do, q, k, v, o, lse, 0.0, causal, scale=scale)
-    return tile_backward(q * scale, k, v, _blocked(q, k, causal), o, do, lse, scale)

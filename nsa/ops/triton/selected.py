@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nsa.ops.indices import unique_block_indices
 from nsa.ops.triton._common import (
     check_shapes,
     dot_precision,
@@ -300,7 +301,8 @@ def selected_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 block_indices: torch.Tensor, block_size: int,
                                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, S, Hq, D], lse [B, S, Hq] fp32, non-differentiable); see the module docstring."""
-    return _SelectedAttention.apply(q, k, v, block_indices, block_size, float(scale))
+    return _SelectedAttention.apply(q, k, v, unique_block_indices(block_indices), block_size,
+                                    float(scale))
 
 
 def selected_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
