@@ -24,6 +24,9 @@ DEVICES = ("cpu", "cuda", "auto")
 BRANCHES = ("cmp", "sel", "win")
 KNOBS = ("n_layers", "seq_len", "grad_ckpt", "dtype", "device", "branches", "backend", "seed")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+STARTUP_GRACE_S = 30.0
+"""Until a job's first forward its stall limit is at least this: starting Python,
+importing torch and the target and building the model go by without a module event."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class TrialSpec:
     steps, seed      training steps to run; the seed of torch and random
     stall_timeout_s  the parent's limit on silence (no heartbeat event) before it acts
     budget_s         the parent's limit on the whole trial's wall time
+    startup_grace_s  until the first forward the stall limit is at least this
     memory_cap_bytes RLIMIT_AS of the child (address space, not resident memory); None = none
     out_dir          the trial directory: events.jsonl, result.json, faulthandler.txt
     """
@@ -60,6 +64,7 @@ class TrialSpec:
     seed: int = 0
     stall_timeout_s: float = 60.0
     budget_s: float = 600.0
+    startup_grace_s: float = STARTUP_GRACE_S
     memory_cap_bytes: int | None = None
     out_dir: str = "trial"
 
@@ -84,7 +89,7 @@ class TrialSpec:
         _check_branches(self.branches)
         if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
             raise ValueError(f"backend: must be a backend name or null, got {self.backend!r}")
-        for name in ("stall_timeout_s", "budget_s"):
+        for name in ("stall_timeout_s", "budget_s", "startup_grace_s"):
             _check_positive_number(name, getattr(self, name))
         if self.memory_cap_bytes is not None:
             _check_positive_int("memory_cap_bytes", self.memory_cap_bytes,

@@ -170,7 +170,8 @@ def waits_in_backward(n_layers: int = 2) -> TinyLM:
     return model
 
 
-ESCAPED_HELPER = "import time\nwhile True:\n    time.sleep(1)\n"
+ESCAPED_HELPER_MARKER = "nsadiag test: escaped helper"
+ESCAPED_HELPER = f"import time  # {ESCAPED_HELPER_MARKER}\nwhile True:\n    time.sleep(1)\n"
 
 
 def escapes(n_layers: int = 2) -> TinyLM:

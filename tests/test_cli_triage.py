@@ -15,12 +15,12 @@ def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
     out, step_summary = tmp_path / "run", tmp_path / "step-summary.md"
     step_summary.write_text("earlier step\n")
     env = {**os.environ, "GITHUB_STEP_SUMMARY": str(step_summary)}
-    # 1000 steps cannot finish within 15 s on any machine: SLOW by construction, and a
+    # 1000 steps cannot finish within 10 s on any machine: SLOW by construction, and a
     # single block's backward at 256 tokens is far shorter than the 15 s stall timeout
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     done = subprocess.run(
         [sys.executable, "-m", "nsadiag.cli", "triage", "--target", "repro.per_token_loop:make",
-         "--seq-len", "256", "--steps", "1000", "--budget", "15", "--stall-timeout", "15",
+         "--seq-len", "256", "--steps", "1000", "--budget", "10", "--stall-timeout", "15",
          "--max-layers", "1", "--max-minutes", "5", "--no-checks", "--no-bisect", "--ci",
          "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 1, (done.stdout, done.stderr)

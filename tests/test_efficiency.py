@@ -37,6 +37,26 @@ def test_large_ops_without_per_token_reads_are_slow_by_size_whatever_the_efficie
     assert slow_by({"efficiency": None}, seq_len=64) == (None, [])
 
 
+def test_tiny_ops_are_a_defect_only_when_issued_per_token_and_block():
+    # the built-in NSA at width 32 and S = 2048: its ops are a hundredth of dense
+    # attention's, but it issues 87 compute ops per block for 2048 tokens
+    sparse = {"flops_per_op": 239_119.0, "dense_flops_per_op": 19_573_419.0,
+              "host_reads_per_step": 0, "compute_ops_per_step": 87, "blocks": 1}
+    assert slow_by(sparse, seq_len=2048) == ("size", [])
+    assert slow_by({**sparse, "compute_ops_per_step": 1033, "blocks": 12},
+                   seq_len=2048) == ("size", [])
+    # a loop over the tokens: two matmuls per token in one block
+    loop = {**sparse, "compute_ops_per_step": 4101}
+    assert slow_by(loop, seq_len=2048) == ("defect", [
+        "239,119 FLOP per op where a dense block's ops average 19,573,419, and 4,101 compute "
+        "ops (matmuls, attention) in one forward for 2048 tokens and 1 block(s): a loop "
+        "issuing per-token ops"])
+    # many per-token ops of a normal size are no loop of tiny ops
+    assert slow_by({**loop, "flops_per_op": 1_000_000.0}, seq_len=2048) == ("size", [])
+    # a short sequence's few ops are not per token
+    assert slow_by({**loop, "compute_ops_per_step": 40}, seq_len=16) == ("size", [])
+
+
 class _PerToken(nn.Module):
     def forward(self, x):
         rows = []
@@ -53,6 +73,7 @@ def test_count_work_counts_host_reads_ops_and_cpu_attention_flops():
     with count_work() as loop:
         _PerToken()(x)
     assert loop.host_reads == 32 and loop.ops > 32 * 4
+    assert loop.compute_ops == 32  # one matmul per token; the reads are no compute
     q = torch.randn(1, 2, 128, 16)
     with count_work() as attention:
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
@@ -75,3 +96,19 @@ def test_the_dense_reference_counts_three_forwards_of_flops_per_step():
     rate = found["machine_flops_per_s"]
     assert rate == matmul_rate(torch.device("cpu"), torch.float32)
     assert found["efficiency"] == pytest.approx(found["flops"] / found["seconds"] / rate)
+
+
+def test_the_built_in_nsa_issues_far_fewer_compute_ops_than_tokens_per_block():
+    from nsa.config import NSAConfig
+    from nsa.model import NSATransformer
+
+    config = NSAConfig(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16,
+                       n_sel=3, w=16, n_layers=2)
+    for seq_len in (256, 2048):
+        with count_work() as nsa:
+            NSATransformer(config)(torch.randint(0, 256, (2, seq_len)))
+        assert 0 < nsa.compute_ops < 0.5 * seq_len * config.n_layers, (seq_len, nsa)
+        measured = {"flops_per_op": 3 * nsa.flops / nsa.ops, "dense_flops_per_op": 1e12,
+                    "host_reads_per_step": nsa.host_reads,
+                    "compute_ops_per_step": nsa.compute_ops, "blocks": config.n_layers}
+        assert slow_by(measured, seq_len) == ("size", [])

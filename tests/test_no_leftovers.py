@@ -16,6 +16,7 @@ import psutil
 
 from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
+from tests.diag_targets import ESCAPED_HELPER_MARKER
 from tests.procs import owned_by, running
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,7 +147,7 @@ def test_a_trial_whose_target_starts_a_helper_in_a_new_session_leaves_nothing(tm
                                  out_dir=str(tmp_path / "trial")))
     assert record.verdict_name == "OK", record.verdict
     helpers = [p for p in psutil.process_iter() if running(p) and
-               "while True" in " ".join(p.cmdline())]
+               ESCAPED_HELPER_MARKER in " ".join(p.cmdline())]
     assert helpers == [], [p.pid for p in helpers]
 
 

@@ -412,7 +412,7 @@ def trace_cmd(
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
 @trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "seed"), seq_len=2048, batch=2)
+                "budget", "startup_grace", "seed"), seq_len=2048, batch=2)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(

@@ -76,6 +76,9 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed of torch and random.",
 StallTimeout = Annotated[float, typer.Option(
     "--stall-timeout", help="Seconds without progress before the trial is stopped "
     "and its stacks sampled.", rich_help_panel=TRIAL)]
+StartupGrace = Annotated[float, typer.Option(
+    "--startup-grace", help="Seconds a trial may take to start (import torch and the "
+    "target, build the model) before the stall timeout applies.", rich_help_panel=TRIAL)]
 Budget = Annotated[float, typer.Option(
     "--budget", help="Seconds a trial may run; still progressing then = SLOW.",
     rich_help_panel=TRIAL)]
@@ -122,19 +125,21 @@ class TrialOptions:
     seed: int = SPEC_DEFAULTS["seed"]
     stall_timeout: float = SPEC_DEFAULTS["stall_timeout_s"]
     budget: float = SPEC_DEFAULTS["budget_s"]
+    startup_grace: float = SPEC_DEFAULTS["startup_grace_s"]
     memory_cap_mb: int | None = None
 
     def spec(self, **changes: Any) -> TrialSpec:
         """The validated TrialSpec (``changes`` applied: n_layers, branches, ...);
         ValueError (one line naming the option or field) for a value it refuses."""
-        for name, value in (("stall-timeout", self.stall_timeout), ("budget", self.budget)):
+        for name, value in (("stall-timeout", self.stall_timeout), ("budget", self.budget),
+                            ("startup-grace", self.startup_grace)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be > 0 seconds, got {value:g}")
         spec = TrialSpec(target=self.target, overrides=parse_overrides(self.set_ or []),
                          seq_len=self.seq_len, batch=self.batch, dtype=self.dtype,
                          grad_ckpt=self.grad_ckpt, device=self.device, backend=self.backend,
                          steps=self.steps, seed=self.seed, stall_timeout_s=self.stall_timeout,
-                         budget_s=self.budget,
+                         budget_s=self.budget, startup_grace_s=self.startup_grace,
                          memory_cap_bytes=(self.memory_cap_mb * 2**20 if self.memory_cap_mb
                                            else None))
         return dataclasses.replace(spec, **changes).validate()
@@ -147,7 +152,9 @@ TRIAL_OPTIONS: dict[str, tuple[Any, Any]] = {
     "device": (Device, SPEC_DEFAULTS["device"]), "backend": (Backend, SPEC_DEFAULTS["backend"]),
     "steps": (Steps, SPEC_DEFAULTS["steps"]), "seed": (Seed, SPEC_DEFAULTS["seed"]),
     "stall_timeout": (StallTimeout, SPEC_DEFAULTS["stall_timeout_s"]),
-    "budget": (Budget, SPEC_DEFAULTS["budget_s"]), "memory_cap_mb": (MemoryCapMb, None),
+    "budget": (Budget, SPEC_DEFAULTS["budget_s"]),
+    "startup_grace": (StartupGrace, SPEC_DEFAULTS["startup_grace_s"]),
+    "memory_cap_mb": (MemoryCapMb, None),
 }
 """Parameter name -> (annotated type, default): every trial option a command may take."""
 ALL_TRIAL = tuple(TRIAL_OPTIONS)

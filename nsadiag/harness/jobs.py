@@ -260,7 +260,8 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
     names = ["main"] if job.world_size == 1 else [f"rank-{r}" for r in range(job.world_size)]
     dirs = {name: trial_dir if name == "main" else trial_dir / name for name in names}
     streams = [Stream(name, dirs[name] / "events.jsonl", spec.steps) for name in names]
-    watcher = Watcher(streams, spec.stall_timeout_s, spec.budget_s)
+    watcher = Watcher(streams, spec.stall_timeout_s, spec.budget_s,
+                      startup_grace_s=spec.startup_grace_s)
     oom_kills_before, load_before = cgroup_oom_kills(), machine_load()
     with open(trial_dir / "stdout.txt", "wb") as out, \
             open(trial_dir / "stderr.txt", "wb") as err:

@@ -82,15 +82,18 @@ class Rates:
     dense_efficiency: float | None = None
     dense_flops_per_op: float | None = None
     flops_per_step: int | None = None  # 3 x the forward's
-    ops_per_step: int | None = None  # ops and host reads of the forward
+    ops_per_step: int | None = None  # ops, compute ops and host reads of the forward
+    compute_ops_per_step: int | None = None
     host_reads_per_step: int | None = None
+    blocks: int | None = None  # the blocks the heartbeat watches
     unavailable: str | None = None
 
-    def count_forward(self, counted: Any) -> None:
+    def count_forward(self, counted: Any, blocks: int | None) -> None:
         """Take a forward's WorkCount: a step is about three forwards of FLOPs (backward
-        two); ops and host reads are the forward's."""
+        two); ops, compute ops and host reads are the forward's."""
         self.flops_per_step = 3 * counted.flops if counted.flops is not None else None
         self.ops_per_step, self.host_reads_per_step = counted.ops, counted.host_reads
+        self.compute_ops_per_step, self.blocks = counted.compute_ops, blocks
 
     def for_step(self, step_s: float) -> dict[str, Any]:
         per_op = (self.flops_per_step / self.ops_per_step
@@ -100,6 +103,8 @@ class Rates:
                                   "dense_flops_per_op": self.dense_flops_per_op,
                                   "flops_per_step": self.flops_per_step,
                                   "ops_per_step": self.ops_per_step, "flops_per_op": per_op,
+                                  "compute_ops_per_step": self.compute_ops_per_step,
+                                  "blocks": self.blocks,
                                   "host_reads_per_step": self.host_reads_per_step}
         if self.flops_per_step is not None and self.machine_flops_per_s and step_s > 0:
             fields["efficiency"] = self.flops_per_step / step_s / self.machine_flops_per_s
@@ -287,7 +292,7 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
             progress.saved_by_branch = ledger.by_branch()
             counts: dict[str, Any] = {}
             if counted is not None:  # the counted forward has just ended
-                rates.count_forward(counted)
+                rates.count_forward(counted, writer.watched_blocks)
                 counts = rates.for_step(0.0)
             writer.start(phase, step, saved_bytes=ledger.total,
                          saved_by_branch=progress.saved_by_branch, **counts)

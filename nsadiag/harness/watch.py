@@ -7,8 +7,9 @@ tails them all and keeps two clocks for the whole job:
 stall   no progress in any stream for the stall timeout. Progress is any heartbeat event
         (a block entered or left, a step ended, a collective) or a pulse of the progress
         sampler that saw progress (a loop iterating, autograd nodes running). Until the
-        first forward event the limit is at least STARTUP_GRACE_S (starting Python,
-        importing torch, building the model). The clock counts the time the processes
+        first forward event the limit is at least the start-up grace (STARTUP_GRACE_S
+        unless the job's spec says otherwise: starting Python, importing torch, building
+        the model). The clock counts the time the processes
         could have used: the run-queue wait of a stream's main thread (time it wanted
         the CPU and a loaded machine did not give it) does not count, so a busy machine
         does not turn a slow step into a stall; after STRETCH stall windows of wall time
@@ -31,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.harness.heartbeat import OpenBackward
+from nsadiag.spec import STARTUP_GRACE_S
 
 KEEP_EVENTS = 400
 KEEP_PULSES = 120
-STARTUP_GRACE_S = 30.0
 STRETCH = 10.0
 FINISH_GRACE_S = 10.0
 PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})

@@ -15,8 +15,9 @@ and how fast the arithmetic runs is reported beside:
   forward and backward of a plain transformer block (SDPA attention and a 4x MLP) of the
   target's batch, sequence length and width: what a healthy model of these dims reaches,
   with the matmul rate it was measured against;
-- ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token, ops
-  far smaller than a dense block's), else "size"; efficiency is reported beside;
+- ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token; ops
+  far smaller than a dense block's issued at a matmul or more per token and block), else
+  "size"; efficiency is reported beside;
 - ``token_loop(profile, seq_len)``: the sampled profile's word for a defect when no forward
   was counted in time (a forward of a per-token loop can outlast a budget on a busy
   machine): a loop counter of the model's code that counted over the tokens within one
@@ -43,8 +44,16 @@ if TYPE_CHECKING:
     from torch import nn
 
 TINY_OP_RATIO = 0.02
-"""Ops averaging below this fraction of a dense block's FLOPs per op come from a loop of
-per-token ops (measured: a per-token attention loop 0.004, the built-in NSA 0.05-0.065)."""
+"""Ops averaging below this fraction of a dense block's FLOPs per op are tiny (measured: a
+per-token attention loop 0.004; the built-in NSA 0.05-0.065 at S = 256, but 0.012 at
+S = 2048 and width 32: a sparse model's ops shrink against dense attention's, whose work
+per op grows with S, so the ratio alone cannot name a per-token loop)."""
+COMPUTE_OPS_PER_TOKEN = 1.0
+"""...and they come from a loop over the tokens when the forward issues at least this many
+compute ops (matmuls, convolutions, attention: the ops with a FLOP count) per token and
+watched block. Measured per block and forward: a per-token attention loop 2 per token
+(4,101 at S = 2048); the built-in NSA 0.04-0.31 (tiny widths, S = 64-4096; 87 at
+S = 2048), the tiled CPU backend included."""
 HOST_READS_PER_TOKEN = 0.5
 """Host reads per step at or above this many per sequence position are a read per token."""
 MIN_HOST_READS = 64
@@ -67,11 +76,13 @@ _RATES: dict[tuple[str, str], float] = {}
 
 @dataclass
 class WorkCount:
-    """Filled in when the ``count_work`` context exits: FLOPs, aten ops dispatched, and
-    host reads among them (``.item()``, ``.tolist()``: aten._local_scalar_dense)."""
+    """Filled in when the ``count_work`` context exits: FLOPs, aten ops dispatched, the
+    compute ops among them (those with a FLOP count: matmuls, convolutions, attention)
+    and the host reads (``.item()``, ``.tolist()``: aten._local_scalar_dense)."""
 
     flops: int | None = None
     ops: int = 0
+    compute_ops: int = 0
     host_reads: int = 0
 
     def flops_per_op(self) -> float | None:
@@ -103,16 +114,19 @@ def _count_cpu_attention() -> None:
 
 
 def _op_counter(counted: WorkCount) -> Any:
-    """A dispatch mode that counts every aten op, and host reads apart."""
+    """A dispatch mode that counts every aten op, and compute ops and host reads apart."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
 
     host_read = torch.ops.aten._local_scalar_dense.default
 
     class OpCounter(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             counted.ops += 1
-            if func is host_read:
+            if func in flop_registry or func.overloadpacket in flop_registry:
+                counted.compute_ops += 1
+            elif func is host_read:
                 counted.host_reads += 1
             return func(*args, **(kwargs or {}))
 
@@ -240,10 +254,12 @@ def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[st
     (the fields of Rates.for_step); (None, []) when no forward's work was counted.
 
     Slow by defect when either of: a host read per token (``.item()`` in a loop over the
-    sequence), ops far smaller than a dense block's (TINY_OP_RATIO: a Python loop issuing
-    per-token ops). Otherwise slow by size. Both are counts, which load cannot change;
-    efficiency is a timing and only reported (a healthy sparse model at tiny widths runs
-    at a tenth of a dense block's efficiency: measured 2.0 % against 22 %)."""
+    sequence); ops far smaller than a dense block's (TINY_OP_RATIO) issued at a compute op
+    or more per token and watched block (COMPUTE_OPS_PER_TOKEN: a Python loop issuing
+    per-token ops; a record without the compute-op count is judged by the ratio alone).
+    Otherwise slow by size. Both are counts, which load cannot change; efficiency is a
+    timing and only reported (a healthy sparse model at tiny widths runs at a tenth of a
+    dense block's efficiency: measured 2.0 % against 22 %)."""
     per_op, dense_per_op = measured.get("flops_per_op"), measured.get("dense_flops_per_op")
     reads = measured.get("host_reads_per_step")
     if reads is None:
@@ -252,10 +268,26 @@ def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[st
     if reads >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):
         found.append(f"{reads} host reads (.item(), .tolist()) per step for {seq_len} "
                      f"tokens: a read per token")
-    if per_op and dense_per_op and per_op < TINY_OP_RATIO * dense_per_op:
-        found.append(f"{per_op:,.0f} FLOP per op where a dense block's ops average "
-                     f"{dense_per_op:,.0f}: a loop issuing tiny ops")
+    tiny_ops = _tiny_ops(per_op, dense_per_op, measured.get("compute_ops_per_step"),
+                         measured.get("blocks"), seq_len)
+    if tiny_ops:
+        found.append(tiny_ops)
     return ("defect", found) if found else ("size", [])
+
+
+def _tiny_ops(per_op: float | None, dense_per_op: float | None, compute_ops: int | None,
+              blocks: int | None, seq_len: int) -> str | None:
+    """The finding of a loop issuing per-token ops, None when the counts do not show one."""
+    if not (per_op and dense_per_op and per_op < TINY_OP_RATIO * dense_per_op):
+        return None
+    sizes = f"{per_op:,.0f} FLOP per op where a dense block's ops average {dense_per_op:,.0f}"
+    if compute_ops is None:
+        return f"{sizes}: a loop issuing tiny ops"
+    blocks = max(int(blocks or 1), 1)
+    if compute_ops < max(COMPUTE_OPS_PER_TOKEN * seq_len * blocks, MIN_HOST_READS):
+        return None
+    return (f"{sizes}, and {compute_ops:,} compute ops (matmuls, attention) in one forward "
+            f"for {seq_len} tokens and {blocks} block(s): a loop issuing per-token ops")
 
 
 def step_cost(measured: dict[str, Any], step_s: float | None) -> dict[str, Any] | None:

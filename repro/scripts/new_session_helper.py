@@ -19,7 +19,8 @@ import time
 import torch
 from torch import nn
 
-HELPER = "import time\nwhile True:\n    time.sleep(1)\n"
+# the marker names the helper among all processes on the machine (tests look for it)
+HELPER = "import time  # nsadiag repro: log shipper\nwhile True:\n    time.sleep(1)\n"
 
 
 def daemonize(code: str) -> None:
