@@ -41,6 +41,9 @@ def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
                     "## Minimal reproduction", "## Recommendations", "## Time"):
         assert section in report, section
     assert "A hang: it was still progressing" in report
+    # the time by module is a share of the span it was measured over: never above 100 %
+    table = report.split("### Where the time goes")[1].split("\n\n")[1].splitlines()[2:]
+    assert table and all(int(row.split("|")[4].strip().rstrip("%")) <= 100 for row in table)
     assert "Hot frame" in report and failure["module"].split()[0] in report
     assert "Branch isolation" in report and "no NSA branches" in report
     assert "nsadiag sweep-layers --target repro.per_token_loop:make --layers 1" in report

@@ -11,6 +11,7 @@ from nsadiag.triage.decide import (
     TRIAL_OVERHEAD_S,
     OutOfTime,
     TimeLimit,
+    attribute_time,
     baseline_values,
     bracket,
     by_layer_pattern,
@@ -279,3 +280,24 @@ def test_time_by_module_sums_innermost_intervals_and_closes_open_ones():
     assert grouped[0].seconds == pytest.approx(1.1)
     assert [g.module for g in grouped] == ["blocks.*.attn.sel", "blocks.*.attn.sel",
                                            "blocks.*.attn.win"]
+
+
+def test_attributed_time_is_a_share_of_the_kept_events_span_even_past_the_stop():
+    # the evidence kept the last events of a long run; the runner decided to stop at 10.5,
+    # sampled the stacks, and the child went on until 12.0
+    events = [dict(t=10.0, kind="module", module="blocks.0", phase="forward", edge="exit")]
+    for step in range(4):
+        t = 10.0 + 0.5 * step
+        events += [_event(t, "blocks.0", "backward", "enter"),
+                   _event(t + 0.4, "blocks.0", "backward", "exit")]
+    found = attribute_time({"events": events, "outcome": {"ended_at": 10.5},
+                            "event_counts": {"module": 3000, "step": 500, "pulse": 40}})
+    assert found["span_s"] == pytest.approx(1.9)
+    assert (found["events"], found["events_total"]) == (9, 3500)
+    backward = found["by_pattern"][0]
+    assert (backward["module"], backward["phase"]) == ("blocks.*", "backward")
+    assert backward["seconds"] == pytest.approx(1.6) and backward["seconds"] <= found["span_s"]
+    # a run whose events were all kept, stopped after its last event
+    whole = attribute_time({"events": events, "outcome": {"ended_at": 13.0},
+                            "event_counts": {"module": 9}})
+    assert whole["span_s"] == pytest.approx(3.0) and whole["events_total"] == 9

@@ -161,6 +161,18 @@ def _share_text(seconds: float, span: float) -> str:
     return f"{100 * seconds / span:.0f}%" if span > 0 else "-"
 
 
+def _span_text(attribution: dict[str, Any], events: str = " ({} of {} heartbeat events)"
+               ) -> str:
+    """What the attribution's seconds are shares of: the training time, or its last part
+    when the evidence kept only the most recent heartbeat events (``events`` says so)."""
+    span, kept = attribution["span_s"], attribution.get("events")
+    total = attribution.get("events_total")
+    if kept is None or total is None or total <= kept:
+        return f"the {span:.1f} s of training"
+    return f"the last {span:.1f} s of training" + events.format(f"the {kept:,} most recent",
+                                                               f"{total:,}")
+
+
 def _hot_module(state: dict[str, Any]) -> dict[str, Any] | None:
     patterns = (state.get("attribution") or {}).get("by_pattern") or []
     return patterns[0] if patterns else None
@@ -298,8 +310,8 @@ def _summary_section(state, failure, frames, regressed) -> list[str]:
         if hot:
             span = state["attribution"]["span_s"]
             lines.append(f"Time goes to `{hot['module']}` in {hot['phase']} "
-                         f"({hot['seconds']:.1f} s, {_share_text(hot['seconds'], span)} of the "
-                         f"{span:.1f} s of training).")
+                         f"({hot['seconds']:.1f} s, {_share_text(hot['seconds'], span)} of "
+                         f"{_span_text(state['attribution'])}).")
         if failure["branches"]:
             lines.append(f"Branch isolation: the {', '.join(failure['branches'])} branch "
                          f"alone reproduces {failure['verdict']}.")
@@ -411,8 +423,13 @@ def _config_section(state, records) -> list[str]:
     for key in fields:
         values = [r.spec.get(key, 1 if key == "world_size" else None) for _, r in columns]
         lines.append(f"| {key} | " + " | ".join(str(v) for v in values) + " |")
-    lines.append("| **verdict** | " + " | ".join(f"**{r.verdict_name}**" for _, r in columns)
-                 + " |")
+    # a bisection test reproduces a slowness by its work, whatever its verdict: say so
+    counted = [records.get(t["trial"]) for t in
+               (state.get("bisection") or {}).get("tests") or [] if t.get("defect")]
+    lines.append("| **verdict** | " + " | ".join(
+        f"**{r.verdict_name}**" + (" (defect counted)" if any(r is c for c in counted) and
+                                   r.verdict_name != "SLOW" else "")
+        for _, r in columns) + " |")
     return lines
 
 
@@ -442,7 +459,7 @@ def _results_section(state, records, rows) -> list[str]:
     if attribution.get("by_pattern"):
         span = attribution["span_s"]
         lines += ["", f"### Where the time goes (trial `{attribution['trial']}`, "
-                      f"{span:.1f} s from the first step on, by heartbeat events)", "",
+                      f"{_span_text(attribution, ': {} of {} heartbeat events')})", "",
                   "| module (all layers) | phase | seconds | share | still open at the end |",
                   "|---|---|---|---|---|"]
         for t in attribution["by_pattern"]:

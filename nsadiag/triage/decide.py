@@ -382,6 +382,29 @@ def time_by_module(events: Sequence[Mapping[str, Any]], end: float | None = None
     return sorted(inner, key=lambda t: t.seconds, reverse=True)
 
 
+def attribute_time(evidence: Mapping[str, Any], top: int = 8) -> dict[str, Any]:
+    """Where a trial's time went, from its evidence's heartbeat events: ``span_s`` (from
+    the first training event kept to the later of the stop and the last event), ``events``
+    kept of ``events_total`` (the evidence keeps the most recent ones only, so the span can
+    be the run's last part), and the ``top`` entries of ``by_pattern`` (layers summed) and
+    ``by_module`` (time_by_module)."""
+    events = evidence.get("events") or []
+    # the runner decides to stop before it samples the stacks, and the child goes on
+    # meanwhile: its last events can come after the decision
+    ends = [t for t in ((evidence.get("outcome") or {}).get("ended_at"),
+                        events[-1]["t"] if events else None) if t is not None]
+    end = max(ends) if ends else None
+    inner = time_by_module(events, end)
+    training = [e["t"] for e in events if e.get("phase") != "build"]
+    start = training[0] if training else (events[0]["t"] if events else 0.0)
+    total = sum(n for kind, n in (evidence.get("event_counts") or {}).items()
+                if kind != "pulse")
+    return {"span_s": (end if end is not None else start) - start,
+            "events": len(events), "events_total": max(total, len(events)),
+            "by_pattern": [t.to_dict() for t in by_layer_pattern(inner)[:top]],
+            "by_module": [t.to_dict() for t in inner[:top]]}
+
+
 def share(part: float, whole: float) -> float | None:
     """part / whole, None when whole is not positive or not finite."""
     return part / whole if whole > 0 and math.isfinite(whole) else None

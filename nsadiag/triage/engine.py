@@ -62,9 +62,9 @@ from nsadiag.triage.decide import (
     OutOfTime,
     TimeLimit,
     TriageStop,
+    attribute_time,
     baseline_values,
     bracket,
-    by_layer_pattern,
     confidence,
     ddmin,
     env_problems,
@@ -74,7 +74,6 @@ from nsadiag.triage.decide import (
     plan_trial_budget,
     reproduced,
     reproduces,
-    time_by_module,
 )
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
@@ -371,16 +370,8 @@ class Triage:
         if not self.failing:
             return
         record = self._record(self.failing["trial"])
-        events = record.evidence.get("events") or []
-        end = (record.evidence.get("outcome") or {}).get("ended_at")
-        inner = time_by_module(events, end)
-        training = [e["t"] for e in events if e.get("phase") != "build"]
-        start = training[0] if training else (events[0]["t"] if events else 0.0)
-        self.state["attribution"] = {
-            "trial": self.failing["trial"],
-            "span_s": (end or (events[-1]["t"] if events else start)) - start,
-            "by_pattern": [t.to_dict() for t in by_layer_pattern(inner)[:8]],
-            "by_module": [t.to_dict() for t in inner[:8]]}
+        self.state["attribution"] = {"trial": self.failing["trial"],
+                                     **attribute_time(record.evidence)}
 
     def branches(self) -> None:
         if not (self.failing and self.options.isolate):
