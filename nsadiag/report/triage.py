@@ -161,7 +161,7 @@ def _share_text(seconds: float, span: float) -> str:
     return f"{100 * seconds / span:.0f}%" if span > 0 else "-"
 
 
-def _span_text(attribution: dict[str, Any], events: str = " ({} of {} heartbeat events)"
+def _span_text(attribution: dict[str, Any], events: str = "; {} of {} heartbeat events"
                ) -> str:
     """What the attribution's seconds are shares of: the training time, or its last part
     when the evidence kept only the most recent heartbeat events (``events`` says so)."""
