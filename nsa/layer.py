@@ -18,7 +18,8 @@ Backends: "naive" (the dense oracle), "torch" (memory-bounded tiles, every devic
 device they cannot take raises ValueError naming the limit), "auto" (triton on CUDA when the
 shape is supported, else torch — the reason logged once). `backend_used` records which
 implementation ran last. Block selection (Eq.8-11) ranks with the same torch top-n on every
-backend; on triton its scores come from a kernel that reuses the compressed branch's lse.
+backend; on torch the compressed branch's forward pass ranks them from its own
+probabilities, on triton a score kernel reuses the compressed branch's lse.
 """
 
 from __future__ import annotations
@@ -34,24 +35,12 @@ from nsa.config import NSAConfig
 from nsa.ops import selection
 from nsa.ops import torch as torch_ops
 from nsa.ops.compress import Compressor
+from nsa.ops.mix import gated_sum
 from nsa.ops.naive import naive_nsa_attention
+from nsa.ops.rope import apply_rope, rope_tables
 from nsa.ops.triton import unsupported_reason
 
 log = logging.getLogger(__name__)
-
-
-def rope_tables(seq_len: int, head_dim: int, theta: float, device, dtype):
-    """cos, sin [S, 1, D/2] for rotating channel pairs (i, i + D/2) at positions 0..S-1."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
-                         / head_dim)
-    angles = torch.arange(seq_len, device=device, dtype=torch.float32).unsqueeze(1) * inv_freq
-    return angles.cos().unsqueeze(1).to(dtype), angles.sin().unsqueeze(1).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, S, H, D] rotated by position; cos/sin from rope_tables."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,18 +85,32 @@ def resolve_backend(cfg: NSAConfig, device: torch.device) -> tuple[str, str | No
     return ("torch", reason) if reason else ("triton", None)
 
 
-def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend: str):
-    """(o, lse) of the compressed branch on `backend` ("torch" or "triton")."""
+def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend: str,
+                         select: bool = False):
+    """(o, lse, block indices or None) of the compressed branch on `backend` ("torch" or
+    "triton"). With `select` the torch backend ranks the selected branch's blocks in the
+    same pass (Eq.8's probabilities are this branch's weights: one softmax serves both);
+    otherwise, and on triton, the indices are None and `select_blocks` computes them."""
     if backend == "triton":  # the kernels take one dtype; phi may have promoted k/v_cmp
-        return _triton_ops().compressed_attention(q, k_cmp.to(q.dtype), v_cmp.to(q.dtype),
-                                                  cfg.l, cfg.d, scale)
-    return torch_ops.compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale, cfg.query_chunk)
+        o, lse = _triton_ops().compressed_attention(q, k_cmp.to(q.dtype), v_cmp.to(q.dtype),
+                                                    cfg.l, cfg.d, scale)
+        return o, lse, None
+    if select:
+        return torch_ops.compressed_attention_and_selection(q, k_cmp, v_cmp, cfg, scale,
+                                                            cfg.query_chunk)
+    o, lse = torch_ops.compressed_attention(q, k_cmp, v_cmp, cfg.l, cfg.d, scale,
+                                            cfg.query_chunk)
+    return o, lse, None
 
 
-def select_blocks(q, k_cmp, cfg: NSAConfig, scale: float, backend: str, lse_cmp=None):
+def select_blocks(q, k_cmp, cfg: NSAConfig, scale: float, backend: str, lse_cmp=None,
+                  ranked=None):
     """Block indices [B, S, Hkv, n_sel] of the selected branch (Eq.8-11) on `backend`: the
-    Triton score kernel (reusing the compressed branch's lse when it ran) or the tiled torch
-    code; both rank with `nsa.ops.selection.top_n_blocks`."""
+    ones the compressed pass `ranked` already (torch), the Triton score kernel (reusing the
+    compressed branch's lse when it ran) or the tiled torch code; all rank with
+    `nsa.ops.selection.top_n_blocks`."""
+    if ranked is not None:
+        return ranked
     if backend == "triton":
         return _triton_ops().select_blocks(q, k_cmp, lse_cmp, cfg, scale)
     return selection.select_blocks(q, k_cmp, cfg, scale, cfg.query_chunk)
@@ -161,14 +164,24 @@ class NSAAttention(nn.Module):
         return pieces
 
     def project(self, x: torch.Tensor):
-        """x [B, S, dim] -> q [B,S,Hq,D], kv {branch: (k, v)}, gates {branch: [B,S,Hq]}."""
+        """x [B, S, dim] -> q [B,S,Hq,D], kv {branch: (k, v)}, gates {branch: [B,S,Hq]}.
+
+        q, k/v and gate projections run as one matmul (one pass over x, and backward forms
+        dx once instead of summing three)."""
         cfg = self.cfg
         batch, seq, _ = x.shape
         cos, sin = rope_tables(seq, cfg.head_dim, cfg.rope_theta, x.device, x.dtype)
-        q = self.q_proj(x).view(batch, seq, cfg.n_heads, cfg.head_dim)
+        kv_width = cfg.n_kv_heads * cfg.head_dim
+        widths = [self.q_proj.out_features, *[kv_width] * len(self.kv_pieces),
+                  self.gate_proj.out_features]
+        weight = torch.cat([self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight])
+        bias = torch.cat([self.gate_proj.bias.new_zeros(sum(widths[:-1])),
+                          self.gate_proj.bias])
+        # one split into every piece: backward assembles the projection's gradient once
+        q, *pieces, gate_logits = nn.functional.linear(x, weight, bias).split(widths, dim=-1)
+        q = q.view(batch, seq, cfg.n_heads, cfg.head_dim)
         q = apply_rope(q, cos.to(q.dtype), sin.to(q.dtype))
-        pieces = self.kv_proj(x).view(batch, seq, len(self.kv_pieces), cfg.n_kv_heads,
-                                      cfg.head_dim).unbind(2)
+        pieces = [p.view(batch, seq, cfg.n_kv_heads, cfg.head_dim) for p in pieces]
         named = {}
         for (branch, part), tensor in zip(self.kv_pieces, pieces, strict=True):
             if part == "k":
@@ -177,8 +190,7 @@ class NSAAttention(nn.Module):
         needed = set(self.branches) | ({"cmp"} if "sel" in self.branches else set())
         source = (lambda b: "shared") if cfg.shared_kv else (lambda b: b)
         kv = {b: (named[source(b), "k"], named.get((source(b), "v"))) for b in needed}
-        gate_all = torch.sigmoid(self.gate_proj(x)).view(batch, seq, cfg.n_heads,
-                                                          len(self.branches))
+        gate_all = torch.sigmoid(gate_logits).view(batch, seq, cfg.n_heads, len(self.branches))
         gates = {b: gate_all[..., i] for i, b in enumerate(self.branches)}
         return q, kv, gates
 
@@ -206,18 +218,21 @@ class NSAAttention(nn.Module):
     def _mix_branches(self, q, kv, gates, k_cmp, v_cmp, backend: str) -> torch.Tensor:
         cfg = self.cfg
         scale = 1.0 / math.sqrt(cfg.head_dim)
-        terms = []
-        lse_cmp = None
+        outputs, branch_gates = [], []
+        lse_cmp = ranked = None
         if "cmp" in self.branches:
-            o_cmp, lse_cmp = compressed_attention(q, k_cmp, v_cmp, cfg, scale, backend)
-            terms.append(gates["cmp"].unsqueeze(-1) * o_cmp)
+            o_cmp, lse_cmp, ranked = compressed_attention(q, k_cmp, v_cmp, cfg, scale, backend,
+                                                          select="sel" in self.branches)
+            outputs.append(o_cmp)
+            branch_gates.append(gates["cmp"])
         if "sel" in self.branches:
-            block_indices = select_blocks(q, k_cmp, cfg, scale, backend, lse_cmp)
+            block_indices = select_blocks(q, k_cmp, cfg, scale, backend, lse_cmp, ranked)
             k_sel, v_sel = kv["sel"]
-            o_sel = selected_attention(q, k_sel, v_sel, block_indices, cfg, scale, backend)
-            terms.append(gates["sel"].unsqueeze(-1) * o_sel)
+            outputs.append(selected_attention(q, k_sel, v_sel, block_indices, cfg, scale,
+                                              backend))
+            branch_gates.append(gates["sel"])
         if "win" in self.branches:
             k_win, v_win = kv["win"]
-            o_win = window_attention(q, k_win, v_win, cfg, scale, backend)
-            terms.append(gates["win"].unsqueeze(-1) * o_win)
-        return sum(terms[1:], terms[0])
+            outputs.append(window_attention(q, k_win, v_win, cfg, scale, backend))
+            branch_gates.append(gates["win"])
+        return gated_sum(outputs, branch_gates)

@@ -10,8 +10,10 @@ import torch
 from nsa.config import NSAConfig, num_compressed
 from nsa.ops.indices import unique_block_indices
 from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
+from nsa.ops.selection import select_blocks
 from nsa.ops.torch import (
     compressed_attention,
+    compressed_attention_and_selection,
     selected_attention,
     selected_attention_with_lse,
     window_attention,
@@ -242,6 +244,34 @@ def test_compressed_matches_oracle(seq, n_q_heads, n_kv_heads, block_len, stride
     assert empty.any() and (~empty).any()
     assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
     assert not lse.requires_grad
+    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+@pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_len,stride,l_sel,chunk", [
+    (37, 2, 2, 8, 4, 8, 16),
+    (50, 4, 2, 16, 8, 16, 16),
+    (130, 4, 1, 8, 4, 16, 32),
+    (70, 4, 1, 32, 8, 32, 16),  # the first tile sees no token at all
+    (10, 4, 2, 16, 8, 16, 4),  # shorter than block_len: no compressed token
+])
+def test_compressed_with_selection_matches_oracle_and_select_blocks(
+        seq, n_q_heads, n_kv_heads, block_len, stride, l_sel, chunk):
+    """One pass gives the oracle's compressed o, lse and gradients, and exactly the block
+    indices `select_blocks` ranks on its own."""
+    batch = 2
+    cfg = NSAConfig(l=block_len, d=stride, l_sel=l_sel, n_sel=3).validate()
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
+    o, lse, indices = compressed_attention_and_selection(q, k, v, cfg, query_chunk=chunk)
+    assert not lse.requires_grad and not indices.requires_grad
+    assert torch.equal(indices, select_blocks(q, k, cfg, 1 / math.sqrt(HEAD_DIM), chunk))
+    visible = compressed_visibility(seq, cfg)
+    mask = visible.view(1, seq, 1, n_cmp).expand(batch, seq, n_kv_heads, n_cmp)
+    o_ref, lse_ref = masked_attention(q, k, v, mask)
+    empty = torch.isinf(lse_ref)
+    assert empty.any()
+    assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
     _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 

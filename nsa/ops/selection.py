@@ -24,6 +24,7 @@ import math
 import torch
 
 from nsa.config import NSAConfig, num_select_blocks
+from nsa.ops.workspace import Workspace
 
 
 def span_block_weights(cfg: NSAConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,44 +109,75 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
 
     Computes Eq.8-11 one query tile at a time; nothing of size S x N survives a tile.
     """
-    batch, seq, n_q_heads, head_dim = q.shape
-    n_kv_heads, group = k_cmp.shape[2], n_q_heads // k_cmp.shape[2]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    seq = q.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     chunk = query_chunk or cfg.query_chunk
-    n_blocks = num_select_blocks(seq, cfg)
-    n_cmp = k_cmp.shape[1]
-    k_t = k_cmp.float().permute(0, 2, 3, 1)  # [B, Hkv, D, N]
-    out = torch.empty(batch, seq, n_kv_heads, cfg.n_sel, dtype=torch.long, device=q.device)
+    keys_t = keys_transposed(k_cmp)
+    ws = Workspace(q.device)
+    out = torch.empty(q.shape[0], seq, k_cmp.shape[2], cfg.n_sel, dtype=torch.long,
+                      device=q.device)
     # scores stay fp32 inside autocast regions: bf16 would change which blocks win
     with torch.autocast(q.device.type, enabled=False):
         for start in range(0, seq, chunk):
             stop = min(start + chunk, seq)
-            pos = torch.arange(start, stop, device=q.device)
-            # tokens i with i*d + l - 1 <= stop - 1: all that the tile's last query sees
-            n_vis = min(n_cmp, max(0, (stop - cfg.l) // cfg.d + 1))
-            if n_vis > 0:
-                q_tile = q[:, start:stop].float().view(batch, stop - start, n_kv_heads, group,
-                                                       head_dim).transpose(1, 2)
-                logits = (q_tile.flatten(2, 3) @ k_t[..., :n_vis]).mul_(scale)  # [B,Hkv,T*G,N']
-                logits = logits.view(batch, n_kv_heads, stop - start, group, n_vis)
-                probs = _compressed_probs(logits, start, cfg)
-                p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
-                scores = group_block_scores(p_group, n_blocks, cfg)
-            else:
-                scores = torch.zeros(batch, stop - start, n_kv_heads, n_blocks, device=q.device)
-            out[:, start:stop] = top_n_blocks(scores, pos, cfg)
+            tile = tile_probs(q, keys_t, start, stop, cfg, scale, ws)
+            out[:, start:stop] = tile_block_indices(
+                None if tile is None else tile[1], q, k_cmp.shape[2], start, stop, cfg)
     return out
 
 
-def _compressed_probs(logits: torch.Tensor, start: int, cfg: NSAConfig) -> torch.Tensor:
+def keys_transposed(k_cmp: torch.Tensor) -> torch.Tensor:
+    """k_cmp [B, N, Hkv, D] -> fp32 [B, Hkv, D, N], the layout `tile_probs` reads."""
+    return k_cmp.float().permute(0, 2, 3, 1)
+
+
+def tile_probs(q: torch.Tensor, keys_t: torch.Tensor, start: int, stop: int, cfg: NSAConfig,
+               scale: float, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eq.8 for the queries start .. stop - 1: (logits, probs), both fp32
+    [B, Hkv, T, G, N'] over the N' compressed tokens the tile's last query sees, in buffers
+    "logits" and "probs" of `ws` (valid until the next tile); logits are scaled, -inf where
+    hidden. None when no query of the tile sees a token."""
+    batch, _, n_q_heads, head_dim = q.shape
+    n_kv_heads, n_cmp = keys_t.shape[1], keys_t.shape[-1]
+    group, n_tile = n_q_heads // n_kv_heads, stop - start
+    # tokens i with i*d + l - 1 <= stop - 1: all that the tile's last query sees
+    n_vis = min(n_cmp, max(0, (stop - cfg.l) // cfg.d + 1))
+    if n_vis == 0:
+        return None
+    q_tile = q[:, start:stop].float().view(batch, n_tile, n_kv_heads, group,
+                                           head_dim).transpose(1, 2)
+    shape = (batch, n_kv_heads, n_tile, group, n_vis)
+    logits = ws.take("logits", *shape)
+    torch.matmul(q_tile.flatten(2, 3), keys_t[..., :n_vis], out=logits.view(
+        batch, n_kv_heads, n_tile * group, n_vis)).mul_(scale)
+    return logits, _compressed_probs(logits, start, cfg, ws.take("probs", *shape))
+
+
+def tile_block_indices(probs: torch.Tensor | None, q: torch.Tensor, n_kv_heads: int,
+                       start: int, stop: int, cfg: NSAConfig) -> torch.Tensor:
+    """Eq.9-11 for the queries start .. stop - 1 from their `tile_probs` probabilities
+    (None: no visible token) -> [B, T, Hkv, n_sel] int64."""
+    n_blocks = num_select_blocks(q.shape[1], cfg)
+    if probs is None:
+        scores = torch.zeros(q.shape[0], stop - start, n_kv_heads, n_blocks, device=q.device)
+    else:
+        p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
+        scores = group_block_scores(p_group, n_blocks, cfg)
+    return top_n_blocks(scores, torch.arange(start, stop, device=q.device), cfg)
+
+
+def _compressed_probs(logits: torch.Tensor, start: int, cfg: NSAConfig,
+                      out: torch.Tensor) -> torch.Tensor:
     """Eq.8 for one tile: logits [B, Hkv, T, G, N'] (scaled) of the queries
-    start .. start + T - 1 -> probabilities, 0 on tokens a query cannot see (all 0 when it
-    sees none). Only the last columns can be invisible to some query of the tile (a tile
-    spans T / d + 1 compressed tokens at most), so only they are masked."""
+    start .. start + T - 1 -> probabilities into `out`, 0 on tokens a query cannot see (all
+    0 when it sees none). Only the last columns can be invisible to some query of the tile
+    (a tile spans T / d + 1 compressed tokens at most), so only they are masked."""
     n_tile, n_vis = logits.shape[2], logits.shape[-1]
     pos = torch.arange(start, start + n_tile, device=logits.device)
     first_hidden = min(n_vis, max(0, (start - cfg.l) // cfg.d + 1))
     last_key = torch.arange(first_hidden, n_vis, device=logits.device) * cfg.d + cfg.l - 1
     hidden = (last_key > pos.view(-1, 1)).view(1, 1, n_tile, 1, n_vis - first_hidden)
     logits[..., first_hidden:].masked_fill_(hidden, float("-inf"))
-    return torch.softmax(logits, dim=-1).nan_to_num_(0.0)  # rows that see none -> 0
+    # into a reused buffer: a fresh multi-MiB result per tile costs its page faults
+    torch.ops.aten._softmax.out(logits, -1, False, out=out)
+    return out.nan_to_num_(0.0)  # rows that see none -> 0

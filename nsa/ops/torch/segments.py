@@ -32,7 +32,8 @@ import math
 
 import torch
 
-from nsa.ops.torch._tiles import _FP32_MIN, Workspace
+from nsa.ops.torch._tiles import _FP32_MIN
+from nsa.ops.workspace import Workspace
 
 _CHUNK_FLOATS = 1 << 21  # fp32 elements of one chunk's largest temporary (8 MiB)
 _TILES_PER_CALL = 8
@@ -325,6 +326,14 @@ def _score_grads(do: torch.Tensor, vt: torch.Tensor, delta: torch.Tensor,
     return scores.mul_(probs)
 
 
+def _row_dots(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """fp32 <x, y> over the last dimension: [B, T, H, D] x [B, T, H, D] -> [B, T, H] (as a
+    batched matrix product: no [B, T, H, D] temporary)."""
+    width = x.shape[-1]
+    return torch.bmm(x.float().reshape(-1, 1, width),
+                     y.float().reshape(-1, width, 1)).view(x.shape[:-1])
+
+
 def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size, scale,
                    dq, dk_blocks, dv_blocks) -> None:
     """Fill dq[:, t_start:] and add the keys' share of queries t_start.. into dk/dv_blocks
@@ -333,10 +342,11 @@ def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_si
     blocks = (k_blocks, k_blocks.transpose(1, 2).contiguous(),
               v_blocks.transpose(1, 2).contiguous())
     ws = Workspace(q.device)
+    delta_all = _row_dots(do, o)  # [B, S, Hq]; the tiles read rows t_start..
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
         tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
         do_rows = tile.rows(do, ws, "do")
-        delta = (do_rows * tile.rows(o, ws, "o")).sum(-1)
+        delta = tile.rows(delta_all, ws, "delta")
         lse_rows = tile.rows(lse, ws, "lse")
         lse_rows[tile.n_rows:] = math.inf  # the extra row: p = 0 against it
         dq_rows = _backward_tile(tile, tile.rows(q, ws, "q", scale), do_rows, lse_rows, delta,

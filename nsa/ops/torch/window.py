@@ -32,12 +32,12 @@ from nsa.ops.torch._tiles import (
     _CPU_FLASH,
     _CPU_FLASH_BACKWARD,
     DenseBandAttention,
-    Workspace,
     check_chunk,
     check_layout,
     resolve_scale,
     use_fused_kernel,
 )
+from nsa.ops.workspace import Workspace
 
 __all__ = ["window_attention", "window_attention_with_lse"]
 
