@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -137,17 +139,33 @@ def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
         stop(proc)
 
 
+def _wait_for_output(proc: subprocess.Popen, wanted: set[tuple[str, str]],
+                     timeout_s: float) -> None:
+    """Read proc's stdout until every (rank, step) of `wanted` printed "rank R step N".
+    Two ranks share the pipe, so their lines may interleave: match anywhere in the stream,
+    and give up after timeout_s instead of blocking on a job that hung early."""
+    deadline, stream, seen = time.monotonic() + timeout_s, "", set()
+    while not wanted <= seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no 'rank R step N' lines for {sorted(wanted - seen)} in " \
+                              f"{timeout_s:.0f} s; output so far: {stream[-500:]!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, f"the job ended before it hung; output: {stream[-500:]!r}"
+        stream += chunk.decode(errors="replace")
+        seen = set(re.findall(r"rank (\d+) step (\d+)", stream))
+
+
 def test_ranks_of_a_torchrun_job_waiting_in_collectives(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node", "2", str(SCRIPTS / "ddp_extra_allreduce.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        seen: set[str] = set()
-        while not {"rank 0 step 1", "rank 1 step 1"} <= seen:  # both stop at step 2
-            line = proc.stdout.readline()
-            assert line, "the job ended before it hung"
-            seen.add(line.rsplit(" loss", 1)[0].strip())
+        # both ranks stop at step 2
+        _wait_for_output(proc, {("0", "1"), ("1", "1")}, timeout_s=180.0)
         time.sleep(2.0)
         done, summary = attach(tmp_path, str(proc.pid), "--ranks", "--duration", "3")
         assert done.returncode == 1, done.stderr

@@ -17,6 +17,7 @@ Expected verdict (gloo on a CPU): STALL-COLLECTIVE naming rank 1 and this file's
         repro/scripts/ddp_extra_allreduce.py
 """
 
+import sys
 from datetime import timedelta
 
 import torch
@@ -44,7 +45,10 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+        # one write per line: the ranks share stdout, and print's separate newline write
+        # could interleave with the other rank's line
+        sys.stdout.write(f"rank {rank} step {step} loss {loss.item():.4f}\n")
+        sys.stdout.flush()
     dist.destroy_process_group()
 
 
