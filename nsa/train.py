@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -234,7 +235,30 @@ def teardown_runtime(runtime: Runtime, finished: bool = False) -> None:
     if runtime.distributed and dist.is_initialized():
         if finished:
             dist.barrier()
+            _leave_together(runtime.world_size)
         dist.destroy_process_group()
+
+
+_LEAVING = itertools.count()  # one store key per teardown of this process
+
+
+def _leave_together(world_size: int, timeout_s: float = 60.0) -> None:
+    """Return once every rank has left the barrier, counted in the rendezvous store (a TCP
+    key-value server, not a gloo connection). A gloo barrier can return on one rank while
+    its last message to a peer is still in flight; destroying the group then closes that
+    connection under the peer, which aborts it (pytorch/gloo#155: "terminate called without
+    an active exception", seen here once, with a second job loading the machine). After
+    this count no barrier traffic is left. A store that is gone or a peer that never comes
+    (timeout_s) ends the wait: leaving is all that is left to do."""
+    key = f"nsa-train/leaving-{next(_LEAVING)}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add(key, 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except (RuntimeError, AttributeError, ValueError):
+        return
 
 
 def seed_everything(seed: int) -> None:
