@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import math
 import os
@@ -47,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nsa.config import BACKENDS, NSAConfig
 from nsa.data import ByteTextData, SyntheticData, default_text_path
+from nsa.ddp import leave_process_group
 from nsa.model import NSATransformer
 
 PROG = "nsa.train"
@@ -230,35 +230,9 @@ def setup_runtime(device: str, pg_timeout: float) -> Runtime:
 
 
 def teardown_runtime(runtime: Runtime, finished: bool = False) -> None:
-    """Leave the process group. A rank that ``finished`` waits for its peers first: tearing
-    gloo down while a peer still uses the connection aborts that peer (SIGABRT)."""
-    if runtime.distributed and dist.is_initialized():
-        if finished:
-            dist.barrier()
-            _leave_together(runtime.world_size)
-        dist.destroy_process_group()
-
-
-_LEAVING = itertools.count()  # one store key per teardown of this process
-
-
-def _leave_together(world_size: int, timeout_s: float = 60.0) -> None:
-    """Return once every rank has left the barrier, counted in the rendezvous store (a TCP
-    key-value server, not a gloo connection). A gloo barrier can return on one rank while
-    its last message to a peer is still in flight; destroying the group then closes that
-    connection under the peer, which aborts it (pytorch/gloo#155: "terminate called without
-    an active exception", seen here once, with a second job loading the machine). After
-    this count no barrier traffic is left. A store that is gone or a peer that never comes
-    (timeout_s) ends the wait: leaving is all that is left to do."""
-    key = f"nsa-train/leaving-{next(_LEAVING)}"
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.add(key, 1)
-        deadline = time.monotonic() + timeout_s
-        while store.add(key, 0) < world_size and time.monotonic() < deadline:
-            time.sleep(0.005)
-    except (RuntimeError, AttributeError, ValueError):
-        return
+    """Leave the process group (`nsa.ddp.leave_process_group`)."""
+    if runtime.distributed:
+        leave_process_group(finished)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,4 +1,4 @@
-"""nsa.train's teardown: ranks leave the process group together, counted in the store."""
+"""nsa.ddp: ranks leave the process group together, counted in the store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from nsa import train
+from nsa import ddp
 
 
 class _Store:
@@ -32,7 +32,7 @@ def store(monkeypatch):
 
 def test_a_rank_waits_until_its_peer_has_left_the_barrier(store):
     done = threading.Event()
-    waiter = threading.Thread(target=lambda: (train._leave_together(2, timeout_s=60.0),
+    waiter = threading.Thread(target=lambda: (ddp.leave_together(2, timeout_s=60.0),
                                               done.set()))
     waiter.start()
     while not store.counts:  # the waiting rank has counted itself
@@ -45,19 +45,19 @@ def test_a_rank_waits_until_its_peer_has_left_the_barrier(store):
 
 
 def test_each_teardown_counts_under_its_own_key(store):
-    store.add("nsa-train/leaving-elsewhere", 5)
+    store.add("nsa/leaving-elsewhere", 5)
     for _ in range(2):
-        train._leave_together(1, timeout_s=5.0)
-    assert sorted(v for k, v in store.counts.items() if k != "nsa-train/leaving-elsewhere") \
+        ddp.leave_together(1, timeout_s=5.0)
+    assert sorted(v for k, v in store.counts.items() if k != "nsa/leaving-elsewhere") \
         == [1, 1]
 
 
 def test_a_peer_that_never_comes_or_a_missing_store_ends_the_wait(store, monkeypatch):
-    train._leave_together(2, timeout_s=0.2)  # returns: the peer is gone
+    ddp.leave_together(2, timeout_s=0.2)  # returns: the peer is gone
     assert list(store.counts.values()) == [1]
 
     def gone():
         raise RuntimeError("store unreachable")
 
     monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", gone)
-    train._leave_together(2, timeout_s=60.0)  # returns at once instead of raising
+    ddp.leave_together(2, timeout_s=60.0)  # returns at once instead of raising

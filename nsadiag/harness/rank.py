@@ -71,15 +71,11 @@ def init_process_group(backend: str, timeout_s: float, local_rank: int) -> None:
 
 
 def shutdown(finished: bool) -> None:
-    """Leave the process group. A rank that finished its work first waits for its peers:
-    tearing gloo down while a peer still uses the connection aborts that peer (SIGABRT,
-    "terminate called without an active exception"). A rank that failed does not wait."""
-    import torch.distributed as dist
+    """Leave the process group; a rank that finished waits for its peers first
+    (`nsa.ddp.leave_process_group` says why)."""
+    from nsa.ddp import leave_process_group
 
-    if dist.is_available() and dist.is_initialized():
-        if finished:
-            dist.barrier()
-        dist.destroy_process_group()
+    leave_process_group(finished)
 
 
 def wrap_ddp(module: nn.Module, device: torch.device, find_unused: bool) -> nn.Module:
