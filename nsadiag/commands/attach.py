@@ -16,9 +16,10 @@ found as ``nsadiag stacks --ranks`` finds them.
 
 Each process then reads as one of:
 
-progressing             its heartbeat recorded progress in the window; or, without one,
-                        its Python stacks changed between samples while it used CPU
-                        (verdict OK: nothing stuck was seen);
+progressing             its heartbeat recorded progress in the window; or, without one
+                        (or when its sampler did not pulse in the window), its Python
+                        stacks changed between samples while it used CPU (verdict OK:
+                        nothing stuck was seen);
 waiting in a collective a thread sat in a collective in most samples (STALL-COLLECTIVE);
 stuck (busy)            frozen stacks and busy CPU (STALL-BUSY, with the hot frame);
 stuck (idle)            frozen stacks and idle CPU (DEADLOCK, with the wait frame).
@@ -165,7 +166,12 @@ def judge(observation: Observation, duration_s: float) -> Verdict:
         return Verdict("OK", [f"progressing: its nsadiag heartbeat recorded {len(moved)} "
                               f"events of progress in the {duration_s:g} s window; {cpu}"],
                        {"state": "progressing", "heartbeat_progress": len(moved)})
-    changed = len(samples) >= 2 and frames.stacks_change(samples, python_only=True)
+    # a heartbeat whose sampler pulsed in the window and saw no progress outranks moving
+    # stacks: a spin over a few lines moves them, and more so on a loaded machine, where a
+    # sample more often lands between two lines
+    pulsed = any(e.get("kind") == "pulse" for e in observation.events or [])
+    changed = not pulsed and len(samples) >= 2 and frames.stacks_change(samples,
+                                                                          python_only=True)
     if changed and fraction is not None and fraction >= IDLE_CPU_FRACTION and \
             frames.find_collective(samples) is None:
         distinct = len({frames.stack_signature(s) for s in samples})
