@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nsa.config import num_compressed, num_select_blocks
-from nsa.ops import naive
+from nsa.ops import naive, shift
 from nsa.ops.selection import group_block_scores, select_blocks, span_block_weights, top_n_blocks
 from tests.conftest import tiny_config
 
@@ -69,11 +69,16 @@ def _naive_indices(q, k_cmp, cfg):
     return naive.naive_select(naive.naive_block_scores(p, cfg), cfg)
 
 
+@pytest.mark.parametrize("exp_bound", [shift.EXP_BOUND, 0.0], ids=["unshifted", "row-max"])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
 @pytest.mark.parametrize("seq,n_sel", [(37, 3), (70, 4), (100, 16)])
-def test_select_blocks_matches_oracle(gqa, seq, n_sel):
+def test_select_blocks_matches_oracle(gqa, seq, n_sel, exp_bound, monkeypatch):
+    """Both softmax paths (logits as they are, or shifted by the row maximum when the
+    bound of nsa.ops.shift is set to 0) rank exactly as the oracle."""
+    monkeypatch.setattr(shift, "EXP_BOUND", exp_bound)
     cfg = tiny_config(n_heads=2 * gqa, n_kv_heads=2, n_sel=n_sel)
     q, k_cmp = _pipeline_inputs(cfg, seq)
+    assert shift.unshifted_exp_is_safe(q, k_cmp, cfg.head_dim ** -0.5) is (exp_bound > 0)
     got = select_blocks(q, k_cmp, cfg)
     assert torch.equal(got, _naive_indices(q, k_cmp, cfg))
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nsa.config import NSAConfig, num_compressed
+from nsa.ops import shift
 from nsa.ops.indices import unique_block_indices
 from nsa.ops.naive import compressed_visibility, masked_attention, selection_mask, window_mask
 from nsa.ops.selection import select_blocks
@@ -68,6 +69,22 @@ def _selected_reference(q, k, v, idx, block_size):
     return masked_attention(q, k, v, mask)
 
 
+@pytest.fixture(params=["unshifted", "row-max"])
+def exp_shift(request, monkeypatch):
+    """Both softmax paths of the compressed and sparse selected ops: logits exponentiated as
+    they are (nsa.ops.shift's bound holds for these unit-scale inputs) and shifted by the row
+    maximum (the bound set to 0, so no call qualifies)."""
+    if request.param == "row-max":
+        monkeypatch.setattr(shift, "EXP_BOUND", 0.0)
+    return request.param
+
+
+def _check_path(exp_shift, q, k, scale):
+    """The inputs take the path the test is named for."""
+    expected = exp_shift == "unshifted"
+    assert shift.unshifted_exp_is_safe(q.detach(), k.detach(), scale) is expected
+
+
 @pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_size,n_sel,chunk", [
     (37, 2, 2, 8, 3, 16),
     (50, 4, 2, 8, 4, 16),
@@ -77,10 +94,11 @@ def _selected_reference(q, k, v, idx, block_size):
 ])
 @pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["segments", "mixed", "dense"])
 def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, chunk,
-                                 dense_factor):
+                                 dense_factor, exp_shift):
     batch = 2
     n_blocks = -(-seq // block_size)
     q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    _check_path(exp_shift, q, k, HEAD_DIM ** -0.5)
     idx = _random_indices(batch, seq, n_kv_heads, n_sel, n_blocks)
     o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=chunk,
                                          dense_factor=dense_factor)
@@ -100,7 +118,7 @@ def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, 
     (700, 8, 2, 64, 4),  # the paper's block size: dense below t = 512, sparse after
 ])
 def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, block_size, n_sel,
-                                                  chunk_floats, monkeypatch):
+                                                  chunk_floats, monkeypatch, exp_shift):
     """The default split (dense for early queries, sparse after) over several sparse tiles,
     and with chunks small enough that one tile rescales its running softmax many times."""
     from nsa.ops.torch import segments, selected
@@ -108,6 +126,7 @@ def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, bl
     monkeypatch.setattr(segments, "_CHUNK_FLOATS", chunk_floats)
     batch = 2
     q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, head_dim=16)
+    _check_path(exp_shift, q, k, 16 ** -0.5)
     idx = _random_indices(batch, seq, n_kv_heads, n_sel, -(-seq // block_size))
     tiler = selected._Tiler(q, k, idx, block_size, 64, selected.DENSE_FACTOR)
     assert 0 < tiler.sparse_start < seq
@@ -256,13 +275,15 @@ def test_compressed_matches_oracle(seq, n_q_heads, n_kv_heads, block_len, stride
     (10, 4, 2, 16, 8, 16, 4),  # shorter than block_len: no compressed token
 ])
 def test_compressed_with_selection_matches_oracle_and_select_blocks(
-        seq, n_q_heads, n_kv_heads, block_len, stride, l_sel, chunk):
+        seq, n_q_heads, n_kv_heads, block_len, stride, l_sel, chunk, exp_shift):
     """One pass gives the oracle's compressed o, lse and gradients, and exactly the block
     indices `select_blocks` ranks on its own."""
     batch = 2
     cfg = NSAConfig(l=block_len, d=stride, l_sel=l_sel, n_sel=3).validate()
     n_cmp = num_compressed(seq, cfg)
     q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
+    if n_cmp:
+        _check_path(exp_shift, q, k, HEAD_DIM ** -0.5)
     o, lse, indices = compressed_attention_and_selection(q, k, v, cfg, query_chunk=chunk)
     assert not lse.requires_grad and not indices.requires_grad
     assert torch.equal(indices, select_blocks(q, k, cfg, 1 / math.sqrt(HEAD_DIM), chunk))
@@ -274,6 +295,50 @@ def test_compressed_with_selection_matches_oracle_and_select_blocks(
     assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
     _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+
+
+def test_large_logits_take_the_row_maximum_and_match_the_oracle():
+    """Logits past exp's fp32 range (|scale * q.k| > 88: exp overflows) fail the bound, so the
+    compressed and sparse selected ops shift by the row maximum: outputs, lse and gradients
+    stay finite and equal a float64 oracle's to within fp32's rounding of the logits (about
+    1e-7 of their size: the tolerance, relative to each tensor's largest entry, scales with
+    the largest logit)."""
+    seq, block_size = 200, 16
+    cfg = NSAConfig(l=16, d=8, l_sel=block_size, n_sel=4).validate()
+    q, k, v, grad_o = _inputs(1, seq, 4, 2, head_dim=16)
+    q = (q.detach() * 25).requires_grad_()
+    logits = torch.einsum("bshd,bnhd->bshn", q, k.repeat_interleave(2, dim=2)) * 0.25
+    largest = logits.abs().max().item()
+    assert largest > 88 and not shift.unshifted_exp_is_safe(q.detach(), k.detach(), 0.25)
+    tol = 1e-6 * largest
+
+    def close(got, want):
+        _assert_close([g / w.abs().max().clamp_min(1) for g, w in zip(got, want, strict=True)],
+                      [w / w.abs().max().clamp_min(1) for w in want], tol)
+
+    def oracle(mask, k_part, v_part):
+        leaves = [x.detach().double().requires_grad_() for x in (q, k_part, v_part)]
+        o_ref, lse_ref = masked_attention(*leaves, mask)
+        return o_ref, lse_ref, _grads(o_ref, grad_o.double(), *leaves)
+
+    idx = _random_indices(1, seq, 2, 4, -(-seq // block_size))
+    o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=32,
+                                         dense_factor=0.0)
+    o_ref, lse_ref, grads_ref = oracle(selection_mask(idx, seq, block_size), k, v)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    close([o, lse[seen], *_grads(o, grad_o, q, k, v)], [o_ref, lse_ref[seen], *grads_ref])
+
+    n_cmp = num_compressed(seq, cfg)
+    k_cmp, v_cmp = k[:, :n_cmp], v[:, :n_cmp]
+    o, lse, indices = compressed_attention_and_selection(q, k_cmp, v_cmp, cfg, query_chunk=32)
+    assert torch.equal(indices, select_blocks(q, k_cmp, cfg, 0.25, 32))
+    visible = compressed_visibility(seq, cfg).view(1, seq, 1, n_cmp).expand(1, seq, 2, n_cmp)
+    o_ref, lse_ref, grads_ref = oracle(visible, k_cmp, v_cmp)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    close([o, lse[seen], *_grads(o, grad_o, q, k_cmp, v_cmp)],
+          [o_ref, lse_ref[seen], *grads_ref])
 
 
 def test_compressed_sequence_shorter_than_block_len():

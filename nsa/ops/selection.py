@@ -14,16 +14,21 @@ For query t (0-based) and query head h:
 Output: int64 [B, S, Hkv, n_sel], valid indices ascending, then -1 padding.
 
 Everything here runs under no_grad (selection is not differentiable), tile by tile over
-queries so that only a [B, T, Hkv, n_blocks] score tile exists at a time.
+queries (`CompressedTiles`, which the torch compressed branch shares) so that only a
+[B, T, Hkv, n_blocks] score tile exists at a time; a tile ranks only the blocks its last
+query may select. Probabilities are exp(logit - shift) / sum with shift 0 when
+`nsa.ops.shift` bounds every logit of the call, the row maximum otherwise.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from nsa.config import NSAConfig, num_select_blocks
+from nsa.ops import shift
 from nsa.ops.workspace import Workspace
 
 
@@ -41,16 +46,22 @@ def span_block_weights(cfg: NSAConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def group_block_scores(p_group: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> torch.Tensor:
-    """Eq.9 on head-summed probabilities. p_group [..., N] -> [..., n_blocks] (fp32)."""
+    """Eq.9 on head-summed probabilities. p_group [..., N] -> [..., n_blocks] (fp32), the
+    blocks j < n_blocks (n_blocks * l_sel / d >= N: every token starts in one of them).
+
+    Block j collects the m = l_sel / d spans starting in it (weights first / d) and those
+    starting in block j - 1 (second / d): one multiply-add over a strided view per nonzero
+    weight, with a block of zeros in front for j = 0."""
     m = cfg.l_sel // cfg.d
-    # n_blocks * m >= S / d >= N, so padding the spans to whole blocks never truncates
-    p = torch.nn.functional.pad(p_group.float(), (0, n_blocks * m - p_group.shape[-1]))
-    p = p.unflatten(-1, (n_blocks, m))
+    p = torch.nn.functional.pad(p_group.float(), (m, n_blocks * m - p_group.shape[-1]))
+    p = p.unflatten(-1, (n_blocks + 1, m))
     first, second = span_block_weights(cfg)
-    first, second = first.to(p.device) / cfg.d, second.to(p.device) / cfg.d
-    own = p @ first  # spans starting in block j, their part inside j
-    spill = p @ second  # spans starting in block j-1, their part inside j
-    return own + torch.nn.functional.pad(spill[..., :-1], (1, 0))
+    terms = [(p[..., 1:, r], w / cfg.d) for r, w in enumerate(first.tolist()) if w] + \
+        [(p[..., :-1, r], w / cfg.d) for r, w in enumerate(second.tolist()) if w]
+    scores = torch.mul(terms[0][0], terms[0][1])
+    for span, weight in terms[1:]:
+        scores.add_(span, alpha=weight)
+    return scores
 
 
 def _rank_keys(scores: torch.Tensor) -> torch.Tensor:
@@ -112,72 +123,112 @@ def select_blocks(q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig,
     seq = q.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     chunk = query_chunk or cfg.query_chunk
-    keys_t = keys_transposed(k_cmp)
-    ws = Workspace(q.device)
     out = torch.empty(q.shape[0], seq, k_cmp.shape[2], cfg.n_sel, dtype=torch.long,
                       device=q.device)
     # scores stay fp32 inside autocast regions: bf16 would change which blocks win
     with torch.autocast(q.device.type, enabled=False):
+        tiles = CompressedTiles(q, k_cmp, cfg, scale, Workspace(q.device))
         for start in range(0, seq, chunk):
             stop = min(start + chunk, seq)
-            tile = tile_probs(q, keys_t, start, stop, cfg, scale, ws)
-            out[:, start:stop] = tile_block_indices(
-                None if tile is None else tile[1], q, k_cmp.shape[2], start, stop, cfg)
+            out[:, start:stop] = tiles.block_indices(tiles.weights(start, stop), start, stop)
     return out
 
 
-def keys_transposed(k_cmp: torch.Tensor) -> torch.Tensor:
-    """k_cmp [B, N, Hkv, D] -> fp32 [B, Hkv, D, N], the layout `tile_probs` reads."""
-    return k_cmp.float().permute(0, 2, 3, 1)
+class TileWeights(NamedTuple):
+    """Eq.8 for one query tile [start, stop), rows r = (query, head of the group) of each
+    (batch, kv head), over the N' compressed tokens the tile's last query sees:
+    weights [B*Hkv, T*G, N'] = exp(scale * q.k - shift), exactly 0 on tokens the row's query
+    cannot see; row_sum [B*Hkv, T*G] their sum (0 when the query sees none); shift
+    [B*Hkv, T*G] or None for 0. Probabilities are weights / row_sum, and
+    lse = shift + log(row_sum)."""
+
+    weights: torch.Tensor
+    row_sum: torch.Tensor
+    shift: torch.Tensor | None
+
+    def lse(self) -> torch.Tensor:
+        """[B*Hkv, T*G] log-sum-exp in units of scale * q.k; -inf for rows that see none."""
+        lse = self.row_sum.log()
+        return lse if self.shift is None else lse.add_(self.shift)
 
 
-def tile_probs(q: torch.Tensor, keys_t: torch.Tensor, start: int, stop: int, cfg: NSAConfig,
-               scale: float, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eq.8 for the queries start .. stop - 1: (logits, probs), both fp32
-    [B, Hkv, T, G, N'] over the N' compressed tokens the tile's last query sees, in buffers
-    "logits" and "probs" of `ws` (valid until the next tile); logits are scaled, -inf where
-    hidden. None when no query of the tile sees a token."""
-    batch, _, n_q_heads, head_dim = q.shape
-    n_kv_heads, n_cmp = keys_t.shape[1], keys_t.shape[-1]
-    group, n_tile = n_q_heads // n_kv_heads, stop - start
-    # tokens i with i*d + l - 1 <= stop - 1: all that the tile's last query sees
-    n_vis = min(n_cmp, max(0, (stop - cfg.l) // cfg.d + 1))
-    if n_vis == 0:
-        return None
-    q_tile = q[:, start:stop].float().view(batch, n_tile, n_kv_heads, group,
-                                           head_dim).transpose(1, 2)
-    shape = (batch, n_kv_heads, n_tile, group, n_vis)
-    logits = ws.take("logits", *shape)
-    torch.matmul(q_tile.flatten(2, 3), keys_t[..., :n_vis], out=logits.view(
-        batch, n_kv_heads, n_tile * group, n_vis)).mul_(scale)
-    return logits, _compressed_probs(logits, start, cfg, ws.take("probs", *shape))
+class CompressedTiles:
+    """Eq.8-11 for one call, one query tile at a time (shared by `select_blocks` and the
+    compressed branch's forward, so both rank blocks with the same arithmetic).
 
+    The logits are exponentiated as they are when `nsa.ops.shift` finds the call's logits
+    small enough (one matmul and one exp pass), and shifted by their row maximum otherwise.
+    Buffers come from `ws` and are valid until the next tile."""
 
-def tile_block_indices(probs: torch.Tensor | None, q: torch.Tensor, n_kv_heads: int,
-                       start: int, stop: int, cfg: NSAConfig) -> torch.Tensor:
-    """Eq.9-11 for the queries start .. stop - 1 from their `tile_probs` probabilities
-    (None: no visible token) -> [B, T, Hkv, n_sel] int64."""
-    n_blocks = num_select_blocks(q.shape[1], cfg)
-    if probs is None:
-        scores = torch.zeros(q.shape[0], stop - start, n_kv_heads, n_blocks, device=q.device)
-    else:
-        p_group = probs.sum(dim=3).transpose(1, 2)  # Eq.10 is linear: sum heads first
-        scores = group_block_scores(p_group, n_blocks, cfg)
-    return top_n_blocks(scores, torch.arange(start, stop, device=q.device), cfg)
+    def __init__(self, q: torch.Tensor, k_cmp: torch.Tensor, cfg: NSAConfig, scale: float,
+                 ws: Workspace):
+        self.batch, self.seq, n_q_heads, self.head_dim = q.shape
+        self.n_kv_heads, self.n_cmp = k_cmp.shape[2], k_cmp.shape[1]
+        self.group = n_q_heads // self.n_kv_heads
+        self.q, self.cfg, self.scale, self.ws = q, cfg, scale, ws
+        # [B*Hkv, N, D]: one contiguous key matrix per (batch, kv head)
+        self.keys = k_cmp.float().transpose(1, 2).reshape(self.batch * self.n_kv_heads,
+                                                          self.n_cmp, self.head_dim)
+        self.unshifted = shift.unshifted_exp_is_safe(q, k_cmp, scale)
 
+    def n_visible(self, stop: int) -> int:
+        """Compressed tokens the query stop - 1 sees: i*d + l - 1 <= stop - 1."""
+        return min(self.n_cmp, max(0, (stop - self.cfg.l) // self.cfg.d + 1))
 
-def _compressed_probs(logits: torch.Tensor, start: int, cfg: NSAConfig,
-                      out: torch.Tensor) -> torch.Tensor:
-    """Eq.8 for one tile: logits [B, Hkv, T, G, N'] (scaled) of the queries
-    start .. start + T - 1 -> probabilities into `out`, 0 on tokens a query cannot see (all
-    0 when it sees none). Only the last columns can be invisible to some query of the tile
-    (a tile spans T / d + 1 compressed tokens at most), so only they are masked."""
-    n_tile, n_vis = logits.shape[2], logits.shape[-1]
-    pos = torch.arange(start, start + n_tile, device=logits.device)
-    first_hidden = min(n_vis, max(0, (start - cfg.l) // cfg.d + 1))
-    last_key = torch.arange(first_hidden, n_vis, device=logits.device) * cfg.d + cfg.l - 1
-    hidden = (last_key > pos.view(-1, 1)).view(1, 1, n_tile, 1, n_vis - first_hidden)
-    logits[..., first_hidden:].masked_fill_(hidden, float("-inf"))
-    # into a reused buffer: a fresh multi-MiB result per tile costs its page faults
-    torch.ops.aten._softmax.out(logits, -1, False, out=out)
-    return out.nan_to_num_(0.0)  # rows that see none -> 0
+    def query_rows(self, start: int, stop: int) -> torch.Tensor:
+        """fp32 [B*Hkv, T*G, D] copy of the tile's queries times the softmax scale."""
+        n_tile = stop - start
+        part = self.q[:, start:stop].unflatten(2, (self.n_kv_heads, self.group))
+        rows = self.ws.take("q", self.batch, self.n_kv_heads, n_tile, self.group,
+                            self.head_dim)
+        rows.copy_(part.permute(0, 2, 1, 3, 4)).mul_(self.scale)
+        return rows.view(-1, n_tile * self.group, self.head_dim)
+
+    def weights(self, start: int, stop: int) -> TileWeights | None:
+        """The tile's `TileWeights`, or None when no query of the tile sees a token."""
+        n_vis = self.n_visible(stop)
+        if n_vis == 0:
+            return None
+        cfg, n_tile = self.cfg, stop - start
+        q_rows = self.query_rows(start, stop)
+        out = self.ws.take("weights", q_rows.shape[0], q_rows.shape[1], n_vis)
+        torch.bmm(q_rows, self.keys[:, :n_vis].transpose(1, 2), out=out)
+        # only the newest tokens can be hidden from some query of the tile
+        first_hidden = min(n_vis, max(0, (start - cfg.l) // cfg.d + 1))
+        pos = torch.arange(start, stop, device=out.device)
+        last_key = torch.arange(first_hidden, n_vis, device=out.device) * cfg.d + cfg.l - 1
+        hidden = (last_key > pos.view(-1, 1)).view(1, n_tile, 1, n_vis - first_hidden)
+        newest = out.view(-1, n_tile, self.group, n_vis)[..., first_hidden:]
+        row_shift = None
+        if self.unshifted:
+            out.exp_()
+        else:
+            newest.masked_fill_(hidden, -math.inf)
+            # rows that see no token have max -inf: shift by the lowest float instead
+            row_shift = out.amax(-1).clamp_min_(torch.finfo(torch.float32).min)
+            out.sub_(row_shift.unsqueeze(-1)).clamp_min_(shift.EXP_FLOOR).exp_()
+        newest.masked_fill_(hidden, 0.0)
+        return TileWeights(out, out.sum(-1), row_shift)
+
+    def group_probs(self, tile: TileWeights) -> torch.Tensor:
+        """Eq.8's probabilities summed over the heads of each group (Eq.10 is linear, so
+        the heads are summed first): [B, Hkv, T, N']."""
+        n_rows, n_vis = tile.weights.shape[1:]
+        inverse = torch.where(tile.row_sum > 0, tile.row_sum.reciprocal(), 0.0)
+        rows = self.batch * self.n_kv_heads * (n_rows // self.group)
+        summed = torch.bmm(inverse.view(rows, 1, self.group),
+                           tile.weights.view(rows, self.group, n_vis))
+        return summed.view(self.batch, self.n_kv_heads, -1, n_vis)
+
+    def block_indices(self, tile: TileWeights | None, start: int, stop: int) -> torch.Tensor:
+        """Eq.9-11 for the queries start .. stop - 1 -> [B, T, Hkv, n_sel] int64. Only the
+        blocks some query of the tile may select (j * l_sel <= stop - 1) are ranked."""
+        cfg = self.cfg
+        n_blocks = min(num_select_blocks(self.seq, cfg), (stop - 1) // cfg.l_sel + 1)
+        if tile is None:
+            scores = torch.zeros(self.batch, self.n_kv_heads, stop - start, n_blocks,
+                                 device=self.q.device)
+        else:
+            scores = group_block_scores(self.group_probs(tile), n_blocks, cfg)
+        positions = torch.arange(start, stop, device=self.q.device)
+        return top_n_blocks(scores.transpose(1, 2), positions, cfg)

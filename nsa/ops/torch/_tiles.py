@@ -23,13 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from nsa.ops.shift import EXP_FLOOR
+
 NEG_INF = float("-inf")
 _FP32_MIN = torch.finfo(torch.float32).min
 # aten's fused flash-attention kernel for CPU (what SDPA runs there), called per tile so
 # that our own autograd Function keeps the saved state to q, k, v, o and lse
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _CPU_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-_EXP_FLOOR = -80.0
 
 
 def use_fused_kernel(device: torch.device) -> bool:
@@ -69,7 +70,7 @@ def _masked_exp(x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
     The floor matters for speed, not accuracy: CPU exp takes a scalar slow path (up to ~20x
     slower) on -inf and on results that underflow to denormals. exp(-80) ~ 2e-35 stays a
     normal float, and blocked entries are zeroed afterwards."""
-    return x.clamp_min_(_EXP_FLOOR).exp_().masked_fill_(blocked, 0.0)
+    return x.clamp_min_(EXP_FLOOR).exp_().masked_fill_(blocked, 0.0)
 
 
 def tile_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

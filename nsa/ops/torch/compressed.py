@@ -13,10 +13,13 @@ probabilities tile by tile; gradients reach q, k_cmp and v_cmp.
 
 `compressed_attention_and_selection` also returns the selected branch's block indices:
 Eq.8's probabilities are this branch's attention weights, so one pass per query tile
-computes them once (`nsa.ops.selection.tile_probs`, the code `select_blocks` runs, hence the
-same indices bit for bit), multiplies them into v_cmp and ranks the blocks from them. On
-the CPU that pass costs less than the fused flash forward plus a separate selection (at
-S = 32k, 1.2 s against 1.4 s); backward is the same as `compressed_attention`'s.
+computes them once (`nsa.ops.selection.CompressedTiles`, the code `select_blocks` runs, hence
+the same indices bit for bit), multiplies them into v_cmp and ranks the blocks from them.
+When `nsa.ops.shift` finds the call's logits small enough, a tile is one matmul, one exp
+pass and one matmul, with no row maximum (the common case); otherwise the logits are shifted
+by their row maximum. On the CPU at S = 32k that forward takes 0.8 s against 1.0 s for the
+row-maximum form and 1.4 s for the fused flash forward plus a separate selection; backward
+is the same as `compressed_attention`'s.
 """
 
 from __future__ import annotations
@@ -75,31 +78,31 @@ def _forward_with_selection(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.T
     batch, seq, n_q_heads, head_dim = q.shape
     n_kv_heads = k_cmp.shape[2]
     group = n_q_heads // n_kv_heads
-    keys_t = selection.keys_transposed(k_cmp)
-    ws = Workspace(q.device)
-    values = v_cmp.float().transpose(1, 2)  # [B, Hkv, N, D]
+    tiles = selection.CompressedTiles(q, k_cmp, cfg, scale, Workspace(q.device))
+    # [B*Hkv, N, D]: one contiguous value matrix per (batch, kv head)
+    values = v_cmp.float().transpose(1, 2).reshape(batch * n_kv_heads, -1, head_dim)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     indices = torch.empty(batch, seq, n_kv_heads, cfg.n_sel, dtype=torch.long, device=q.device)
+
+    def heads_last(x: torch.Tensor, n_tile: int) -> torch.Tensor:  # [B*Hkv, T*G, ...]
+        x = x.view(batch, n_kv_heads, n_tile, group, *x.shape[2:]).transpose(1, 2)
+        return x.flatten(2, 3)  # [B, T, Hq, ...]
+
     for start in range(0, seq, query_chunk):
         stop = min(start + query_chunk, seq)
-        tile = selection.tile_probs(q, keys_t, start, stop, cfg, scale, ws)
-        indices[:, start:stop] = selection.tile_block_indices(
-            None if tile is None else tile[1], q, n_kv_heads, start, stop, cfg)
+        tile = tiles.weights(start, stop)
+        indices[:, start:stop] = tiles.block_indices(tile, start, stop)
         if tile is None:  # no query of the tile sees a token
             o[:, start:stop] = 0.0
             lse[:, start:stop] = -math.inf
             continue
-        logits, probs = tile  # [B, Hkv, T, G, N']
-        n_tile, n_vis = stop - start, probs.shape[-1]
-        top = probs.amax(-1)  # = exp(0) / sum: lse = row max - log(top); 0 on empty rows
-        tile_lse = torch.where(top > 0, logits.amax(-1) - top.log(), -math.inf)
-        tile_o = torch.matmul(probs.view(batch, n_kv_heads, n_tile * group, n_vis),
-                              values[:, :, :n_vis],
-                              out=ws.take("o", batch, n_kv_heads, n_tile * group, head_dim))
-        o[:, start:stop] = tile_o.view(batch, n_kv_heads, n_tile, group,
-                                       head_dim).transpose(1, 2).flatten(2, 3)
-        lse[:, start:stop] = tile_lse.transpose(1, 2).flatten(2, 3)
+        n_vis = tile.weights.shape[-1]
+        tile_o = torch.bmm(tile.weights, values[:, :n_vis],
+                           out=tiles.ws.take("o", *tile.weights.shape[:2], head_dim))
+        inverse = torch.where(tile.row_sum > 0, tile.row_sum.reciprocal(), 0.0)
+        o[:, start:stop] = heads_last(tile_o.mul_(inverse.unsqueeze(-1)), stop - start)
+        lse[:, start:stop] = heads_last(tile.lse(), stop - start)
     return o, lse, indices
 
 

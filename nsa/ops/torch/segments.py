@@ -14,13 +14,17 @@ The keys query t sees split into
            chunks that share one m (the chunk's largest c_j, rounded up), so padding stays
            small, each block's keys are read once per tile and no mask is built. Blocks
            after t // bs hold only future keys and are dropped.
-One softmax spans both parts. No chunk's temporaries exceed `_CHUNK_FLOATS`; the tile keeps
-a running row maximum M, and when a chunk raises M the tile's accumulated numerator and
-denominator are rescaled once (online softmax over chunks, never over single pairs), so
-every pair is exponentiated once and multiplied into V by one batched matmul.
+One softmax spans both parts. No chunk's temporaries exceed `_CHUNK_FLOATS`. When
+`nsa.ops.shift` bounds every logit of the call (`unshifted`, the common case) the logits are
+exponentiated as they are: each chunk is a matmul, an exp pass and a matmul whose products
+are summed into the tile's numerator and denominator. Otherwise the tile keeps a running
+row maximum M, and when a chunk raises M the accumulated numerator and denominator are
+rescaled once (online softmax over chunks, never over single pairs). Either way every pair
+is exponentiated once and multiplied into V by one batched matmul.
 
 Backward gets the final lse and delta = rowsum(dO * O) of each query and needs no merge at
-all: every pair's probabilities are exp(s - lse), its dQ rows are summed per query with
+all: every pair's probabilities are exp(s - lse) (under `unshifted`, s - lse stays above
+exp's denormal range, so it needs no floor), its dQ rows are summed per query with
 index_add_ (chunks and rows in a fixed order: deterministic on CPU), and each block's dK/dV
 comes from one problem. The tile's block counts are read on the host once per tile: they
 size the chunks.
@@ -32,6 +36,7 @@ import math
 
 import torch
 
+from nsa.ops.shift import EXP_FLOOR
 from nsa.ops.torch._tiles import _FP32_MIN
 from nsa.ops.workspace import Workspace
 
@@ -39,7 +44,6 @@ _CHUNK_FLOATS = 1 << 21  # fp32 elements of one chunk's largest temporary (8 MiB
 _TILES_PER_CALL = 8
 _ROW_ALIGN = 8  # a chunk's queries per block are a multiple of this
 _MIN_FILL = 0.875  # a block joins a chunk only if its pairs fill this share of the slots
-_EXP_FLOOR = -80.0  # see _tiles._masked_exp: keeps CPU exp off its slow path
 
 
 def tiles(t_start: int, seq: int, block_size: int) -> list[tuple[int, int]]:
@@ -175,7 +179,7 @@ def _plan_chunks(counts: list[int], width: int) -> tuple[list[tuple[int, int, in
 
 def _exp_shifted(logits: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """exp(logits - shift) in place, shift broadcast over the last dimension."""
-    return logits.sub_(shift.unsqueeze(-1)).clamp_min_(_EXP_FLOOR).exp_()
+    return logits.sub_(shift.unsqueeze(-1)).clamp_min_(EXP_FLOOR).exp_()
 
 
 def _gather(rows_ext: torch.Tensor, slot_rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -233,6 +237,37 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
     return o, peak + total.log()  # rows without keys: -inf + log 0 = -inf
 
 
+def _forward_tile_unshifted(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
+                            v_blocks: torch.Tensor,
+                            ws: Workspace) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_forward_tile` for a call whose logits `nsa.ops.shift` found small enough to
+    exponentiate as they are: no row maxima, so each chunk is one pass of exp between its
+    two matmuls and nothing is rescaled."""
+    group, head_dim, n_rows = tile.group, q_rows.shape[-1], tile.n_rows
+    kt_loc, v_loc = tile.local_keys(kt_blocks), tile.local_keys(v_blocks)
+    q_loc = q_rows[:n_rows].view(kt_loc.shape[0], -1, head_dim)
+    probs = torch.bmm(q_loc, kt_loc, out=ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
+    probs.exp_().masked_fill_(tile.local_blocked(), 0.0)
+    total = torch.cat([probs.sum(-1).view(n_rows, group), probs.new_zeros(1, group)])
+    o = ws.take("o", n_rows + 1, group, head_dim)
+    torch.bmm(probs, v_loc, out=o[:n_rows].view(*probs.shape[:2], -1))
+    o[n_rows] = 0.0
+    block_size = tile.block_size
+    for rows, keys in tile.chunks:
+        flat = rows.reshape(-1)
+        n, m = rows.shape
+        probs = torch.bmm(_gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim)),
+                          _blocks(kt_blocks, keys, ws.take("keys", n, head_dim, block_size)),
+                          out=ws.take("logits", n, m * group, block_size)).exp_()
+        total.index_add_(0, flat, probs.sum(-1).view(-1, group))
+        part = torch.bmm(probs, _blocks(v_blocks, keys, ws.take("keys", n, block_size, head_dim)),
+                         out=ws.take("pairs", n, m * group, head_dim))
+        o.index_add_(0, flat, part.view(-1, group, head_dim))
+    o, total = o[:n_rows], total[:n_rows]
+    o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
+    return o, total.log()  # rows without keys: log 0 = -inf
+
+
 def _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws: Workspace):
     """Numerator [n_rows + 1, G, D] and denominator [n_rows + 1, G] of the local parts
     against the row maxima `peak` (consumes logits_loc)."""
@@ -248,34 +283,36 @@ def _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws: Workspace):
 
 def forward_range(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
                   indices: torch.Tensor, t_start: int, block_size: int, scale: float,
-                  out: torch.Tensor, lse: torch.Tensor) -> None:
+                  unshifted: bool, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Fill out[:, t_start:] and lse[:, t_start:] in place (t_start a multiple of bs).
 
     q [B, S, Hq, D]; k_blocks, v_blocks fp32 [B*Hkv*n_blocks, bs, D]; indices [B, S, Hkv, n]
-    without repeats in a row."""
+    without repeats in a row; unshifted: `nsa.ops.shift.unshifted_exp_is_safe` of q and k."""
     group = q.shape[2] // indices.shape[2]
     kt_blocks = k_blocks.transpose(1, 2).contiguous()  # contiguous operands: faster bmm
     ws = Workspace(q.device)
+    tile_forward = _forward_tile_unshifted if unshifted else _forward_tile
     for t0, t1 in tiles(t_start, q.shape[1], block_size):
         tile = _Tile(indices, t0, t1, block_size, group, q.shape[-1])
-        o_rows, lse_rows = _forward_tile(tile, tile.rows(q, ws, "q", scale), kt_blocks,
-                                         v_blocks, ws)
+        o_rows, lse_rows = tile_forward(tile, tile.rows(q, ws, "q", scale), kt_blocks,
+                                        v_blocks, ws)
         out[:, t0:t1] = tile.unrows(o_rows)
         lse[:, t0:t1] = tile.unrows(lse_rows)
 
 
 def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
-                   dk_blocks, dv_blocks, ws: Workspace) -> torch.Tensor:
+                   dk_blocks, dv_blocks, ws: Workspace, floor: float | None) -> torch.Tensor:
     """dq rows [n_rows, G, D] (before the softmax scale) of one tile; dK/dV added to the
-    block buffers. blocks = (k, k transposed, v transposed) block tensors. Padding and the
-    extra row hold q = dO = delta = 0: they contribute 0."""
+    block buffers. blocks = (k, k transposed, v transposed) block tensors; floor: the lowest
+    exponent kept (None: no floor needed). Padding and the extra row hold q = dO = delta = 0:
+    they contribute 0."""
     group, head_dim, n_rows = tile.group, q_rows.shape[-1], tile.n_rows
     shift = torch.where(torch.isneginf(lse_rows), math.inf, lse_rows)  # empty rows -> p = 0
     k_loc, kt_loc, vt_loc = (tile.local_keys(x) for x in blocks)
     n_loc = k_loc.shape[0]
     q_loc = q_rows[:n_rows].view(n_loc, -1, head_dim)
     do_loc = do_rows[:n_rows].view(n_loc, -1, head_dim)
-    probs = _probs(q_loc, kt_loc, shift[:n_rows].view(n_loc, -1, 1),
+    probs = _probs(q_loc, kt_loc, shift[:n_rows].view(n_loc, -1, 1), floor,
                    ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
     probs.masked_fill_(tile.local_blocked(), 0.0)
     dv_loc = torch.bmm(probs.transpose(1, 2), do_loc)
@@ -298,7 +335,7 @@ def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
         k, kt, vt = (_blocks(x, keys, ws.take(name, n, *x.shape[1:]))
                      for x, name in zip(blocks, ("keys", "keys_t", "values_t"), strict=True))
         shift_pairs = shift.index_select(0, flat).view(n, m * group, 1)
-        probs = _probs(q_pairs, kt, shift_pairs, ws.take("logits", n, m * group, bs))
+        probs = _probs(q_pairs, kt, shift_pairs, floor, ws.take("logits", n, m * group, bs))
         dv_blocks.index_add_(0, keys, torch.bmm(probs.transpose(1, 2), do_pairs,
                                                 out=ws.take("dkv", n, bs, head_dim)))
         delta = delta_rows.index_select(0, flat).view(n, m * group, 1)
@@ -310,12 +347,12 @@ def _backward_tile(tile: _Tile, q_rows, do_rows, lse_rows, delta_rows, blocks,
     return dq_rows[:n_rows]
 
 
-def _probs(q: torch.Tensor, kt: torch.Tensor, lse: torch.Tensor,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """exp(q kt - lse): [N, M, D] x [N, D, K] with lse [N, M, 1] -> [N, M, K] (into `out`)."""
-    logits = torch.baddbmm(lse, q, kt, beta=-1.0, out=out) if out is not None else \
-        torch.baddbmm(lse, q, kt, beta=-1.0)
-    return logits.clamp_min_(_EXP_FLOOR).exp_()
+def _probs(q: torch.Tensor, kt: torch.Tensor, lse: torch.Tensor, floor: float | None,
+           out: torch.Tensor) -> torch.Tensor:
+    """exp(max(q kt - lse, floor)): [N, M, D] x [N, D, K] with lse [N, M, 1] -> [N, M, K]
+    into `out` (floor None: no clamp)."""
+    logits = torch.baddbmm(lse, q, kt, beta=-1.0, out=out)
+    return (logits if floor is None else logits.clamp_min_(floor)).exp_()
 
 
 def _score_grads(do: torch.Tensor, vt: torch.Tensor, delta: torch.Tensor,
@@ -335,9 +372,9 @@ def _row_dots(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_size, scale,
-                   dq, dk_blocks, dv_blocks) -> None:
+                   unshifted, dq, dk_blocks, dv_blocks) -> None:
     """Fill dq[:, t_start:] and add the keys' share of queries t_start.. into dk/dv_blocks
-    (fp32 [B*Hkv*n_blocks, bs, D])."""
+    (fp32 [B*Hkv*n_blocks, bs, D]); unshifted as for `forward_range`."""
     group = q.shape[2] // indices.shape[2]
     blocks = (k_blocks, k_blocks.transpose(1, 2).contiguous(),
               v_blocks.transpose(1, 2).contiguous())
@@ -350,5 +387,6 @@ def backward_range(q, k_blocks, v_blocks, indices, o, lse, do, t_start, block_si
         lse_rows = tile.rows(lse, ws, "lse")
         lse_rows[tile.n_rows:] = math.inf  # the extra row: p = 0 against it
         dq_rows = _backward_tile(tile, tile.rows(q, ws, "q", scale), do_rows, lse_rows, delta,
-                                 blocks, dk_blocks, dv_blocks, ws)
+                                 blocks, dk_blocks, dv_blocks, ws,
+                                 None if unshifted else EXP_FLOOR)
         dq[:, t0:t1] = tile.unrows(dq_rows.mul_(scale))

@@ -21,7 +21,8 @@ Queries are processed in two ranges, split by shapes alone:
   sparse    the rest, block by block (segments.py): each block is multiplied against the
             queries that selected it, one softmax per query across its blocks; cost per
             query is O(n * block_size), independent of S. dK/dV are accumulated with
-            index_add_ (deterministic on CPU).
+            index_add_ (deterministic on CPU). The logits are exponentiated without a row
+            maximum when `nsa.ops.shift` bounds them all (decided once per call).
 Both give the same numbers (up to fp32 rounding). Backward saves only q, k, v, block_indices,
 the output and the fp32 log-sum-exp [B, S, Hq] and recomputes everything else tile by tile.
 Compute is fp32; outputs and gradients come back in the input dtype.
@@ -35,6 +36,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from nsa.ops import shift
 from nsa.ops.indices import unique_block_indices
 from nsa.ops.torch import segments
 from nsa.ops.torch._tiles import (
@@ -181,7 +183,7 @@ def _dense_backward_tile(q, kh, vh, o, lse, do, tiler: _Tiler, t0: int, t1: int,
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiler: _Tiler,
-             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+             scale: float, unshifted: bool) -> tuple[torch.Tensor, torch.Tensor]:
     kh, vh = _to_blocks(k, tiler.block_size), _to_blocks(v, tiler.block_size)
     o = q.new_empty(q.shape)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -190,13 +192,14 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiler: _Tiler,
     if tiler.sparse_start < tiler.seq:
         segments.forward_range(q, _block_rows(kh, tiler.block_size),
                                _block_rows(vh, tiler.block_size), tiler.indices,
-                               tiler.sparse_start, tiler.block_size, scale, o, lse)
+                               tiler.sparse_start, tiler.block_size, scale, unshifted, o,
+                               lse)
     return o, lse
 
 
 def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-              lse: torch.Tensor, do: torch.Tensor, tiler: _Tiler,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              lse: torch.Tensor, do: torch.Tensor, tiler: _Tiler, scale: float,
+              unshifted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kh, vh = _to_blocks(k, tiler.block_size), _to_blocks(v, tiler.block_size)
     dkh, dvh = torch.zeros_like(kh), torch.zeros_like(vh)
     dq = q.new_empty(q.shape)
@@ -208,7 +211,7 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     if tiler.sparse_start < tiler.seq:
         bs = tiler.block_size
         segments.backward_range(q, _block_rows(kh, bs), _block_rows(vh, bs), tiler.indices,
-                                o, lse, do, tiler.sparse_start, bs, scale, dq,
+                                o, lse, do, tiler.sparse_start, bs, scale, unshifted, dq,
                                 _block_rows(dkh, bs), _block_rows(dvh, bs))
     return dq, _from_blocks(dkh, k), _from_blocks(dvh, v)
 
@@ -219,18 +222,20 @@ class _SelectedAttention(torch.autograd.Function):
                 block_indices: torch.Tensor, block_size: int, scale: float, query_chunk: int,
                 dense_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
         tiler = _Tiler(q, k, block_indices, block_size, query_chunk, dense_factor)
-        o, lse = _forward(q, k, v, tiler, scale)
+        # the sparse range's softmax form, decided once for forward and backward
+        unshifted = tiler.sparse_start < tiler.seq and shift.unshifted_exp_is_safe(q, k, scale)
+        o, lse = _forward(q, k, v, tiler, scale, unshifted)
         ctx.save_for_backward(q, k, v, block_indices, o, lse)
         ctx.mark_non_differentiable(lse)
-        ctx.config = (block_size, scale, query_chunk, dense_factor)
+        ctx.config = (block_size, scale, query_chunk, dense_factor, unshifted)
         return o, lse
 
     @staticmethod
     def backward(ctx, do: torch.Tensor, _dlse: torch.Tensor | None):
         q, k, v, indices, o, lse = ctx.saved_tensors
-        block_size, scale, query_chunk, dense_factor = ctx.config
+        block_size, scale, query_chunk, dense_factor, unshifted = ctx.config
         tiler = _Tiler(q, k, indices, block_size, query_chunk, dense_factor)
-        dq, dk, dv = _backward(q, k, v, o, lse, do, tiler, scale)
+        dq, dk, dv = _backward(q, k, v, o, lse, do, tiler, scale, unshifted)
         return dq, dk, dv, None, None, None, None, None
 
 
