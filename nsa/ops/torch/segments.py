@@ -40,7 +40,7 @@ from nsa.ops.shift import EXP_FLOOR
 from nsa.ops.torch._tiles import _FP32_MIN
 from nsa.ops.workspace import Workspace
 
-_CHUNK_FLOATS = 1 << 21  # fp32 elements of one chunk's largest temporary (8 MiB)
+_CHUNK_FLOATS = 1 << 20  # fp32 elements of one chunk's largest temporary (4 MiB)
 _TILES_PER_CALL = 8
 _ROW_ALIGN = 8  # a chunk's queries per block are a multiple of this
 _MIN_FILL = 0.875  # a block joins a chunk only if its pairs fill this share of the slots

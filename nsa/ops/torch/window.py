@@ -154,7 +154,7 @@ class _CpuWindowAttention(torch.autograd.Function):
                                     scale=scale)
                 lay.unrows(ot, o_pad, b, i0)
                 lay.unrows(lt.unsqueeze(-1), lse_pad, b, i0)
-        o = o_pad[:, :lay.seq].to(q.dtype)
+        o = _trimmed(o_pad, lay.seq).to(q.dtype)
         lse = lse_pad[:, :lay.seq, :, 0]  # every query sees itself: never empty
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mark_non_differentiable(lse)
@@ -186,8 +186,14 @@ class _CpuWindowAttention(torch.autograd.Function):
                 _add_slices(dk, dk_pad[b], i0, lay.tile)
                 _add_slices(dv, dv_pad[b], i0, lay.tile)
         start = window - 1
-        return (dq_pad[:, :lay.seq].to(q.dtype), dk_pad[:, start:start + lay.seq].to(k.dtype),
+        return (_trimmed(dq_pad, lay.seq).to(q.dtype), dk_pad[:, start:start + lay.seq].to(k.dtype),
                 dv_pad[:, start:start + lay.seq].to(v.dtype), None, None, None)
+
+
+def _trimmed(x_pad: torch.Tensor, seq: int) -> torch.Tensor:
+    """x_pad[:, :seq], as x_pad itself when nothing is trimmed: autograd adds a gradient
+    arriving later into a tensor that is not a view in place, instead of into a new one."""
+    return x_pad if x_pad.shape[1] == seq else x_pad[:, :seq]
 
 
 def _add_slices(parts: torch.Tensor, keys_pad: torch.Tensor, i0: int, tile: int) -> None:
