@@ -61,6 +61,11 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
 
+    # matplotlib builds its font cache on a machine's first import and, when it cannot save
+    # it, says so on stderr: build it first, so the machine's history cannot matter
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True,
+                   capture_output=True, timeout=120, cwd=REPO)
+
     done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report", str(run)],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           preexec_fn=small_files)
