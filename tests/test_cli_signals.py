@@ -3,9 +3,27 @@
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
+import pytest
+
+from nsadiag.harness import jobs, stop
+from nsadiag.spec import TrialSpec
+
+
+def _trial_children(parent: psutil.Process) -> list[psutil.Process]:
+    """The parent's descendants running a trial child (a process that ends meanwhile, or
+    is a zombie already, is skipped)."""
+    found = []
+    for child in parent.children(recursive=True):
+        try:
+            if "nsadiag.harness.child" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
@@ -18,8 +36,7 @@ def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
     deadline = time.monotonic() + 90
     children = []
     while time.monotonic() < deadline and not children:
-        children = [c for c in parent.children(recursive=True)
-                    if "nsadiag.harness.child" in " ".join(c.cmdline())]
+        children = _trial_children(parent)
         time.sleep(0.2)
     assert children, "the trial child never started"
     time.sleep(1.0)
@@ -29,3 +46,37 @@ def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
     assert "Traceback" not in err
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.pid for p in alive]
+
+
+def test_a_swallowed_interrupt_still_stops_the_trial(tmp_path, monkeypatch):
+    """The signal handler's KeyboardInterrupt can be lost (raised inside an import that C
+    code makes and whose errors it clears, as torch does with numpy); the stop it requested
+    is not: the watch loop raises again on its next poll, and no trial child is left."""
+    monkeypatch.setattr(stop, "_requested", threading.Event())
+    launched = []
+
+    def remember(*args, **kwargs):
+        launched.append(jobs_launched(*args, **kwargs))
+        return launched[-1]
+
+    jobs_launched = jobs.Launched
+    monkeypatch.setattr(jobs, "Launched", remember)
+
+    def request_once_running():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (launched and launched[0].proc.poll() is None):
+            time.sleep(0.1)
+        time.sleep(1.0)
+        stop.request()  # what the handler does; its own raise is taken as lost
+
+    requester = threading.Thread(target=request_once_running, daemon=True)
+    requester.start()
+    spec = TrialSpec(target="repro.lock_deadlock:make", n_layers=1, seq_len=64,
+                     stall_timeout_s=120.0, out_dir=str(tmp_path / "trial")).validate()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        jobs.run_trial(spec)
+    assert time.monotonic() - started < 60, "the stop waited for the stall timeout"
+    requester.join(timeout=5)
+    child = psutil.Process(launched[0].pid) if psutil.pid_exists(launched[0].pid) else None
+    assert child is None or child.status() == psutil.STATUS_ZOMBIE

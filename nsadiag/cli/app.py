@@ -49,6 +49,7 @@ from nsadiag.cli.render import (
     trace_tables,
     wrote,
 )
+from nsadiag.harness import stop
 from nsadiag.rundir import discard_on_refusal
 
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 130, 70
@@ -509,6 +510,7 @@ def report_cmd(
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    stop.request()  # the wait loops raise again should this one be swallowed
     raise KeyboardInterrupt  # so a cancelled job unwinds through the runners' kill paths
 
 
@@ -580,7 +582,8 @@ def run(args: list[str] | None = None) -> int:
 def main() -> None:
     """The console entry point (`nsadiag`, `python -m nsadiag.cli`)."""
     # CI cancellation and `timeout` send SIGTERM: without this Python would die on the spot
-    # and leave trial children and torchrun ranks (in their own sessions) running
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    # and leave trial children and torchrun ranks (in their own sessions) running; Ctrl-C
+    # takes the same handler so that it, too, is remembered (nsadiag.harness.stop)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _interrupt)
     sys.exit(run())

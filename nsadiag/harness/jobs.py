@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.harness import stop
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.rank import pg_timeout_for
@@ -274,6 +275,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
     # and py-spy pauses the process meanwhile, so that time is not the run's
     try:
         while launched.poll() is None:
+            stop.check()
             events = watcher.read()
             _read_clocks(streams, clocks)
             if events and on_events:

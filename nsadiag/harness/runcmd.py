@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.harness import stop
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.jobs import (
     capture_all,
@@ -131,6 +132,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     due, stalls, gpu, decided_at = None, {}, None, None
     try:
         while command.poll() is None:
+            stop.check()
             _new_streams(run_dir, watcher, known)
             watcher.read()
             due = watcher.due()
