@@ -21,8 +21,8 @@ def test_paper_overlap_weights_are_1_2_2_2_1():
     cfg = tiny_config(l=32, d=16, l_sel=64)
     first, second = span_block_weights(cfg)
     # the four spans starting in block j weigh 2,2,2,1 inside j; the last one spills 1
-    assert (first / cfg.d).tolist() == [2, 2, 2, 1]
-    assert (second / cfg.d).tolist() == [0, 0, 0, 1]
+    assert [w / cfg.d for w in first] == [2, 2, 2, 1]
+    assert [w / cfg.d for w in second] == [0, 0, 0, 1]
 
 
 @pytest.mark.parametrize("spans", SPAN_CONFIGS)

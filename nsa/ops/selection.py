@@ -32,17 +32,15 @@ from nsa.ops import shift
 from nsa.ops.workspace import Workspace
 
 
-def span_block_weights(cfg: NSAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def span_block_weights(cfg: NSAConfig) -> tuple[list[int], list[int]]:
     """Overlap of a compressed span with the block it starts in and with the next block.
 
     Spans start every d tokens and d divides l_sel, so the pattern repeats every
     m = l_sel // d compressed tokens; l <= l_sel means a span touches at most two blocks.
     Returns (first [m], second [m]) overlap lengths for the r-th span of a block.
     """
-    m = cfg.l_sel // cfg.d
-    start_in_block = torch.arange(m) * cfg.d
-    first = torch.clamp(cfg.l_sel - start_in_block, max=cfg.l)
-    return first.float(), (cfg.l - first).float()
+    first = [min(cfg.l_sel - r * cfg.d, cfg.l) for r in range(cfg.l_sel // cfg.d)]
+    return first, [cfg.l - f for f in first]
 
 
 def group_block_scores(p_group: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> torch.Tensor:
@@ -56,8 +54,8 @@ def group_block_scores(p_group: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> 
     p = torch.nn.functional.pad(p_group.float(), (m, n_blocks * m - p_group.shape[-1]))
     p = p.unflatten(-1, (n_blocks + 1, m))
     first, second = span_block_weights(cfg)
-    terms = [(p[..., 1:, r], w / cfg.d) for r, w in enumerate(first.tolist()) if w] + \
-        [(p[..., :-1, r], w / cfg.d) for r, w in enumerate(second.tolist()) if w]
+    terms = [(p[..., 1:, r], w / cfg.d) for r, w in enumerate(first) if w] + \
+        [(p[..., :-1, r], w / cfg.d) for r, w in enumerate(second) if w]
     scores = torch.mul(terms[0][0], terms[0][1])
     for span, weight in terms[1:]:
         scores.add_(span, alpha=weight)

@@ -199,22 +199,15 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
                   v_blocks: torch.Tensor, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [n_rows, G, D], lse [n_rows, G]) of one tile; q_rows pre-scaled, from `rows`;
     kt_blocks [B*Hkv*n_blocks, D, bs] (keys transposed), v_blocks [B*Hkv*n_blocks, bs, D]."""
-    group, head_dim, n_rows = tile.group, q_rows.shape[-1], tile.n_rows
-    kt_loc, v_loc = tile.local_keys(kt_blocks), tile.local_keys(v_blocks)
-    q_loc = q_rows[:n_rows].view(kt_loc.shape[0], -1, head_dim)
-    logits_loc = torch.bmm(q_loc, kt_loc, out=ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
-    blocked = tile.local_blocked()
+    group, n_rows = tile.group, tile.n_rows
+    logits_loc, blocked, v_loc = _local_logits(tile, q_rows, kt_blocks, v_blocks, ws)
     logits_loc.masked_fill_(blocked, -math.inf)
     peak = torch.cat([logits_loc.amax(-1).view(n_rows, group),
                       logits_loc.new_full((1, group), -math.inf)])
     o = total = None
-    block_size = tile.block_size
     for rows, keys in tile.chunks:
         flat = rows.reshape(-1)
-        n, m = rows.shape
-        logits = torch.bmm(_gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim)),
-                           _blocks(kt_blocks, keys, ws.take("keys", n, head_dim, block_size)),
-                           out=ws.take("logits", n, m * group, block_size))
+        logits = _chunk_logits(q_rows, kt_blocks, rows, keys, ws)
         new_peak = peak.scatter_reduce(0, flat.unsqueeze(1).expand(-1, group),
                                        logits.amax(-1).view(-1, group), "amax")
         if o is None:  # the local part waits for the first chunk's maxima: no rescale
@@ -225,16 +218,11 @@ def _forward_tile(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
             total.mul_(factor)
         peak = new_peak
         shift = peak.clamp_min(_FP32_MIN).index_select(0, flat).view(logits.shape[:2])
-        probs = _exp_shifted(logits, shift)
-        total.index_add_(0, flat, probs.sum(-1).view(-1, group))
-        part = torch.bmm(probs, _blocks(v_blocks, keys, ws.take("keys", n, block_size, head_dim)),
-                         out=ws.take("pairs", n, m * group, head_dim))
-        o.index_add_(0, flat, part.view(-1, group, head_dim))
+        _add_chunk(_exp_shifted(logits, shift), v_blocks, rows, keys, o, total, ws)
     if o is None:
         o, total = _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws)
-    o, total, peak = o[:n_rows], total[:n_rows], peak[:n_rows]
-    o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
-    return o, peak + total.log()  # rows without keys: -inf + log 0 = -inf
+    o, lse = _normalized(o, total, n_rows)
+    return o, lse.add_(peak[:n_rows])  # rows without keys: log 0 + -inf = -inf
 
 
 def _forward_tile_unshifted(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.Tensor,
@@ -243,42 +231,70 @@ def _forward_tile_unshifted(tile: _Tile, q_rows: torch.Tensor, kt_blocks: torch.
     """`_forward_tile` for a call whose logits `nsa.ops.shift` found small enough to
     exponentiate as they are: no row maxima, so each chunk is one pass of exp between its
     two matmuls and nothing is rescaled."""
-    group, head_dim, n_rows = tile.group, q_rows.shape[-1], tile.n_rows
-    kt_loc, v_loc = tile.local_keys(kt_blocks), tile.local_keys(v_blocks)
-    q_loc = q_rows[:n_rows].view(kt_loc.shape[0], -1, head_dim)
-    probs = torch.bmm(q_loc, kt_loc, out=ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
-    probs.exp_().masked_fill_(tile.local_blocked(), 0.0)
-    total = torch.cat([probs.sum(-1).view(n_rows, group), probs.new_zeros(1, group)])
-    o = ws.take("o", n_rows + 1, group, head_dim)
-    torch.bmm(probs, v_loc, out=o[:n_rows].view(*probs.shape[:2], -1))
-    o[n_rows] = 0.0
-    block_size = tile.block_size
+    logits_loc, blocked, v_loc = _local_logits(tile, q_rows, kt_blocks, v_blocks, ws)
+    o, total = _local_forward(logits_loc, blocked, v_loc, None, tile.n_rows, ws)
     for rows, keys in tile.chunks:
-        flat = rows.reshape(-1)
-        n, m = rows.shape
-        probs = torch.bmm(_gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim)),
-                          _blocks(kt_blocks, keys, ws.take("keys", n, head_dim, block_size)),
-                          out=ws.take("logits", n, m * group, block_size)).exp_()
-        total.index_add_(0, flat, probs.sum(-1).view(-1, group))
-        part = torch.bmm(probs, _blocks(v_blocks, keys, ws.take("keys", n, block_size, head_dim)),
-                         out=ws.take("pairs", n, m * group, head_dim))
-        o.index_add_(0, flat, part.view(-1, group, head_dim))
-    o, total = o[:n_rows], total[:n_rows]
-    o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
-    return o, total.log()  # rows without keys: log 0 = -inf
+        probs = _chunk_logits(q_rows, kt_blocks, rows, keys, ws).exp_()
+        _add_chunk(probs, v_blocks, rows, keys, o, total, ws)
+    return _normalized(o, total, tile.n_rows)
+
+
+def _local_logits(tile: _Tile, q_rows, kt_blocks, v_blocks, ws: Workspace):
+    """The tile's own blocks: logits [B*Hkv*n_local, bs*G, bs] (buffer "local"), their mask
+    (True = hidden) and values [B*Hkv*n_local, bs, D]."""
+    kt_loc, v_loc = tile.local_keys(kt_blocks), tile.local_keys(v_blocks)
+    q_loc = q_rows[:tile.n_rows].view(kt_loc.shape[0], -1, q_rows.shape[-1])
+    logits = torch.bmm(q_loc, kt_loc, out=ws.take("local", *q_loc.shape[:2], kt_loc.shape[-1]))
+    return logits, tile.local_blocked(), v_loc
 
 
 def _local_forward(logits_loc, blocked, v_loc, peak, n_rows, ws: Workspace):
-    """Numerator [n_rows + 1, G, D] and denominator [n_rows + 1, G] of the local parts
-    against the row maxima `peak` (consumes logits_loc)."""
-    group = peak.shape[1]
-    shift = peak[:n_rows].clamp_min(_FP32_MIN).view(logits_loc.shape[:2])
-    probs = _exp_shifted(logits_loc, shift).masked_fill_(blocked, 0.0)
-    total = torch.cat([probs.sum(-1).view(n_rows, group), peak.new_zeros(1, group)])
+    """Numerator [n_rows + 1, G, D] and denominator [n_rows + 1, G] of the local parts,
+    exponentiated against the row maxima `peak` (None: as they are); consumes logits_loc."""
+    group = logits_loc.shape[0] * logits_loc.shape[1] // n_rows
+    if peak is None:
+        probs = logits_loc.exp_()
+    else:
+        probs = _exp_shifted(logits_loc,
+                             peak[:n_rows].clamp_min(_FP32_MIN).view(logits_loc.shape[:2]))
+    probs.masked_fill_(blocked, 0.0)
+    total = torch.cat([probs.sum(-1).view(n_rows, group), probs.new_zeros(1, group)])
     o = ws.take("o", n_rows + 1, group, v_loc.shape[-1])
     torch.bmm(probs, v_loc, out=o[:n_rows].view(*probs.shape[:2], -1))
     o[n_rows] = 0.0
     return o, total
+
+
+def _chunk_logits(q_rows: torch.Tensor, kt_blocks: torch.Tensor, rows: torch.Tensor,
+                  keys: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """q.k of a chunk's slots against their blocks: [n, m*G, bs] (buffer "logits")."""
+    (n, m), (_, group, head_dim) = rows.shape, q_rows.shape
+    block_size = kt_blocks.shape[-1]
+    return torch.bmm(_gather(q_rows, rows, ws.take("pairs", n, m * group, head_dim)),
+                     _blocks(kt_blocks, keys, ws.take("keys", n, head_dim, block_size)),
+                     out=ws.take("logits", n, m * group, block_size))
+
+
+def _add_chunk(probs: torch.Tensor, v_blocks: torch.Tensor, rows: torch.Tensor,
+               keys: torch.Tensor, o: torch.Tensor, total: torch.Tensor,
+               ws: Workspace) -> None:
+    """Add a chunk's probabilities [n, m*G, bs] into the tile's denominator total
+    [n_rows + 1, G] and, times the blocks' values, into its numerator o [n_rows + 1, G, D]."""
+    (n, m), (_, group, head_dim) = rows.shape, o.shape
+    flat = rows.reshape(-1)
+    total.index_add_(0, flat, probs.sum(-1).view(-1, group))
+    values = _blocks(v_blocks, keys, ws.take("keys", n, v_blocks.shape[1], head_dim))
+    part = torch.bmm(probs, values, out=ws.take("pairs", n, m * group, head_dim))
+    o.index_add_(0, flat, part.view(-1, group, head_dim))
+
+
+def _normalized(o: torch.Tensor, total: torch.Tensor,
+                n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o / total [n_rows, G, D], log(total) [n_rows, G]): rows without keys give o = 0 and
+    log 0 = -inf."""
+    o, total = o[:n_rows], total[:n_rows]
+    o.div_(total.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1))
+    return o, total.log()
 
 
 def forward_range(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
