@@ -9,6 +9,7 @@ closed stdout), 3 regression, 4 inconclusive, 70 internal error.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -586,4 +587,25 @@ def main() -> None:
     # takes the same handler so that it, too, is remembered (nsadiag.harness.stop)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _interrupt)
-    sys.exit(run())
+    code = run()
+    if stop.requested():
+        _exit_at_once(code)
+    sys.exit(code)
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """End the process with `code` now, skipping the interpreter's teardown.
+
+    CPython (3.11 at least) remembers a KeyboardInterrupt that once left source text run by
+    exec or eval, even one caught later, and then ends the process by SIGINT whatever exit
+    code it was given. dataclasses and namedtuples build their methods that way, so a
+    signal landing while an import defines one (torch's import does, for seconds) turned
+    "interrupted, exit 130" into death by SIGINT. The diagnosis is over and its children
+    are killed: only the flushing of the standard streams and of logging is left to do."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the reader, or by us
+            pass
+    os._exit(code)
