@@ -91,8 +91,8 @@ cli = sys.modules["nsadiag.cli.app"]  # the package's `app` attribute is the typ
 def run(args=None):
     # the SIGTERM lands while source text runs under exec, as when an import builds a
     # dataclass; the interrupt is handled, and the command decides on exit 130
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
         exec("import time\\nfor _ in range(400): time.sleep(0.05)\\n", {})
     except KeyboardInterrupt:
         return 130
