@@ -17,9 +17,9 @@ Backends: "naive" (the dense oracle), "torch" (memory-bounded tiles, every devic
 "triton" (the kernels of nsa.ops.triton: CUDA, or CPU under Triton's interpreter; a shape or
 device they cannot take raises ValueError naming the limit), "auto" (triton on CUDA when the
 shape is supported, else torch — the reason logged once). `backend_used` records which
-implementation ran last. Block selection (Eq.8-11) ranks with the same torch top-n on every
+implementation ran last. Block selection (Eq.8-11) ranks blocks by the same keys on every
 backend; on torch the compressed branch's forward pass ranks them from its own
-probabilities, on triton a score kernel reuses the compressed branch's lse.
+probabilities, on triton one kernel computes the compressed branch and the selection.
 """
 
 from __future__ import annotations
@@ -88,10 +88,13 @@ def resolve_backend(cfg: NSAConfig, device: torch.device) -> tuple[str, str | No
 def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend: str,
                          select: bool = False):
     """(o, lse, block indices or None) of the compressed branch on `backend` ("torch" or
-    "triton"). With `select` the torch backend ranks the selected branch's blocks in the
-    same pass (Eq.8's probabilities are this branch's weights: one softmax serves both);
-    otherwise, and on triton, the indices are None and `select_blocks` computes them."""
+    "triton"). With `select` the selected branch's blocks are ranked in the same call
+    (Eq.8's probabilities are this branch's weights: one softmax serves both; on triton one
+    kernel computes both); otherwise the indices are None and `select_blocks` computes them."""
     if backend == "triton":  # the kernels take one dtype; phi may have promoted k/v_cmp
+        if select:
+            return _triton_ops().compressed_attention_and_selection(q, k_cmp, v_cmp, cfg,
+                                                                    scale)
         o, lse = _triton_ops().compressed_attention(q, k_cmp.to(q.dtype), v_cmp.to(q.dtype),
                                                     cfg.l, cfg.d, scale)
         return o, lse, None
@@ -106,9 +109,8 @@ def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, scale: float, backend:
 def select_blocks(q, k_cmp, cfg: NSAConfig, scale: float, backend: str, lse_cmp=None,
                   ranked=None):
     """Block indices [B, S, Hkv, n_sel] of the selected branch (Eq.8-11) on `backend`: the
-    ones the compressed pass `ranked` already (torch), the Triton score kernel (reusing the
-    compressed branch's lse when it ran) or the tiled torch code; all rank with
-    `nsa.ops.selection.top_n_blocks`."""
+    ones the compressed pass `ranked` already, the Triton selection kernel (scores and top-n
+    in one kernel) or the tiled torch code; all follow `nsa.ops.selection`'s ranking."""
     if ranked is not None:
         return ranked
     if backend == "triton":
@@ -235,4 +237,6 @@ class NSAAttention(nn.Module):
             k_win, v_win = kv["win"]
             outputs.append(window_attention(q, k_win, v_win, cfg, scale, backend))
             branch_gates.append(gates["win"])
+        if backend == "triton":  # one pass each way instead of per-row matrix products
+            return _triton_ops().gated_sum(outputs, torch.stack(branch_gates, -1))
         return gated_sum(outputs, branch_gates)

@@ -33,12 +33,18 @@ def test_report_states_targets_and_environment():
                kernel_speedup=8.0, sel_tflops=200.0, sdpa_tflops=400.0,
                sel_fraction_of_dense_tflops=0.5, nsa_layer_fwd_ms=10.0, dense_layer_fwd_ms=90.0,
                nsa_layer_ms=50.0, dense_layer_ms=250.0, layer_speedup=5.0, dense_sdpa="flash")
-    text = bench_triton.render([row], {"gpu": "H100", "torch": "2.13.0", "triton": "3.7.1",
-                                       "cuda": "12.8", "device": "cuda", "fla": "0.6.0"})
+    parity = [dict(seq=2048, head_dim=128, backend="triton", dtype="bfloat16", out=3.1e-3,
+                   dx=4.2e-3, dparams=8.5e-3)]
+    env = {"gpu": "H100", "torch": "2.13.0", "triton": "3.7.1", "cuda": "12.8",
+           "device": "cuda", "fla": "0.6.0"}
+    text = bench_triton.render([row], env, parity)
     assert "GPU: H100" in text and "fla-core 0.6.0" in text
     assert "| 65536 | 128 | 64/4 | 3.00 | 4.00 | 10.00 | 12.50 | 1.25x | 2.0e-03 |" in text
     assert "| 65536 | 128 | 10.00 | 90.00 | 9.00x | 50.0 | 250.0 | 5.00x | flash |" in text
-    assert "selected vs fla 1.25x (met)" in text and "layer 5.00x (missed)" in text
+    assert "| 128 | triton | bfloat16 | 3.1e-03 | 4.2e-03 | 8.5e-03 |" in text
+    assert "selected vs fla 1.25x (met)" in text and "layer 5.00x (met)" in text
+    slower = dict(row, layer_speedup=3.5)
+    assert "layer 3.50x (missed)" in bench_triton.render([slower], env)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")

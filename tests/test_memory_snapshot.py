@@ -108,6 +108,7 @@ def test_memory_history_is_one_line_on_cpu(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_memory_history_on_cuda_writes_a_snapshot_and_names_the_site(tmp_path):
     def hold():
@@ -203,6 +204,7 @@ def test_a_memory_job_measures_in_a_watched_child(tmp_path):
     assert [row["layer"] for row in measured["per_layer"]] == ["layers.0", "layers.1"]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_memory_command_records_history_and_layer_deltas(tmp_path):
     from nsadiag.commands.memory import memory_command
@@ -220,6 +222,7 @@ def test_cuda_memory_command_records_history_and_layer_deltas(tmp_path):
     assert summary["cuda"]["peak_reserved"] >= summary["cuda"]["peak_allocated"] > 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_ab_expandable_segments_measures_both_in_children(tmp_path):
     from nsadiag.commands.memory import ab_expandable_segments

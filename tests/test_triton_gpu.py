@@ -12,8 +12,9 @@ from nsa.ops import torch as torch_ops
 from nsa.ops.selection import select_blocks
 
 ops = pytest.importorskip("nsa.ops.triton.ops")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or ops.INTERPRETED,
-                                reason="needs a CUDA GPU and compiled (not interpreted) kernels")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or ops.INTERPRETED,
+                                 reason="needs a CUDA GPU and compiled (not interpreted) kernels")]
 
 BF16_TOL = 3e-2  # of the fp32 result's scale
 
@@ -60,6 +61,40 @@ def test_band_kernels_bf16_match_torch_fp32(seq):
              lambda q, k, v: torch_ops.window_attention(q, k, v, 512, 0.1), (q, k, v), grad_o)
     n_cmp = (seq - 32) // 16 + 1
     q, k, v, grad_o = _inputs(seq, 8, 2, 128, n_keys=n_cmp)
+    _compare(lambda q, k, v: ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
+             lambda q, k, v: torch_ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
+             (q, k, v), grad_o)
+
+
+@pytest.mark.parametrize("seq,head_dim,group", [(8192, 128, 16), (4096, 64, 4)])
+def test_compressed_and_selection_kernel_matches_torch(seq, head_dim, group):
+    """The fused kernel: the compressed branch in bf16 against the torch backend in fp32,
+    and the selected blocks against the torch selection on the same inputs: rows may differ
+    only where two blocks' scores tie to within the two summation orders' rounding (fp32:
+    at most 1 row in 1000; bf16 inputs, whose exponentials differ more: 1 in 100)."""
+    cfg = NSAConfig(n_heads=group * 2, n_kv_heads=2, head_dim=head_dim)
+    n_cmp = (seq - cfg.l) // cfg.d + 1
+    q, k, v, grad_o = _inputs(seq, group * 2, 2, head_dim, n_keys=n_cmp)
+    scale = 1 / math.sqrt(head_dim)
+    _compare(lambda q, k, v: ops.compressed_attention_and_selection(q, k, v, cfg, scale)[0],
+             lambda q, k, v: torch_ops.compressed_attention(q, k, v, cfg.l, cfg.d, scale)[0],
+             (q, k, v), grad_o)
+    _, _, fp32_indices = ops.compressed_attention_and_selection(q, k, v, cfg, scale)
+    same_rows = (fp32_indices == select_blocks(q, k, cfg, scale)).all(-1).float().mean()
+    assert same_rows.item() >= 0.999, same_rows
+    low = [t.bfloat16() for t in (q, k, v)]
+    _, lse, bf16_indices = ops.compressed_attention_and_selection(*low, cfg, scale)
+    want = select_blocks(low[0].float(), low[1].float(), cfg, scale)
+    same_rows = (bf16_indices == want).all(-1).float().mean().item()
+    assert same_rows >= 0.99, same_rows
+    assert torch.equal(ops.select_blocks(*low[:2], lse, cfg, scale), bf16_indices)
+    assert torch.equal(ops.select_blocks(*low[:2], None, cfg, scale), bf16_indices)
+
+
+def test_compressed_dkdv_items_and_unmasked_tiles_match_torch():
+    # 12k queries: each compressed key tile's queries span three dK/dV work items
+    seq = 12288
+    q, k, v, grad_o = _inputs(seq, 16, 2, 128, n_keys=(seq - 32) // 16 + 1)
     _compare(lambda q, k, v: ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
              lambda q, k, v: torch_ops.compressed_attention(q, k, v, 32, 16, 0.1)[0],
              (q, k, v), grad_o)

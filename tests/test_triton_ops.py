@@ -150,30 +150,38 @@ def test_compressed_matches_oracle_fp32(seq, block_len, stride):
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
-def test_compressed_dkdv_split_over_queries_matches_oracle(monkeypatch):
+def test_band_kernels_with_unmasked_tiles_and_dkdv_items_match_oracle(monkeypatch):
     from nsa.ops.triton import band
 
+    # seq 400: compressed query tiles from t0 = 320 see 64 whole keys, window 200 holds whole
+    # key tiles, so both run their unmasked paths; items of two query tiles cut each
+    # compressed key tile's queries into several partials, the last one short
+    monkeypatch.setattr(band, "ITEM_QUERIES", 128)
     cfg = tiny_config(l=8, d=4, l_sel=16)
-    seq = 300  # five query tiles: splits of two tiles, the last one short
+    seq = 400
     n_cmp = num_compressed(seq, cfg)
     q, k, v, grad_o = _inputs(1, seq, 4, 2, n_keys=n_cmp, head_dim=16)
-    monkeypatch.setattr(band, "key_splits", lambda *args: 3)
+    assert band.key_items(band.COMPRESSED, seq) == 4
     o, _ = ops.compressed_attention(q, k, v, 8, 4, SCALE)
     o_ref, _ = _compressed_reference(q, k, v, cfg)
     split = _grads(o, grad_o, q, k, v)
-    _assert_close(split, _grads(o_ref, grad_o, q, k, v))
+    _assert_close([o, *split], [o_ref, *_grads(o_ref, grad_o, q, k, v)])
     again = _grads(ops.compressed_attention(q, k, v, 8, 4, SCALE)[0], grad_o, q, k, v)
     assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
+    q, k, v, grad_o = _inputs(1, seq, 4, 2, head_dim=16)
+    o, lse = ops.window_attention_with_lse(q, k, v, 200, SCALE)
+    o_ref, lse_ref = _window_reference(q, k, v, 200)
+    _assert_close([o, lse, *_grads(o, grad_o, q, k, v)],
+                  [o_ref, lse_ref, *_grads(o_ref, grad_o, q, k, v)])
 
 
-def test_key_splits_spread_compressed_keys_and_never_the_window():
+def test_key_items_cut_compressed_keys_and_never_the_window():
     from nsa.ops.triton import band
 
-    assert band.key_splits(band.WINDOW, 65536, 65536, 4) == 1
-    assert band.key_splits(band.COMPRESSED, 65536, 4095, 4) == 4  # 64 tiles x 4 heads x 4
-    assert band.key_splits(band.COMPRESSED, 8192, 511, 4) == 32  # 8 tiles x 4 heads x 32
-    assert band.key_splits(band.COMPRESSED, 1024, 61, 1) == 4  # at least 4 query tiles each
-    assert band.key_splits(band.COMPRESSED, 256, 13, 1) == 1
+    assert band.key_items(band.WINDOW, 65536) == 1
+    assert band.key_items(band.COMPRESSED, 65536) == 65536 // band.ITEM_QUERIES
+    assert band.key_items(band.COMPRESSED, band.ITEM_QUERIES) == 1
+    assert band.key_items(band.COMPRESSED, band.ITEM_QUERIES + 1) == 2
 
 
 @pytest.mark.parametrize("n_q_heads,n_kv_heads,l,d,l_sel,seq", [
@@ -181,7 +189,7 @@ def test_key_splits_spread_compressed_keys_and_never_the_window():
     (2, 2, 16, 16, 16, 90), (4, 2, 32, 16, 64, 20)])  # the last: no compressed token yet
 def test_block_score_kernel_selects_what_the_torch_selection_selects(n_q_heads, n_kv_heads, l,
                                                                      d, l_sel, seq):
-    from nsa.ops.selection import block_rank_keys, group_block_scores, select_blocks
+    from nsa.ops.selection import group_block_scores, select_blocks
     from nsa.ops.torch import compressed_attention
 
     cfg = tiny_config(n_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=16, l=l, d=d,
@@ -200,11 +208,37 @@ def test_block_score_kernel_selects_what_the_torch_selection_selects(n_q_heads, 
         _assert_close([got], [want])
         tail = ops.block_scores(q, k, given_lse, 7, seq - 7, n_blocks, l, d, l_sel, SCALE)
         _assert_close([tail], [want[:, 7:]])
-        keys = ops.block_scores(q, k, given_lse, 7, seq - 7, n_blocks, l, d, l_sel, SCALE,
-                                rank_keys=True)
-        assert torch.equal(keys, block_rank_keys(tail, torch.arange(7, seq), cfg))
         assert torch.equal(ops.select_blocks(q, k, given_lse, cfg, SCALE),
                            select_blocks(q, k, cfg, SCALE))
+
+
+@pytest.mark.parametrize("n_q_heads,n_kv_heads,l,d,l_sel,n_sel,seq", [
+    (4, 2, 8, 4, 16, 3, 300), (16, 1, 32, 16, 64, 4, 300), (6, 2, 16, 8, 32, 5, 150),
+    (2, 2, 16, 16, 16, 4, 90), (4, 2, 32, 16, 64, 3, 20), (8, 1, 8, 4, 16, 16, 400)])
+def test_compressed_and_selection_kernel_matches_oracle_and_torch_selection(
+        n_q_heads, n_kv_heads, l, d, l_sel, n_sel, seq):
+    """One kernel computes the compressed branch (o, lse and gradients against the oracle)
+    and the selected blocks (exactly the torch selection's indices), with tiles that every
+    query sees whole (unmasked) and tiles at the edge of visibility."""
+    from nsa.ops.selection import select_blocks
+
+    cfg = tiny_config(n_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=16, l=l, d=d,
+                      l_sel=l_sel, n_sel=n_sel, w=32)
+    n_cmp = num_compressed(seq, cfg)
+    q, k, v, grad_o = _inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
+    o, lse, indices = ops.compressed_attention_and_selection(q, k, v, cfg, SCALE)
+    o_ref, lse_ref = _compressed_reference(q, k, v, cfg)
+    seen = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), seen)
+    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    # dK/dV sum over G heads and every later query (up to ~40 for G = 16 here): 1e-5 of the
+    # gradient's largest entry, at least 1e-5
+    for got, want in zip(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v),
+                         strict=True):
+        _assert_close([got], [want], tol=TOL * max(1.0, want.abs().amax().item()
+                                                   if want.numel() else 1.0))
+    assert torch.equal(indices, select_blocks(q, k, cfg, SCALE))
+    assert indices.requires_grad is False
 
 
 def test_band_kernels_fp16_and_deterministic():
@@ -237,6 +271,21 @@ def test_layer_on_triton_matches_naive_backend(branches):
         assert (p.grad is None) == (p_ref.grad is None), name
         if p.grad is not None:
             _assert_close([p.grad], [p_ref.grad])
+
+
+@pytest.mark.parametrize("n_branches", [1, 2, 3])
+def test_gated_sum_kernel_matches_the_torch_gated_sum(n_branches):
+    from nsa.ops.mix import gated_sum
+
+    outputs = [torch.randn(2, 37, 3, 16, requires_grad=True) for _ in range(n_branches)]
+    gates = [torch.rand(2, 37, 3, requires_grad=True) for _ in range(n_branches)]
+    want = gated_sum(outputs, gates)
+    grad = torch.randn_like(want)
+    got = ops.gated_sum(outputs, torch.stack(gates, -1))
+    _assert_close([got, *torch.autograd.grad(got, outputs + gates, grad)],
+                  [want, *torch.autograd.grad(want, outputs + gates, grad)])
+    with pytest.raises(ValueError, match="gated_sum: need 1 to 3 outputs"):
+        ops.gated_sum(outputs, torch.stack(gates, -1)[..., :1].expand(2, 37, 3, 5))
 
 
 def test_auto_runs_torch_on_cpu_even_with_the_interpreter():

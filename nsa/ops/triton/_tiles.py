@@ -4,6 +4,7 @@ Rows are queries (or (query, head) pairs), columns keys; scores are in units of
 scale * q.k; masked entries are -inf in the forward and 0 in the backward.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -63,3 +64,26 @@ def load_pair(X, Y, offsets, ok):
     """X and Y at the same [P, D] offsets (q and do, or k and v); rows not ok read 0."""
     return (tl.load(X + offsets, mask=ok[:, None], other=0.0),
             tl.load(Y + offsets, mask=ok[:, None], other=0.0))
+
+
+@triton.jit
+def _row_dot(A, B, OUT, n_rows, WIDTH: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = rows < n_rows
+    offsets = rows[:, None] * WIDTH + tl.arange(0, WIDTH)[None, :]
+    a = tl.load(A + offsets, mask=ok[:, None], other=0.0).to(tl.float32)
+    b = tl.load(B + offsets, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(OUT + rows, tl.sum(a * b, 1), mask=ok)
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 [...] = sum over the last dimension of a * b (the backward's delta = rowsum(o * do)),
+    without fp32 copies of a and b; a, b [..., D] of one shape, D a power of two."""
+    a, b = a.contiguous(), b.contiguous()
+    width = a.shape[-1]
+    out = torch.empty(a.shape[:-1], device=a.device, dtype=torch.float32)
+    n_rows = out.numel()
+    rows = max(1, 4096 // width)
+    if n_rows:
+        _row_dot[(triton.cdiv(n_rows, rows),)](a, b, out, n_rows, WIDTH=width, ROWS=rows)
+    return out

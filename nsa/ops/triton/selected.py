@@ -39,6 +39,7 @@ from nsa.ops.triton._tiles import (
     load_stats,
     online_softmax_step,
     probs_and_score_grads,
+    row_dot,
     tile_offsets,
 )
 
@@ -267,7 +268,7 @@ class _SelectedAttention(torch.autograd.Function):
         precision = dot_precision(q)
         n_blocks = -(-seq // block_size)
         do = do.contiguous()
-        delta = (o.float() * do.float()).sum(-1)
+        delta = row_dot(o, do)
         dq = torch.empty_like(q)
         _selected_dq[(seq, batch * n_kv_heads)](
             q, k, v, block_indices, do, lse, delta, dq,
