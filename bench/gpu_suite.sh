@@ -2,7 +2,8 @@
 # Everything that needs a CUDA GPU, in one go, logs under OUTDIR:
 #   bench/gpu_suite.sh OUTDIR [env] [tests] [bench] [memory] [sweep]   (default: all)
 #   env     versions of the GPU, driver, torch, triton
-#   tests   the GPU tests (compiled kernels vs the torch backend, snapshot, routing)
+#   tests   the GPU tests (compiled kernels vs the torch backend, snapshot, routing, nccl;
+#           pytest-xdist runs them in parallel) and the parity check against the oracle
 #   bench   bench/bench_triton.py -> reports/bench_triton_gpu.{md,json} (copied to OUTDIR)
 #   memory  nsadiag memory --device cuda --ab-expandable-segments -> OUTDIR/memory-cuda
 #   sweep   12 layers x 2048 tokens, bf16, gradient checkpointing -> OUTDIR/sweep-cuda
@@ -25,9 +26,13 @@ for part in $parts; do
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__,
 torch.cuda.get_device_name())" 2>&1 | tee -a "$out/env.txt" ;;
     tests)
-      timeout 420 $py -m pytest -q -p no:cacheprovider -x \
-        tests/test_triton_gpu.py tests/test_memory_snapshot.py tests/test_cli_env.py \
-        tests/test_bench_triton.py tests/test_triton_ops.py 2>&1 | tee "$out/tests.log" | tail -25 ;;
+      # every test marked gpu, then the oracle parity check of every backend (it also runs
+      # on the CPU, so it carries no gpu mark); kernels compile in parallel workers
+      timeout 420 $py -m pytest -q -p no:cacheprovider -n 6 -m gpu tests/ 2>&1 \
+        | tee "$out/tests.log" | tail -25
+      timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_bench_triton.py \
+        tests/test_cli_env.py tests/test_checks.py -k "bench or env or triton_backend" 2>&1 \
+        | tee -a "$out/tests.log" | tail -8 ;;
     bench)
       # shellcheck disable=SC2086
       timeout 540 $py bench/bench_triton.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" | tail -40

@@ -3,7 +3,8 @@
     python bench/tune_triton.py --seq 65536 --head-dim 128
 
 Each variant changes one group of knobs from the current defaults (selected-attention
-launch options, band-kernel tiles and launch options, score-kernel rows and warps) and
+launch options, band-kernel tiles and launch options, the compressed + selection kernel's
+rows, warps and stages, the compressed dK/dV work-item length) and
 times the whole NSAAttention layer (backend triton, bf16 autocast) forward and
 forward+backward: medians of CUDA-event-timed repeats after warm-up (the first call also
 compiles). Prints one table; the defaults in nsa/ops/triton are chosen from it.
@@ -12,6 +13,7 @@ compiles). Prints one table; the defaults in nsa/ops/triton are chosen from it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -23,40 +25,44 @@ sys.path.insert(0, str(ROOT / "bench"))
 def variants():
     """name -> {knob: value}; knobs: sel (launch options of the selected kernels), band
     (launch options of the band kernels), tiles (QUERY_TILE, KEY_TILE of the band kernels),
-    score (TILE_ROWS, num_warps, num_stages of the score kernel)."""
+    select (TILE_ROWS, num_warps, num_stages of the compressed + selection kernel), items
+    (ITEM_QUERIES of the compressed dK/dV work items)."""
     out = {"defaults": {}}
-    for warps, stages in ((4, 1), (4, 3), (8, 2), (8, 3)):
+    for warps, stages in ((4, 3), (8, 2)):
         out[f"sel w{warps} s{stages}"] = {"sel": {"num_warps": warps, "num_stages": stages}}
     for warps, stages in ((8, 2), (4, 3)):
         out[f"band w{warps} s{stages}"] = {"band": {"num_warps": warps, "num_stages": stages}}
-    for tiles in ((128, 64), (64, 128)):
-        out[f"band tiles {tiles[0]}x{tiles[1]}"] = {"tiles": tiles}
-    for rows, warps in ((128, 8), (32, 4)):
-        out[f"score rows {rows} w{warps}"] = {"score": (rows, warps, 2)}
+    out["band tiles 128x64"] = {"tiles": (128, 64)}
+    for rows, warps, stages in ((128, 8, 2), (128, 4, 2), (64, 4, 3), (32, 4, 2)):
+        out[f"select rows {rows} w{warps} s{stages}"] = {"select": (rows, warps, stages)}
+    for items in (2048, 8192):
+        out[f"dkdv items {items}"] = {"items": items}
     return out
 
 
 def apply(knobs: dict):
     """Set the knobs; returns a function that restores the defaults."""
-    from nsa.ops.triton import band, scores, selected
+    from nsa.ops.triton import band, select, selected
 
     saved = (selected.launch_options, band.launch_options, band.QUERY_TILE, band.KEY_TILE,
-             scores.TILE_ROWS, dict(scores.LAUNCH))
+             band.ITEM_QUERIES, select.TILE_ROWS, dict(select.LAUNCH))
     if "sel" in knobs:
         selected.launch_options = lambda dtype, tile, o=knobs["sel"]: dict(o)
     if "band" in knobs:
         band.launch_options = lambda dtype, tile, o=knobs["band"]: dict(o)
     if "tiles" in knobs:
         band.QUERY_TILE, band.KEY_TILE = knobs["tiles"]
-    if "score" in knobs:
-        scores.TILE_ROWS = knobs["score"][0]
-        scores.LAUNCH.update(num_warps=knobs["score"][1], num_stages=knobs["score"][2])
+    if "items" in knobs:
+        band.ITEM_QUERIES = knobs["items"]
+    if "select" in knobs:
+        select.TILE_ROWS = knobs["select"][0]
+        select.LAUNCH.update(num_warps=knobs["select"][1], num_stages=knobs["select"][2])
 
     def restore():
         (selected.launch_options, band.launch_options, band.QUERY_TILE, band.KEY_TILE,
-         scores.TILE_ROWS, launch) = saved
-        scores.LAUNCH.clear()
-        scores.LAUNCH.update(launch)
+         band.ITEM_QUERIES, select.TILE_ROWS, launch) = saved
+        select.LAUNCH.clear()
+        select.LAUNCH.update(launch)
     return restore
 
 
@@ -69,6 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="variant names to run (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the timings here")
     args = parser.parse_args(argv)
     import torch
 
@@ -99,6 +106,7 @@ def main(argv=None) -> int:
     print(f"S={args.seq} D={args.head_dim} heads {args.heads}/{args.kv_heads} "
           f"({torch.cuda.get_device_name()})")
     print("| variant | fwd ms | fwd+bwd ms |\n|---|---|---|", flush=True)
+    results = {}
     for name, knobs in variants().items():
         if args.only and name not in args.only:
             continue
@@ -106,10 +114,13 @@ def main(argv=None) -> int:
         try:
             fwd, full = timer(forward), timer(step)
             print(f"| {name} | {fwd:.2f} | {full:.2f} |", flush=True)
+            results[name] = {"knobs": knobs, "fwd_ms": fwd, "ms": full}
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile is a row
             print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:80]} | |", flush=True)
         finally:
             restore()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 
