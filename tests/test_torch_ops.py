@@ -92,7 +92,7 @@ def _check_path(exp_shift, q, k, scale):
     (50, 8, 2, 8, 7, 128),  # one tile larger than S, every block selectable
     (33, 2, 1, 4, 6, 7),
 ])
-@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["segments", "mixed", "dense"])
+@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["blockwise", "mixed", "dense"])
 def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, chunk,
                                  dense_factor, exp_shift):
     batch = 2
@@ -121,16 +121,16 @@ def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, bl
                                                   chunk_floats, monkeypatch, exp_shift):
     """The default split (dense for early queries, sparse after) over several sparse tiles,
     and with chunks small enough that one tile rescales its running softmax many times."""
-    from nsa.ops.torch import segments, selected
+    from nsa.ops.torch import selected, selected_blocks
 
-    monkeypatch.setattr(segments, "_CHUNK_FLOATS", chunk_floats)
+    monkeypatch.setattr(selected_blocks, "_CHUNK_FLOATS", chunk_floats)
     batch = 2
     q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, head_dim=16)
     _check_path(exp_shift, q, k, 16 ** -0.5)
     idx = _random_indices(batch, seq, n_kv_heads, n_sel, -(-seq // block_size))
     tiler = selected._Tiler(q, k, idx, block_size, 64, selected.DENSE_FACTOR)
     assert 0 < tiler.sparse_start < seq
-    assert len(segments.tiles(tiler.sparse_start, seq, block_size)) > 1
+    assert len(selected_blocks.tiles(tiler.sparse_start, seq, block_size)) > 1
     o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=64)
     o_ref, lse_ref = _selected_reference(q, k, v, idx, block_size)
     seen = torch.isfinite(lse_ref)
@@ -164,7 +164,7 @@ def test_unique_block_indices_keeps_first_occurrences():
     assert torch.equal(unique_block_indices(rows), rows)
 
 
-@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["segments", "mixed", "dense"])
+@pytest.mark.parametrize("dense_factor", [0.0, 1.0, math.inf], ids=["blockwise", "mixed", "dense"])
 def test_selected_repeated_indices_count_once(dense_factor):
     """A block listed twice in a row is attended once, on every path (the oracle's mask is a
     set of keys, so it counts a block once by construction)."""
@@ -184,7 +184,7 @@ def test_selected_repeated_indices_count_once(dense_factor):
     _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
 
 
-PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["segments", "dense"])
+PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["blockwise", "dense"])
 
 
 @PATHS
@@ -357,7 +357,7 @@ def test_query_chunk_does_not_change_results():
     q, k, v, grad_o = _inputs(2, seq, 4, 2, head_dim=16)
     idx = _random_indices(2, seq, 2, 4, seq // block_size)
     runs = {
-        "sel-segments": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
+        "sel-blockwise": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
                                                    dense_factor=0.0),
         "sel-dense": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
                                                   dense_factor=math.inf),
@@ -406,9 +406,9 @@ def test_unfused_tile_math_matches_oracle(monkeypatch):
 def test_sparse_selected_and_window_are_deterministic(monkeypatch):
     """Reruns give identical bits (fixed summation orders: dQ rows and dK/dV blocks with
     index_add_, window slices in tile order), also with many chunks and kernel calls."""
-    from nsa.ops.torch import segments, window
+    from nsa.ops.torch import selected_blocks, window
 
-    monkeypatch.setattr(segments, "_CHUNK_FLOATS", 1 << 12)
+    monkeypatch.setattr(selected_blocks, "_CHUNK_FLOATS", 1 << 12)
     monkeypatch.setattr(window, "_CALL_FLOATS", 1 << 12)
     q, k, v, grad_o = _inputs(2, 300, 4, 2, head_dim=16)
     idx = _random_indices(2, 300, 2, 5, -(-300 // 16))

@@ -3,7 +3,7 @@
 A row of block_indices lists the blocks one query attends. A block listed more than once
 is attended once: the keys of a block are a set, and counting them twice would weigh that
 block double in the softmax. `unique_block_indices` enforces this before any backend
-reads the indices, so every path (dense, segments, kernels) sees rows without repeats.
+reads the indices, so every path (dense, block by block, kernels) sees rows without repeats.
 """
 
 from __future__ import annotations

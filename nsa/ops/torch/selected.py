@@ -18,7 +18,7 @@ Queries are processed in two ranges, split by shapes alone:
             contiguous keys [0, t1) with the selection expanded into a mask. While the causal
             prefix is short, one dense problem (on the CPU aten's fused flash kernel, the one
             SDPA runs) beats gathering; temporaries stay O(T*G*dense_factor*n*block_size).
-  sparse    the rest, block by block (segments.py): each block is multiplied against the
+  sparse    the rest, block by block (selected_blocks.py): each block is multiplied against the
             queries that selected it, one softmax per query across its blocks; cost per
             query is O(n * block_size), independent of S. dK/dV are accumulated with
             index_add_ (deterministic on CPU). The logits are exponentiated without a row
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from nsa.ops import shift
 from nsa.ops.indices import unique_block_indices
-from nsa.ops.torch import segments
+from nsa.ops.torch import selected_blocks
 from nsa.ops.torch._tiles import (
     _CPU_FLASH,
     _CPU_FLASH_BACKWARD,
@@ -190,7 +190,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiler: _Tiler,
     for t0, t1 in tiler.dense_tiles():
         o[:, t0:t1], lse[:, t0:t1] = _dense_forward_tile(q, kh, vh, tiler, t0, t1, scale)
     if tiler.sparse_start < tiler.seq:
-        segments.forward_range(q, _block_rows(kh, tiler.block_size),
+        selected_blocks.forward_range(q, _block_rows(kh, tiler.block_size),
                                _block_rows(vh, tiler.block_size), tiler.indices,
                                tiler.sparse_start, tiler.block_size, scale, unshifted, o,
                                lse)
@@ -210,7 +210,7 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
         dvh[:, :, :t1] += dvt
     if tiler.sparse_start < tiler.seq:
         bs = tiler.block_size
-        segments.backward_range(q, _block_rows(kh, bs), _block_rows(vh, bs), tiler.indices,
+        selected_blocks.backward_range(q, _block_rows(kh, bs), _block_rows(vh, bs), tiler.indices,
                                 o, lse, do, tiler.sparse_start, bs, scale, unshifted, dq,
                                 _block_rows(dkh, bs), _block_rows(dvh, bs))
     return dq, _from_blocks(dkh, k), _from_blocks(dvh, v)
