@@ -333,7 +333,8 @@ def check_table(term: Terminal, summary: Mapping[str, Any]) -> None:
     checks = summary["checks"]
     term.table(("check", "verdict", "module", "summary"),
                [(c["name"], c["status"], c["module"] or "-", c["summary"]) for c in checks],
-               ["green" if c["passed"] else "red" for c in checks])
+               ["green" if c["passed"] else "red" if c.get("failed", True) else "yellow"
+                for c in checks])
 
 
 def stacks_tables(term: Terminal, summary: Mapping[str, Any]) -> None:
