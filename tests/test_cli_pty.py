@@ -18,7 +18,7 @@ NSADIAG = [sys.executable, "-m", "nsadiag.cli"]
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
         "--set", "w=16", "--seq-len", "64"]
-DEADLINE_S = 30  # a command that hangs in a terminal never ends; one that works takes < 30 s
+DEADLINE_S = 300  # a command that hangs in a terminal never ends; one that works takes < 30 s
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 
