@@ -62,7 +62,11 @@ def main() -> None:
     parser.add_argument("--mode", choices=("eager", "compiled"), default="eager")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's intra-op threads (1: the CPU time is the work, not "
+                             "threads spinning for a core a busy machine holds)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = LM()
     if args.mode == "compiled":

@@ -123,8 +123,10 @@ def run(argv: list[str], watched: bool, work: Path, tag: str) -> dict:
     command = ([sys.executable, "-m", "nsadiag.cli", "run", "--out", str(run_dir), "--",
                 *argv] if watched else argv)
     before, started = load_average(), time.monotonic()
+    # a session of its own, as `nsadiag run` gives the command: the scheduler shares the
+    # CPU between sessions (autogroups), so a plain run left in this one would get less
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work,
-                          timeout=3600)
+                          timeout=3600, start_new_session=True)
     found = {"returncode": done.returncode, "wall_s": round(time.monotonic() - started, 1),
              "load": [before, load_average()]}
     output = done.stdout + done.stderr
