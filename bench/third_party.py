@@ -185,7 +185,14 @@ def markdown(rows: list[dict], python: Path) -> str:
     lines += ["", "Headlines:", ""]
     lines += [f"- {r['codebase']}, {r['burners']} burner(s): {r['watched'].get('headline')}"
               for r in rows]
-    lines += ["", "Commands (BIN is the codebase's virtualenv, WORK the work folder):", ""]
+    lines += ["", "Reading the overhead: the Trainer's train_runtime covers its first step, so "
+              "for `--torch_compile` it holds Dynamo's tracing of the model, which traces "
+              "nsadiag's (empty) hooks as well: a compile-time cost, not a step-time one (the "
+              "steady compiled step costs +1.2 % CPU time, `reports/bench_overhead.md`). Not in "
+              "the table: litgpt 0.5.13 (`litgpt pretrain`): it pins huggingface-hub<1.4, which "
+              "trl's transformers 5 cannot import, and in a virtualenv of its own its compiled "
+              "pretraining did not reach a logged iteration within five minutes here.", "",
+              "Commands (BIN is the codebase's virtualenv, WORK the work folder):", ""]
     seen = set()
     for r in rows:
         if r["codebase"] not in seen:
