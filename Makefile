@@ -13,6 +13,7 @@ TORCH_VERSION ?= 2.13.0
 CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_SPEC ?=
 PY := $(VENV)/bin/python
+DEMO_OUT ?= runs/demo
 STAMP := $(VENV)/.installed
 
 ifeq ($(strip $(TORCH_SPEC)),)
@@ -36,10 +37,10 @@ $(STAMP): pyproject.toml
 # triage exits 1 when it found the failure, which is what the demo shows (4, inconclusive,
 # when a loaded machine left it unsure)
 demo: $(STAMP)
-	rm -rf runs/demo
+	rm -rf $(DEMO_OUT)
 	$(PY) -m nsadiag.cli triage --target repro.per_token_loop:make --max-layers 2 \
 		--max-minutes 4 --seq-len 256 --steps 1000 --budget 20 --stall-timeout 15 \
-		--out runs/demo; rc=$$?; test $$rc -eq 1 -o $$rc -eq 4
+		--out $(DEMO_OUT); rc=$$?; test $$rc -eq 1 -o $$rc -eq 4
 
 train-demo: $(STAMP)
 	$(PY) -m nsa.train --data text --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 \

@@ -32,14 +32,23 @@ class OutputClosed(Exception):
 
 
 class _Stream(io.TextIOBase):
-    """A text stream that redacts what it is given and writes it through at once."""
+    """A text stream that redacts what it is given and writes it through at once.
+
+    It writes to the process's stdout or stderr as they are at the time of the write (a
+    test's runner swaps them), but never to a live display's stand-in: while rich shows a
+    spinner or a bar on a terminal it replaces sys.stdout and sys.stderr with proxies that
+    print through the display's console, which is this stream, so a write there would come
+    back here without end."""
 
     def __init__(self, terminal: Terminal, err: bool):
         self.terminal, self.err = terminal, err
 
     @property
     def target(self) -> Any:
-        return sys.stderr if self.err else sys.stdout
+        stream = sys.stderr if self.err else sys.stdout
+        while hasattr(stream, "rich_proxied_file"):  # rich.file_proxy.FileProxy
+            stream = stream.rich_proxied_file
+        return stream
 
     def write(self, text: str) -> int:
         shown = self.terminal.redacted(text)
@@ -324,7 +333,8 @@ def check_table(term: Terminal, summary: Mapping[str, Any]) -> None:
     checks = summary["checks"]
     term.table(("check", "verdict", "module", "summary"),
                [(c["name"], c["status"], c["module"] or "-", c["summary"]) for c in checks],
-               ["green" if c["passed"] else "red" for c in checks])
+               ["green" if c["passed"] else "red" if c.get("failed", True) else "yellow"
+                for c in checks])
 
 
 def stacks_tables(term: Terminal, summary: Mapping[str, Any]) -> None:

@@ -20,8 +20,17 @@ On a stall (no progress for ``stall_timeout`` seconds) the helper samples this p
 stacks and CPU and writes the report while the block still hangs; at ``deadline`` seconds
 (None: no deadline) a block that still progresses is SLOW; a block that ends first is OK,
 or ERROR with the exception it raised (the exception still propagates). The first verdict
-stands. Leaving the block removes every hook and handler, ends the helper (it writes its
-last report first) and releases the lock; nothing of the process is stopped or killed.
+stands. A verdict reached while the block still runs is announced once, where the user
+looks: one line on ``sys.stderr`` as it is then (a terminal, or in a notebook the cell's
+output), ``nsadiag.watch: <headline> (report: out/report.md)``, printed by a thread of
+this process that waits for it (a block stuck in a lock, a sleep, a Python loop or a
+native op that lets go of the GIL; one that holds the GIL keeps every thread from
+printing). The start-up grace of the stall clock covers starting up only: until the first
+forward, a main thread that waits (a lock, a queue) rather than imports or builds a
+model is a stall after ``stall_timeout`` (nsadiag.harness.watch).
+
+Leaving the block removes every hook and handler, ends the helper (it writes its last
+report first) and releases the lock; nothing of the process is stopped or killed.
 
 Files in ``out``: run.json, proc-<pid>/ (events.jsonl, profile.json, faulthandler.txt,
 result.json on an exception), block.json (how the block ended), evidence.json,
@@ -37,6 +46,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +63,7 @@ from nsadiag.rundir import (
 )
 
 PR_SET_PTRACER = 0x59616D61
+ANNOUNCE_POLL_S = 0.25
 HELPER_EXIT_S = 120.0
 """How long leaving the block waits for the helper's last report (a stall capture in
 progress takes seconds)."""
@@ -86,6 +97,9 @@ class Watch:
         self.helper: subprocess.Popen | None = None
         self.write_fd: int | None = None
         self.faulthandler_was_enabled = False
+        self.block_ended = threading.Event()
+        self.announced: str | None = None  # the line printed during the block
+        self.announcer: threading.Thread | None = None
 
     @property
     def summary(self) -> dict[str, Any] | None:
@@ -117,7 +131,28 @@ class Watch:
         write_run_meta(self.out, "watch", list(sys.argv), pid=os.getpid(),
                        stall_timeout_s=self.stall_timeout, deadline_s=self.deadline)
         self._start_helper()
+        self.block_ended.clear()
+        self.announcer = threading.Thread(target=self._announce, daemon=True,
+                                          name="nsadiag-watch-announce")
+        self.announcer.start()
         return self
+
+    def _announce(self) -> None:
+        """Print the first verdict the helper writes while the block runs, once."""
+        while not self.block_ended.wait(ANNOUNCE_POLL_S):
+            if self._announce_now():
+                return
+
+    def _announce_now(self) -> bool:
+        headline = self.headline
+        if headline is None or self.announced is not None:
+            return headline is not None
+        self.announced = f"nsadiag.watch: {headline} (report: {self.report})"
+        try:
+            print(self.announced, file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass  # a closed or missing stderr: the report is written all the same
+        return True
 
     def _start_helper(self) -> None:
         read_fd, self.write_fd = os.pipe()  # only this process holds the write end
@@ -141,6 +176,9 @@ class Watch:
         watched = self.watched
         if watched is None:
             return False
+        self.block_ended.set()
+        self.announcer.join(timeout=5)
+        self._announce_now()  # a verdict written just before the block ended
         if value is not None:
             watched.record_exception(value)
         block = {"status": "ok" if value is None else "error", "t": time.time(),

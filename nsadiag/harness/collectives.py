@@ -38,11 +38,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nsadiag.harness.heartbeat import HeartbeatWriter
+from nsadiag.probes import counters
+from nsadiag.probes.counters import outside_compiled_code
 
 WRAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
            "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all_single",
            "barrier", "all_gather_object", "broadcast_object_list")
 """torch.distributed functions counted when called through the torch.distributed name."""
+WRAPPER_FILES = (__file__, counters.__file__)
 
 
 def _shapes(values: Iterable[Any]) -> list[list[int]]:
@@ -147,7 +150,8 @@ class CollectiveCounter:
         self._originals.clear()
 
     def _wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
+        """``original``, counted when run eagerly; a compiled function that calls it gets
+        ``original`` itself (Dynamo turns it into a functional collective)."""
         def counted(*args: Any, **kwargs: Any) -> Any:
             if getattr(self._inside, "active", False):
                 return original(*args, **kwargs)
@@ -164,7 +168,7 @@ class CollectiveCounter:
                 self.end(n, op, "call", detail, ok=True)
             return work
 
-        return counted
+        return functools.wraps(original)(outside_compiled_code(counted, original))
 
 
 def _call_detail(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
@@ -179,12 +183,12 @@ def _call_detail(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
 
 
 def _caller() -> str | None:
-    """"function (file:line)" of the innermost frame outside torch and this module: the
-    code that issued the collective."""
+    """"function (file:line)" of the innermost frame outside torch and nsadiag's wrappers
+    (this module, nsadiag.probes.counters): the code that issued the collective."""
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
-        if f"{os.sep}torch{os.sep}" not in path and path != __file__:
+        if f"{os.sep}torch{os.sep}" not in path and path not in WRAPPER_FILES:
             return f"{frame.f_code.co_name} ({os.path.basename(path)}:{frame.f_lineno})"
         frame = frame.f_back
     return None

@@ -1,12 +1,13 @@
 """`nsadiag run -- CMD`: the user's own command, unchanged, watched to a verdict.
 
 ``run_command(argv, run_dir, stall_timeout_s, deadline_s)`` starts the command in a
-session of its own with ``nsadiag/harness/inject`` first on PYTHONPATH and
-NSADIAG_RUN_DIR set, so every Python process it starts (``python train.py``, ``python -m
-pkg``, torchrun and each of its ranks) writes its own heartbeat into
-``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout and stderr pass
-through to the terminal and are kept in ``stdout.txt`` and ``stderr.txt``; ``run.json``
-names the command.
+session of its own with ``nsadiag/harness/inject`` (the sitecustomize hook alone) first
+on PYTHONPATH and NSADIAG_RUN_DIR set, so every Python process it starts (``python
+train.py``, ``python -m pkg``, torchrun and each of its ranks) writes its own heartbeat
+into ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout and stderr
+pass through to nsadiag's own (through a pseudo-terminal when that is a terminal, so the
+command sees one, as it would without nsadiag) and are kept in ``stdout.txt`` and
+``stderr.txt``; ``run.json`` names the command.
 
 The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
 with the stall clock on progress of any of them. On a stall every watched process is
@@ -26,11 +27,12 @@ each rank waits, and which rank left the common path.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
-import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -59,25 +61,33 @@ UNBOUNDED_STEPS = 2**62  # a user's run has no step count: it ends when the comm
 
 
 def command_env(run_dir: Path) -> dict[str, str]:
-    """This environment, with the injected sitecustomize and nsadiag itself importable
-    first and the run directory named."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    path = [str(INJECT), package_root] + [p for p in os.environ.get("PYTHONPATH", "")
-                                          .split(os.pathsep) if p]
+    """This environment, with the directory of the injected sitecustomize (it holds
+    nothing else, and the hook takes it off ``sys.path`` again) first on PYTHONPATH and
+    the run directory named. Nothing of nsa-diag's own is put on the path: the command
+    imports the packages it would import without nsadiag (nsadiag.harness.inject)."""
+    path = [str(INJECT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                            if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path),
             "NSADIAG_RUN_DIR": str(run_dir.resolve()), "PYTHONUNBUFFERED": "1"}
 
 
 class _Tee(threading.Thread):
-    """Copies one pipe of the command to the terminal and to a file, as it comes."""
+    """Copies one output of the command (a pipe, or a pseudo-terminal's master side) to the
+    terminal and to a file, as it comes."""
 
-    def __init__(self, pipe: IO[bytes], terminal: IO[bytes], path: Path):
+    def __init__(self, fd: int, terminal: IO[bytes], path: Path):
         super().__init__(daemon=True)
-        self.pipe, self.terminal, self.path = pipe, terminal, path
+        self.fd, self.terminal, self.path = fd, terminal, path
 
     def run(self) -> None:
         with open(self.path, "wb") as kept:
-            for chunk in iter(lambda: self.pipe.read1(65536), b""):
+            while True:
+                try:
+                    chunk = os.read(self.fd, 65536)
+                except OSError:  # EIO: no process holds the pseudo-terminal any more
+                    break
+                if not chunk:
+                    break
                 kept.write(chunk)
                 kept.flush()
                 try:
@@ -85,15 +95,46 @@ class _Tee(threading.Thread):
                     self.terminal.flush()
                 except (OSError, ValueError):
                     continue  # a closed terminal must not stop the copy to the file
+        os.close(self.fd)
+
+
+def _output_for(terminal: IO[bytes]) -> tuple[int, int]:
+    """(read end, write end) for one output of the command: a pseudo-terminal of the same
+    size when nsadiag's own output is a terminal (the command sees a terminal, as it would
+    without nsadiag: colours, progress bars, line buffering), else a pipe. The terminal
+    turns no newline into CR LF, so the kept copy is the bytes the command wrote."""
+    try:
+        size = fcntl.ioctl(terminal.fileno(), termios.TIOCGWINSZ, bytes(8)) \
+            if terminal.isatty() else None
+    except (OSError, ValueError):
+        size = None
+    if size is None:
+        return os.pipe()
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+    attributes = termios.tcgetattr(slave)
+    attributes[1] &= ~termios.ONLCR
+    termios.tcsetattr(slave, termios.TCSANOW, attributes)
+    return master, slave
 
 
 class _Command(Launched):
     """The user's command with its output passed through and kept."""
 
     def __init__(self, argv: list[str], env: dict[str, str], run_dir: Path):
-        super().__init__(argv, env, subprocess.PIPE, subprocess.PIPE)
-        self.tees = [_Tee(self.proc.stdout, sys.stdout.buffer, run_dir / "stdout.txt"),
-                     _Tee(self.proc.stderr, sys.stderr.buffer, run_dir / "stderr.txt")]
+        terminals = (sys.stdout.buffer, sys.stderr.buffer)
+        out, err = _output_for(terminals[0]), _output_for(terminals[1])
+        try:
+            super().__init__(argv, env, out[1], err[1])
+        except BaseException:
+            os.close(out[0])
+            os.close(err[0])
+            raise
+        finally:
+            os.close(out[1])
+            os.close(err[1])
+        self.tees = [_Tee(out[0], terminals[0], run_dir / "stdout.txt"),
+                     _Tee(err[0], terminals[1], run_dir / "stderr.txt")]
         for tee in self.tees:
             tee.start()
 

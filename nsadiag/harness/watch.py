@@ -8,8 +8,13 @@ stall   no progress in any stream for the stall timeout. Progress is any heartbe
         (a block entered or left, a step ended, a collective) or a pulse of the progress
         sampler that saw progress (a loop iterating, autograd nodes running). Until the
         first forward event the limit is at least the start-up grace (STARTUP_GRACE_S
-        unless the job's spec says otherwise: starting Python, importing torch, building
-        the model). The clock counts the time the processes
+        unless the job's spec says otherwise) while a process may be starting Python,
+        importing torch or building the model: busy on the CPU, or too busy in native
+        code to send pulses. A process whose pulses show its main thread waiting (on the
+        CPU or asking for it IDLE_SHARE of the time or less since its last progress: a
+        lock, a queue, a sleep) is doing none of these: once every
+        process waits, the plain stall timeout holds (a lock wait before the first
+        forward is a stall at the stall timeout). The clock counts the time the processes
         could have used: the run-queue wait of a stream's main thread (time it wanted
         the CPU and a loaded machine did not give it) does not count, so a busy machine
         does not turn a slow step into a stall; after STRETCH stall windows of wall time
@@ -38,6 +43,9 @@ KEEP_EVENTS = 400
 KEEP_PULSES = 120
 STRETCH = 10.0
 FINISH_GRACE_S = 10.0
+IDLE_SHARE = 0.1
+"""A main thread that used at most this share of the wall time on the CPU since its last
+progress is waiting, not starting up (see the module docstring)."""
 PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})
 
 
@@ -94,6 +102,10 @@ class Stream:
     started_training: bool = False
     finished: bool = False
     runq_mark: float | None = None  # run-queue seconds at the job's last progress
+    # (t, seconds the main thread was on the CPU or waiting for one) of a progress pulse
+    # and of the latest pulse
+    cpu_at_progress: tuple[float, float] | None = None
+    cpu_now: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         self.tail = EventTail(self.path)
@@ -107,6 +119,7 @@ class Stream:
             if kind == "pulse":
                 self.pulses.append(event)
                 progressed = progressed or bool(event.get("progress"))
+                self._clock_pulse(event)
                 continue
             progressed = progressed or kind in PROGRESS_KINDS
             self.last.append(event)
@@ -122,6 +135,24 @@ class Stream:
                                  int(event.get("step", -1)) + 1 >= self.total_steps):
                 self.finished = True
         return progressed
+
+    def _clock_pulse(self, pulse: dict[str, Any]) -> None:
+        if pulse.get("cpu_s") is None or pulse.get("t") is None:
+            return
+        wanted = float(pulse["cpu_s"]) + float(pulse.get("runq_s") or 0.0)
+        self.cpu_now = (float(pulse["t"]), wanted)
+        if pulse.get("progress") or self.cpu_at_progress is None:
+            self.cpu_at_progress = self.cpu_now
+
+    def waiting(self) -> bool:
+        """Whether the pulses since the process's last progress show its main thread
+        waiting: a second or more with at most IDLE_SHARE of it on the CPU or asking for
+        it (a thread a loaded machine keeps off the CPU is not waiting)."""
+        if self.cpu_now is None or self.cpu_at_progress is None:
+            return False
+        elapsed = self.cpu_now[0] - self.cpu_at_progress[0]
+        used = self.cpu_now[1] - self.cpu_at_progress[1]
+        return elapsed >= 1.0 and used <= IDLE_SHARE * elapsed
 
     def mark_run_queue(self) -> None:
         """Remember the main thread's run-queue seconds now (the job progressed)."""
@@ -187,7 +218,7 @@ class Watcher:
         return bool(self.streams) and all(s.finished for s in self.streams)
 
     def stall_limit(self) -> float:
-        if self.started_training:
+        if self.started_training or (self.streams and all(s.waiting() for s in self.streams)):
             return self.stall_timeout_s
         return max(self.stall_timeout_s, self.startup_grace_s)
 

@@ -8,8 +8,9 @@ it, with no edit to the user's code.
 - ``events.jsonl``: a heartbeat (nsadiag.harness.heartbeat) with a "start" event naming
   the process (pid, rank under torchrun, argv), sampler pulses, and once torch is in use:
   a "forward" start at each top-level module call in training mode, module events of that
-  model's blocks (forward pre- and post-hooks only: backward hooks would change the
-  autograd graph of a model we do not own), a "backward" start at every
+  model's blocks (from the global forward pre- and post-hooks only: backward hooks would
+  change the autograd graph of a model we do not own, and a hook registered on a block
+  would change what a compiled model's guards check), a "backward" start at every
   ``torch.autograd.backward``, a "step" event at every ``Optimizer.step``, "collective"
   events (nsadiag.harness.collectives: every torch.distributed collective called through
   the ``torch.distributed`` namespace, and DDP's gradient buckets through a counted comm
@@ -29,6 +30,12 @@ A user hook registered after the first forward would be refused by DDP (one hook
 module): this is the one behaviour the injection can change, and registering after the
 first forward is not how DDP is used.
 
+Compiled code is left as it is: inside a region torch.compile traces, every hook does
+nothing and reads nothing (nsadiag.probes.counters.outside_compiled_code), so a compiled
+model compiles as often as without nsadiag; its blocks' events and an optimizer step
+compiled with the model are not seen, the call of the compiled model, its backward and
+an eager optimizer step are.
+
 torch is not imported here: a thread waits until the user's code has imported
 ``torch.nn`` and ``torch.optim``, then installs the hooks, so processes that never use
 torch (a launcher script, a data worker, pip) pay nothing but the sampler.
@@ -43,11 +50,12 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from nsadiag.harness.heartbeat import HeartbeatWriter
-from nsadiag.probes.counters import WorkCounters
+from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.sampler import Sampler
 
 TORCH_POLL_S = 0.2
@@ -99,6 +107,7 @@ class Watched:
                                counters=self.counters, context=self.writer.context,
                                events=lambda: self.writer.events)
         self.roots: set[int] = set()
+        self.blocks: dict[int, str] = {}  # id(block) -> its name, of every model trained
         self.depth = threading.local()
         self.steps = 0
         self.marks = {"step": time.perf_counter(), "forward": None, "backward": None}
@@ -168,10 +177,20 @@ class Watched:
         if self.stopped.is_set():
             return
         self.counters.install()
-        self.handles += [module_mod.register_module_forward_pre_hook(self._enter),
-                         module_mod.register_module_forward_hook(self._exit),
-                         register_optimizer_step_post_hook(self._on_step)]
+        # torch warns that global hooks fire once more for the wrapper torch.compile(model)
+        # returns; the hooks are nsadiag's and count that call once, so the user's stderr
+        # stays as it is without nsadiag (and a -W error run is not ended by it)
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                message=r"Using `torch\.compile\(module\)` when there are "
+                                        r"global hooks on modules")
+        self.handles += [
+            module_mod.register_module_forward_pre_hook(outside_compiled_code(self._enter)),
+            module_mod.register_module_forward_hook(outside_compiled_code(self._exit)),
+            register_optimizer_step_post_hook(outside_compiled_code(self._on_step))]
         self._count_collectives()
+        while not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
+            if self.stopped.wait(TORCH_POLL_S):
+                return
 
     def _count_collectives(self) -> None:
         import torch.distributed as dist
@@ -222,27 +241,40 @@ class Watched:
     def _enter(self, module: Any, args: Any) -> None:
         depth = getattr(self.depth, "n", 0)
         self.depth.n = depth + 1
-        if depth or not module.training or os.getpid() != self.pid:
+        if os.getpid() != self.pid:
+            return
+        if depth:
+            name = self.blocks.get(id(module))
+            if name is not None:
+                self.writer.module(name, "forward", "enter")
+            return
+        if not module.training:
             return
         if id(module) not in self.roots:
             self.roots.add(id(module))
-            self._hook_blocks(module)
+            self._find_blocks(module)
         if self.marks["forward"] is None:
             self.marks["forward"] = time.perf_counter()
         self.writer.start("forward", self.steps)
 
     def _exit(self, module: Any, args: Any, output: Any) -> None:
         self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
+        name = self.blocks.get(id(module)) if self.depth.n else None
+        if name is not None and os.getpid() == self.pid:
+            self.writer.module(name, "forward", "exit")
 
-    def _hook_blocks(self, root: Any) -> None:
-        """Module events for the repeated blocks of a model seen for the first time."""
+    def _find_blocks(self, root: Any) -> None:
+        """Module events for the repeated blocks of a model seen for the first time. They
+        come from the global hooks: a hook registered on a block now would change the
+        module's hook dictionaries, which a compiled model's guards check."""
         from nsadiag.targets import find_blocks
 
+        root = getattr(root, "_orig_mod", root)  # torch.compile(model) wraps the model
         inner = getattr(root, "module", None)  # DDP and DataParallel wrap the model
         prefix = "module." if inner is not None and len(list(root.children())) == 1 else ""
         blocks = find_blocks(inner if prefix else root)
         for name, block in blocks:
-            self.handles += hook_forward(prefix + name, block, self.writer)
+            self.blocks[id(block)] = prefix + name
         self.writer.watched_blocks = len(blocks)
 
     def _on_backward(self) -> None:
@@ -268,14 +300,6 @@ class Watched:
         # what happens until the next forward (loading the next batch, a collective the
         # script issues between steps) belongs to the next step's forward
         self.writer.phase, self.writer.step = "forward", self.steps
-
-
-def hook_forward(name: str, block: Any, writer: HeartbeatWriter) -> list[Any]:
-    """Forward enter and exit module events of one block (no backward hooks)."""
-    return [block.register_forward_pre_hook(lambda m, a: writer.module(name, "forward",
-                                                                        "enter")),
-            block.register_forward_hook(lambda m, a, o: writer.module(name, "forward",
-                                                                       "exit"))]
 
 
 def process_dir(run_dir: Path, pid: int | None = None) -> Path:

@@ -18,12 +18,20 @@ nodes   pre-hooks on a spread of the autograd graph's nodes, installed when a ba
         last hooked node that ran in the backward now running, e.g. "MmBackward0"; None
         outside backward and in a backward that is not instrumented.
 
+Hooks are invisible to torch.compile: inside code Dynamo traces, a hook of nsadiag's does
+nothing (``outside_compiled_code``), so no attribute it reads or writes becomes a guard
+and no call of it breaks a graph; a compiled model compiles as often as it does without
+nsadiag. Inside a compiled region ``calls`` does not move: its progress shows at its
+boundaries (each call of the compiled module, each backward, each optimizer step) and in
+the sampled stacks.
+
 torch is imported by ``install``, not at module import.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -67,7 +75,8 @@ class WorkCounters:
         with self._lock:
             if self._originals:
                 return self
-            self._handles.append(module_mod.register_module_forward_pre_hook(self._on_call))
+            self._handles.append(module_mod.register_module_forward_pre_hook(
+                outside_compiled_code(self._on_call)))
             for name in ("backward", "grad"):
                 original = getattr(torch.autograd, name)
                 self._originals[name] = original
@@ -91,25 +100,46 @@ class WorkCounters:
     # ---- backward -------------------------------------------------------------------------
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
+        """``original`` (torch.autograd.backward or grad), counted when run eagerly and
+        left to Dynamo as it is when a compiled function calls it. Under Dynamo's frame
+        callback (a backward after a graph break in a compiled step) the wrapper's own
+        frames are skipped, and the backward it runs is seen by Dynamo as without it."""
+        import torch
+
+        is_compiling = torch.compiler.is_compiling
+
         def counted(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.on_backward is not None:
-                self.on_backward()
-            handles = self._hook_graph(tensors) if self._should_instrument() else []
-            self.op = None  # a name from an earlier backward would be stale
-            self.in_backward += 1
-            started = time.perf_counter()
+            if is_compiling():
+                return original(tensors, *args, **kwargs)
+            handles, started = self._backward_starts(tensors)
+            if _PENDING:
+                skip_dynamo_frames()
             try:
                 return original(tensors, *args, **kwargs)
             finally:
-                self.in_backward -= 1
-                self.op = None
-                self._last_backward_s = time.perf_counter() - started
-                for handle in handles:
-                    handle.remove()
+                self._backward_ends(handles, started)
 
-        counted.__nsadiag_counted__ = True  # type: ignore[attr-defined]
-        return counted
+        _skip_in_dynamo(counted.__code__, recursive=False)
+        for part in (self._backward_starts, self._backward_ends, self._tick("")):
+            _skip_in_dynamo(part.__code__)
+        wrapper = functools.wraps(original)(counted)
+        wrapper.__nsadiag_counted__ = True  # type: ignore[attr-defined]
+        return wrapper
+
+    def _backward_starts(self, tensors: Any) -> tuple[list[Any], float]:
+        if self.on_backward is not None:
+            self.on_backward()
+        handles = self._hook_graph(tensors) if self._should_instrument() else []
+        self.op = None  # a name from an earlier backward would be stale
+        self.in_backward += 1
+        return handles, time.perf_counter()
+
+    def _backward_ends(self, handles: list[Any], started: float) -> None:
+        self.in_backward -= 1
+        self.op = None
+        self._last_backward_s = time.perf_counter() - started
+        for handle in handles:
+            handle.remove()
 
     def _should_instrument(self) -> bool:
         self._backwards += 1
@@ -132,6 +162,7 @@ class WorkCounters:
         def hook(grad_outputs: Any) -> None:
             self.nodes += 1
             self.op = name
+        _skip_in_dynamo(hook.__code__)
         return hook
 
 
@@ -152,3 +183,67 @@ def graph_nodes(tensors: Any) -> list[Any]:
         nodes.append(node)
         stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
     return nodes
+
+
+def outside_compiled_code(hook: Callable[..., Any],
+                          traced: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``hook``, run only outside code that torch.compile traces: there it does nothing
+    (returns None), or calls ``traced`` instead (the function a wrapper stands for).
+
+    Dynamo inlines a module hook it meets in a compiled region, and an attribute the hook
+    reads becomes a guard: ``self.calls += 1`` guarded on the count and recompiled the
+    model on every call until Dynamo's recompile limit, and a file write breaks the graph.
+    ``torch.compiler.is_compiling()`` is a constant True to Dynamo, so the traced hook is
+    empty and guards nothing of ours; run eagerly it costs one call. Where Dynamo would
+    compile the wrapper as a frame of its own (the global hooks of the module inside
+    ``torch.compile(module)`` run under its frame callback), the wrapper and all it calls
+    run as they are (``skip_dynamo_frames``)."""
+    import torch
+
+    is_compiling = torch.compiler.is_compiling
+
+    @functools.wraps(hook)
+    def eager_only(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return None if traced is None else traced(*args, **kwargs)
+        if _PENDING:
+            skip_dynamo_frames()
+        return hook(*args, **kwargs)
+
+    _skip_in_dynamo(eager_only.__code__)
+    return eager_only
+
+
+_PENDING: dict[Any, bool] = {}
+"""Code of nsadiag's hooks that Dynamo's frame callback must skip: {code: recursive}."""
+_DONE: set[Any] = set()
+
+
+def _skip_in_dynamo(code: Any, recursive: bool = True) -> None:
+    """Have Dynamo's frame callback skip frames of ``code`` (and, ``recursive``, every
+    frame they call), once the program has imported Dynamo."""
+    if code not in _DONE:
+        _PENDING[code] = recursive
+
+
+def skip_dynamo_frames() -> bool:
+    """Once the program has imported Dynamo, have its frame callback run the frames of
+    nsadiag's hooks as they are, as it runs torch's own code; whether that is done.
+    (torch >= 2.6; before, Dynamo compiles such a frame once, and only to nothing.)
+    nsadiag never imports Dynamo itself: that would load what the program does not, and
+    race with the program's own import on another thread."""
+    module = sys.modules.get("torch._dynamo")
+    if module is None or getattr(module.__spec__, "_initializing", False):
+        return False
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        set_code_exec_strategy = None
+    for code, recursive in list(_PENDING.items()):
+        if set_code_exec_strategy is not None:
+            below = FrameAction.SKIP if recursive else FrameAction.DEFAULT
+            set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, below))
+        _DONE.add(code)
+        _PENDING.pop(code, None)
+    return True

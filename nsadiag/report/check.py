@@ -40,12 +40,15 @@ def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
 
 
 def headline(results: Sequence[CheckResult]) -> str:
-    """"N check(s) passed[, M not applicable]", or the first failed check and its module."""
-    failed = [r for r in results if not r.passed]
+    """"N check(s) passed[, M not applicable][, K inconclusive]", or the first failed
+    check and its module."""
+    failed = [r for r in results if r.failed]
     if not failed:
         skipped = sum(not r.applicable for r in results)
-        ran = f"{len(results) - skipped} check(s) passed"
-        return f"{ran}, {skipped} not applicable" if skipped else ran
+        undecided = sum(not r.passed for r in results)
+        ran = f"{len(results) - skipped - undecided} check(s) passed"
+        ran += f", {skipped} not applicable" if skipped else ""
+        return ran + (f", {undecided} inconclusive (out of time)" if undecided else "")
     first = failed[0]
     where = f" at {first.module}" if first.module else ""
     return f"{first.name} {first.verdict.name}{where}"
@@ -63,12 +66,16 @@ def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
                        argv: Sequence[str], world_size: int) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of the checks run on ``spec`` (a TrialSpec's JSON form)."""
     title = headline(results)
-    failed = [r for r in results if not r.passed]
+    failed = [r for r in results if r.failed]
+    undecided = [r for r in results if not r.passed and not r.failed]
     md = [f"# nsadiag check: {title}", "", "## Executive summary", ""]
     if failed:
         md += [f"{len(failed)} of {len(results)} check(s) failed. The first: **{failed[0].name}"
                f" {failed[0].verdict.name}**" + (f" at `{failed[0].module}`" if failed[0].module
                                                 else "") + f": {failed[0].summary}."]
+    elif undecided:
+        md += [f"{len(undecided)} of {len(results)} check(s) inconclusive: "
+               + "; ".join(r.summary for r in undecided) + "."]
     else:
         md += [f"All {len(results)} check(s) passed."]
     shown = {**spec, "n_layers": layers_run(results, spec.get("n_layers"))}
@@ -88,10 +95,13 @@ def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
     md += [f"- {r.name}: the check did not finish ({r.verdict.name}); run `nsadiag "
            f"sweep-layers` or `nsadiag trace` on the same target to see where it stops."
            for r in failed if r.verdict.name != "WRONG"]
-    if not failed:
+    md += [f"- {r.name}: nothing was decided: rerun with a larger --budget, or on a quieter "
+           f"machine." for r in undecided]
+    if not failed and not undecided:
         md.append("Nothing to fix: every check passed on this configuration.")
     summary = Summary(
-        command="check", headline=title, status="failure" if failed else "healthy",
+        command="check", headline=title,
+        status="failure" if failed else "inconclusive" if undecided else "healthy",
         verdicts=[verdict_row(r.name, r.status, spec.get("n_layers"), spec.get("seq_len"))
                   for r in results],
         failing=failed[0].verdict.to_dict() if failed else None,

@@ -32,6 +32,7 @@ from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.triage.decide import BASELINE
 from nsadiag.trials import triage_labels
+from nsadiag.verdict.load import machine_sentence, worst_contention
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "
@@ -227,14 +228,18 @@ def _headline(state: dict[str, Any], failure: dict[str, Any] | None) -> str:
             f"healthy: OK up to {deepest} layer(s)")
 
 
-INCONCLUSIVE_CHECK = "SLOW"
-"""A check cut short by its time budget is reported as not finished and decides nothing;
-every other non-OK check verdict (WRONG, ERROR, CRASH, OOM, a stall) is a failure."""
+UNDECIDED_CHECKS = ("SLOW", "INCONCLUSIVE")
+"""A check cut short by its time budget is reported as not finished and decides nothing
+(nsadiag.checks: ``failed`` is false; records without that field: these verdicts); every
+other non-OK check verdict (WRONG, ERROR, CRASH, OOM, a stall) is a failure."""
+
+
+def _check_failed(check: dict[str, Any]) -> bool:
+    return check.get("failed", check["verdict"]["name"] not in ("OK", *UNDECIDED_CHECKS))
 
 
 def _failed_checks(state: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in (state.get("checks") or {}).get("results", [])
-            if c["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK)]
+    return [c for c in (state.get("checks") or {}).get("results", []) if _check_failed(c)]
 
 
 def _unreproduced(state: dict[str, Any]) -> dict[str, Any] | None:
@@ -395,7 +400,7 @@ def _checks_section(state) -> list[str]:
         lines.append(f"| {c['name']} | {c.get('status', c['verdict']['name'])} | "
                      f"{c['module'] or '-'} | {c['summary']} |")
     unfinished = [f"{c['name']} ({c['verdict']['name']})" for c in results
-                  if c["verdict"]["name"] == INCONCLUSIVE_CHECK]
+                  if c["verdict"]["name"] != "OK" and not _check_failed(c)]
     if unfinished:
         lines += ["", f"Did not finish, so neither passed nor failed: {', '.join(unfinished)}; "
                       f"the check's directory under checks/ holds its evidence."]
@@ -525,7 +530,7 @@ def _root_cause(state, records, failure, frames) -> list[str]:
                 "not applicable"):
             ruled_out.append(f"Wrong results of the kind the {check['name']} check looks "
                              f"for: {check['summary']}.")
-        elif check["verdict"]["name"] not in ("OK", INCONCLUSIVE_CHECK):
+        elif _check_failed(check):
             found = (f"`{check['module'] or check['name']}` ({check['name']} check, "
                      f"{check['verdict']['name']}): {check['summary']}.")
             # a wrong result is not the cause of a slowness or stall measured without it
@@ -660,6 +665,9 @@ def build_triage_report(run_dir: Path, state: dict[str, Any]) -> tuple[str, dict
     headline = _headline(state, failure)
     md = [f"# nsadiag triage: {headline}", "", f"Target `{state['target']}`.", "",
           "## Executive summary", ""] + _summary_section(state, failure, frames, regressed)
+    machine = worst_contention(r.evidence.get("load") for r in records.values())
+    if machine:
+        md += ["", f"Machine: {machine_sentence(machine)}."]
     md += ["", "## Environment", ""] + _env_section(state)
     md += ["", "## Configuration comparison", ""] + _config_section(state, records)
     md += ["", "## Systematic results", ""] + _results_section(state, records, rows)
@@ -699,7 +707,7 @@ def build_triage_report(run_dir: Path, state: dict[str, Any]) -> tuple[str, dict
                      {k: c[k] for k in ("name", "passed", "module", "summary")} |
                      {"verdict": c["verdict"]["name"]}
                      for c in (state.get("checks") or {}).get("results", [])],
-                 "env_problems": state.get("env_problems", []),
+                 "env_problems": state.get("env_problems", []), "machine": machine,
                  "efficiency": _efficiency_ref(state),
                  "regression": ({"baseline": regression["path"],
                                  "threshold": regression["threshold"],

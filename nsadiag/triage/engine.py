@@ -5,8 +5,9 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
 1. env      collect_env() and the problems that weaken the evidence (no py-spy, ...)
    checks   nsadiag.checks causality, parity, ckpt (and ddp with world_size > 1) at
             min(2, max_layers) layers; a check ending WRONG, ERROR, CRASH, OOM or in a
-            stall is a failure, one cut short by its time budget (SLOW) is reported as not
-            finished and decides nothing; checks are not resumed: a rerun runs them again
+            stall is a failure; one cut short by its time budget is fitted to it (a shorter
+            sequence, one layer) and says what it checked, or is INCONCLUSIVE: not
+            finished, it decides nothing; checks are not resumed: a rerun runs them again
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first failing one (nsadiag.triage.decide);
             a SLOW that is slow by size (the work outlasts the budget, no defect in how it

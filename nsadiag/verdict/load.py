@@ -24,7 +24,7 @@ must confirm; counts (host reads, FLOPs per op) are not timings and stand at any
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 LOADED_PER_CPU = 1.5
@@ -103,3 +103,50 @@ def contention_sentence(found: Mapping[str, Any]) -> str:
         return (f"the machine was contended ({'; '.join(found['why'])}): {figures}; a "
                 f"timing read here must be confirmed on a quieter machine")
     return f"the machine was not contended: {figures}"
+
+
+def worst_contention(loads: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """``contention`` of the most contended of several jobs' load readings (the most
+    runnable tasks besides the job's own, then the smallest CPU share received), with
+    ``jobs`` (how many recorded a load) and ``contended_jobs``; None when none did."""
+    found = [c for c in map(contention, loads) if c is not None]
+    if not found:
+        return None
+    worst = max(found, key=lambda c: (c["contended"], c.get("others_per_cpu") or 0.0,
+                                      -(c["got"] if c.get("got") is not None else 1.0)))
+    return {**worst, "jobs": len(found), "contended_jobs": sum(c["contended"] for c in found)}
+
+
+SHARED_PER_CPU = 0.5
+SHARED_GOT = 0.9
+"""Below contention, a machine is still said to be shared with other work when this many
+runnable tasks per usable CPU besides the job's own, or a main thread receiving less than
+this share of the CPU it asked for, were seen (a report states it; no verdict changes)."""
+
+
+def machine_sentence(found: Mapping[str, Any]) -> str:
+    """One sentence on the machine over a run's jobs (``worst_contention``), with the
+    figures of the most contended one."""
+    figures = []
+    loads = [x for x in found.get("loadavg") or [] if x is not None]
+    if loads and found.get("usable_cpus"):
+        figures.append(f"load average {max(loads):.1f} on {found['usable_cpus']} usable CPU(s)")
+    if found.get("others_per_cpu") is not None:
+        figures.append(f"{found['others_per_cpu']:.1f} runnable tasks per usable CPU besides "
+                       f"the trial's own")
+    if found.get("got") is not None:
+        figures.append(f"the main thread received {found['got']:.0%} of the CPU it asked for")
+    if found.get("steal") is not None:
+        figures.append(f"steal {found['steal']:.0%}")
+    jobs, contended = found["jobs"], found["contended_jobs"]
+    shared = ((found.get("others_per_cpu") or 0.0) >= SHARED_PER_CPU
+              or (found.get("got") is not None and found["got"] < SHARED_GOT))
+    if contended:
+        state = (f"contended during {contended} of {jobs} trial(s) ({'; '.join(found['why'])}"
+                 f"): a timing verdict there needs a quieter machine to confirm it")
+    elif shared:
+        state = (f"shared with other work during the {jobs} trial(s), below the contention "
+                 f"that makes a timing verdict inconclusive")
+    else:
+        state = f"not contended during any of {jobs} trial(s)"
+    return f"{state}; the busiest: {', '.join(figures) or 'no figures recorded'}"

@@ -1,0 +1,45 @@
+"""A healthy target whose work grows as S^3, for tests/test_check_budget.py: at S=2048 a
+correctness check outlasts any short budget, at S=512 it takes a fraction of a second.
+
+    size_bound   embed -> n_layers x SizeBoundBlock (checkpointed with grad_ckpt) -> head;
+                 each block runs (S / 128)^2 rounds of causal attention
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tests.diag_targets import DIM, TinyLM
+
+
+class SizeBoundBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(max(1, (x.shape[1] // 128) ** 2)):
+            q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+            x = x + 0.1 * F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
+        return x
+
+
+class SizeBoundLM(TinyLM):
+    def __init__(self, n_layers: int, grad_ckpt: bool):
+        super().__init__(n_layers)
+        self.layers = nn.ModuleList(SizeBoundBlock(DIM) for _ in range(n_layers))
+        self.grad_ckpt = grad_ckpt
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            use = self.grad_ckpt and torch.is_grad_enabled()
+            x = checkpoint(layer, x, use_reentrant=False) if use else layer(x)
+        return self.head(x)
+
+
+def size_bound(n_layers: int = 2, grad_ckpt: bool = False) -> nn.Module:
+    return SizeBoundLM(n_layers, grad_ckpt)

@@ -1,0 +1,78 @@
+"""Run a command in a pseudo-terminal, as a person at a terminal runs it: stdin, stdout and
+stderr all on the pty's slave side (so rich shows its live bars and spinners), the output
+read from the master side until the command ends or a deadline passes (then its process
+group is killed and the run is reported as not ended)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import struct
+import subprocess
+import termios
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROWS, COLUMNS = 40, 120
+HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
+"""What rich writes as a live display (spinner, progress bar) starts and ends."""
+
+
+@dataclass
+class PtyRun:
+    returncode: int | None  # None: killed at the deadline
+    output: str  # stdout and stderr as the terminal received them, escapes included
+
+    @property
+    def ended(self) -> bool:
+        return self.returncode is not None
+
+    @property
+    def showed_live_display(self) -> bool:
+        return HIDE_CURSOR in self.output and SHOW_CURSOR in self.output
+
+
+def in_pty(argv: list[str], deadline_s: float, cwd: Path | None = None,
+           env: dict[str, str] | None = None) -> PtyRun:
+    """Run ``argv`` on a fresh pty of ROWS x COLUMNS with TERM=xterm-256color."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+    environ = {**(os.environ if env is None else env), "TERM": "xterm-256color"}
+    for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "CI", "GITHUB_ACTIONS"):
+        environ.pop(name, None)  # rich would take these over the terminal itself
+    try:
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+                                env=environ, start_new_session=True)
+    finally:
+        os.close(slave)
+    chunks: list[bytes] = []
+    end = time.monotonic() + deadline_s
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                if proc.poll() is not None:
+                    break  # ended, and a process it left holds the slave side open
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the slave side has closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            return PtyRun(None, b"".join(chunks).decode(errors="replace"))
+        returncode = proc.wait(timeout=max(1.0, end - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        returncode = None
+    finally:
+        os.close(master)
+    return PtyRun(returncode, b"".join(chunks).decode(errors="replace"))
