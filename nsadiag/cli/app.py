@@ -497,12 +497,12 @@ def report_cmd(
     kind). Exits 0 when it rendered, whatever the run found (summary.json's exit_code
     says that)."""
     from nsadiag.report.bundle import write_bundle
-    from nsadiag.report.dispatch import render_run
+    from nsadiag.report.dispatch import render_locked
 
     if bundle and no_redact:
         fail("bundle: a bundle is always redacted; drop --no-redact")
     redaction(no_redact)
-    rendered = call(render_run, run_dir_, no_redact)
+    rendered = call(render_locked, run_dir_, no_redact)
     extra = [call(write_bundle, run_dir_)] if bundle else []
     wrote(term, rendered, extra)
 
