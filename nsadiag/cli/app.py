@@ -587,6 +587,11 @@ def main() -> None:
     # takes the same handler so that it, too, is remembered (nsadiag.harness.stop)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _interrupt)
+    # what a job's processes leave behind (a double fork's grandchild) comes to us, not to
+    # init, so that it ends with the job even when it dropped the job's token
+    from nsadiag.harness.launch import adopt_orphans
+
+    adopt_orphans()
     code = run()
     if stop.requested():
         _exit_at_once(code)
