@@ -358,7 +358,7 @@ def run_cmd(
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
-                    on_start=lambda text: term.note(f"nsadiag run: {text}"))
+                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note)
     raise typer.Exit(wrote(term, rendered))
 
 
