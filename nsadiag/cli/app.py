@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from nsadiag import __version__
+from nsadiag import __version__, limits
 from nsadiag.cli.options import (
     ALL_TRIAL,
     IN_PROCESS,
@@ -183,6 +183,7 @@ def sweep_layers_cmd(
     from nsadiag.sweep import parse_layers
 
     counts = call(parse_layers, layers)
+    call(trial.within_limits, limits.check_layer_counts, counts)
     base = call(trial.spec)
     path = call(run_dir, out, "sweep-layers")
     _sweep(sweep_layers, base, counts, path, argv(), out=path, total=len(counts),
@@ -205,6 +206,8 @@ def sweep_seq_cmd(
     from nsadiag.sweep import parse_seq_lens
 
     lengths = call(parse_seq_lens, seq_lens)
+    call(trial.within_limits, limits.check_sweep, lengths, "seq-lens")
+    call(trial.within_limits, limits.check_tokens, max(lengths), trial.batch, "seq-lens")
     base = call(trial.spec, seq_len=min(lengths), n_layers=layers)
     path = call(run_dir, out, "sweep-seq")
     _sweep(sweep_seq, base, lengths, path, argv(), out=path, total=len(lengths),
@@ -221,6 +224,7 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     from nsadiag.sweep import parse_layers
 
     counts = call(parse_layers, layers)
+    call(trial.within_limits, limits.check_layer_counts, counts)
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
@@ -265,6 +269,8 @@ def triage_cmd(
     from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
 
     redaction(no_redact)
+    call(trial.within_limits, limits.check_layers, max_layers, "max-layers")
+    call(trial.within_limits, limits.check_world_size, world_size)
     base = call(trial.spec)
     options = TriageOptions(max_layers=max_layers, max_minutes=max_minutes, checks=checks,
                             isolate=isolate, bisect=bisect, world_size=world_size,
@@ -321,6 +327,7 @@ def ddp_cmd(
     from nsadiag.commands.ddp import ddp_command
 
     redaction(no_redact)
+    call(trial.within_limits, limits.check_world_size, world_size)
     base = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "ddp")
     with term.status("ddp") as update:
@@ -414,7 +421,7 @@ def trace_cmd(
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
 @trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "startup_grace", "seed"), seq_len=2048, batch=2)
+                "budget", "startup_grace", "seed", "no_limits"), seq_len=2048, batch=2)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(
@@ -426,6 +433,8 @@ def check_cmd(
     from nsadiag.commands.check import check_command
 
     redaction(no_redact)
+    if check in ("ddp", "all"):
+        call(trial.within_limits, limits.check_world_size, world_size)
     spec = call(trial.spec, n_layers=layers, steps=1)
     path = call(run_dir, out, "check")
     with term.status(f"check {check}") as update:
