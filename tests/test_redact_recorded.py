@@ -34,9 +34,9 @@ def test_flag_values_url_userinfo_and_pass_keys_are_hidden():
         "abcdef12": "train.py --api-key=abcdef12",
         "qwerty99": '["python", "x.py", "--db-password", "qwerty99"]',
         "zxcvbn77": "['--hf-token', 'zxcvbn77']",
-        DB_PASSWORD: f"DATABASE_URL=postgres://admin:{DB_PASSWORD}@db.example.com:5432/x",
-        "p@ss:w0rd": "mysql://root:p@ss:w0rd@10.0.0.2/db",
-        "S3cret-db": f"connect admin:{DB_PASSWORD}@dbhost failed",
+        "S3cret-db": f"DATABASE_URL=postgres://admin:{DB_PASSWORD}@db.example.com:5432/x",
+        "w0rd": "mysql://root:p@ss:w0rd@10.0.0.2/db",
+        "S3cret": f"connect admin:{DB_PASSWORD}@dbhost failed",
         LOCAL_PASS: f"locals: {{'pass': '{LOCAL_PASS}', 'step': 3}}",
         "hunter9": "pass = 'hunter9'",
     }
