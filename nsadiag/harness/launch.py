@@ -15,6 +15,14 @@ What "every process it started" means, and how each is found:
 - The tree. Every poll records the launcher's descendants (pid and start time), so a
   descendant that rebuilt its environment from nothing is still known if it was seen
   once while attached to the tree.
+- Adoption. The nsadiag command makes itself the subreaper of what it starts
+  (``adopt_orphans``: ``prctl(PR_SET_CHILD_SUBREAPER)`` on Linux, from its first job on,
+  once its reaper has detached), so a process of a job whose parent exits (the middle
+  process of a double fork) is re-parented to nsadiag, not to init. Such an adopted
+  process is found as a child of nsadiag that nsadiag did not start (``adopted``: not a
+  launcher, not in nsadiag's own session or its reaper's), however it changed its
+  environment and session, and it ends with the job; its pid also goes to the reaper,
+  which then ends it if nsadiag dies.
 
 ``kill_all`` freezes (SIGSTOP) every process found, looks again until no new one appears
 (a frozen process cannot start another), then SIGKILLs them all and waits: no process can
@@ -29,14 +37,6 @@ when the pipe reports end of file (nsadiag is gone, however it ended) it freezes
 every process carrying a token and every recorded process still alive (same pid and start
 time), until a look finds none, and exits. On a normal exit of nsadiag it finds nothing to
 kill.
-
-- Adoption. The nsadiag command makes itself the subreaper of what it starts
-  (``adopt_orphans``: ``prctl(PR_SET_CHILD_SUBREAPER)`` on Linux), so a process of a job
-  whose parent exits (the middle process of a double fork) is re-parented to nsadiag, not
-  to init. Such an adopted process is found as a child of nsadiag that nsadiag did not
-  start (``adopted``: not a launcher, not in nsadiag's own session or its reaper's), however
-  it changed its environment and session, and it ends with the job; its pid also goes to
-  the reaper, which then ends it if nsadiag dies.
 
 Not found by any: in a process that did not call ``adopt_orphans`` (a library caller's own
 program), a descendant that removed NSADIAG_OWNER from its environment and left the tree
@@ -64,21 +64,29 @@ FREEZE_ROUNDS = 20
 WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 _launchers: set[int] = set()  # pids of the live launched commands of this process
-_adopting = False
+_adopt = False  # adopt_orphans() was called
+_adopting = False  # and this process is a subreaper now
 
 
-def adopt_orphans() -> bool:
-    """Make this process the subreaper of its descendants (Linux): a descendant whose
-    parent exits is re-parented here rather than to init, where ``adopted`` finds it.
-    Meant for a program that is nsadiag itself (the command line), since it changes where
-    every orphan of the process's descendants goes; returns whether it took effect."""
+def adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants (Linux) from its first job on: a
+    descendant whose parent exits is re-parented here rather than to init, where
+    ``adopted`` finds it. Meant for a program that is nsadiag itself (the command line),
+    since it changes where every orphan of the process's descendants goes. It takes effect
+    once the reaper runs, so that the reaper, which detaches itself, is no child of it."""
+    global _adopt
+    _adopt = True
+
+
+def _become_subreaper() -> None:
     global _adopting
+    if not _adopt or _adopting:
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         _adopting = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         _adopting = False
-    return _adopting
 
 
 def adopted(since: float) -> list[psutil.Process]:
@@ -238,6 +246,7 @@ class Launched:
                  stderr: Any = None):
         self.token = new_token()
         _REAPER.tell(f"token {self.token}")  # known to the reaper before anything starts
+        _become_subreaper()
         self.started = time.time()
         self.proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr,
                                      env={**env, OWNER_ENV: self.token},
