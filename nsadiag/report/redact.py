@@ -59,6 +59,8 @@ KEY_WORDS = (*SECRET_WORDS, "pass", "passphrase")
 ordinary "forward pass: ...", so it counts only where a value is stored under it."""
 MIN_ENV_SECRET = 6
 """Shorter environment values ("1", "true", "cpu") would hide ordinary words."""
+MAX_RECORDED = 1024
+"""Entries read from each list of a stored record (a received one may be hostile)."""
 
 _PART = rf"(?:{'|'.join(SECRET_WORDS)})"
 # a name one of whose _/- separated parts is a secret word (case-insensitive)
@@ -175,7 +177,7 @@ def _recorded(stored: dict[str, Any] | None) -> tuple[set[str], set[str], set[st
 
     def strings(key: str, shortest: int) -> set[str]:
         values = stored.get(key)
-        return {v for v in values if isinstance(v, str) and len(v) >= shortest} \
+        return {v for v in values[:MAX_RECORDED] if isinstance(v, str) and len(v) >= shortest} \
             if isinstance(values, list) else set()
 
     return strings("hosts", 2), strings("users", 2), strings("secrets", MIN_ENV_SECRET)
