@@ -6,8 +6,8 @@
 Each run directory holds two valid trial records with one line of N GiB between them (NUL
 bytes in a sparse file: no disk is used, and the line is read as a real one would be). The
 report runs in a child process started from ``--repo`` (this checkout by default), and its
-peak resident set size is that child's own ru_maxrss (os.wait4), so other processes of the
-machine cannot count.
+peak resident set size is that child's own high-water mark (VmHWM), so neither the parent
+nor other processes of the machine can count.
 """
 
 from __future__ import annotations
@@ -46,16 +46,29 @@ def run_dir(parent: Path, gib: float) -> Path:
     return run
 
 
+PEAK_OF_REPORT = """
+import atexit, sys
+def peak():
+    with open("/proc/self/status") as status:
+        sys.stderr.write(next(line for line in status if line.startswith("VmHWM:")))
+atexit.register(peak)
+sys.argv = ["nsadiag", "report", sys.argv[1]]
+from nsadiag.cli import main
+main()
+"""
+
+
 def measure(repo: Path, run: Path) -> tuple[int, float, float]:
-    """(exit code, peak RSS in MiB, seconds) of `nsadiag report RUN` from ``repo``."""
+    """(exit code, peak RSS in MiB, seconds) of `nsadiag report RUN` from ``repo``: the
+    process's own high-water mark (VmHWM), not ru_maxrss, which also counts the parent's
+    resident set at the fork."""
     env = {**os.environ, "PYTHONPATH": str(repo)}
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "report", str(run)],
-                            cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, \
-        time.monotonic() - started
+    done = subprocess.run([sys.executable, "-c", PEAK_OF_REPORT, str(run)], cwd=repo, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = int(done.stderr.split("VmHWM:")[1].split()[0]) / 1024 if "VmHWM:" in done.stderr \
+        else float("nan")
+    return done.returncode, peak, time.monotonic() - started
 
 
 def main() -> None:
