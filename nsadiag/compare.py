@@ -20,11 +20,12 @@ batch, dtype, ...) are not compared unless forced: their difference is the confi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from nsadiag.rundir import check_schema_version, parse_json
 
 QUANTITIES = ("step_s", "peak_rss")
 DEFAULT_THRESHOLD = 0.2
@@ -151,11 +152,10 @@ def load_summary(path: Path) -> dict[str, Any]:
     path = Path(path)
     file = path / "summary.json" if path.is_dir() else path
     try:
-        summary = json.loads(file.read_text())
+        summary = parse_json(file.read_bytes(), "summary", file)
     except OSError as err:
         raise ValueError(f"summary: cannot read {file}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"summary: {file} is not valid JSON ({err})") from None
+    check_schema_version(summary, "summary")
     if not isinstance(summary, dict) or not isinstance(summary.get("rows"), list):
         raise ValueError(f"summary: {file} has no rows; expected the summary.json of an "
                          f"nsadiag run")
@@ -167,8 +167,8 @@ def load_spec(path: Path) -> dict[str, Any] | None:
     path = Path(path)
     file = (path if path.is_dir() else path.parent) / "spec.json"
     try:
-        spec = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError):
+        spec = parse_json(file.read_bytes(), "spec", file)
+    except (OSError, ValueError):
         return None
     return spec if isinstance(spec, dict) else None
 

@@ -6,39 +6,72 @@
         trials.jsonl    one TrialRecord per finished trial, appended and fsynced in order
         trial-<n>/      a trial's own files (spec, heartbeat events, stacks, result)
         report.md, summary.json, plots
+        redaction.json  what the run's reports hide (nsadiag.report.redact), private
 
 One nsadiag at a time per run directory: ``prepare_run_dir`` takes an exclusive
 ``flock`` on ``.nsadiag.lock`` in it and holds it until the process exits (or
 ``release_run_dir``); a second process preparing the same directory gets a one-line
 ValueError naming the holder's pid. The kernel drops the lock when its holder dies, however
 it dies (``kill -9`` included), so a stale lock file never blocks a later run; the lock's
-descriptor is close-on-exec, so children started by the holder do not keep it.
+descriptor is close-on-exec, so children started by the holder do not keep it. ``locked``
+holds it for a while (`nsadiag report` renders under it, waiting a little for another).
+
+A run directory is shared, so one received from someone else is untrusted: any name in it
+may be a symbolic link planted to a file outside (``~/.bashrc``), a hard link, a FIFO. No
+write into it goes through one: whole files are written to an exclusive temporary
+(``O_EXCL``, a fresh name) and renamed over the name, which replaces a link instead of
+following it (``write_bytes``, ``write_text``, ``write_json``); streams are new files
+(``create_file``: the old entry removed, then ``O_CREAT | O_EXCL``); trials.jsonl and the
+lock are opened with ``O_NOFOLLOW`` and must be regular files with one link. Stored records
+are read the same way (``open_regular``): a link, a FIFO or a file above MAX_JSON_BYTES is
+one ValueError line, never a read of something outside. ``WRITTEN`` is the manifest of
+what nsadiag writes into a run directory (``written_by_nsadiag``): the bundle takes
+nothing else.
 
 A rerun of the same command in the same directory resumes: a trial whose spec (without its
 directory) is already recorded is not run again (``spec_key``), and new trial directories
-are numbered past the highest existing one (``next_trial_index``).
+are numbered past the highest existing one (``next_trial_index``). A command that does not
+resume (`nsadiag run`) and is given a directory that holds an earlier run sets the earlier
+one aside (``set_aside``: the directory is exchanged for a fresh one, atomically where the
+kernel can) and removes it only once the new run has its verdict (``drop_earlier``); a run
+that ends without one puts the earlier run back (``restore_earlier``), so the directory
+never holds parts of two runs.
 
 trials.jsonl is never left with a torn record by nsadiag: a record is one line written by
 one ``write`` on an O_APPEND descriptor and fsynced; a write that fails part-way (a full
 disk) is cut off again before the error is raised. A line torn by something else (a
-killed writer, a copy cut short) or a record that is not a trial record is skipped by
-``load_records`` and reported to its ``skipped`` list. A file that cannot be written
-raises ValueError with one line naming it.
+killed writer, a copy cut short), a record that is not a trial record, one from a newer
+schema or one longer than MAX_RECORD_BYTES is skipped by ``load_records`` and reported to
+its ``skipped`` list; the file is read line by line and at most MAX_RECORDS_BYTES of
+records are kept, so its size bounds nothing but the time to read it.
+
+A full disk: ``prepare_run_dir`` sets RESERVE_BYTES aside in the directory
+(``.nsadiag.reserve``); a whole-file write that fails for want of space gives the reserve
+back and tries once more, so the verdict and the report still fit when the copies of a
+command's output filled the disk. A file that cannot be written raises ValueError with one
+line naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
+import errno
 import fcntl
 import json
 import os
+import re
 import shutil
+import stat
+import sys
+import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
 
 from nsadiag.schema import SCHEMA_VERSION, errors
 
@@ -72,7 +105,9 @@ class TrialRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
         """A record from its JSON form (older records without schema_version, or with the
-        spec twice, read too); ValueError naming the first violation of the schema."""
+        spec twice, read too); ValueError naming the first violation of the schema, or a
+        schema_version this nsadiag does not read."""
+        check_schema_version(data, "trial record")
         current = {**data, "schema_version": SCHEMA_VERSION,
                    "evidence": {k: v for k, v in (data.get("evidence") or {}).items()
                                 if k != "spec"} if isinstance(data.get("evidence"), dict)
@@ -85,15 +120,65 @@ class TrialRecord:
                    float(data["wall_s"]), data.get("gpu"))
 
 
+def check_schema_version(data: Any, what: str) -> None:
+    """ValueError (one line) when ``data`` is an object whose schema_version is not one
+    this nsadiag reads (1 to SCHEMA_VERSION); data without one is read as version 1."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        return
+    version = data["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or \
+            not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(f"{what}: schema_version {version!r} is not one this nsadiag reads "
+                         f"(1 to {SCHEMA_VERSION}): written by a newer nsadiag, or not by "
+                         f"nsadiag")
+
+
 def default_run_dir(command: str) -> Path:
     """runs/<UTC time>-<command>."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return Path("runs") / f"{stamp}-{command}"
 
 
+# ---- what nsadiag writes there: the manifest ------------------------------------------------
+
 LOCK_NAME = ".nsadiag.lock"
+RESERVE_NAME = ".nsadiag.reserve"
+REDACTION_NAME = "redaction.json"
+PRIVATE = frozenset({LOCK_NAME, RESERVE_NAME, REDACTION_NAME})
+"""nsadiag's own bookkeeping: never shared (redaction.json holds the values it hides)."""
+WRITTEN = frozenset({
+    "run.json", "spec.json", "job.json", "trials.jsonl", "report.md", "summary.json",
+    "record.json", "evidence.json", "result.json", "checks.json", "check.json", "triage.json",
+    "memory.json", "trace-result.json", "trace.json", "profiler-trace.json", "stacks.json",
+    "attach.json", "block.json", "events.jsonl", "profile.json", "profile.folded",
+    "faulthandler.txt", "stdout.txt", "stderr.txt", "watch-helper.txt", "dump-request",
+    "sweep.png", "memory.png", "snapshot.pickle"})
+"""The names of the files nsadiag writes into a run directory (and its trial, rank, process,
+check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
+_WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"
+                          r"ckpt|ddp|ab-[a-z0-9-]+")
+_WRITTEN_PATTERN = re.compile(r"rank-\d+\.json")  # a rank's flight-recorder dump
+
+
+def written_by_nsadiag(relative: str | PurePosixPath) -> bool:
+    """Whether a path relative to a run directory is one nsadiag writes there (by name: the
+    manifest says nothing about what the file now is; see write_bundle)."""
+    parts = PurePosixPath(relative).parts
+    if not parts or any(not _WRITTEN_DIR.fullmatch(p) for p in parts[:-1]):
+        return False
+    return parts[-1] in WRITTEN or bool(_WRITTEN_PATTERN.fullmatch(parts[-1]))
+
+
+def written_dir(name: str) -> bool:
+    """Whether ``name`` is a directory nsadiag makes inside a run directory."""
+    return bool(_WRITTEN_DIR.fullmatch(name))
+
+
+# ---- the lock -------------------------------------------------------------------------------
+
 _held: dict[str, int] = {}  # resolved run directory -> descriptor holding its lock
 _held_lock = threading.Lock()
+LOCK_POLL_S = 0.1
 
 
 def check_out(path: Path | str) -> Path:
@@ -104,34 +189,82 @@ def check_out(path: Path | str) -> Path:
 
 
 def prepare_run_dir(path: Path) -> Path:
-    """Create the run directory (or reuse it to resume), prove it is writable and hold
-    its lock (see the module docstring)."""
-    check_out(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
+    """Create the run directory (or reuse it to resume), prove it is writable, hold its
+    lock (see the module docstring), set the disk reserve aside and record what its
+    reports will hide (``record_redaction``)."""
+    _writable(path)
     lock_run_dir(path)
+    reserve_space(path)
+    record_redaction(path, sys.argv)
     return path
 
 
-def lock_run_dir(path: Path) -> None:
+def prepare_fresh_run_dir(path: Path) -> Path | None:
+    """``prepare_run_dir`` for a command that does not resume: an earlier run in ``path``
+    is set aside first (``set_aside``; where it went is returned, None when there was
+    none), so the new run starts in an empty directory."""
+    _writable(path)
+    lock_run_dir(path)
+    earlier = set_aside(path)
+    reserve_space(path)
+    record_redaction(path, sys.argv)
+    return earlier
+
+
+def _writable(path: Path) -> None:
+    """Create the directory and prove it writable; ValueError (one line) otherwise."""
+    check_out(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
+
+
+def _open_lock(directory: Path) -> int:
+    """The lock file's descriptor: a regular file with one link, never followed; a link,
+    a FIFO or a hard link planted under its name is removed (only the name) first."""
+    lock = directory / LOCK_NAME
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(3):
+        try:
+            fd = os.open(lock, flags, 0o644)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            os.unlink(lock)  # a symbolic link: the link goes, its target is untouched
+            continue
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+            return fd
+        os.close(fd)
+        os.unlink(lock)
+    raise OSError(errno.EEXIST, f"{lock} keeps being replaced")
+
+
+def lock_run_dir(path: Path, wait_s: float = 0.0) -> None:
     """Hold the lock of an existing run directory for this process (a no-op when it
-    already holds it); ValueError (one line) while another process holds it."""
+    already holds it), waiting up to ``wait_s`` while another process holds it; then
+    ValueError (one line) naming the holder."""
     key = str(Path(path).resolve())
     with _held_lock:
         if key in _held:
             return
         try:
-            fd = os.open(Path(key) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _open_lock(Path(key))
         except OSError as err:
             raise ValueError(f"out: cannot write to {path}: {err.strerror or err}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(LOCK_POLL_S)
+                    continue
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise ValueError(f"out: {path} is in use by another nsadiag (pid {holder}); wait "
@@ -147,59 +280,360 @@ def release_run_dir(path: Path) -> None:
         fd = _held.pop(str(Path(path).resolve()), None)
     if fd is not None:
         os.close(fd)  # closing the only descriptor of the lock releases it
+
+
+def holds(path: Path) -> bool:
+    """Whether this process holds the run directory's lock."""
+    with _held_lock:
+        return str(Path(path).resolve()) in _held
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait_s: float = 0.0) -> Iterator[None]:
+    """The run directory's lock held for the body (see ``lock_run_dir``), and given up
+    after unless this process held it before."""
+    had = holds(path)
+    lock_run_dir(path, wait_s)
+    try:
+        yield
+    finally:
+        if not had:
+            release_run_dir(path)
+
+
 @contextlib.contextmanager
 def discard_on_refusal(path: Path | None) -> Iterator[None]:
     """Remove ``path`` again when the body refuses (raises ValueError) and it created the
-    directory without leaving anything but empty directories in it: a rejected command
-    leaves nothing behind. A directory that existed before, or holds any file, is kept."""
-    existed = path is None or path.exists()
+    directory without leaving anything but empty directories and nsadiag's private files
+    in it (and the parents it created, such as runs/, when they are empty): a rejected
+    command leaves nothing behind. A directory that existed before, or holds any other
+    file, is kept."""
+    created = _missing_parents(path) if path is not None else []
     try:
         yield
     except ValueError:
-        if not existed and path is not None and path.is_dir() and \
-                not any(p.is_file() for p in path.rglob("*")):
+        if created and path is not None and path.is_dir() and not path.is_symlink() and \
+                not any(p.is_file() and p.name not in PRIVATE for p in path.rglob("*")):
+            release_run_dir(path)
             shutil.rmtree(path, ignore_errors=True)
+            for parent in created[1:]:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only when empty
         raise
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Write a whole file atomically (a temporary beside it, fsynced, renamed over it);
-    ValueError (one line) when it cannot be written, with nothing half-written left."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def _missing_parents(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    for candidate in [path, *path.parents]:
+        if os.path.lexists(candidate):
+            break
+        missing.append(candidate)
+    return missing
+
+
+# ---- writing: never through a planted link --------------------------------------------------
+
+
+def _umask() -> int:
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+"""The mode an ordinary ``open(path, "w")`` would give a new file here."""
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_bytes(path: Path, data: bytes, reserve: bool = True) -> Path:
+    """Write a whole file atomically: an exclusive temporary beside it (a fresh name
+    created with O_EXCL, so never through a planted link), fsynced, renamed over the name
+    (a link of that name is replaced, not followed). Short of space, the directory's
+    reserve is given back and the write tried once more (unless ``reserve`` is False: a
+    file the verdict does not need). ValueError (one line) when it cannot be written,
+    with nothing half-written left."""
+    path = Path(path)
+    try:
+        return _write_once(path, data)
+    except OSError as err:
+        if reserve and err.errno in _NO_SPACE and give_back_reserve(path.parent):
+            with contextlib.suppress(OSError):
+                return _write_once(path, data)
+        raise ValueError(f"out: cannot write {path}: {err.strerror or err}") from None
+
+
+def _write_once(path: Path, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), FILE_MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException:
         with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise ValueError(f"out: cannot write {path}: {err.strerror or err}") from None
+            os.unlink(tmp)
+        raise
     return path
 
 
-def write_json(path: Path, data: Any) -> Path:
+def write_text(path: Path, text: str, reserve: bool = True) -> Path:
+    """``write_bytes`` of UTF-8 text."""
+    return write_bytes(path, text.encode("utf-8", errors="surrogateescape"), reserve)
+
+
+def write_json(path: Path, data: Any, reserve: bool = True) -> Path:
     """``write_text`` of indented JSON."""
-    return write_text(path, json.dumps(data, indent=1) + "\n")
+    return write_text(path, json.dumps(data, indent=1) + "\n", reserve)
+
+
+def write_private_json(path: Path, data: Any) -> Path:
+    """``write_json`` readable by this user only (what redaction hides)."""
+    write_json(path, data)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o600, follow_symlinks=False)
+    return path
+
+
+def create_file(path: Path) -> IO[bytes]:
+    """A new, empty regular file opened for unbuffered writing: whatever had the name
+    before (a planted link, an earlier run's file) is removed first, never followed or
+    truncated. OSError when it cannot be created."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    return os.fdopen(fd, "wb", buffering=0)
 
 
 def write_run_meta(run_dir: Path, command_name: str, argv: list[str], **extra: Any) -> Path:
     """run.json: the run's kind (what ``nsadiag report`` renders it as), its argv and
     whatever the kind keeps beside them (the spec, the environment, labels)."""
+    record_redaction(run_dir, list(argv))
     return write_json(run_dir / "run.json", {"schema_version": SCHEMA_VERSION,
                                              "command_name": command_name,
                                              "argv": list(argv), **extra})
 
 
-def read_json(path: Path, what: str) -> Any:
-    """A JSON file; ValueError (one line) when it is missing, unreadable or not JSON."""
+def record_redaction(run_dir: Path, argv: Sequence[str] = ()) -> None:
+    """Store in redaction.json (readable by this user only) what the run's reports hide:
+    what this process knows to hide and the values after credential-like flags in
+    ``argv`` (nsadiag.report.redact.record_of_this_process), merged with what it held."""
+    from nsadiag.report.redact import record_of_this_process
+
+    stored = stored_redaction(run_dir)
+    record = record_of_this_process(argv, stored)
+    if record != stored:
+        write_private_json(run_dir / REDACTION_NAME, record)
+
+
+def stored_redaction(run_dir: Path) -> dict[str, Any] | None:
+    """What a run recorded for redaction (None when it recorded nothing readable)."""
+    path = run_dir / REDACTION_NAME
+    if not os.path.lexists(path):
+        return None
     try:
-        return json.loads(path.read_text())
+        stored = read_json(path, REDACTION_NAME)
+    except ValueError:
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+# ---- a reserve of space for the verdict -----------------------------------------------------
+
+RESERVE_BYTES = 4 * 2**20
+
+
+def reserve_space(run_dir: Path) -> None:
+    """Set RESERVE_BYTES aside in ``run_dir`` (best effort: nothing when there is no room
+    already, or the file system cannot allocate ahead)."""
+    path = run_dir / RESERVE_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return  # one is there already (it is only ever unlinked), or nothing can be made
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def give_back_reserve(run_dir: Path) -> bool:
+    """Remove the reserve of ``run_dir``; whether there was one."""
+    try:
+        os.unlink(run_dir / RESERVE_NAME)
+    except OSError:
+        return False
+    return True
+
+
+# ---- reading: only regular files, never through a link --------------------------------------
+
+MAX_JSON_BYTES = 64 * 2**20
+"""A stored JSON document (record.json, checks.json, ...) larger than this is refused."""
+
+
+def open_regular(path: Path, what: str) -> IO[bytes]:
+    """``path`` opened for reading when it is a regular file and not a symbolic link;
+    ValueError (one line, naming ``what``) otherwise: missing, a link (planted to a file
+    outside), a FIFO or device (which could block or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ValueError(f"{what}: {path} is a symbolic link; nsadiag reads only the "
+                             f"files it wrote there") from None
         raise ValueError(f"{what}: cannot read {path}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{what}: {path} is not valid JSON ({err})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{what}: {path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def parse_json(data: bytes | str, what: str, where: Path | str) -> Any:
+    """JSON text as a value; ValueError (one line) when it is not JSON or nests too
+    deeply for this interpreter."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what}: {where} is not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{what}: {where} nests too deeply to read") from None
+
+
+def read_json(path: Path, what: str) -> Any:
+    """A stored JSON file (see ``open_regular``); ValueError (one line) when it is missing,
+    not a regular file, larger than MAX_JSON_BYTES, not JSON, nested too deeply, or of a
+    schema_version this nsadiag does not read."""
+    with open_regular(path, what) as f:
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:
+        raise ValueError(f"{what}: {path} is larger than {MAX_JSON_BYTES // 2**20} MiB")
+    value = parse_json(data, what, path)
+    check_schema_version(value, what)
+    return value
+
+
+def read_tail(path: Path, max_bytes: int) -> str:
+    """The last ``max_bytes`` of a stored text file ('' when it is missing, a link or not
+    a regular file)."""
+    try:
+        with open_regular(path, "file") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace")
+    except (ValueError, OSError):
+        return ""
+
+
+# ---- a run that replaces an earlier one -----------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two directory entries in one step (renameat2 RENAME_EXCHANGE on Linux); where
+    the kernel or file system cannot, two renames (one moment without ``b``)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                         _RENAME_EXCHANGE)
+        if done == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(code, os.strerror(code), str(b))
+    side = a.with_name(a.name + ".x")
+    os.rename(b, side)
+    os.rename(a, b)
+    os.rename(side, a)
+
+
+def _swap_locks(a: Path, b: Path) -> None:
+    with _held_lock:
+        ka, kb = str(a.resolve()), str(b.resolve())
+        fa, fb = _held.pop(ka, None), _held.pop(kb, None)
+        if fa is not None:
+            _held[kb] = fa
+        if fb is not None:
+            _held[ka] = fb
+
+
+def holds_a_run(path: Path) -> bool:
+    """Whether ``path`` has anything in it besides nsadiag's private files."""
+    try:
+        return any(entry.name not in PRIVATE for entry in os.scandir(path))
+    except OSError:
+        return False
+
+
+def set_aside(path: Path) -> Path | None:
+    """For a command that does not resume: when the locked ``path`` holds an earlier run,
+    exchange it for a fresh directory this process locks and return where the earlier run
+    is now (``.<name>.nsadiag-XXXXXX`` beside it); None when there was nothing to set
+    aside. ValueError (one line) when it cannot be done."""
+    if not holds_a_run(path):
+        return None
+    try:
+        fresh = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.nsadiag-"))
+        os.chmod(fresh, 0o777 & ~_umask())
+    except OSError as err:
+        raise ValueError(f"out: cannot set the earlier run in {path} aside: "
+                         f"{err.strerror or err}") from None
+    lock_run_dir(fresh)
+    try:
+        _exchange(fresh, path)
+    except OSError as err:
+        release_run_dir(fresh)
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise ValueError(f"out: cannot set the earlier run in {path} aside: "
+                         f"{err.strerror or err}") from None
+    _swap_locks(fresh, path)
+    return fresh
+
+
+def drop_earlier(earlier: Path | None) -> None:
+    """The new run has its verdict: remove the earlier run set aside."""
+    if earlier is not None:
+        release_run_dir(earlier)
+        shutil.rmtree(earlier, ignore_errors=True)
+
+
+def restore_earlier(path: Path, earlier: Path | None) -> None:
+    """The new run ended without a verdict: put the earlier run back in ``path`` and remove
+    the new run's files (nothing when none was set aside)."""
+    if earlier is None:
+        return
+    try:
+        _exchange(earlier, path)
+    except OSError:
+        return  # both stay where they are: the earlier run beside it, under its own name
+    _swap_locks(earlier, path)
+    release_run_dir(earlier)
+    shutil.rmtree(earlier, ignore_errors=True)
+
+
+# ---- trials.jsonl ---------------------------------------------------------------------------
 
 
 def next_trial_index(run_dir: Path) -> int:
@@ -217,15 +651,21 @@ def spec_key(spec: dict[str, Any]) -> str:
 def append_record(path: Path, record: TrialRecord) -> None:
     """Append one record to trials.jsonl as one whole line and fsync it before anything
     else runs; on a failed write the file is cut back to its old length (no torn record)
-    and ValueError names the file."""
+    and ValueError names the file. A trials.jsonl that is a link or not a regular file
+    with one link is refused, never written through."""
     line = (json.dumps(record.to_dict()) + "\n").encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW |
+                     os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as err:
         raise ValueError(f"out: cannot write {path}: {err.strerror or err}") from None
     try:
-        size = os.fstat(fd).st_size
-        if size and _last_byte(path, size) != b"\n":
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise ValueError(f"out: {path} is not a file nsadiag wrote (a hard link or a "
+                             f"special file); refusing to append to it")
+        size = info.st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line  # a line torn by a killed writer is ended first
         try:
             written = os.write(fd, line)
@@ -241,30 +681,70 @@ def append_record(path: Path, record: TrialRecord) -> None:
         os.close(fd)
 
 
-def _last_byte(path: Path, size: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(size - 1)
-        return f.read(1)
+MAX_RECORD_BYTES = 16 * 2**20
+"""A trials.jsonl line longer than this is skipped unread (a record is kilobytes)."""
+MAX_RECORDS_BYTES = 128 * 2**20
+"""At most this much of trials.jsonl's records is kept; later lines are skipped."""
+_SKIP_CHUNK = 2**20
+
+
+def _lines(f: IO[bytes], limit: int) -> Iterator[bytes | None]:
+    """The lines of a binary file, each at most ``limit`` bytes long (None in place of a
+    longer one, which is read past in chunks, never held)."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while True:
+                chunk = f.readline(_SKIP_CHUNK)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield None
+            continue
+        yield line
 
 
 def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialRecord]:
-    """The records of trials.jsonl. A line that is not a whole trial record (torn by a
-    killed writer, or malformed) is skipped; with ``skipped`` each is reported there as
+    """The records of trials.jsonl, read line by line (see the module docstring). A line
+    that is not a whole trial record (torn by a killed writer, malformed, of a newer
+    schema, too long) is skipped; with ``skipped`` each is reported there as
     "trials.jsonl line N: why"."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
-    records = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(TrialRecord.from_dict(json.loads(line)))
-        except json.JSONDecodeError:
-            why = "torn or not JSON"
-        except (ValueError, TypeError, AttributeError) as err:
-            why = str(err)
-        else:
-            continue
-        if skipped is not None:
-            skipped.append(f"{path.name} line {number}: {why}")
+    records: list[TrialRecord] = []
+    kept = 0
+    with open_regular(path, "trials.jsonl") as f:
+        for number, line in enumerate(_lines(f, MAX_RECORD_BYTES), 1):
+            if line is not None and not line.strip():
+                continue
+            if line is None:
+                why = f"longer than {MAX_RECORD_BYTES // 2**20} MiB, not read"
+            elif kept + len(line) > MAX_RECORDS_BYTES:
+                if skipped is not None:
+                    skipped.append(f"{path.name} line {number} and later: past the first "
+                                   f"{MAX_RECORDS_BYTES // 2**20} MiB of records, not read")
+                break
+            else:
+                why = _record_of(line, records)
+                if why is None:
+                    kept += len(line)
+                    continue
+            if skipped is not None:
+                skipped.append(f"{path.name} line {number}: {why}")
     return records
+
+
+def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:
+    """Append the record of one trials.jsonl line to ``records``; why it is not one."""
+    try:
+        data = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "torn or not JSON"
+    except RecursionError:
+        return "nested too deeply to read"
+    try:
+        records.append(TrialRecord.from_dict(data))
+    except (ValueError, TypeError, AttributeError) as err:
+        return str(err)
+    return None

@@ -142,6 +142,11 @@ def parse_seq_lens(text: str) -> list[int]:
     return sorted(lengths)
 
 
+MAX_PARSED_LAYER_COUNTS = 10**6
+"""A layer range naming more counts than this is refused while it is read (no list of
+billions is built); nsadiag.limits refuses far fewer, unless told not to."""
+
+
 def parse_layers(text: str) -> list[int]:
     """"1-12", "1,2,4,8", "2-12:2" -> ascending unique positive layer counts."""
     counts: set[int] = set()
@@ -159,7 +164,11 @@ def parse_layers(text: str) -> list[int]:
         if first < 1 or last < first or stride < 1:
             raise ValueError(f"layers: counts must be positive and ranges ascending, got "
                              f"{part!r}")
-        counts.update(range(first, last + 1, stride))
+        span_counts = range(first, last + 1, stride)
+        if len(counts) + len(span_counts) > MAX_PARSED_LAYER_COUNTS:
+            raise ValueError(f"layers: {text!r} names more than {MAX_PARSED_LAYER_COUNTS} "
+                             f"layer counts")
+        counts.update(span_counts)
     if not counts:
         raise ValueError(f"layers: no layer count in {text!r}")
     return sorted(counts)

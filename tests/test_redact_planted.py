@@ -74,6 +74,9 @@ def test_the_bundle_is_redacted_and_report_no_redact_shows_the_raw_values(sweep_
         names = tar.getnames()
         assert any(n.endswith("/report.md") for n in names)
         assert any(n.endswith("trial-0/stdout.txt") for n in names)
+        left_out = tar.extractfile(next(m for m in tar if m.name.endswith("/BUNDLE.txt")))
+        # nsadiag's manifest names every file a run writes: none is taken for a foreign one
+        assert "not written by nsadiag" not in left_out.read().decode()
         for member in tar.getmembers():
             if member.name.endswith(".png"):
                 continue  # the plots carry axis labels and run names, no record text

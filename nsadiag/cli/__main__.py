@@ -1,5 +1,5 @@
 """``python -m nsadiag.cli``."""
 
-from nsadiag.cli.app import main
+from nsadiag.cli import main
 
 main()

@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from nsadiag import __version__
+from nsadiag import __version__, limits
 from nsadiag.cli.options import (
     ALL_TRIAL,
     IN_PROCESS,
@@ -183,6 +183,7 @@ def sweep_layers_cmd(
     from nsadiag.sweep import parse_layers
 
     counts = call(parse_layers, layers)
+    call(trial.within_limits, limits.check_layer_counts, counts)
     base = call(trial.spec)
     path = call(run_dir, out, "sweep-layers")
     _sweep(sweep_layers, base, counts, path, argv(), out=path, total=len(counts),
@@ -205,6 +206,8 @@ def sweep_seq_cmd(
     from nsadiag.sweep import parse_seq_lens
 
     lengths = call(parse_seq_lens, seq_lens)
+    call(trial.within_limits, limits.check_sweep, lengths, "seq-lens")
+    call(trial.within_limits, limits.check_tokens, max(lengths), trial.batch, "seq-lens")
     base = call(trial.spec, seq_len=min(lengths), n_layers=layers)
     path = call(run_dir, out, "sweep-seq")
     _sweep(sweep_seq, base, lengths, path, argv(), out=path, total=len(lengths),
@@ -221,6 +224,7 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     from nsadiag.sweep import parse_layers
 
     counts = call(parse_layers, layers)
+    call(trial.within_limits, limits.check_layer_counts, counts)
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
@@ -265,6 +269,8 @@ def triage_cmd(
     from nsadiag.commands.triage import TriageCallbacks, TriageOptions, triage
 
     redaction(no_redact)
+    call(trial.within_limits, limits.check_layers, max_layers, "max-layers")
+    call(trial.within_limits, limits.check_world_size, world_size)
     base = call(trial.spec)
     options = TriageOptions(max_layers=max_layers, max_minutes=max_minutes, checks=checks,
                             isolate=isolate, bisect=bisect, world_size=world_size,
@@ -321,6 +327,7 @@ def ddp_cmd(
     from nsadiag.commands.ddp import ddp_command
 
     redaction(no_redact)
+    call(trial.within_limits, limits.check_world_size, world_size)
     base = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "ddp")
     with term.status("ddp") as update:
@@ -358,7 +365,7 @@ def run_cmd(
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
-                    on_start=lambda text: term.note(f"nsadiag run: {text}"))
+                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note)
     raise typer.Exit(wrote(term, rendered))
 
 
@@ -414,7 +421,7 @@ def trace_cmd(
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
 @trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "startup_grace", "seed"), seq_len=2048, batch=2)
+                "budget", "startup_grace", "seed", "no_limits"), seq_len=2048, batch=2)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(
@@ -426,6 +433,8 @@ def check_cmd(
     from nsadiag.commands.check import check_command
 
     redaction(no_redact)
+    if check in ("ddp", "all"):
+        call(trial.within_limits, limits.check_world_size, world_size)
     spec = call(trial.spec, n_layers=layers, steps=1)
     path = call(run_dir, out, "check")
     with term.status(f"check {check}") as update:
@@ -497,12 +506,12 @@ def report_cmd(
     kind). Exits 0 when it rendered, whatever the run found (summary.json's exit_code
     says that)."""
     from nsadiag.report.bundle import write_bundle
-    from nsadiag.report.dispatch import render_run
+    from nsadiag.report.dispatch import render_locked
 
     if bundle and no_redact:
         fail("bundle: a bundle is always redacted; drop --no-redact")
     redaction(no_redact)
-    rendered = call(render_run, run_dir_, no_redact)
+    rendered = call(render_locked, run_dir_, no_redact)
     extra = [call(write_bundle, run_dir_)] if bundle else []
     wrote(term, rendered, extra)
 
@@ -587,6 +596,11 @@ def main() -> None:
     # takes the same handler so that it, too, is remembered (nsadiag.harness.stop)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _interrupt)
+    # what a job's processes leave behind (a double fork's grandchild) comes to us, not to
+    # init, so that it ends with the job even when it dropped the job's token
+    from nsadiag.harness.launch import adopt_orphans
+
+    adopt_orphans()
     code = run()
     if stop.requested():
         _exit_at_once(code)

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
+from nsadiag import limits
 from nsadiag.rundir import check_out, default_run_dir
 from nsadiag.spec import (
     BRANCHES,
@@ -82,6 +83,9 @@ StartupGrace = Annotated[float, typer.Option(
 Budget = Annotated[float, typer.Option(
     "--budget", help="Seconds a trial may run; still progressing then = SLOW.",
     rich_help_panel=TRIAL)]
+NoLimits = Annotated[bool, typer.Option(
+    "--no-limits", help="Run sizes beyond this machine's limits (ranks per CPU, layers, "
+    "trials per sweep, tokens per memory) instead of refusing them.", rich_help_panel=TRIAL)]
 MemoryCapMb = Annotated[int | None, typer.Option(
     "--memory-cap-mb", min=1, help="Address-space cap of each trial child (MiB).",
     rich_help_panel=TRIAL)]
@@ -127,10 +131,12 @@ class TrialOptions:
     budget: float = SPEC_DEFAULTS["budget_s"]
     startup_grace: float = SPEC_DEFAULTS["startup_grace_s"]
     memory_cap_mb: int | None = None
+    no_limits: bool = False
 
     def spec(self, **changes: Any) -> TrialSpec:
         """The validated TrialSpec (``changes`` applied: n_layers, branches, ...);
-        ValueError (one line naming the option or field) for a value it refuses."""
+        ValueError (one line naming the option or field) for a value it refuses, or for
+        a size beyond this machine's limits (nsadiag.limits) unless ``no_limits``."""
         for name, value in (("stall-timeout", self.stall_timeout), ("budget", self.budget),
                             ("startup-grace", self.startup_grace)):
             if not (math.isfinite(value) and value > 0):
@@ -142,7 +148,16 @@ class TrialOptions:
                          budget_s=self.budget, startup_grace_s=self.startup_grace,
                          memory_cap_bytes=(self.memory_cap_mb * 2**20 if self.memory_cap_mb
                                            else None))
-        return dataclasses.replace(spec, **changes).validate()
+        spec = dataclasses.replace(spec, **changes).validate()
+        if not self.no_limits:
+            limits.check_layers(spec.n_layers)
+            limits.check_tokens(spec.seq_len, spec.batch)
+        return spec
+
+    def within_limits(self, check: Callable[..., None], *args: Any) -> None:
+        """Run one of nsadiag.limits' checks unless --no-limits was given."""
+        if not self.no_limits:
+            check(*args)
 
 
 TRIAL_OPTIONS: dict[str, tuple[Any, Any]] = {
@@ -155,10 +170,12 @@ TRIAL_OPTIONS: dict[str, tuple[Any, Any]] = {
     "budget": (Budget, SPEC_DEFAULTS["budget_s"]),
     "startup_grace": (StartupGrace, SPEC_DEFAULTS["startup_grace_s"]),
     "memory_cap_mb": (MemoryCapMb, None),
+    "no_limits": (NoLimits, False),
 }
 """Parameter name -> (annotated type, default): every trial option a command may take."""
 ALL_TRIAL = tuple(TRIAL_OPTIONS)
-IN_PROCESS = ("target", "set_", "seq_len", "batch", "dtype", "grad_ckpt", "device", "backend")
+IN_PROCESS = ("target", "set_", "seq_len", "batch", "dtype", "grad_ckpt", "device", "backend",
+              "no_limits")
 """What a command that runs the target in its own process (memory, trace) can use."""
 
 

@@ -1,43 +1,101 @@
 """nsadiag run -- CMD: the user's own command, watched to a verdict, then the report.
 
-The watching is nsadiag.harness.runcmd.run_command; this module checks the limits, keeps
-the record (record.json) and run.json, and renders report.md and summary.json
-(nsadiag.report.run). A command that is refused (no command, not found, bad limits) leaves
-no run directory behind.
+The watching is nsadiag.harness.runcmd.run_command; this module checks the limits and the
+command, keeps the record (record.json) and run.json, and renders report.md and
+summary.json (nsadiag.report.run). A command that is refused (no command, not found, a
+directory, not executable, bad limits) leaves no run directory behind.
+
+A --out that holds an earlier run is not touched until the new run has its verdict: the
+earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once record.json of the
+new one is written; a run that ends without a verdict (interrupted, refused at start) puts
+it back. When the full report cannot be written (a full disk even after the reserve), a
+short one with the verdict is, and the error says the verdict.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nsadiag.harness.runcmd import run_command
+from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.report.dispatch import Rendered, render_run
-from nsadiag.rundir import discard_on_refusal, prepare_run_dir, write_json, write_run_meta
+from nsadiag.report.redact import Redactor
+from nsadiag.rundir import (
+    TrialRecord,
+    discard_on_refusal,
+    drop_earlier,
+    prepare_fresh_run_dir,
+    restore_earlier,
+    stored_redaction,
+    write_json,
+    write_run_meta,
+    write_text,
+)
 
 
 def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
                      stall_timeout_s: float, deadline_s: float, no_redact: bool = False,
-                     on_start: Callable[[str], None] | None = None) -> Rendered:
+                     on_start: Callable[[str], None] | None = None,
+                     on_note: Callable[[str], None] | None = None) -> Rendered:
     """Watch ``command`` (see nsadiag.harness.runcmd) in ``run_dir``; returns what the
     report wrote. ValueError (one line) for a refused command or limit; ``on_start``
-    hears what is watched once the command is accepted."""
+    hears what is watched once the command is accepted, ``on_note`` what went missing
+    (copies of the output a full disk cut short)."""
     for name, value in (("stall-timeout", stall_timeout_s), ("deadline", deadline_s)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}: must be a positive number of seconds, got {value:g}")
-    if not command:
-        raise ValueError("command: give the command to run after --, e.g. "
-                         "nsadiag run -- python train.py")
-    if shutil.which(command[0]) is None and not Path(command[0]).exists():
-        raise ValueError(f"command: {command[0]!r} not found")
+    check_command(list(command))
     with discard_on_refusal(run_dir):
-        prepare_run_dir(run_dir)  # refuses while another nsadiag holds the directory
-        if on_start:
-            on_start(f"watching {shlex.join(command)}")
-        record = run_command(list(command), run_dir, stall_timeout_s, deadline_s)
-    write_run_meta(run_dir, "run", list(argv))
-    write_json(run_dir / "record.json", record.to_dict())
-    return render_run(run_dir, no_redact)
+        # refuses while another nsadiag holds the directory; sets an earlier run aside
+        earlier = prepare_fresh_run_dir(run_dir)
+        try:
+            if on_start:
+                on_start(f"watching {shlex.join(command)}")
+            record = run_command(list(command), run_dir, stall_timeout_s, deadline_s)
+            _keep_record(record, run_dir, argv)
+        except BaseException:
+            restore_earlier(run_dir, earlier)
+            raise
+    drop_earlier(earlier)
+    for line in record.evidence.get("output_copies") or []:
+        if on_note:
+            on_note(f"nsadiag run: {line}")
+    try:
+        return render_run(run_dir, no_redact)
+    except ValueError as err:
+        _short_report(record, run_dir, no_redact, str(err))
+        raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "
+                         f"{run_dir / 'report.md'})") from None
+
+
+def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str]) -> None:
+    """run.json and record.json; ValueError (one line, with the verdict) when they cannot
+    be written."""
+    try:
+        write_run_meta(run_dir, "run", list(argv))
+        write_json(run_dir / "record.json", record.to_dict())
+    except ValueError as err:
+        raise ValueError(f"{err}; the verdict: {_headline(record)}") from None
+
+
+def _headline(record: TrialRecord) -> str:
+    verdict = record.verdict
+    return f"{verdict['name']}: {(verdict.get('reasons') or [''])[0]}"
+
+
+def _short_report(record: TrialRecord, run_dir: Path, no_redact: bool, why: str) -> None:
+    """report.md with the verdict and its reasons only (best effort)."""
+    verdict = record.verdict
+    lines = [f"# nsadiag run: {verdict['name']}", "",
+             f"`{shlex.join(record.spec['command'])}`", "",
+             *[f"- {reason}" for reason in verdict.get("reasons") or []], "",
+             f"The full report could not be written: {why}", ""]
+    text = "\n".join(lines)
+    if not no_redact:
+        text = Redactor.with_recorded(stored_redaction(run_dir)).text(text)
+    try:
+        write_text(run_dir / "report.md", text)
+    except ValueError:
+        pass

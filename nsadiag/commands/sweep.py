@@ -7,7 +7,6 @@ nothing is written to the run directory until those checks pass.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,21 +15,30 @@ from typing import Any
 from nsadiag.envinfo import collect_env
 from nsadiag.preflight import check_target
 from nsadiag.report.dispatch import Rendered, render_run
-from nsadiag.rundir import TrialRecord, prepare_run_dir
+from nsadiag.rundir import (
+    TrialRecord,
+    prepare_run_dir,
+    read_json,
+    record_redaction,
+    write_json,
+    write_text,
+)
+from nsadiag.schema import SCHEMA_VERSION
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import Callbacks, run_sweep
 
 
 def _write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    tmp = run_dir / "run.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, run_dir / "run.json")
+    write_json(run_dir / "run.json", meta)
 
 
 def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, Any]:
     path = run_dir / "run.json"
-    meta = json.loads(path.read_text()) if path.exists() else {}
-    meta.update(command_name=command_name, argv=list(argv),
+    meta = read_json(path, "run.json") if os.path.lexists(path) else {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"run.json: {path} is not a JSON object")
+    record_redaction(run_dir, argv)
+    meta.update(schema_version=SCHEMA_VERSION, command_name=command_name, argv=list(argv),
                 env=collect_env().as_dict())
     meta.setdefault("labels", {})
     return meta
@@ -58,7 +66,7 @@ def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Se
     prepare_run_dir(run_dir)
     meta = _meta(run_dir, "sweep-layers", argv)
     _write_meta(run_dir, meta)
-    (run_dir / "spec.json").write_text(base.to_json())
+    write_text(run_dir / "spec.json", base.to_json())
     _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks(), keep_going)
     return render_run(run_dir)
 
@@ -71,7 +79,7 @@ def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Seq
     prepare_run_dir(run_dir)
     meta = _meta(run_dir, "sweep-seq", argv)
     _write_meta(run_dir, meta)
-    (run_dir / "spec.json").write_text(base.to_json())
+    write_text(run_dir / "spec.json", base.to_json())
     _labelled_sweep(base, seq_lens, run_dir, "", meta, callbacks or Callbacks(), keep_going,
                     vary="seq_len")
     return render_run(run_dir)
@@ -89,7 +97,7 @@ def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir:
     meta = _meta(run_dir, "isolate-branch", argv)
     meta["branch"] = branch
     _write_meta(run_dir, meta)
-    (run_dir / "spec.json").write_text(base.to_json())
+    write_text(run_dir / "spec.json", base.to_json())
     callbacks = callbacks or Callbacks()
     _labelled_sweep(base.replace(branches=None), layers, run_dir, "all branches", meta,
                     callbacks)

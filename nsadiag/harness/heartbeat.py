@@ -55,7 +55,10 @@ class HeartbeatWriter:
 
     ``rank`` (under torchrun) is written into collective events. ``context()`` is what the
     process is doing now, for the sampler: the phase and the innermost watched module
-    whose forward or backward has entered and not exited."""
+    whose forward or backward has entered and not exited.
+
+    A write that fails (a full disk) never raises into the watched code: events stop being
+    written and ``lost`` says from where."""
 
     def __init__(self, path: str | Path, rank: int | None = None):
         self.path = Path(path)
@@ -70,6 +73,7 @@ class HeartbeatWriter:
         self.events = 0  # every event but pulses: the sampler counts these as progress
         self.watched_blocks: int | None = None  # blocks of the last model watch() hooked
         self._open: list[str] = []
+        self.lost: str | None = None  # why events stopped being written (a full disk)
 
     def start(self, phase: str, step: int = 0, **extra: Any) -> None:
         """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
@@ -116,7 +120,10 @@ class HeartbeatWriter:
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # what a full disk kept in the buffer
+                pass
             os.close(self._statm)
 
     def _write(self, kind: str, phase: str, **extra: Any) -> None:
@@ -135,8 +142,13 @@ class HeartbeatWriter:
                 self.module_events += 1
             if kind != "pulse":
                 self.events += 1
-            self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
-            self._file.flush()
+            if self.lost is not None:
+                return
+            try:
+                self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+                self._file.flush()
+            except OSError as err:  # a full disk: the watched process must not fail by us
+                self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
 
     def _rss(self) -> int:
         fields = os.pread(self._statm, 128, 0).split()

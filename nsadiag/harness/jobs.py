@@ -21,6 +21,7 @@ job the commands run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from nsadiag.probes import flight_recorder, frames, stacks
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, create_file, write_json, write_text
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 from nsadiag.verdict.rules import decide
@@ -241,7 +242,9 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
 
 
 def prepare_trial_dir(path: Path) -> Path:
-    if path.exists():  # an interrupted earlier attempt: its files would read as ours
+    if path.is_symlink():  # planted: the link goes, never what it points to
+        path.unlink()
+    elif path.exists():  # an interrupted earlier attempt: its files would read as ours
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
@@ -255,17 +258,16 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
     job = job.validate()
     spec = job.spec
     trial_dir = prepare_trial_dir(Path(spec.out_dir))
-    job_path = trial_dir / "job.json"
-    job_path.write_text(job.to_json())
-    (trial_dir / "spec.json").write_text(spec.to_json())
+    job_path = write_text(trial_dir / "job.json", job.to_json())
+    write_text(trial_dir / "spec.json", spec.to_json())
     names = ["main"] if job.world_size == 1 else [f"rank-{r}" for r in range(job.world_size)]
     dirs = {name: trial_dir if name == "main" else trial_dir / name for name in names}
     streams = [Stream(name, dirs[name] / "events.jsonl", spec.steps) for name in names]
     watcher = Watcher(streams, spec.stall_timeout_s, spec.budget_s,
                       startup_grace_s=spec.startup_grace_s)
     oom_kills_before, load_before = cgroup_oom_kills(), machine_load()
-    with open(trial_dir / "stdout.txt", "wb") as out, \
-            open(trial_dir / "stderr.txt", "wb") as err:
+    with create_file(trial_dir / "stdout.txt") as out, \
+            create_file(trial_dir / "stderr.txt") as err:
         launched = Launched(child_command(job, job_path), child_env(job, trial_dir, env),
                             out, err)
     started = time.time()
@@ -348,8 +350,8 @@ def profile_summary(path: Path) -> dict[str, Any] | None:
     if not profile:
         return None
     try:
-        path.with_suffix(".folded").write_text(folded(profile))
-    except OSError:
+        write_text(path.with_suffix(".folded"), folded(profile), reserve=False)
+    except ValueError:
         pass  # the summary still reaches the verdict; the file is a convenience
     return summarize_profile(profile)
 
@@ -389,7 +391,8 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
                        "pg_timeout_s": job.pg_timeout_s or pg_timeout_for(spec.stall_timeout_s),
                        "flight_recorder": flight_recorder.collect(trial_dir)}
     data["job"] = {"kind": job.kind, "check": job.check, "world_size": job.world_size}
-    (trial_dir / "evidence.json").write_text(json.dumps(data, indent=1))
+    with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
+        write_json(trial_dir / "evidence.json", data, reserve=False)
     return TrialRecord(spec=data["spec"], evidence=data, verdict=verdict.to_dict(),
                        trial_dir=str(trial_dir), wall_s=wall_s, gpu=capture.gpu)
 

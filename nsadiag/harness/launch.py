@@ -15,6 +15,14 @@ What "every process it started" means, and how each is found:
 - The tree. Every poll records the launcher's descendants (pid and start time), so a
   descendant that rebuilt its environment from nothing is still known if it was seen
   once while attached to the tree.
+- Adoption. The nsadiag command makes itself the subreaper of what it starts
+  (``adopt_orphans``: ``prctl(PR_SET_CHILD_SUBREAPER)`` on Linux, from its first job on,
+  once its reaper has detached), so a process of a job whose parent exits (the middle
+  process of a double fork) is re-parented to nsadiag, not to init. Such an adopted
+  process is found as a child of nsadiag that nsadiag did not start (``adopted``: not a
+  launcher, not in nsadiag's own session or its reaper's), however it changed its
+  environment and session, and it ends with the job; its pid also goes to the reaper,
+  which then ends it if nsadiag dies.
 
 ``kill_all`` freezes (SIGSTOP) every process found, looks again until no new one appears
 (a frozen process cannot start another), then SIGKILLs them all and waits: no process can
@@ -30,12 +38,14 @@ every process carrying a token and every recorded process still alive (same pid 
 time), until a look finds none, and exits. On a normal exit of nsadiag it finds nothing to
 kill.
 
-Not found by either: a descendant that removed NSADIAG_OWNER from its environment and left
-the tree within one poll (0.2 s) of its start.
+Not found by any: in a process that did not call ``adopt_orphans`` (a library caller's own
+program), a descendant that removed NSADIAG_OWNER from its environment and left the tree
+within one poll (0.2 s) of its start.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -52,6 +62,58 @@ import psutil
 OWNER_ENV = "NSADIAG_OWNER"
 FREEZE_ROUNDS = 20
 WAIT_S = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+_launchers: set[int] = set()  # pids of the live launched commands of this process
+_adopt = False  # adopt_orphans() was called
+_adopting = False  # and this process is a subreaper now
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants (Linux) from its first job on: a
+    descendant whose parent exits is re-parented here rather than to init, where
+    ``adopted`` finds it. Meant for a program that is nsadiag itself (the command line),
+    since it changes where every orphan of the process's descendants goes. It takes effect
+    once the reaper runs, so that the reaper, which detaches itself, is no child of it."""
+    global _adopt
+    _adopt = True
+
+
+def _become_subreaper() -> None:
+    global _adopting
+    if not _adopt or _adopting:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _adopting = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _adopting = False
+
+
+def adopted(since: float) -> list[psutil.Process]:
+    """The live processes this subreaper adopted since ``since`` (a create time): its
+    children that it did not start itself (not a launcher, not in its own session or its
+    reaper's). Adopted processes that have already ended are reaped. Empty unless
+    ``adopt_orphans`` took effect."""
+    if not _adopting:
+        return []
+    found = []
+    own = {os.getsid(0), *_REAPER.sessions}
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.pid in _launchers or os.getsid(child.pid) in own or \
+                    child.create_time() < since - 1.0:
+                continue
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)  # no Popen waits for it: nsadiag does
+                continue
+        except (psutil.Error, OSError):
+            continue
+        found.append(child)
+    return found
 
 
 def new_token() -> str:
@@ -138,6 +200,7 @@ class _Reaper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.write_fd: int | None = None
+        self.sessions: set[int] = set()  # the reapers' sessions (each its first pid)
 
     def tell(self, line: str) -> None:
         """Send one line to the reaper, starting it first when needed."""
@@ -165,6 +228,7 @@ class _Reaper:
                 [sys.executable, "-m", "nsadiag.harness.reaper", str(os.getpid())],
                 stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 env=env, start_new_session=True)
+            self.sessions.add(first.pid)  # a subreaper adopts the reaper: not a job's
             first.wait(timeout=60)  # it exits as soon as the detached reaper runs
         finally:
             os.close(read_fd)
@@ -182,10 +246,13 @@ class Launched:
                  stderr: Any = None):
         self.token = new_token()
         _REAPER.tell(f"token {self.token}")  # known to the reaper before anything starts
+        _become_subreaper()
+        self.started = time.time()
         self.proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr,
                                      env={**env, OWNER_ENV: self.token},
                                      start_new_session=True)
         self.pid = self.proc.pid
+        _launchers.add(self.pid)
         _REAPER.tell(f"tree {self.pid}")
         self.seen: dict[int, psutil.Process] = {}
         try:
@@ -198,12 +265,17 @@ class Launched:
         return self.proc.poll()
 
     def scan(self) -> None:
-        """Remember every descendant now alive (torchrun's ranks leave its session)."""
+        """Remember every descendant now alive (torchrun's ranks leave its session) and
+        every process adopted since the job started (told to the reaper too)."""
         try:
             for child in psutil.Process(self.pid).children(recursive=True):
                 self.seen.setdefault(child.pid, child)
         except psutil.Error:
             pass
+        for orphan in adopted(self.started):
+            if orphan.pid not in self.seen:
+                self.seen[orphan.pid] = orphan
+                _REAPER.tell(f"tree {orphan.pid}")
 
     def members(self) -> list[psutil.Process]:
         """Every live process of the job now: seen in the tree, or carrying its token."""
@@ -235,6 +307,7 @@ class Launched:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        _launchers.discard(self.pid)
         wait_gone(signalled)
         _REAPER.tell(f"done {self.token}")
         return [p.pid for p in signalled]

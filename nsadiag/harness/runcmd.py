@@ -7,7 +7,10 @@ train.py``, ``python -m pkg``, torchrun and each of its ranks) writes its own he
 into ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout and stderr
 pass through to nsadiag's own (through a pseudo-terminal when that is a terminal, so the
 command sees one, as it would without nsadiag) and are kept in ``stdout.txt`` and
-``stderr.txt``; ``run.json`` names the command.
+``stderr.txt``; ``run.json`` names the command. The copies never hold the command up: its
+output is passed to the terminal first and always drained, so a disk that fills stops the
+copies (where and why is kept in the evidence, ``output_copies``), never the command; the
+verdict is still written (nsadiag.rundir's reserve).
 
 The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
 with the stall clock on progress of any of them. On a stall every watched process is
@@ -27,6 +30,7 @@ each rank waits, and which rank left the common path.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -51,13 +55,14 @@ from nsadiag.harness.jobs import (
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.watch import Stream, Watcher
 from nsadiag.probes.gpu import gpu_state
-from nsadiag.rundir import TrialRecord, prepare_run_dir
+from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
 from nsadiag.verdict.ranks import decide_ranks
 from nsadiag.verdict.rules import decide
 
 INJECT = Path(__file__).resolve().parent / "inject"
 POLL_S = 0.25
 UNBOUNDED_STEPS = 2**62  # a user's run has no step count: it ends when the command does
+STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
 
 
 def command_env(run_dir: Path) -> dict[str, str]:
@@ -73,29 +78,59 @@ def command_env(run_dir: Path) -> dict[str, str]:
 
 class _Tee(threading.Thread):
     """Copies one output of the command (a pipe, or a pseudo-terminal's master side) to the
-    terminal and to a file, as it comes."""
+    terminal and to a file, as it comes: the terminal first, and the output is drained to
+    its end whatever happens to the file. A file that cannot be written (a full disk) ends
+    the copy, and ``lost`` says where."""
 
     def __init__(self, fd: int, terminal: IO[bytes], path: Path):
         super().__init__(daemon=True)
         self.fd, self.terminal, self.path = fd, terminal, path
+        self.copied = 0
+        self.lost: str | None = None
 
     def run(self) -> None:
-        with open(self.path, "wb") as kept:
-            while True:
-                try:
-                    chunk = os.read(self.fd, 65536)
-                except OSError:  # EIO: no process holds the pseudo-terminal any more
-                    break
-                if not chunk:
-                    break
-                kept.write(chunk)
-                kept.flush()
-                try:
-                    self.terminal.write(chunk)
-                    self.terminal.flush()
-                except (OSError, ValueError):
-                    continue  # a closed terminal must not stop the copy to the file
+        kept = self._open()
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:  # EIO: no process holds the pseudo-terminal any more
+                break
+            if not chunk:
+                break
+            try:
+                self.terminal.write(chunk)
+                self.terminal.flush()
+            except (OSError, ValueError):
+                pass  # a closed terminal must not stop the copy to the file
+            if kept is not None:
+                kept = self._keep(kept, chunk)
+        if kept is not None:
+            with contextlib.suppress(OSError):
+                kept.close()
         os.close(self.fd)
+
+    def _open(self) -> IO[bytes] | None:
+        try:
+            return create_file(self.path)
+        except OSError as err:
+            self.lost = f"{self.path.name}: not kept ({err.strerror or err})"
+            return None
+
+    def _keep(self, kept: IO[bytes], chunk: bytes) -> IO[bytes] | None:
+        """Append a chunk to the copy; None once the copy has stopped."""
+        try:
+            view = memoryview(chunk)
+            while view:
+                written = kept.write(view)
+                self.copied += written
+                view = view[written:]
+            return kept
+        except OSError as err:
+            self.lost = (f"{self.path.name}: the copy stopped after {self.copied} bytes "
+                         f"({err.strerror or err}); the output went on to the terminal")
+            with contextlib.suppress(OSError):
+                kept.close()
+            return None
 
 
 def _output_for(terminal: IO[bytes]) -> tuple[int, int]:
@@ -142,6 +177,10 @@ class _Command(Launched):
         for tee in self.tees:
             tee.join(timeout=5)
 
+    def lost(self) -> list[str]:
+        """Why a copy of the output is incomplete, one line per copy (none: both whole)."""
+        return [tee.lost for tee in self.tees if tee.lost]
+
 
 def _new_streams(run_dir: Path, watcher: Watcher, known: set[str]) -> None:
     for path in sorted(run_dir.glob("proc-*/events.jsonl")):
@@ -151,24 +190,54 @@ def _new_streams(run_dir: Path, watcher: Watcher, known: set[str]) -> None:
             watcher.add_stream(Stream(name, path, UNBOUNDED_STEPS))
 
 
-def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
-                deadline_s: float) -> TrialRecord:
-    """Run ``argv`` to its verdict (see the module docstring)."""
+def check_command(argv: list[str]) -> str:
+    """The program ``argv`` runs (its path), or ValueError (one line) saying why it cannot
+    be started: no command, an empty word, not found, a directory, not executable."""
     if not argv:
         raise ValueError("command: give the command to run after --, e.g. "
                          "nsadiag run -- python train.py")
-    if shutil.which(argv[0]) is None and not Path(argv[0]).exists():
-        raise ValueError(f"command: {argv[0]!r} not found")
+    name = argv[0]
+    if not name.strip():
+        raise ValueError(f"command: the program to run is an empty word ({name!r}); give "
+                         f"it after --, e.g. nsadiag run -- python train.py")
+    found = shutil.which(name) if os.sep not in name else None
+    path = Path(found or name)
+    hint = f"; run it as: nsadiag run -- python {name}" if name.endswith(".py") else ""
+    if found is None and os.sep not in name:
+        if path.is_dir():
+            raise ValueError(f"command: {name!r} is a directory, not a program")
+        if path.is_file():
+            raise ValueError(f"command: {name!r} is not on PATH; give its path (./{name})"
+                             f"{hint}")
+        raise ValueError(f"command: {name!r} not found")
+    if not path.exists():
+        raise ValueError(f"command: {name!r} not found")
+    if path.is_dir():
+        raise ValueError(f"command: {name!r} is a directory, not a program")
+    if not os.access(path, os.X_OK):
+        raise ValueError(f"command: {name!r} is not executable (chmod +x {name}){hint}")
+    return str(path)
+
+
+def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
+                deadline_s: float) -> TrialRecord:
+    """Run ``argv`` to its verdict (see the module docstring); ValueError (one line) when it
+    cannot be started."""
+    check_command(argv)
     prepare_run_dir(run_dir)
     for earlier in run_dir.glob("proc-*"):  # an earlier run's processes are not this one's
         shutil.rmtree(earlier, ignore_errors=True)
-    (run_dir / "run.json").write_text(json.dumps(
-        {"command_name": "run", "argv": list(argv), "stall_timeout_s": stall_timeout_s,
-         "deadline_s": deadline_s}, indent=1))
     watcher = Watcher([], stall_timeout_s, deadline_s)
     known: set[str] = set()
     load_before = machine_load()
-    command = _Command(argv, command_env(run_dir), run_dir)
+    try:
+        command = _Command(argv, command_env(run_dir), run_dir)
+    except OSError as err:  # e.g. a script whose #! names no interpreter here
+        raise ValueError(f"command: cannot start {argv[0]!r}: {err.strerror or err}") \
+            from None
+    write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
+                                      "stall_timeout_s": stall_timeout_s,
+                                      "deadline_s": deadline_s})
     started = time.time()
     due, stalls, gpu, decided_at = None, {}, None, None
     try:
@@ -196,10 +265,13 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     outcome = outcome_of(returncode, reason, ended_at - started, ended_at, None)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
-    return build_record(spec, run_dir, watcher.streams, outcome, stalls, gpu,
-                        {"start": load_before, "end": machine_load()},
-                        ended_ok=due is None and returncode == 0,
-                        fallback=None if due is not None else _stderr_exception(run_dir))
+    record = build_record(spec, run_dir, watcher.streams, outcome, stalls, gpu,
+                          {"start": load_before, "end": machine_load()},
+                          ended_ok=due is None and returncode == 0,
+                          fallback=None if due is not None else _stderr_exception(run_dir))
+    if command.lost():
+        record.evidence["output_copies"] = command.lost()
+    return record
 
 
 def last_traceback(stderr: str) -> dict[str, Any] | None:
@@ -221,10 +293,7 @@ def last_traceback(stderr: str) -> dict[str, Any] | None:
 
 
 def _stderr_exception(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return last_traceback((run_dir / "stderr.txt").read_text(errors="replace"))
-    except OSError:
-        return None
+    return last_traceback(read_tail(run_dir / "stderr.txt", STDERR_TAIL_BYTES))
 
 
 def _training_stream(streams: list[Stream]) -> Stream | None:
@@ -307,6 +376,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
                          for s in streams]
     data["main_process"] = main.name if main else None
     data["exit_code"] = outcome.exit_code
-    (run_dir / "evidence.json").write_text(json.dumps(data, indent=1))
+    with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
+        write_json(run_dir / "evidence.json", data, reserve=False)
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
                        trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu)

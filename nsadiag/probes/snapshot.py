@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.probes.frames import LIBRARY_PATH
+from nsadiag.rundir import write_bytes
 
 NOT_AVAILABLE = "memory history: not available on this device ({device})"
 ALLOCATED = ("active_allocated", "active_pending_free")
@@ -160,8 +161,6 @@ def memory_history(device: Any, out_dir: Path, max_entries: int = 200_000
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    path = Path(out_dir) / "snapshot.pickle"
-    with open(path, "wb") as handle:
-        pickle.dump(snapshot, handle)
+    path = write_bytes(Path(out_dir) / "snapshot.pickle", pickle.dumps(snapshot))
     found["snapshot"] = str(path)
     found["summary"] = summarize_snapshot(snapshot)

@@ -23,9 +23,20 @@ from typing import Any
 
 from nsadiag.report.redact import Redactor
 from nsadiag.report.summary import KINDS
-from nsadiag.rundir import TrialRecord, load_records, read_json, write_json, write_text
+from nsadiag.rundir import (
+    TrialRecord,
+    give_back_reserve,
+    load_records,
+    locked,
+    read_json,
+    stored_redaction,
+    write_json,
+    write_text,
+)
 
 PLOTS = ("sweep.png", "memory.png")
+LOCK_WAIT_S = 10.0
+"""How long a render waits while another nsadiag holds the run directory."""
 
 
 @dataclass
@@ -135,12 +146,29 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
 
 
-def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
-    """Write the run directory's report.md and summary.json (redacted unless
-    ``no_redact``) from its stored records; ValueError (one line) for a directory that
-    holds no run or a malformed record."""
+def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
+    """``render_run`` holding the run directory's lock (`nsadiag report`): waits up to
+    LOCK_WAIT_S while another nsadiag holds it, then ValueError (one line) naming it."""
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
+    with locked(run_dir, LOCK_WAIT_S):
+        return render_run(run_dir, no_redact)
+
+
+def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
+    """Write the run directory's report.md and summary.json (redacted unless
+    ``no_redact``, with what the run recorded to hide) from its stored records; ValueError
+    (one line) for a directory that holds no run or a malformed record. The caller holds
+    the directory (the command that ran it, or ``render_locked``); once the report is
+    written, the disk reserve of the run (nsadiag.rundir) is given back."""
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    rendered = _render(run_dir, no_redact)
+    give_back_reserve(run_dir)
+    return rendered
+
+
+def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
@@ -149,11 +177,14 @@ def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
     except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise ValueError(f"report: a stored record of {run_dir} is malformed "
                          f"({type(err).__name__}: {err})") from None
+    except RecursionError:
+        raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
+                         f"read") from None
     if skipped:
         text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
         summary["skipped_records"] = skipped
     if not no_redact:
-        redactor = Redactor()
+        redactor = Redactor.with_recorded(stored_redaction(run_dir))
         text, summary = redactor.text(text), redactor.obj(summary)
     report = write_text(run_dir / "report.md", text)
     written = write_json(run_dir / "summary.json", summary)

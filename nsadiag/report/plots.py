@@ -9,11 +9,12 @@ top of the axis.
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.rundir import write_bytes
 from nsadiag.sweep import Fit, SweepRow
 
 BAND_SE = 2.0
@@ -21,19 +22,15 @@ BAND_SE = 2.0
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Save a figure whole (a temporary beside it, renamed over it); ValueError (one line)
-    when it cannot be written, with nothing half-written left."""
+    """Save a figure whole (nsadiag.rundir.write_bytes: never through a planted link);
+    ValueError (one line) when it cannot be written, with nothing half-written left."""
     plt = _pyplot()
-    tmp = path.with_name(f".{path.name}.tmp")
+    image = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ValueError(f"out: cannot write {path}: {err.strerror or err}") from None
+        fig.savefig(image, dpi=100, format="png")
     finally:
         plt.close(fig)
-    return path
+    return write_bytes(path, image.getvalue())
 
 
 def _pyplot():

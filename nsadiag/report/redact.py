@@ -8,7 +8,11 @@
   quotes ``\\"NAME\\": \\"value\\"``) whose name has a part (split at ``_`` and ``-``)
   that says token, secret, password, passwd, key, apikey, credential(s), auth,
   authorization or cookie (``aws_secret_access_key``, ``HF_TOKEN``, ``db_password``;
-  not ``KeyError``);
+  not ``KeyError``); a key or an assignment with ``=`` also when a part says pass or
+  passphrase (``{'pass': ...}`` among a traceback's locals, ``pass=...``);
+- the value after a credential-like flag (``--token VALUE``, ``--db-password=VALUE``, and
+  ``"--token", "VALUE"`` in a JSON or Python list), and the user information of a URL
+  (``postgres://admin:S3cret-db!pass@host``, also without the scheme);
 - ``Authorization: Bearer|Basic|Token ...`` headers and any ``Bearer <token>``;
 - well-known token formats (``ghp_…``, ``github_pat_…``, ``hf_…``, ``sk-…``, ``AKIA…``,
   ``xox?-…``) and the values of this process's secret-looking environment variables
@@ -20,16 +24,26 @@
 - this machine's host names (the name, its FQDN and its bare short name), internal host
   names (``*.internal``, ``*.local``, ``*.corp``, ...), and this process's user names.
 
-``redact_obj(value)`` redacts a JSON value structurally: every string, and the whole
-value of a key that names a secret; a message that itself holds JSON is redacted as text
-before any quoting, so escaped quotes cannot hide it. Redaction is idempotent.
+``redact_obj(value)`` redacts a JSON value structurally: every string, the whole value of
+a key that names a secret, and the list element after a credential-like flag; a message
+that itself holds JSON is redacted as text before any quoting, so escaped quotes cannot
+hide it. Redaction is idempotent.
+
+What is hidden is decided when a run is recorded, not when it is rendered:
+``record_of_this_process(argv)`` is what this process knows to hide (its host and user
+names, its secret environment values, the values after credential-like flags in its own
+command line and in ``argv``), which nsadiag.rundir stores in the run directory
+(redaction.json, private); ``Redactor.with_recorded(stored)`` hides that and everything
+this process knows, so a report rendered later, from a shell without the run's
+environment or on another machine, hides what the run's own machine would have.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 REDACTED = "<redacted>"
@@ -40,17 +54,31 @@ GENERIC_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"
 SECRET_WORDS = ("token", "secret", "password", "passwd", "key", "apikey", "credential",
                 "credentials", "auth", "authorization", "cookie")
 """Parts of a name that say secret ("pwd" is not one: $PWD is the working directory)."""
+KEY_WORDS = (*SECRET_WORDS, "pass", "passphrase")
+"""Parts of a key (or of a name assigned with "=") that say secret: "pass" also names an
+ordinary "forward pass: ...", so it counts only where a value is stored under it."""
 MIN_ENV_SECRET = 6
 """Shorter environment values ("1", "true", "cpu") would hide ordinary words."""
+MAX_RECORDED = 1024
+"""Entries read from each list of a stored record (a received one may be hostile)."""
 
 _PART = rf"(?:{'|'.join(SECRET_WORDS)})"
 # a name one of whose _/- separated parts is a secret word (case-insensitive)
 _NAME = rf"(?:[A-Za-z0-9]+[_-])*{_PART}(?:[_-][A-Za-z0-9]+)*"
+_KEY_PART = rf"(?:{'|'.join(KEY_WORDS)})"
+_KEY = rf"(?:[A-Za-z0-9]+[_-])*{_KEY_PART}(?:[_-][A-Za-z0-9]+)*"
 _Q = r"(?:\\?[\"'])"  # a quote, possibly JSON-escaped
-_SECRET_QUOTED = re.compile(rf"(?i)({_Q}{_NAME}{_Q}\s*[:=]\s*)({_Q})((?:(?!\2).)*)\2")
+_VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|(?:(?:bearer|basic|token)\s+)?[^\s\"'`,;}\])]+)"
+_SECRET_QUOTED = re.compile(rf"(?i)({_Q}{_KEY}{_Q}\s*[:=]\s*)({_Q})((?:(?!\2).)*)\2")
 _SECRET_ASSIGN = re.compile(
-    rf"(?i)(?<![\w-])({_NAME})(\s*=\s*|\s*:\s+)(?!<redacted>|value\b|<\w+>)"
-    r"(\"[^\"\n]*\"|'[^'\n]*'|(?:(?:bearer|basic|token)\s+)?[^\s\"'`,;}\])]+)")
+    rf"(?i)(?<![\w-])({_NAME})(\s*=\s*|\s*:\s+)(?!<redacted>|value\b|<\w+>){_VALUE}")
+_KEY_ASSIGN = re.compile(rf"(?i)(?<![\w-])({_KEY})(\s*=\s*)(?!<redacted>|value\b|<\w+>){_VALUE}")
+_FLAG = rf"--?{_KEY}"
+_SECRET_FLAG = re.compile(rf"(?i)(?<![\w-])({_FLAG})(\s+|=)(?!-|<redacted>){_VALUE}")
+_SECRET_FLAG_ITEM = re.compile(rf"(?i)({_Q}{_FLAG}{_Q}\s*,\s*)({_Q})((?:(?!\2).)*)\2")
+_FLAG_WORD = re.compile(rf"(?i)^{_FLAG}$")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#\"'`<>]+@")
+_BARE_USERINFO = re.compile(r"(?<![\w.:/@-])[\w.-]+:[^\s/@\"'`<>]+@(?=[\w-])")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+(?!<redacted>)[A-Za-z0-9._~+/=-]{8,}")
 _TOKEN_VALUE = re.compile(
     r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|hf_[A-Za-z0-9]{20,}|"
@@ -68,7 +96,7 @@ _HOME = re.compile(r"/(home|Users)/[^/\s\"'`]+")
 _PYTEST_USER = re.compile(r"pytest-of-[^/\s\"'`]+")
 _INTERNAL_HOST = re.compile(r"\b(?:[a-zA-Z0-9-]+\.)+"
                             r"(?:internal|local|lan|corp|intra|localdomain)\b")
-_SECRET_KEY = re.compile(rf"(?i)^{_NAME}$")
+_SECRET_KEY = re.compile(rf"(?i)^{_KEY}$")
 
 
 def machine_names() -> tuple[set[str], set[str]]:
@@ -107,8 +135,60 @@ def secret_env_values(environ: dict[str, str] | None = None) -> set[str]:
             if is_secret_name(name) and len(value) >= MIN_ENV_SECRET}
 
 
+def is_secret_flag(word: str) -> bool:
+    """Whether a command-line word is a flag that takes a credential (``--token``,
+    ``--db-password``, ``-api-key``), without any ``=value``."""
+    return bool(_FLAG_WORD.match(word))
+
+
+def argv_secret_values(argv: Sequence[str]) -> set[str]:
+    """The values a command line gives after credential-like flags (``--token VALUE``,
+    ``--token=VALUE``) or assigns to secret names (``HF_TOKEN=VALUE``), at least
+    MIN_ENV_SECRET characters long."""
+    found = set()
+    words = [str(w) for w in argv]
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if is_secret_flag(flag) and eq:
+            found.add(value)
+        elif is_secret_flag(word) and i + 1 < len(words):
+            found.add(words[i + 1])
+        elif eq and is_secret_name(flag):
+            found.add(value)
+    return {v for v in found if len(v) >= MIN_ENV_SECRET}
+
+
+def record_of_this_process(argv: Sequence[str] = (), stored: dict[str, Any] | None = None
+                           ) -> dict[str, Any]:
+    """What a run recorded now must hide (see the module docstring), merged with what was
+    ``stored`` for it before: {"schema_version", "hosts", "users", "secrets"}."""
+    hosts, users = machine_names()
+    secrets = secret_env_values() | argv_secret_values(sys.argv) | argv_secret_values(argv)
+    before = _recorded(stored)
+    return {"schema_version": 1, "hosts": sorted(hosts | before[0]),
+            "users": sorted(users | before[1]), "secrets": sorted(secrets | before[2])}
+
+
+def _recorded(stored: dict[str, Any] | None) -> tuple[set[str], set[str], set[str]]:
+    """(hosts, users, secrets) of a stored record, each entry checked as the live ones
+    are (strings long enough not to hide ordinary letters)."""
+    if not isinstance(stored, dict):
+        return set(), set(), set()
+
+    def strings(key: str, shortest: int) -> set[str]:
+        values = stored.get(key)
+        return {v for v in values[:MAX_RECORDED] if isinstance(v, str) and len(v) >= shortest} \
+            if isinstance(values, list) else set()
+
+    return strings("hosts", 2), strings("users", 2), strings("secrets", MIN_ENV_SECRET)
+
+
 def _whole_word(name: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
+
+
+def _quoted(match: re.Match[str]) -> str:
+    return f"{match.group(1)}{match.group(2)}{REDACTED}{match.group(2)}"
 
 
 def _assign(match: re.Match[str]) -> str:
@@ -126,18 +206,31 @@ class Redactor:
             else (set(), set())
         self.hosts = sorted(set(found_hosts if hosts is None else hosts), key=len, reverse=True)
         self.users = sorted(set(found_users if users is None else users), key=len, reverse=True)
-        values = secret_env_values() if secrets is None else set(secrets)
+        values = secret_env_values() | argv_secret_values(sys.argv) if secrets is None \
+            else set(secrets)
         self.secrets = sorted(values, key=len, reverse=True)
         self._host_words = [_whole_word(h) for h in self.hosts]
         self._user_words = [_whole_word(u) for u in self.users]
+
+    @classmethod
+    def with_recorded(cls, stored: dict[str, Any] | None) -> Redactor:
+        """This process's redaction and what a run recorded (``record_of_this_process``)."""
+        hosts, users = machine_names()
+        more = _recorded(stored)
+        return cls(hosts | more[0], users | more[1],
+                   secret_env_values() | argv_secret_values(sys.argv) | more[2])
 
     def text(self, text: str) -> str:
         """``text`` with everything the module docstring lists hidden."""
         for value in self.secrets:
             text = text.replace(value, REDACTED)
-        text = _SECRET_QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}",
-                                  text)
+        text = _SECRET_QUOTED.sub(_quoted, text)
+        text = _SECRET_FLAG_ITEM.sub(_quoted, text)
+        text = _SECRET_FLAG.sub(_assign, text)
         text = _SECRET_ASSIGN.sub(_assign, text)
+        text = _KEY_ASSIGN.sub(_assign, text)
+        text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+        text = _BARE_USERINFO.sub(f"{REDACTED}@", text)
         text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
         text = _TOKEN_VALUE.sub(REDACTED, text)
         text = _USER_HOST.sub("<user>@<host>", text)
@@ -162,7 +255,8 @@ class Redactor:
                                         not isinstance(v, bool) else self.obj(v))
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.obj(v) for v in value]
+            return [REDACTED if i and isinstance(v, str) and isinstance(value[i - 1], str) and
+                    is_secret_flag(value[i - 1]) else self.obj(v) for i, v in enumerate(value)]
         return value
 
 

@@ -16,17 +16,15 @@ from typing import Any
 
 from nsadiag.report.markdown import RECOMMENDATIONS, evidence_section
 from nsadiag.report.summary import Summary, status_of_rows, verdict_row
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, read_tail
 
 STDERR_LINES = 15
+STDERR_TAIL_BYTES = 64 * 1024  # read from the end only: a command's stderr may be huge
 LABEL = "run"
 
 
 def _stderr_tail(run_dir: Path) -> list[str]:
-    try:
-        lines = (run_dir / "stderr.txt").read_text(errors="replace").splitlines()
-    except OSError:
-        return []
+    lines = read_tail(run_dir / "stderr.txt", STDERR_TAIL_BYTES).splitlines()
     return lines[-STDERR_LINES:]
 
 

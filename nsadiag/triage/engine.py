@@ -42,7 +42,6 @@ n-th stored record) and continues where the last run stopped.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -55,7 +54,13 @@ from nsadiag.envinfo import collect_env
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.harness.targetcheck import inspect_target
 from nsadiag.probes.efficiency import slow_by
-from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
+from nsadiag.rundir import (
+    TrialRecord,
+    append_record,
+    load_records,
+    next_trial_index,
+    write_json,
+)
 from nsadiag.spec import BRANCHES, TrialSpec
 from nsadiag.sweep import Callbacks, row_from_record
 from nsadiag.triage.decide import (
@@ -287,9 +292,7 @@ class Triage:
         return self.state
 
     def _save(self) -> None:
-        tmp = self.run_dir / "triage.json.tmp"
-        tmp.write_text(json.dumps(self.state, indent=1))
-        os.replace(tmp, self.run_dir / "triage.json")
+        write_json(self.run_dir / "triage.json", self.state)  # never through a planted link
 
     @property
     def failing(self) -> dict[str, Any] | None:

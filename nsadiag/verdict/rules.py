@@ -302,6 +302,8 @@ def rule_budget(evidence: Evidence) -> Verdict | None:
     if finished is not None:
         return finished
     gap, window = _gap_before_end(evidence), _stall_window(evidence)
+    if last_progress_t(evidence) is None and outcome.wall_s < window:
+        return _still_starting(evidence, window)
     if last_progress_t(evidence) is None:
         return _stall_verdict(evidence, [f"{limit} ran out after {outcome.wall_s:.1f} s "
                                          f"before any heartbeat or progress pulse"])
@@ -312,6 +314,23 @@ def rule_budget(evidence: Evidence) -> Verdict | None:
             f"(heartbeat or sampler pulse) came {gap:.1f} s before the kill (stall window "
             f"{window:.1f} s): not progressing"])
     return _slow_verdict(evidence, gap, window)
+
+
+def _still_starting(evidence: Evidence, window: float) -> Verdict:
+    """SLOW: the limit came before the first heartbeat, sooner than a stall could be
+    declared (no progress for the stall window): the process was still starting (Python,
+    its imports), which says nothing of a stall."""
+    wall = evidence.outcome.wall_s
+    reasons = [f"{words(evidence).limit} ran out after {wall:.1f} s, before the first "
+               f"heartbeat: the process was still starting (Python and its imports), and "
+               f"no progress for {window:.1f} s (the stall window) is what a stall takes",
+               "fraction done unknown: it had not started its work",
+               f"give it a limit longer than its start-up (at least {window:.0f} s) to judge "
+               f"it"]
+    facts = {**_position(evidence), "since_last_event_s": None, "still_starting": True,
+             "slow_by": None}
+    _add_load(evidence, facts, reasons)
+    return Verdict("SLOW", reasons, facts)
 
 
 def _asked_steps_finished(evidence: Evidence) -> Verdict | None:
