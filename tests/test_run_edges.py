@@ -96,7 +96,7 @@ def test_a_copy_that_cannot_be_written_never_stops_the_output(tmp_path, monkeypa
                                                                  buffering=0), raising=False)
     read, write = os.pipe()
     terminal = io.BytesIO()
-    tee = runcmd._Tee(os.fdopen(read, "rb"), terminal, kept)
+    tee = runcmd._Tee(read, terminal, kept)  # the read end of the pipe, as the command has it
     tee.start()
     data = b"".join(b"line %d\n" % i for i in range(200_000))  # > a pipe's buffer
 
