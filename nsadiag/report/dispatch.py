@@ -25,7 +25,7 @@ from nsadiag.report.redact import Redactor
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import TrialRecord, load_records, read_json, write_json, write_text
 
-PLOTS = ("sweep.png", "memory.png")
+PLOTS = ("sweep.png", "memory.png", "flame.png")
 
 
 @dataclass
