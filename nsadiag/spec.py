@@ -216,11 +216,13 @@ def preset_overrides(preset: str | None, target: str) -> dict[str, Any]:
 
 
 def preset_of(overrides: dict[str, Any]) -> str | None:
-    """The preset whose every field ``overrides`` holds with its value, the largest such
-    one; None when none fits."""
-    fitting = [name for name, shape in PRESETS.items()
-               if all(overrides.get(key) == value for key, value in shape.items())]
-    return fitting[-1] if fitting else None
+    """The preset ``overrides`` were built on: every field of it set, most of them to its
+    values (``--preset tiny --set w=16``); the one with the most equal fields, None when
+    none fits."""
+    scores = {name: sum(overrides[key] == value for key, value in shape.items())
+              for name, shape in PRESETS.items() if set(shape) <= set(overrides)}
+    fitting = {name: n for name, n in scores.items() if 2 * n > len(PRESETS[name])}
+    return max(fitting, key=fitting.__getitem__) if fitting else None
 
 
 JOB_KINDS = ("trial", "check", "memory", "target")

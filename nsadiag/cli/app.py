@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from nsadiag import __version__
+from nsadiag import __version__, plan
 from nsadiag.cli.options import (
     ALL_TRIAL,
     IN_PROCESS,
@@ -105,6 +105,12 @@ def call(function: Callable[..., T], *args: Any, out: Path | None = None,
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def _announce(sentence: str | None) -> None:
+    """A long plan's worst-case time, on stderr before it starts."""
+    if sentence:
+        term.note(sentence)
+
+
 def redaction(no_redact: bool) -> None:
     term.redact = not no_redact
 
@@ -185,6 +191,7 @@ def sweep_layers_cmd(
     counts = call(parse_layers, layers)
     base = call(trial.spec)
     path = call(run_dir, out, "sweep-layers")
+    _announce(plan.sweep_plan("sweep-layers", len(counts), base))
     _sweep(sweep_layers, base, counts, path, argv(), out=path, total=len(counts),
            keep_going=keep_going)
 
@@ -207,6 +214,7 @@ def sweep_seq_cmd(
     lengths = call(parse_seq_lens, seq_lens)
     base = call(trial.spec, seq_len=min(lengths), n_layers=layers)
     path = call(run_dir, out, "sweep-seq")
+    _announce(plan.sweep_plan("sweep-seq", len(lengths), base))
     _sweep(sweep_seq, base, lengths, path, argv(), out=path, total=len(lengths),
            keep_going=keep_going)
 
@@ -223,6 +231,7 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     counts = call(parse_layers, layers)
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
+    _announce(plan.sweep_plan("isolate-branch", 2 * len(counts), base))
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
            total=2 * len(counts))
 
@@ -270,6 +279,7 @@ def triage_cmd(
                             isolate=isolate, bisect=bisect, world_size=world_size,
                             ddp_backend=ddp_backend, no_redact=no_redact)
     path = call(run_dir, out, "triage")
+    _announce(plan.triage_plan(max_minutes))
     with Follow(term, None, plain=ci) as follow:
         callbacks = TriageCallbacks(on_trial=follow.on_trial, on_events=follow.on_events,
                                     on_record=follow.on_record, on_stage=follow.on_stage)
@@ -323,6 +333,7 @@ def ddp_cmd(
     redaction(no_redact)
     base = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "ddp")
+    _announce(plan.announce("ddp", 1, base, "--budget"))
     with term.status("ddp") as update:
         events = [0]
 
@@ -392,18 +403,19 @@ def memory_cmd(
 
 
 @app.command("trace", epilog="Example: nsadiag trace --layers 4 --seq-len 2048 --profiler")
-@trial_options(IN_PROCESS, seq_len=2048)
+@trial_options((*IN_PROCESS, "steps"), seq_len=2048, steps=3)
 def trace_cmd(
         trial: TrialOptions, layers: Layers = None,
         profiler: Annotated[bool, typer.Option(
             "--profiler", help="Also record one step under torch.profiler with the module "
             "and branch spans as record_function ranges (profiler-trace.json).")] = False,
         as_json: AsJson = False, no_redact: NoRedact = False, out: Out = None) -> None:
-    """One step under autograd hooks: timeline, Perfetto trace, gradient anomalies."""
+    """Steps under autograd hooks: timeline, Perfetto trace, gradient anomalies; --steps
+    traced steps, each beside an untraced one for the overhead."""
     from nsadiag.commands.trace import trace_run
 
     redaction(no_redact)
-    spec = call(trial.spec, n_layers=layers, steps=1)
+    spec = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "trace")
     with term.status("trace") as update:
         rendered = call(trace_run, spec, path, argv(), profiler, update, no_redact, out=path)
@@ -413,8 +425,9 @@ def trace_cmd(
 
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
-@trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "startup_grace", "seed"), seq_len=2048, batch=2)
+@trial_options(("target", "preset", "set_", "seq_len", "batch", "device", "backend", "steps",
+                "stall_timeout", "budget", "startup_grace", "seed"), seq_len=2048, batch=2,
+               steps=1)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(
@@ -426,8 +439,12 @@ def check_cmd(
     from nsadiag.commands.check import check_command
 
     redaction(no_redact)
+    if trial.steps != 1:
+        term.note(f"nsadiag check: --steps {trial.steps} does not change the checks: each "
+                  f"compares one forward and backward of the model")
     spec = call(trial.spec, n_layers=layers, steps=1)
     path = call(run_dir, out, "check")
+    _announce(plan.check_plan(spec, check))
     with term.status(f"check {check}") as update:
         _, rendered = call(check_command, [check], spec, path, argv(), world_size, no_redact,
                            on_check=lambda name, i, n: update(f"check {name} ({i + 1} of {n})"),

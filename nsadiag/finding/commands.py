@@ -27,7 +27,8 @@ def shape_options(spec: Mapping[str, Any]) -> list[str]:
     preset = preset_of(overrides) if spec.get("target", "nsa") == "nsa" else None
     if preset is not None:
         args += ["--preset", preset]
-        overrides = {k: v for k, v in overrides.items() if k not in PRESETS[preset]}
+        overrides = {k: v for k, v in overrides.items()
+                     if k not in PRESETS[preset] or PRESETS[preset][k] != v}
     for key, value in sorted(overrides.items()):
         args += ["--set", f"{key}={cli_value(value)}"]
     return args
