@@ -45,7 +45,8 @@ def _culprit(process: dict[str, Any] | None) -> Culprit | None:
     if name == "DEADLOCK":
         return wait_culprit(samples)
     if name in ("STALL-BUSY", "STALL-COLLECTIVE") or process.get("collective_frame"):
-        return busy_culprit(samples)
+        native = (process.get("stall") or {}).get("stacks_class") != "busy-python"
+        return busy_culprit(samples, native=native)
     return None
 
 

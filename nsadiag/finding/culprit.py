@@ -10,7 +10,8 @@ Each verdict has its own witness, and the line comes from it:
                  hottest line of a model whose real cost is elsewhere half the time.
                  A SLOW whose work was not counted (a user's script) names a loop only
                  from its counter.
-    STALL-BUSY   the user frame the stall samples sat in (the ``while`` it spins in)
+    STALL-BUSY   in Python, the loop the stall samples spin in (the whole ``while``); in one
+                 native call, the user line that made it
     DEADLOCK     the frame the waiting thread blocks in (``with lock:``)
     STALL-COLLECTIVE  the user line of the odd rank that issued the collective the others
                  never joined, and the condition it sits under
@@ -37,7 +38,7 @@ from nsadiag.finding.source import (
     loop_around,
     loop_at,
 )
-from nsadiag.probes.frames import own_code, user_frame, wait_frame
+from nsadiag.probes.frames import busy_threads, own_code, user_frame, wait_frame
 from nsadiag.rundir import TrialRecord
 
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<function>\S+)')
@@ -56,7 +57,8 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
         return slow_culprit(record, hot_lines=False)
     if name == "STALL-BUSY":
-        return busy_culprit(_samples(record.evidence))
+        return busy_culprit(_samples(record.evidence), native=(
+            (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
     if name == "DEADLOCK":
         return wait_culprit(_samples(record.evidence))
     if name == "STALL-COLLECTIVE":
@@ -171,15 +173,46 @@ def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
 # ---- stalls: where the samples sat -----------------------------------------------------------
 
 
-def busy_culprit(samples: Sequence[StackSample]) -> Culprit | None:
-    """The user frame the stall samples of a busy process sat in (the loop it spins in
-    when that line starts one)."""
+OUTER_FRAMES = 3
+"""How many user frames out from the innermost a spin's loop header is looked for (the
+condition of ``while not ready():`` calls ``ready``, where the samples sit)."""
+
+
+def _spin_loop(frames: Sequence[StackFrame]) -> tuple[StackFrame, tuple[int, int]] | None:
+    """The loop a busy Python thread spins in, from its user frames (innermost first): the
+    loop around the innermost frame's line, else the nearest outer frame whose line is a
+    loop's header."""
+    own = [f for f in frames if own_code(f)]
+    if not own:
+        return None
+    span = loop_around(own[0].file, own[0].line)
+    if span is not None:
+        return own[0], span
+    for frame in own[1:1 + OUTER_FRAMES]:
+        span = loop_at(frame.file, frame.line)
+        if span is not None:
+            return frame, span
+    return None
+
+
+def busy_culprit(samples: Sequence[StackSample], native: bool = False) -> Culprit | None:
+    """The user line a busy process is stuck on: inside one native call (``native``), the
+    user frame that made it; running Python, the loop it spins in, else the user frame
+    the samples sat in most."""
     found = user_frame(samples)
     if found is None:
         return None
     frame, hits = found
     why = f"every busy sample sat here ({hits} of {len(samples)})" if hits >= len(samples) \
         else f"{hits} of {len(samples)} busy samples sat here"
+    if not native:
+        loops = [_spin_loop(thread.frames) for sample in samples
+                 for thread in busy_threads(sample)]
+        loops = [loop for loop in loops if loop is not None]
+        if loops and 2 * len(loops) >= len(samples):
+            spin, span = loops[-1]
+            return _culprit(spin.file, span[0], f"the loop the busy samples spin in "
+                            f"({len(loops)} of {len(samples)})", span)
     return _culprit(frame.file, frame.line, why, loop_at(frame.file, frame.line), frame.code)
 
 

@@ -23,7 +23,9 @@ PREDICT_FACTORS = (2, 4)
 """sweep-seq predicts the peak at these multiples of its longest OK length."""
 
 
-def _layers(n: int) -> str:
+def _layers(n: int | None) -> str:
+    if not n:
+        return "the target's default depth"
     return f"{n} layer" + ("s" if n != 1 else "")
 
 

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from nsadiag.evidence import StackSample, ThreadStack
+from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes.frames import threads_that_matter, wait_frame
 from nsadiag.report.summary import Summary
+from nsadiag.report.top import head, items
 
 FRAMES = 14
 SUMMARY_FRAMES = 8
@@ -48,10 +50,10 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
                         ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a stacks run."""
     processes = [process_view(p) for p in stacks["processes"]]
-    states = sorted({p["state"] for p in processes})
-    headline = f"{', '.join(states)} ({len(processes)} process(es))"
-    md = [f"# nsadiag stacks: {headline}", "",
-          "| pid | rank | state | CPU | samples | innermost frames |", "|---|---|---|---|---|---|"]
+    finding = stacks_finding(processes, list(stacks["odd_ones_out"]))
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md += ["", "| pid | rank | state | CPU | samples | innermost frames |",
+           "|---|---|---|---|---|---|"]
     for proc in processes:
         cpu = "-" if proc["cpu_fraction"] is None else f"{100 * proc['cpu_fraction']:.0f}%"
         rank = "-" if proc["rank"] is None else str(proc["rank"])
@@ -80,8 +82,9 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
     md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
-    summary = Summary(command="stacks", headline=headline, status="measured",
-                      details={"processes": processes, "odd_ones_out": stacks["odd_ones_out"],
+    summary = Summary(command="stacks", headline=finding.headline, status="measured",
+                      details={"finding": finding.to_dict(), "processes": processes,
+                               "odd_ones_out": stacks["odd_ones_out"],
                                "clusters": stacks["clusters"]})
     return "\n".join(md) + "\n", summary.to_dict()
 

@@ -103,7 +103,7 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     caller's (nsadiag.report.dispatch)."""
     command = str(meta.get("command_name") or "sweep-layers")
     groups: dict[str, list[SweepRow]] = {}
-    records = sorted(records, key=lambda r: int(r.spec["n_layers"]))
+    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
     for record in records:
         label = run_label(meta, record)
         groups.setdefault(label, []).append(row_from_record(record, label))
@@ -142,7 +142,8 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     md += ["", "## Recommendations", ""] + recommendations(finding)
     details: dict[str, Any] = {
         "finding": finding.to_dict(),
-        "threshold": int(failing.spec["n_layers"]) if failing else None,
+        "threshold": int(failing.spec["n_layers"]) if failing and failing.spec.get("n_layers")
+        else None,
         "stall": stall_summary(failing) if failing else None}
     if command == "isolate-branch":
         details["branch"] = meta.get("branch")
