@@ -11,10 +11,11 @@ NSADIAG=("$PY" -m nsadiag.cli)
 run() {  # run NAME ARGS...: one command into runs/example-NAME, its report into reports/NAME
   local name=$1; shift
   rm -rf "runs/example-$name"
-  "${NSADIAG[@]}" "$@" --out "runs/example-$name" || true  # a failure verdict is the point
+  # --out right after the command: `run` passes everything after `--` to the user's command
+  "${NSADIAG[@]}" "$1" --out "runs/example-$name" "${@:2}" || true  # a failure verdict is the point
   mkdir -p "reports/$name"
   cp "runs/example-$name"/{report.md,summary.json} "reports/$name/"
-  for extra in sweep.png memory.png trace.json; do
+  for extra in sweep.png memory.png flame.png trace.json; do
     if [ -f "runs/example-$name/$extra" ]; then cp "runs/example-$name/$extra" "reports/$name/"; fi
   done
 }
@@ -35,6 +36,9 @@ run memory-naive memory --layers 2 --seq-len 2048 --steps 1 --backend naive
 run trace trace --layers 2 --seq-len 512
 
 run check-ckpt check ckpt --target repro.late_bound_ckpt:make --seq-len 16
+
+# a user's own script under `nsadiag run`: a per-token loop cut off at its deadline
+run run-slow-script run --deadline 20 --stall-timeout 10 -- "$PY" repro/scripts/slow_token_loop.py
 
 # triage of a zoo entry: threshold, repeats, where the time goes, bisection (exit 1 expected)
 run triage-per-token-loop triage --target repro.per_token_loop:make --seq-len 512 --steps 200 \

@@ -184,7 +184,8 @@ def test_trace_cli_writes_a_perfetto_trace(tmp_path):
     assert summary["unused_parameters"] == [] and summary["repeated_gradients"] == {}
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     report = (tmp_path / "report.md").read_text()
-    assert report.startswith("# nsadiag trace: one step") and "## Gradients" in report
+    assert report.startswith("# nsadiag trace: ✅ MEASURED (measured): one step") and \
+        "## Gradients" in report
     assert summary["command"] == "trace" and summary["status"] == "measured"
 
 

@@ -167,12 +167,13 @@ def env(as_json: AsJson = False,
 
 
 def _sweep(function: Callable[..., Any], *args: Any, out: Path, total: int | None,
-           **kwargs: Any) -> NoReturn:
+           plan_note: str | None = None, **kwargs: Any) -> NoReturn:
     with Follow(term, total) as follow:
         from nsadiag.sweep import Callbacks
 
         callbacks = Callbacks(on_trial=follow.on_trial, on_events=follow.on_events,
-                              on_record=follow.on_record)
+                              on_record=follow.on_record,
+                              on_plan=lambda: _announce(plan_note))
         rendered = call(function, *args, callbacks=callbacks, out=out, **kwargs)
     raise typer.Exit(wrote(term, rendered))
 
@@ -191,9 +192,8 @@ def sweep_layers_cmd(
     counts = call(parse_layers, layers)
     base = call(trial.spec)
     path = call(run_dir, out, "sweep-layers")
-    _announce(plan.sweep_plan("sweep-layers", len(counts), base))
     _sweep(sweep_layers, base, counts, path, argv(), out=path, total=len(counts),
-           keep_going=keep_going)
+           plan_note=plan.sweep_plan("sweep-layers", len(counts), base), keep_going=keep_going)
 
 
 @app.command("sweep-seq",
@@ -214,9 +214,8 @@ def sweep_seq_cmd(
     lengths = call(parse_seq_lens, seq_lens)
     base = call(trial.spec, seq_len=min(lengths), n_layers=layers)
     path = call(run_dir, out, "sweep-seq")
-    _announce(plan.sweep_plan("sweep-seq", len(lengths), base))
     _sweep(sweep_seq, base, lengths, path, argv(), out=path, total=len(lengths),
-           keep_going=keep_going)
+           plan_note=plan.sweep_plan("sweep-seq", len(lengths), base), keep_going=keep_going)
 
 
 @app.command("isolate-branch",
@@ -231,9 +230,9 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     counts = call(parse_layers, layers)
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
-    _announce(plan.sweep_plan("isolate-branch", 2 * len(counts), base))
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
-           total=2 * len(counts))
+           total=2 * len(counts), plan_note=plan.sweep_plan("isolate-branch", 2 * len(counts),
+                                                            base))
 
 
 # ---- triage ---------------------------------------------------------------------------------
@@ -279,10 +278,10 @@ def triage_cmd(
                             isolate=isolate, bisect=bisect, world_size=world_size,
                             ddp_backend=ddp_backend, no_redact=no_redact)
     path = call(run_dir, out, "triage")
-    _announce(plan.triage_plan(max_minutes))
     with Follow(term, None, plain=ci) as follow:
         callbacks = TriageCallbacks(on_trial=follow.on_trial, on_events=follow.on_events,
-                                    on_record=follow.on_record, on_stage=follow.on_stage)
+                                    on_record=follow.on_record, on_stage=follow.on_stage,
+                                    on_plan=lambda: _announce(plan.triage_plan(max_minutes)))
         outcome = call(triage, base, options, path, argv(), callbacks=callbacks,
                        baseline=baseline, regression_threshold=regression_threshold, ci=ci,
                        out=path)
@@ -333,7 +332,7 @@ def ddp_cmd(
     redaction(no_redact)
     base = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "ddp")
-    _announce(plan.announce("ddp", 1, base, "--budget"))
+    note = plan.announce("ddp", 1, base, "--budget")
     with term.status("ddp") as update:
         events = [0]
 
@@ -343,9 +342,13 @@ def ddp_cmd(
             if term.live:
                 update(f"{world_size} ranks ({ddp_backend}): {where}, {events[0]} events")
 
+        def on_start(text: str) -> None:
+            _announce(note)
+            update(text)
+
         rendered = call(ddp_command, base, world_size, ddp_backend, path, argv(),
                         pg_timeout_s=pg_timeout, on_events=on_events, no_redact=no_redact,
-                        on_start=update, out=path)
+                        on_start=on_start, out=path)
     raise typer.Exit(wrote(term, rendered))
 
 
@@ -439,16 +442,19 @@ def check_cmd(
     from nsadiag.commands.check import check_command
 
     redaction(no_redact)
-    if trial.steps != 1:
-        term.note(f"nsadiag check: --steps {trial.steps} does not change the checks: each "
-                  f"compares one forward and backward of the model")
     spec = call(trial.spec, n_layers=layers, steps=1)
     path = call(run_dir, out, "check")
-    _announce(plan.check_plan(spec, check))
+
+    def planned() -> None:
+        if trial.steps != 1:
+            term.note(f"nsadiag check: --steps {trial.steps} does not change the checks: each "
+                      f"compares one forward and backward of the model")
+        _announce(plan.check_plan(spec, check))
+
     with term.status(f"check {check}") as update:
         _, rendered = call(check_command, [check], spec, path, argv(), world_size, no_redact,
                            on_check=lambda name, i, n: update(f"check {name} ({i + 1} of {n})"),
-                           out=path)
+                           on_plan=planned, out=path)
     if not as_json:
         check_table(term, rendered.summary)
     raise typer.Exit(wrote(term, rendered, as_json=as_json))

@@ -84,6 +84,8 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     baseline_rows = load_summary(baseline)["rows"] if baseline is not None else None
     check_target(base.replace(n_layers=options.max_layers))
     prepare_run_dir(run_dir)
+    if callbacks is not None and callbacks.on_plan:
+        callbacks.on_plan()
     meta = {k: v for k, v in read_meta(run_dir).items()
             if k not in ("schema_version", "command_name", "argv")}
     write_run_meta(run_dir, "triage", list(argv), **meta)

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.finding import Finding, Item, fail, kind_of, ok, warn
+from nsadiag.finding.commands import reproduce
 from nsadiag.finding.numbers import cost_ratio, sig, size
-from nsadiag.finding.trial import status_of, trial_finding
+from nsadiag.finding.trial import trial_finding
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, first_failure, fit_quantity
+from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, fit_quantity, row_from_record
 
 PREDICT_FACTORS = (2, 4)
 """sweep-seq predicts the peak at these multiples of its longest OK length."""
@@ -173,13 +174,6 @@ def sweep_finding(records: Sequence[TrialRecord], rows: Sequence[SweepRow], comm
                    results=results, ruled_out=ruled_out, implicated=implicated)
 
 
-def status_of_rows(rows: Sequence[SweepRow]) -> str:
-    """healthy, failure or inconclusive over a sweep's rows."""
-    statuses = {status_of(r.verdict, r.slow_by) for r in rows}
-    return "failure" if "failure" in statuses else \
-        "inconclusive" if "inconclusive" in statuses else "healthy"
-
-
 # ---- sweep-seq: fits against S and the memory cliff ----------------------------------------------
 
 
@@ -265,3 +259,65 @@ def layer_facts(rows: Sequence[SweepRow], fits: Mapping[str, Fit],
     return SweepFacts(fits=fits, growth=growth,
                       predicted=dict(peak.extrapolated) if peak is not None else {},
                       cliff=cliff, memory=memory)
+
+
+# ---- a sweep's decided result ----------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    """What a sweep's report shows, decided: the finding, the trials by label (rows) and
+    each label's fits, what the main label's fits predict, and the failing trial."""
+
+    finding: Finding
+    groups: dict[str, list[SweepRow]]
+    fits: dict[str, dict[str, Fit]]
+    facts: SweepFacts
+    failing: TrialRecord | None
+
+    @property
+    def rows(self) -> list[SweepRow]:
+        return [row for rows in self.groups.values() for row in rows]
+
+
+def failing_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The trial a sweep's report is about: the first failure, else the first
+    INCONCLUSIVE."""
+    return first_failure(records) or next(
+        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
+
+
+def decide_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str],
+                       command: str, memory: int) -> SweepResult:
+    """The result of a layer sweep: ``labels`` maps a trial directory's name to its run's
+    label (isolate-branch: "all branches", "<branch> only"), the command's name otherwise;
+    ``memory`` is this machine's, for the predicted cliff."""
+    from pathlib import Path
+
+    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
+    groups: dict[str, list[SweepRow]] = {}
+    for record in records:
+        label = labels.get(Path(record.trial_dir).name) or command
+        groups.setdefault(label, []).append(row_from_record(record, label))
+    analyses = {label: analyse(rows) for label, rows in groups.items()}
+    main = next(iter(analyses.values()), {"fits": {}, "memory_growth": None})
+    facts = layer_facts(next(iter(groups.values()), []), main["fits"], main["memory_growth"],
+                        memory)
+    failing = failing_record(records)
+    rows = [row for rows in groups.values() for row in rows]
+    finding = sweep_finding(records, rows, command, facts,
+                            reproduce(failing.spec) if failing else None)
+    return SweepResult(finding, groups, {label: a["fits"] for label, a in analyses.items()},
+                       facts, failing)
+
+
+def decide_seq_sweep(records: Sequence[TrialRecord], memory: int) -> SweepResult:
+    """The result of a sweep over S (one label, "sweep-seq")."""
+    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
+    rows = [row_from_record(record, "sweep-seq") for record in records]
+    facts = analyse_seq(rows, memory)
+    failing = failing_record(records)
+    finding = sweep_finding(records, rows, "sweep-seq", facts,
+                            reproduce(failing.spec) if failing else None)
+    return SweepResult(finding, {"sweep-seq": rows}, {"sweep-seq": dict(facts.fits)}, facts,
+                       failing)

@@ -283,6 +283,8 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
     if culprit is not None:
         code = f" `{culprit.code}`" if culprit.code else ""
         implicated.append(fail(f"{culprit.where()}{code}: {culprit.why}."))
+    if facts.get("cause"):
+        implicated.append(fail(f"Cause: {facts['cause']}."))
     if facts.get("last_module") and name not in ("OK", "SLOW"):
         implicated.append(fail(f"{facts['last_module']}: the last module entered or left "
                                f"({facts.get('last_edge')} in {facts.get('last_phase')} of "
@@ -307,11 +309,14 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
                      if r.startswith("last heartbeat")), None)
     if position and name != "SLOW":
         summary.append(position[:1].upper() + position[1:] + ".")
+    if facts.get("cause"):
+        summary.append(f"Cause: {facts['cause']}.")
     ruled_out, implicated = cause_items(record, culprit)
+    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in facts.get("fixes") or []][1:]
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     return Finding(command=command, verdict=name, kind=kind,
                    status=status_of(name, facts.get("slow_by")),
                    headline=f"{name} ({kind}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
-                   implicated=implicated)
+                   implicated=implicated, recommendations=fixes)

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from nsadiag.finding.commands import reproduce
-from nsadiag.finding.sweep import analyse_seq, status_of_rows, sweep_finding
+from nsadiag.finding.sweep import decide_seq_sweep
 from nsadiag.report.markdown import (
     config_table,
     evidence_section,
@@ -33,7 +33,7 @@ from nsadiag.report.plots import flame_section, sweep_plot
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, first_failure, row_from_record
+from nsadiag.sweep import Fit, SweepRow
 
 
 def _rest(row: SweepRow) -> int | None:
@@ -68,14 +68,11 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
     """(markdown, summary.json) of a sweep-seq run directory's records; writes
     sweep.png (time and peak against S, the fits, the predicted peak and the cliff) into
     run_dir."""
-    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
-    rows = [row_from_record(record, LABEL) for record in records]
     total = psutil.virtual_memory().total
-    facts = analyse_seq(rows, total)
-    failing = first_failure(records) or next(
-        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
-    finding = sweep_finding(records, rows, "sweep-seq", facts,
-                            reproduce(failing.spec) if failing else None)
+    result = decide_seq_sweep(records, total)
+    finding, facts, failing = result.finding, result.facts, result.failing
+    rows = result.rows
+    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
     first = records[0].spec if records else {}
     md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Configuration", ""] + config_table(first, (
@@ -111,7 +108,7 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
         meta.get("argv"), reproduce(failing.spec) if failing else None)
     md += ["", "## Recommendations", ""] + recommendations(finding)
     summary = Summary(
-        command="sweep-seq", headline=finding.headline, status=status_of_rows(rows),
+        command="sweep-seq", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(LABEL, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                   for r in rows],
         rows=[r.to_dict() for r in rows],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import Any
 
 from nsadiag.evidence import StackSample, ThreadStack
@@ -29,8 +30,25 @@ def thread_view(thread: ThreadStack, frames: int = SUMMARY_FRAMES) -> dict[str, 
     waiting = wait_frame(thread)
     return {"name": thread.name or hex(thread.thread_id), "active": thread.active,
             "waiting_in": waiting.where() if waiting else None,
-            "frames": [f.where() + (" [native]" if f.is_native else "")
-                       + (f"  # {f.code}" if f.code else "") for f in thread.frames[:frames]]}
+            "frames": _frame_lines(thread)[:frames]}
+
+
+def _frame_lines(thread: ThreadStack) -> list[str]:
+    """The thread's frames innermost first, each run of native frames one line naming its
+    libraries, Python frames with their code."""
+    lines: list[str] = []
+    native: list[str] = []
+    for frame in [*thread.frames, None]:
+        if frame is not None and frame.is_native:
+            native.append(PurePath(frame.file or "?").name)
+            continue
+        if native:
+            noun = "native frame" if len(native) == 1 else "native frames"
+            lines.append(f"[{len(native)} {noun} in {', '.join(dict.fromkeys(native))}]")
+            native = []
+        if frame is not None:
+            lines.append(frame.where() + (f"  # {frame.code}" if frame.code else ""))
+    return lines
 
 
 def process_view(proc: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from nsadiag.finding.commands import reproduce
-from nsadiag.finding.sweep import layer_facts, status_of_rows, sweep_finding
+from nsadiag.finding.sweep import decide_layer_sweep
 from nsadiag.report.markdown import (
     config_table,
     env_rows,
@@ -34,7 +34,7 @@ from nsadiag.report.plots import flame_section, sweep_plot
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, row_from_record
+from nsadiag.sweep import Fit, SweepRow
 
 CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
                "device", "steps", "stall_timeout_s", "budget_s", "memory_cap_bytes",
@@ -102,31 +102,22 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     sweep.png (and flame.png of a failing trial's profile) into run_dir. Redaction is the
     caller's (nsadiag.report.dispatch)."""
     command = str(meta.get("command_name") or "sweep-layers")
-    groups: dict[str, list[SweepRow]] = {}
-    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
-    for record in records:
-        label = run_label(meta, record)
-        groups.setdefault(label, []).append(row_from_record(record, label))
-    all_rows = [r for rows in groups.values() for r in rows]
-    analyses = {label: analyse(rows) for label, rows in groups.items()}
-    main = next(iter(analyses.values()), {"fits": {}, "memory_growth": None})
     memory = psutil.virtual_memory().total
-    facts = layer_facts(next(iter(groups.values()), []), main["fits"], main["memory_growth"],
-                        memory)
-    failing = first_failure(records) or next(
-        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
-    finding = sweep_finding(records, all_rows, command, facts,
-                            reproduce(failing.spec) if failing else None)
+    labels = {Path(r.trial_dir).name: run_label(meta, r) for r in records}
+    result = decide_layer_sweep(records, labels, command, memory)
+    finding, groups, failing, facts = result.finding, result.groups, result.failing, \
+        result.facts
+    all_rows = result.rows
+    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
     first = records[0].spec if records else {}
-    png = sweep_plot(groups, {label: a["fits"] for label, a in analyses.items()},
-                     run_dir / "sweep.png", legend_names(groups, first), memory=memory,
-                     cliff=facts.cliff)
+    png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
+                     memory=memory, cliff=facts.cliff)
     md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Configuration", ""] + config_table(first, CONFIG_KEYS,
                                                      env_rows(meta.get("env") or {}))
     md += ["", "## Measurements", ""] + results_table(all_rows)
-    for label, analysis in analyses.items():
-        md += ["", f"### Fits against layers — {label}", ""] + fits_section(analysis["fits"])
+    for label, fits in result.fits.items():
+        md += ["", f"### Fits against layers — {label}", ""] + fits_section(fits)
     if meta.get("branch") and len(groups) == 2:
         md += ["", f"### What the {meta['branch']} branch costs", ""]
         md += attribution_table(*groups.values())
@@ -150,10 +141,10 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     verdicts = [verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                 for r in all_rows]
     summary = Summary(
-        command=command, headline=finding.headline, status=status_of_rows(all_rows),
+        command=command, headline=finding.headline, status=finding.status,
         verdicts=verdicts,
         rows=[r.to_dict() for r in all_rows],
-        fits={label: {q: f.to_dict() for q, f in a["fits"].items()}
-              for label, a in analyses.items() if a["fits"]},
+        fits={label: {q: f.to_dict() for q, f in fits.items()}
+              for label, fits in result.fits.items() if fits},
         failing=failing.verdict if failing else None, details=details)
     return "\n".join(md) + "\n", summary.to_dict()
