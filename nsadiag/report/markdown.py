@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.evidence import StackSample
 from nsadiag.finding.commands import cli_value
 from nsadiag.finding.numbers import cost_ratio, sig
+from nsadiag.probes.frames import threads_that_matter
 from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
 
@@ -165,15 +167,19 @@ def cost_text(expected_s: float | None, ratio: float | None) -> str:
 
 
 def stack_excerpt(evidence: Mapping[str, Any], limit: int = 12) -> list[str]:
-    """The last stack sample of a stopped trial, four threads at most, innermost frame
-    first, each run of native frames folded into one line naming its libraries."""
+    """The last stack sample of a stopped trial: the threads that matter (the main one,
+    running ones, those in the user's code; nsadiag's idle sampler is none), four at most,
+    innermost frame first, each run of native frames folded into one line naming its
+    libraries."""
     stall = evidence.get("stall") or {}
     samples = stall.get("samples") or []
     if not samples:
         reasons = stall.get("unavailable") or []
         return [f"No stack samples ({'; '.join(reasons) or 'none were needed'})."]
     lines = ["```"]
-    for thread in samples[-1]["threads"][:4]:
+    shown = {thread.thread_id for thread in
+             threads_that_matter(StackSample.from_dict(samples[-1]))}
+    for thread in [t for t in samples[-1]["threads"] if t["thread_id"] in shown][:4]:
         lines.append(f"thread {thread.get('name') or thread['thread_id']}"
                      f"{'' if thread.get('active', True) else ' (idle)'}:")
         lines += [f"  {text}" for text, _ in fold_native(thread["frames"])[:limit]]
