@@ -168,7 +168,8 @@ def sweep_finding(records: Sequence[TrialRecord], rows: Sequence[SweepRow], comm
                    next_action="Nothing failed here: if the full run still stops, sweep its "
                                "own configuration (sequence length, dtype, world size) or "
                                "run `nsadiag triage` on it.",
-                   proof=trend, summary=[f"{len(records)} trial(s), every one OK."] +
+                   proof=trend or _ok_proof(rows, facts, unit),
+                   summary=[f"{len(records)} trial(s), every one OK."] +
                    ([trend[:1].upper() + trend[1:] + "."] if trend else []) +
                    ([cliff] if cliff else []),
                    results=results, ruled_out=ruled_out, implicated=implicated)
@@ -243,6 +244,24 @@ def cliff_sentence(facts: SweepFacts, unit: str = "S") -> str | None:
         return (f"Predicted peak {peaks}: this machine's {size(facts.memory)} run out near "
                 f"{point(facts.cliff)}.")
     return f"Predicted peak {peaks}, within this machine's {size(facts.memory)}."
+
+
+def _ok_proof(rows: Sequence[SweepRow], facts: SweepFacts, unit: str) -> str:
+    """What proves a healthy sweep when the step time follows no clear line (a loaded
+    machine's timings): how many trials finished, the deepest step, and the peak's growth
+    when it follows one."""
+    ok_rows = [r for r in rows if r.verdict == "OK"]
+    last = max(ok_rows, key=lambda r: (r.seq_len or 0) if unit == "S" else r.n_layers,
+               default=None)
+    text = f"{len(ok_rows)} of {len(rows)} trials finished every step"
+    if last is not None and last.step_s is not None:
+        point = f"S={last.seq_len}" if unit == "S" else _layers(last.n_layers)
+        text += f", {point} in {sig(last.step_s)} s a step"
+    peak = facts.fits.get("peak_rss")
+    if peak is not None and not peak.poor:
+        per = "token" if unit == "S" else "layer"
+        text += f"; the peak grows {size(peak.slope)} per {per}, {peak.growth()}"
+    return text
 
 
 def layer_facts(rows: Sequence[SweepRow], fits: Mapping[str, Fit],
