@@ -78,13 +78,13 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
         ys_all += ys
     ys_all += [y for _, y, _ in failed if y is not None]
     top = 1.1 * max(ys_all) if ys_all else 1.0
+    at = f"{cliff:,} {'layers' if x == 'n_layers' else 'tokens'}" if cliff else ""
     if limit is not None and ys_all and limit / scale <= 1.5 * max(ys_all):
         top = 1.1 * max(top, limit / scale)
         ax.axhline(limit / scale, color="red", linestyle="--", linewidth=1,
-                   label="this machine's memory" + (f" (reached near {cliff:,})" if cliff
-                                                    else ""))
+                   label="this machine's memory" + (f" (reached near {at})" if cliff else ""))
     elif limit is not None and cliff:
-        ax.plot([], [], " ", label=f"memory runs out near {cliff:,} (off the chart)")
+        ax.plot([], [], " ", label=f"memory runs out near {at} (off the chart)")
     for i, (px, py, verdict) in enumerate(failed):
         y = py if py is not None else 0.95 * top  # no measured value: at the top
         unmeasured = any(v is None for _, v, _ in failed)
