@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from nsadiag.finding.numbers import share
 from nsadiag.report.markdown import (
     cost_text,
     evidence_section,
@@ -124,8 +125,12 @@ def _efficiency_section(state: TriageState) -> list[str]:
         defect = {True: "yes", False: "no"}.get(r.defect, "-")
         lines.append(f"| {r.trial} | {r.n_layers} | {r.verdict} | {fmt_s(r.step_s)} | "
                      f"{r.timed_steps} | {cost_text(r.expected_step_s, r.cost_ratio)} | "
-                     f"{r.efficiency:.2%} | {r.dense_efficiency:.1%} | {defect} |")
+                     f"{_percent(r.efficiency)} | {_percent(r.dense_efficiency)} | {defect} |")
     return lines
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else share(value)
 
 
 def _attribution_section(state: TriageState) -> list[str]:
