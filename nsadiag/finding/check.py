@@ -31,6 +31,11 @@ ADVICE = {
            "updated in forward, or parameters used outside DDP's forward.",
 }
 """What to do after a WRONG, by check."""
+NAMED = {"causality": "the first block whose output before position t moved",
+         "parity": "the first layer that differs from the naive oracle",
+         "ckpt": "the first module whose recompute differs from its forward",
+         "ddp": "the first module whose DDP gradients differ from one process's"}
+"""What the module a failed check names is."""
 
 
 def timed_out(result: CheckResult | dict[str, Any]) -> bool:
@@ -82,7 +87,9 @@ def check_culprit(result: CheckResult) -> Culprit | None:
     that passed or ran out of time."""
     if not failed(result) or not result.module:
         return None
-    return Culprit(None, None, result.summary, module=result.module)
+    why = NAMED.get(result.name, "the module the check names") if \
+        result.verdict.name == "WRONG" else f"where the {result.name} check stopped"
+    return Culprit(None, None, why, module=result.module)
 
 
 def check_finding(results: Sequence[CheckResult], spec: dict[str, Any],

@@ -433,6 +433,22 @@ def healthy_headline(state: TriageState) -> str:
             f"OK up to {deepest} layer(s)")
 
 
+def _healthy_proof(state: TriageState) -> str | None:
+    """How many depths finished, the deepest's step time, the checks that passed."""
+    probed = state.sweep.probed if state.sweep else []
+    ok_refs = [r for r in probed if r.verdict == "OK"]
+    parts = []
+    if ok_refs:
+        deepest = max(ok_refs, key=lambda r: r.n_layers or 0)
+        parts.append(f"{len(ok_refs)} of {len(probed)} depths finished every step, "
+                     f"{deepest.n_layers} layer(s)"
+                     + (f" in {sig(deepest.step_s)} s a step" if deepest.step_s else ""))
+    passed = [r for r in _results(state) if r.passed and r.applicable]
+    if passed:
+        parts.append(f"{len(passed)} correctness check(s) passed")
+    return "; ".join(parts) or None
+
+
 def _healthy_finding(state: TriageState, regressed: list[dict[str, Any]],
                      unsure: dict[str, Any] | None) -> Finding:
     big = state.sweep.slow_by_size if state.sweep else []
@@ -448,14 +464,12 @@ def _healthy_finding(state: TriageState, regressed: list[dict[str, Any]],
                        subject=_subject(state), proof=unreproduced_text(unsure).split(":")[0],
                        next_action="Rerun on a quieter machine, or with a larger --budget, "
                                    "to settle it.", summary=summary)
-    ref = efficiency_ref(state)
-    proof = None
-    if ref is not None and ref.step_s is not None:
-        proof = (f"{ref.n_layers} layer(s): {ref.verdict}, a step in {sig(ref.step_s)} s"
-                 + (f", {share(ref.efficiency)} of the matmul rate (a dense block reaches "
-                    f"{share(ref.dense_efficiency)})" if ref.efficiency is not None and
-                    ref.dense_efficiency else ""))
+    proof = _healthy_proof(state)
     summary = [f"No failure: {text}."]
+    passed = [r.name for r in _results(state) if r.passed and r.applicable]
+    if passed:
+        summary.append(f"The {', '.join(passed)} check(s) passed at "
+                       f"{state.checks.n_layers} layer(s).")
     if big:
         summary.append("The SLOW trials did the model's work without a host read per token or "
                        "a loop of tiny ops, at the machine's pace; a longer `--budget` or "
