@@ -264,14 +264,17 @@ def flame_plot(profile: Mapping[str, Any], path: Path, title: str,
     ax.set_ylim(-0.6, depth - 0.4)
     ax.set_yticks([])
     ax.set_xlabel(f"share of the {total} stack samples taken while training")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=10, loc="left")
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=USER, label="your code"), Patch(color=LIBRARY,
                                                                    label="libraries"),
                        *([Patch(color=MARKED, label=f"the line named ({mark[0]}:"
-                                                     f"{mark[1]})")]
-                         if mark else [])], fontsize=8, loc="upper right")
+                                                     f"{mark[1]}" + (f"-{mark[2]}" if
+                                                                     mark[2] > mark[1] else "")
+                                                     + ")")]
+                         if mark else [])], fontsize=8, loc="lower right",
+              bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
     return _save(fig, path)
 
