@@ -52,15 +52,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check nsa nsadiag repro tests bench
 
-# tiny NSA shapes: the checks and depths 1, 2, 4 take about two minutes on 2 cores; the
-# 12-minute limit plans 50 s per trial, so a loaded machine does not read as SLOW. Only a
+# tiny NSA shapes (--preset tiny): the checks and depths 1, 2, 4 take about two minutes on 2
+# cores; the 12-minute limit plans 50 s per trial, so a loaded machine does not read as SLOW. Only a
 # failure found (exit 1) fails the build: an inconclusive triage (4) says so and passes.
 ci-triage: $(STAMP)
 	rm -rf runs/ci-triage
 	$(PY) -m nsadiag.cli triage --ci --max-layers 4 --max-minutes 12 --seq-len 128 --steps 2 \
-		--stall-timeout 60 --budget 120 --set dim=32 --set n_heads=4 --set n_kv_heads=2 \
-		--set head_dim=8 --set l=8 --set d=4 --set l_sel=16 --set n_sel=3 --set w=32 \
-		--out runs/ci-triage; rc=$$?; \
+		--stall-timeout 60 --budget 120 --preset tiny --out runs/ci-triage; rc=$$?; \
 	$(PY) -m nsadiag.cli report runs/ci-triage --bundle || exit $$?; \
 	if [ $$rc -eq 4 ]; then echo "ci-triage: inconclusive on this machine (exit 4): passing"; \
 	else exit $$rc; fi

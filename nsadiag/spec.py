@@ -189,6 +189,42 @@ def _check_branches(branches: tuple[str, ...] | None) -> None:
                          f"{', '.join(BRANCHES)} without repeats, got {list(branches)!r}")
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3,
+                 w=32),
+    "small": dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, l=16, d=8, l_sel=32,
+                  n_sel=8, w=256),
+    "paper": dict(dim=512, n_heads=8, n_kv_heads=2, head_dim=64, l=32, d=16, l_sel=64,
+                  n_sel=16, w=512),
+}
+"""Shapes of the built-in model by name (``--preset``), as NSAConfig overrides: ``tiny``
+runs a triage in minutes on two CPU cores, ``small`` is a laptop-sized model, ``paper`` the
+paper's attention hyper-parameters (l=32, d=16, l_sel=64, n_sel=16, w=512) at NSAConfig's
+default width. ``--set`` overrides a preset's fields."""
+
+
+def preset_overrides(preset: str | None, target: str) -> dict[str, Any]:
+    """The overrides of ``preset`` ({} for None); ValueError (one line) for an unknown
+    name, or a preset asked for a target other than the built-in "nsa"."""
+    if preset is None:
+        return {}
+    _check_choice("preset", preset, tuple(PRESETS))
+    if target != "nsa":
+        raise ValueError(f"preset: shapes the built-in target nsa only; {target} takes its "
+                         f"own arguments with --set")
+    return dict(PRESETS[preset])
+
+
+def preset_of(overrides: dict[str, Any]) -> str | None:
+    """The preset ``overrides`` were built on: every field of it set, most of them to its
+    values (``--preset tiny --set w=16``); the one with the most equal fields, None when
+    none fits."""
+    scores = {name: sum(overrides[key] == value for key, value in shape.items())
+              for name, shape in PRESETS.items() if set(shape) <= set(overrides)}
+    fitting = {name: n for name, n in scores.items() if 2 * n > len(PRESETS[name])}
+    return max(fitting, key=fitting.__getitem__) if fitting else None
+
+
 JOB_KINDS = ("trial", "check", "memory", "target")
 DDP_BACKENDS = ("gloo", "nccl")
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")

@@ -95,12 +95,14 @@ growth law and no extrapolation is read from it."""
 
 @dataclass
 class Callbacks:
-    """How a front end follows a sweep (all optional): a trial starts (its point and
-    spec), heartbeat events arrive, a trial's record is written."""
+    """How a front end follows a sweep (all optional): the inputs are checked and the
+    first trial is about to start (``on_plan``), a trial starts (its point and spec),
+    heartbeat events arrive, a trial's record is written."""
 
     on_trial: Callable[[int, TrialSpec], None] | None = None
     on_events: Callable[[list[dict]], None] | None = None
     on_record: Callable[[TrialRecord], None] | None = None
+    on_plan: Callable[[], None] | None = None
 
 
 @dataclass

@@ -39,17 +39,9 @@ BRANCHES = ("cmp", "sel", "win")
 def triage_labels(state: dict[str, Any]) -> dict[str, str]:
     """Every trial of a triage (triage.json's state) once, labelled by the stage that ran
     it first: sweep, repeat, "<branch> only", "bisect: <knobs applied>"."""
-    labelled: dict[str, str] = {}
-    for ref in state.get("sweep", {}).get("probed", []):
-        labelled.setdefault(ref["trial"], "sweep")
-    for ref in state.get("repeats", {}).get("runs", [])[1:]:
-        labelled.setdefault(ref["trial"], "repeat")
-    for ref in state.get("branches", {}).get("runs", []):
-        labelled.setdefault(ref["trial"], f"{ref['branch']} only")
-    for ref in (state.get("bisection") or {}).get("tests", []):
-        applied = ", ".join(ref["applied"]) or "none"
-        labelled.setdefault(ref["trial"], f"bisect: {applied}")
-    return labelled
+    from nsadiag.triage.state import TriageState
+
+    return TriageState.from_dict(state).labels()
 
 
 def _labels(run_dir: Path) -> tuple[dict[str, str], str]:

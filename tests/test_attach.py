@@ -96,12 +96,13 @@ def test_a_training_loop_is_progressing_and_left_running(tmp_path):
         done, summary = attach(tmp_path, str(proc.pid), "--duration", "3")
         assert done.returncode == 0, done.stderr
         assert summary["verdict"] == "OK" and summary["state"] == "progressing"
-        assert "its Python stacks changed between samples" in summary["headline"]
+        assert "its Python stacks changed between samples" in summary["finding"]["proof"]
+        assert summary["finding"]["kind"] == "healthy" and summary["finding"]["culprit"] is None
         assert proc.poll() is None, "attach must not stop the process"
         meta = json.loads((tmp_path / "attach" / "run.json").read_text())
         assert meta["command_name"] == "attach" and meta["pid"] == proc.pid
         assert (tmp_path / "attach" / "report.md").read_text().startswith(
-            "# nsadiag attach: OK")
+            "# nsadiag attach: ✅ OK (healthy)")
     finally:
         stop(proc)
 
@@ -132,8 +133,10 @@ def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
         done, summary = attach(tmp_path, str(proc.pid), "--duration", "4")
         assert done.returncode == 1, done.stderr
         assert summary["verdict"] == "STALL-BUSY", summary["headline"]
-        assert summary["headline"].startswith(
-            "STALL-BUSY: its nsadiag heartbeat recorded no progress in the 4 s window")
+        assert summary["failing"]["reasons"][0].startswith(
+            "its nsadiag heartbeat recorded no progress in the 4 s window")
+        finding = summary["finding"]
+        assert finding["kind"] == "stuck" and "target.py:" in finding["culprit"]["where"]
         assert proc.poll() is None
     finally:
         stop(proc)

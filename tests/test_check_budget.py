@@ -109,7 +109,7 @@ def test_a_check_out_of_time_never_fails_a_triage(tmp_path, stored):
     assert exit_code(summary) in (0, 4) and summary["failure"] is None, summary["headline"]
     assert "blocks.1" not in text.split("## Root cause")[1]  # nothing implicated
     assert "A correctness check failed" not in text
-    assert "Did not finish, so neither passed nor failed: ckpt (INCONCLUSIVE)" in text
+    assert "⚠ ckpt: INCONCLUSIVE: did not finish within its time budget" in text
 
 
 def _load(loadavg: float, got: float, cpus: int = 2) -> dict:

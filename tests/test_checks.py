@@ -163,9 +163,11 @@ def test_parity_without_nsa_layers_is_not_applicable(writer):
     # shown as its own status, never as OK: nothing was checked
     assert not result.applicable and result.status == "NOT APPLICABLE"
     assert result.to_dict()["status"] == "NOT APPLICABLE"
-    from nsadiag.report.check import headline
+    from nsadiag.finding.check import check_finding
 
-    assert headline([result]) == "0 check(s) passed, 1 not applicable"
+    found = check_finding([result], {"target": "tests.check_targets:future_peek"})
+    assert found.status == "healthy" and found.results[0].mark == "warn"
+    assert found.headline == "OK (healthy): 0 check(s) passed, 1 not applicable"
 
 
 # ---------------------------------------------------------------- ckpt
@@ -301,10 +303,13 @@ def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path
     (found,) = json.loads(done.stdout)["checks"]
     assert found["verdict"]["name"] == "WRONG" and found["module"] == "blocks.0"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["headline"] == "ckpt WRONG at blocks.0" and not summary["passed"]
+    finding = summary["finding"]
+    assert (finding["verdict"], finding["kind"]) == ("WRONG", "wrong") and not summary["passed"]
+    assert finding["culprit"]["module"] == "blocks.0" and "blocks.3" in finding["proof"]
     report = (out / "report.md").read_text()
-    for section in ("## Executive summary", "## Configuration", "## Results", "## Evidence",
-                    "## Minimal reproduction", "## Recommendations"):
+    assert report.startswith("# nsadiag check: ❌ WRONG (wrong): the ckpt check in blocks.0")
+    for section in ("## Summary", "## Configuration", "## Results", "## Evidence",
+                    "## Root cause", "## Minimal reproduction", "## Recommendations"):
         assert section in report
     assert "recompute of blocks.0 ran blocks.3's parameters" in report
     # no --layers: the report states the blocks the factory's model actually had

@@ -114,3 +114,40 @@ def test_trial_options_hand_a_command_one_object():
         ("pkg.mod:make", 64, "float32")
     with pytest.raises(ValueError, match="no trial option 'colour'"):
         trial_options(("colour",))
+
+
+def test_a_preset_shapes_the_built_in_model_and_set_overrides_its_fields():
+    from nsadiag.finding.commands import shape_options
+    from nsadiag.spec import PRESETS
+
+    spec = TrialOptions(preset="tiny", set_=["w=16"]).spec()
+    assert spec.overrides == {**PRESETS["tiny"], "w": 16}
+    # a reproduction command gives the preset back, with only what differs from it
+    assert shape_options({"target": "nsa", "overrides": spec.overrides}) == [
+        "--preset", "tiny", "--set", "w=16"]
+    with pytest.raises(ValueError, match="^preset: shapes the built-in target nsa only"):
+        TrialOptions(target="pkg.mod:make", preset="tiny").spec()
+    from nsa.config import NSAConfig
+
+    for name, shape in PRESETS.items():  # every preset is a valid NSA configuration
+        assert NSAConfig().replace(**shape).validate().dim == shape["dim"], name
+
+
+@pytest.mark.parametrize("command", ["sweep-layers", "triage", "trace", "check", "memory",
+                                     "ddp", "sweep-seq", "isolate-branch"])
+def test_steps_and_preset_mean_the_same_in_every_command_that_runs_the_model(command):
+    text = nsadiag(command, "--help", env={"COLUMNS": "200", "PATH": ""}).stdout
+    assert "--steps" in text and "--preset" in text and "tiny|small|paper" in text, command
+
+
+def test_a_long_plan_says_its_worst_case_before_it_starts():
+    from nsadiag.plan import check_plan, sweep_plan, triage_plan
+
+    # the defaults: 12 layer counts at 600 s each can take two hours on a CPU
+    assert sweep_plan("sweep-layers", 12, TrialSpec()) == (
+        "nsadiag sweep-layers: 12 trials of up to 600 s each: at worst 2.0 h (each ends at "
+        "its --budget; --budget and --layers bound it)")
+    assert sweep_plan("sweep-layers", 2, TrialSpec(budget_s=20.0)) is None  # short: silent
+    # every check of "all", causality twice (again at a longer sequence)
+    assert "5 check runs of up to 600 s" in check_plan(TrialSpec(), "all")
+    assert triage_plan(10.0).startswith("nsadiag triage: at worst 10 min")

@@ -31,9 +31,11 @@ def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):
     fit = summary["fits"]["sweep-layers"]["saved_bytes"]
     assert fit["r2"] > 0.99 and set(fit["extrapolated"]) == {"4", "5"}
     report = (out / "report.md").read_text()
-    for section in ("## Executive summary", "## Configuration", "## Results", "## Evidence",
-                    "## Analysis", "Ruled out:", "Implicated:", "## Minimal reproduction",
-                    "## Recommendations"):
+    assert report.startswith("# nsadiag sweep-layers: ✅ OK (healthy): every trial OK up to "
+                             "3 layers")
+    for section in ("## Summary", "## Results", "## Configuration", "## Measurements",
+                    "## Evidence", "## Root cause", "Ruled out:", "Implicated:",
+                    "## Minimal reproduction", "## Recommendations"):
         assert section in report
     assert (out / "sweep.png").stat().st_size > 1000
     assert len((out / "trials.jsonl").read_text().splitlines()) == 3
@@ -59,8 +61,8 @@ def test_isolate_branch_slow_by_size_is_no_failure_and_exits_0(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [(v["label"], v["verdict"], v["slow_by"]) for v in summary["verdicts"]] == [
         ("all branches", "SLOW", "size"), ("win only", "SLOW", "size")]
-    assert summary["headline"] == "no failure; slow by size from 1 layer(s)"
-    assert summary["threshold"] is None
+    assert summary["headline"] == "SLOW (slow by size) from 1 layer: no failure"
+    assert summary["finding"]["status"] == "healthy" and summary["threshold"] is None
 
 
 def test_isolate_branch_attributes_time_to_the_branch(tmp_path):
@@ -152,11 +154,14 @@ def test_sweep_seq_reports_time_and_memory_against_the_sequence_length(tmp_path)
     assert saved[0] < saved[1] < saved[2]  # activations grow with S
     assert set(summary["fits"]["sweep-seq"]) >= {"step_s", "peak_rss", "saved_bytes"}
     report = (out / "report.md").read_text()
-    for text in ("# nsadiag sweep-seq: all lengths OK", "| S | verdict | step | peak RSS | "
+    for text in ("# nsadiag sweep-seq: ✅ OK (healthy): every trial OK up to S=128",
+                 "| S | verdict | step | peak RSS | "
                  "saved for backward | rest of the peak | steps |",
                  "### Fits against the sequence length"):
         assert text in report
-    assert "At S=256" in report or "No prediction" in report
+    peak = summary["fits"]["sweep-seq"]["peak_rss"]
+    # the fit's prediction at 2x and 4x the longest length, beside this machine's memory
+    assert ("Predicted peak" in report and "at S=256" in report) == (not peak["poor"])
     # the report re-renders from the stored trials
     (out / "report.md").unlink()
     assert nsadiag("report", str(out)).returncode == 0

@@ -8,7 +8,9 @@ import sys
 
 import psutil
 
+from nsadiag.finding import Finding
 from nsadiag.report.dispatch import render_run
+from tests.readable import assert_readable
 
 
 def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
@@ -33,18 +35,26 @@ def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
     # the part of the model the time goes to, from the heartbeats: the block, forward or
     # backward, with nearly all of the training time
     assert failure["module"] in ("blocks.* forward", "blocks.* backward")
-    assert failure["hot_frame"], "no hot frame from the stack samples"
+    assert failure["hot_frame"], "no hot frame from the sampled profile"
+    # the line is the per-token loop, never the hottest healthy line of the model
+    finding = Finding.from_dict(summary["finding"])
+    assert (finding.verdict, finding.kind) == ("SLOW", "slow by defect")
+    assert failure["culprit"] == finding.culprit.where() == "repro/per_token_loop.py:26-30"
+    assert "host reads" in finding.proof and "per_token_loop.py:26-30" in finding.next_action
     report = (out / "report.md").read_text()
-    for section in ("## Executive summary", "## Environment", "## Configuration comparison",
+    assert_readable(report, finding, "repro/per_token_loop.py:26-30")
+    for section in ("## Summary", "## Results", "## Environment", "## Configuration comparison",
                     "## Systematic results", "### Where the time goes", "## Evidence",
-                    "## Root cause", "The issue is NOT caused by:", "The issue IS tied to:",
+                    "## Root cause", "Ruled out:", "Implicated:",
                     "## Minimal reproduction", "## Recommendations", "## Time"):
         assert section in report, section
     assert "A hang: it was still progressing" in report
     # the time by module is a share of the span it was measured over: never above 100 %
     table = report.split("### Where the time goes")[1].split("\n\n")[1].splitlines()[2:]
     assert table and all(int(row.split("|")[4].strip().rstrip("%")) <= 100 for row in table)
-    assert "Hot frame" in report and failure["module"].split()[0] in report
+    assert failure["module"].split()[0] in report
+    assert "![flame graph of the sampled profile](flame.png)" in report
+    assert (out / "flame.png").stat().st_size > 0 and "profile.folded" in report
     assert "Branch isolation" in report and "no NSA branches" in report
     assert "nsadiag sweep-layers --target repro.per_token_loop:make --layers 1" in report
     assert step_summary.read_text() == "earlier step\n" + report

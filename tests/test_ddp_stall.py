@@ -4,9 +4,12 @@ first; no rank outlives the trial."""
 
 import psutil
 
+from nsadiag.finding import Finding
 from nsadiag.harness.jobs import run_ddp_trial
+from nsadiag.report.ddp import build_ddp_report
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
+from tests.readable import assert_readable
 
 VERDICT, WORLD, SETTINGS = DDP_ZOO["rank_divergent"]
 
@@ -48,6 +51,13 @@ def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     assert record.evidence["outcome"]["kill_reason"] == "stall"
     first = record.verdict["reasons"][0]
     assert first.startswith("rank 1 waits in all_reduce #3") and "rank 0 waits in" in first
+    # the report names the odd rank's collective: the line only rank 1 runs
+    text, summary = build_ddp_report([record], {})
+    finding = Finding.from_dict(summary["finding"])
+    assert (finding.verdict, finding.kind) == ("STALL-COLLECTIVE", "stuck")
+    assert "rank 1 issued all_reduce #3 here" in finding.culprit.why
+    assert "collective #3 differs between ranks" in finding.proof
+    assert_readable(text, finding, "repro/rank_divergent.py:44")
 
 
 def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):

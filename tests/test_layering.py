@@ -47,3 +47,16 @@ def test_no_module_imports_another_modules_private_names():
             if module.startswith("nsadiag"):
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 assert not private, (path, module, private)
+
+
+DECISIONS = ("nsadiag.triage.engine", "nsadiag.verdict", "nsadiag.compare")
+"""Where verdicts, the triage's stages and regressions are decided."""
+DECIDING_NAMES = {"analyse", "first_failure", "is_failure", "decide", "hot_frame",
+                  "user_frame", "culprit_of", "reproduces", "compare_rows"}
+
+
+def test_the_report_package_only_formats_what_findings_decided():
+    for path in (PACKAGE / "report").glob("*.py"):
+        for module, names in imports(path):
+            assert not module.startswith(DECISIONS), (path.name, module)
+            assert not DECIDING_NAMES & set(names), (path.name, module, names)

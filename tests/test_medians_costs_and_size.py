@@ -7,6 +7,7 @@ user's own command."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -102,7 +103,10 @@ def test_time_per_step_is_set_against_the_dense_references_time_for_its_flops():
     assert row.expected_step_s == pytest.approx(0.02) and row.cost_ratio == pytest.approx(12.5)
     # the row's efficiency is the median step's: 1 GFLOP in 0.25 s at 100 GFLOP/s
     assert row.efficiency == pytest.approx(0.04)
-    assert "| 12.5x |" in results_table([row])[2]
+    assert "| 12x |" in results_table([row])[2]  # two significant digits
+    # an expected step under 10 ms is overhead, not arithmetic: its ratio means nothing
+    short = dataclasses.replace(row, expected_step_s=0.002, cost_ratio=690.0)
+    assert "| too short to time |" in results_table([short])[2]
 
 
 def test_a_bisection_test_reproduces_a_slow_by_its_work_not_by_its_budget():
@@ -113,6 +117,8 @@ def test_a_bisection_test_reproduces_a_slow_by_its_work_not_by_its_budget():
                                    "cost_ratio": 3.0})
     # no count says defect, but a step took 150x its expected cost
     assert reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 150.0})
+    assert not reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 690.0,
+                                   "expected_step_s": 0.002})  # too short to time
     assert not reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 40.0})
     # nothing measured: the verdict decides, and slow by size is not the failure
     assert reproduces("SLOW", {"verdict": "SLOW"})
@@ -136,11 +142,12 @@ def test_rows_split_the_peak_and_a_peak_outgrowing_the_saved_bytes_is_called_out
     assert growth["saved"] == pytest.approx(2.0) and growth["rest"] == pytest.approx(8.0)
     assert growth["peak"] == pytest.approx(5.0) and growth["outgrows"]
     assert "rest_bytes" in analyse(rows)["fits"]
-    text, _ = build_report(tmp_path, records, {"command_name": "sweep-layers"})
-    assert ("The peak grows faster than the bytes saved for backward: from 1 to 4 layers "
-            "the rest of the peak grew 8.0x while the saved bytes grew 2.0x") in text
+    text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
+    implicated = [item["text"] for item in summary["finding"]["implicated"]]
+    assert ("The peak outgrows what is saved for backward: from 1 to 4 layers the rest of "
+            "the peak grew 8.0x, the saved bytes 2.0x") in " ".join(implicated)
     assert "| rest of the peak |" in text.splitlines()[text.splitlines().index(
-        "## Results") + 2]
+        "## Measurements") + 2]
     steady = [_record(n, peak=(400 + 20 * n) * MiB, saved=20 * n * MiB) for n in (1, 2, 4)]
     assert not rest_outgrows_saved([row_from_record(r) for r in steady])["outgrows"]
 
@@ -155,7 +162,7 @@ def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_sta
     assert [r.peak_cuda for r in rows] == [(80 + 145 * n) * MiB for n in (1, 6, 12)]
     assert not rest_outgrows_saved(rows)["outgrows"]
     text, _ = build_report(tmp_path, records, {"command_name": "sweep-layers"})
-    header = text.splitlines()[text.splitlines().index("## Results") + 2]
+    header = text.splitlines()[text.splitlines().index("## Measurements") + 2]
     assert "| peak RSS | peak CUDA | saved for backward |" in header
     # without the state (a record from before it was measured) the state is in the rest
     older = [_record(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB)
@@ -172,13 +179,15 @@ def test_slow_by_size_is_no_failure_in_a_sweep_report_or_its_exit_code(tmp_path)
     assert is_failure("SLOW") and not is_failure("INCONCLUSIVE") and not is_failure("OK")
     records = [_record(1), _record(2), _record(4, "SLOW", slow_by="size")]
     text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
-    assert summary["headline"] == "no failure; slow by size from 4 layer(s)"
+    assert summary["headline"] == "SLOW (slow by size) from 4 layers: no failure"
+    assert summary["finding"]["kind"] == "slow by size"
     assert summary["threshold"] is None and exit_code(summary) == 0
     assert analyse([row_from_record(r) for r in records])["threshold"] is None
     assert "| SLOW (by size) |" in text
     records[2] = _record(4, "SLOW", slow_by="defect")
     _, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
-    assert summary["headline"] == "SLOW at 4 layers" and exit_code(summary) == 1
+    assert summary["headline"] == "SLOW (slow by defect) at 4 layers" and \
+        exit_code(summary) == 1
     # a single-verdict summary (ddp, run) carries slow_by too
     assert exit_code({"verdict": "SLOW", "slow_by": "size"}) == 0
     assert exit_code({"verdict": "SLOW", "slow_by": None}) == 1

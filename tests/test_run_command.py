@@ -86,7 +86,9 @@ def test_an_exception_in_the_script_is_an_error_quoting_it(tmp_path):
     done, summary = nsadiag_run(tmp_path, "crash", "5")
     assert done.returncode == 1
     assert summary["verdict"] == "ERROR"
-    assert "RuntimeError: the data loader returned an empty batch" in summary["headline"]
+    finding = summary["finding"]
+    assert finding["proof"] == "RuntimeError: the data loader returned an empty batch"
+    assert finding["kind"] == "crashed" and finding["culprit"]["file"] == "train.py"
     assert "Traceback" in (tmp_path / "run" / "stderr.txt").read_text()
 
 

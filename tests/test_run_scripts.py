@@ -70,7 +70,9 @@ def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
                 if text.strip().startswith("dist.all_reduce(overflow"))
     assert rows[1]["waiting"].endswith(f"from main (ddp_extra_allreduce.py:{line}))")
     assert rows[0]["waiting"].startswith("all_reduce #3 (DDP bucket 0")
-    assert summary["headline"].startswith("STALL-COLLECTIVE: rank 1 waits in all_reduce #3")
+    assert summary["failing"]["reasons"][0].startswith("rank 1 waits in all_reduce #3")
+    # the line blamed is the collective only rank 1 issues
+    assert summary["finding"]["culprit"]["where"] == f"ddp_extra_allreduce.py:{line}"
     # the verdict came within the stall timeout + 30 s of the ranks' last progress
     last = max(json.loads(line)["t"] for path in (tmp_path / "run").glob("proc-*/events.jsonl")
                for line in path.read_text().splitlines()

@@ -1,7 +1,8 @@
 """trials.jsonl bookkeeping and report ordering, without running trials."""
 
+from nsadiag.finding import Finding
+from nsadiag.finding.commands import reproduce
 from nsadiag.harness.jobs import cgroup_oom_kills
-from nsadiag.report.markdown import reproduction
 from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 
@@ -40,14 +41,16 @@ def test_the_threshold_is_the_smallest_failing_depth_whatever_the_file_order(tmp
                                                  for n in (1, 2, 3)), _record(6, "SLOW", "t6")]
     text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
     assert summary["threshold"] == 6
-    assert text.startswith("# nsadiag sweep-layers: SLOW at 6 layers")
+    finding = Finding.from_dict(summary["finding"])
+    assert finding.verdict == "SLOW" and finding.headline.endswith("at 6 layers")
+    assert text.startswith(f"# nsadiag sweep-layers: ❌ {finding.headline}")
     assert [r["n_layers"] for r in summary["rows"]] == [1, 2, 3, 6, 8]
 
 
 def test_reproduction_carries_every_setting_of_the_failing_trial():
     record = _record(3, "OOM", "t", device="cuda", memory_cap_bytes=3 * 2**30, seed=7,
                      branches=["sel"], overrides={"branches_unused": [1, 2], "dim": 64})
-    command = " ".join(reproduction(None, record))
+    command = " ".join(reproduce(record.spec))
     for piece in ("isolate-branch sel", "--device cuda", "--memory-cap-mb 3072", "--seed 7",
                   "--set dim=64", "--set branches_unused=1,2", "--layers 3"):
         assert piece in command

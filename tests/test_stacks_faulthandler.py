@@ -141,7 +141,7 @@ def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
     (out / "stacks.json").write_text(json.dumps(summary))
     (out / "run.json").write_text(json.dumps({"command_name": "stacks", "argv": []}))
     md = render_run(out).report.read_text()
-    assert md.startswith("# nsadiag stacks: waiting (1 process(es))\n")
+    assert md.startswith("# nsadiag stacks: ✅ MEASURED (measured): waiting (1 process(es))\n")
     assert f"| {proc.pid} | - | **waiting** |" in md
     assert "- note: stacks from faulthandler: py-spy: not found" in md
     assert "_wait_for_lock (lock_deadlock.py:" in md

@@ -104,8 +104,8 @@ def test_raising_backward_hook_leaves_that_module_unfinished():
 def test_nsa_trace_command(tmp_path):
     spec = TrialSpec(target="nsa", n_layers=2, seq_len=64,
                      overrides={"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
-                                "l": 8, "d": 4, "l_sel": 16, "n_sel": 3, "w": 16})
-    result = trace_command(spec, tmp_path)
+                                "l": 8, "d": 4, "l_sel": 16, "n_sel": 3, "w": 16}, steps=3)
+    result = trace_command(spec, tmp_path)  # --steps 3: three traced steps, three untraced
     assert result["unused_parameters"] == []
     assert result["repeated_gradients"] == {}
     assert result["unfinished_backward"] == []
@@ -184,7 +184,8 @@ def test_trace_cli_writes_a_perfetto_trace(tmp_path):
     assert summary["unused_parameters"] == [] and summary["repeated_gradients"] == {}
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     report = (tmp_path / "report.md").read_text()
-    assert report.startswith("# nsadiag trace: one step") and "## Gradients" in report
+    assert report.startswith("# nsadiag trace: ✅ MEASURED (measured): one step") and \
+        "## Gradients" in report
     assert summary["command"] == "trace" and summary["status"] == "measured"
 
 

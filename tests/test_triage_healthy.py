@@ -5,6 +5,9 @@ import json
 import subprocess
 import sys
 
+from nsadiag.finding import Finding
+from tests.readable import assert_readable
+
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
         "--set", "w=16", "--seq-len", "64", "--steps", "2", "--stall-timeout", "60",
@@ -27,8 +30,12 @@ def test_builtin_target_is_healthy_then_regressed_against_a_faster_baseline(tmp_
     assert {c["name"]: c["verdict"] for c in summary["checks"]} == {
         "causality": "OK", "parity": "OK", "ckpt": "OK"}
     report = (out / "report.md").read_text()
-    assert report.startswith("# nsadiag triage: healthy: OK up to 2 layer(s)")
-    assert "### Correctness checks" in report
+    finding = Finding.from_dict(summary["finding"])
+    assert (finding.verdict, finding.kind, finding.culprit) == ("OK", "healthy", None)
+    assert report.startswith("# nsadiag triage: ✅ OK (healthy): OK up to 2 layer(s)")
+    assert_readable(report, finding, None)
+    assert all(item.mark == "ok" for item in finding.results), finding.results
+    assert "### Correctness checks" in report and "![time and memory" in report
 
     # a baseline 100x faster (against its expected cost too: the code, not the machine)
     # and smaller than this run: both quantities regress
@@ -68,5 +75,6 @@ def test_builtin_target_with_more_steps_than_its_budget_is_slow_by_size_and_heal
     assert summary["status"] == "healthy" and summary["failure"] is None
     assert [(v["n_layers"], v["verdict"]) for v in summary["verdicts"]] == [(1, "SLOW")]
     assert "slow by size from 1 layer(s)" in summary["headline"]
+    assert summary["finding"]["kind"] == "slow by size" and summary["finding"]["culprit"] is None
     record = json.loads((out / "trials.jsonl").read_text().splitlines()[0])
     assert record["verdict"]["facts"]["slow_by"] == "size"

@@ -79,7 +79,8 @@ def test_a_deadlock_inside_the_block_is_reported_while_it_hangs_and_not_killed(t
     assert json.loads((tmp_path / "out" / "block.json").read_text())["status"] == "ok"
     assert seen["hooks"] == 0 and not seen["helper_alive"]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert report.startswith("# nsadiag watch: DEADLOCK")
+    assert report.startswith("# nsadiag watch: ❌ DEADLOCK (stuck) at train.py:")
+    assert summary["finding"]["culprit"]["code"].startswith("stats_lock.acquire()")
 
 
 def test_a_finished_block_is_ok_with_its_steps(tmp_path):
@@ -95,8 +96,8 @@ def test_an_exception_in_the_block_is_an_error_naming_it_and_still_raised(tmp_pa
     seen, summary, record = watch_script(tmp_path, "error")
     assert seen["raised"] == "the loader returned an empty batch"
     assert summary["verdict"] == "ERROR"
-    assert summary["headline"] == ("ERROR: the watched block raised ValueError: the loader "
-                                   "returned an empty batch")
+    assert summary["finding"]["proof"] == "ValueError: the loader returned an empty batch"
+    assert summary["headline"].startswith("ERROR (crashed) at train.py:")
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -6,9 +6,12 @@ from pathlib import Path
 import psutil
 
 from nsadiag.checks import run_check
+from nsadiag.finding import Finding
 from nsadiag.harness.jobs import run_trial
+from nsadiag.report.sweep import build_report
 from nsadiag.spec import TrialSpec
 from repro import ZOO
+from tests.readable import assert_readable
 
 QUICK = dict(seq_len=64, batch=2, steps=2, stall_timeout_s=3.0, budget_s=60.0)
 
@@ -20,6 +23,18 @@ def _diagnose(tmp_path, target, **changes):
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before, "a trial process outlived its trial"
     return record
+
+
+def _reported(tmp_path, record):
+    """The report of a sweep made of this one trial, and its finding."""
+    run_dir = tmp_path / "report"
+    run_dir.mkdir()
+    text, summary = build_report(run_dir, [record], {"command_name": "sweep-layers"})
+    return text, Finding.from_dict(summary["finding"])
+
+
+def _line(culprit):
+    return culprit.file, culprit.line
 
 
 def test_healthy_nsa_is_ok(tmp_path):
@@ -68,6 +83,12 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     assert any("a read per token" in finding for finding in facts["slow_findings"])
     flame = (Path(record.trial_dir) / "profile.folded").read_text().splitlines()
     assert any("per_token_loop.py" in line for line in flame)
+    # the line is the per-token loop the counter iterated, not the hottest healthy line
+    text, finding = _reported(tmp_path, record)
+    assert (finding.verdict, finding.kind) == ("SLOW", "slow by defect")
+    assert finding.culprit.code.startswith("for t in range(x.shape[1]):")
+    assert "host reads" in finding.proof and "per-token Python loop" in finding.next_action
+    assert_readable(text, finding, "repro/per_token_loop.py:26-30")
 
 
 def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
@@ -75,6 +96,8 @@ def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
     assert record.verdict_name == "STALL-BUSY", record.verdict
     assert record.verdict["facts"]["demand"] > 0.5
     assert "python_spin.py" in str(record.verdict["facts"].get("hot_frame"))
+    _, finding = _reported(tmp_path, record)  # the `while` it spins in, whole
+    assert finding.culprit.where() == "repro/python_spin.py:24-25", finding.culprit
 
 
 def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
@@ -82,6 +105,10 @@ def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
     assert record.verdict_name == "DEADLOCK", record.verdict
     assert "_wait_for_lock" in " ".join(record.verdict["reasons"])
     assert record.evidence["stall"]["stacks_class"] == "waiting"
+    text, finding = _reported(tmp_path, record)
+    assert (finding.verdict, finding.kind) == ("DEADLOCK", "stuck")
+    assert finding.culprit.code == "with _LOCK:" and "`_LOCK`" in finding.next_action
+    assert_readable(text, finding, "repro/lock_deadlock.py:26")
 
 
 def test_long_native_op_is_stall_busy(tmp_path):
@@ -89,6 +116,8 @@ def test_long_native_op_is_stall_busy(tmp_path):
     assert record.verdict_name == "STALL-BUSY", record.verdict
     assert "GrindingBlock" in str(record.verdict["facts"]) or \
         "forward" in str(record.verdict["facts"].get("hot_frame"))
+    _, finding = _reported(tmp_path, record)
+    assert _line(finding.culprit) == ("repro/native_stall.py", 24), finding.culprit
 
 
 def test_exception_in_backward_is_an_error(tmp_path):
@@ -96,12 +125,16 @@ def test_exception_in_backward_is_an_error(tmp_path):
     assert record.verdict_name == "ERROR", record.verdict
     assert "RuntimeError" in record.verdict["reasons"][0]
     assert "gradient buffer layout mismatch" in " ".join(record.verdict["reasons"])
+    _, finding = _reported(tmp_path, record)
+    assert (finding.kind, _line(finding.culprit)) == ("crashed", ("repro/backward_error.py", 21))
 
 
 def test_segfault_is_a_crash(tmp_path):
     record = _diagnose(tmp_path, "repro.hard_crash:make")
     assert record.verdict_name == "CRASH", record.verdict
     assert "SIGSEGV" in " ".join(record.verdict["reasons"])
+    _, finding = _reported(tmp_path, record)  # the user frame of the faulthandler dump
+    assert (finding.kind, _line(finding.culprit)) == ("crashed", ("repro/hard_crash.py", 18))
 
 
 def test_dense_masks_run_out_of_memory_under_a_cap(tmp_path):

@@ -42,6 +42,9 @@ OUT_OF_TIME = ("SLOW", "INCONCLUSIVE", "STALL-BUSY")
 """Job verdicts of a check cut short by time: it is fitted to its budget and run again (a
 stall at the smallest size stays a failure: a check that small ends in seconds)."""
 UNDECIDED = "INCONCLUSIVE"
+TIMED_OUT = frozenset({"SLOW", UNDECIDED})
+"""Final check verdicts that say the check ran out of time and decided nothing (SLOW: records
+written before checks were fitted to their budget)."""
 FIT_FLOOR = 128
 NOT_APPLICABLE = "NOT APPLICABLE"
 DDP_WORLD_SIZE = 2
@@ -75,7 +78,7 @@ class CheckResult:
     @property
     def failed(self) -> bool:
         """A failure found: the check did not pass and was not cut short by time."""
-        return not self.passed and self.verdict.name != UNDECIDED
+        return not self.passed and self.verdict.name not in TIMED_OUT
 
     @property
     def status(self) -> str:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from nsadiag import __version__, limits
+from nsadiag import __version__, limits, plan
 from nsadiag.cli.options import (
     ALL_TRIAL,
     IN_PROCESS,
@@ -105,6 +105,12 @@ def call(function: Callable[..., T], *args: Any, out: Path | None = None,
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def _announce(sentence: str | None) -> None:
+    """A long plan's worst-case time, on stderr before it starts."""
+    if sentence:
+        term.note(sentence)
+
+
 def redaction(no_redact: bool) -> None:
     term.redact = not no_redact
 
@@ -161,12 +167,13 @@ def env(as_json: AsJson = False,
 
 
 def _sweep(function: Callable[..., Any], *args: Any, out: Path, total: int | None,
-           **kwargs: Any) -> NoReturn:
+           plan_note: str | None = None, **kwargs: Any) -> NoReturn:
     with Follow(term, total) as follow:
         from nsadiag.sweep import Callbacks
 
         callbacks = Callbacks(on_trial=follow.on_trial, on_events=follow.on_events,
-                              on_record=follow.on_record)
+                              on_record=follow.on_record,
+                              on_plan=lambda: _announce(plan_note))
         rendered = call(function, *args, callbacks=callbacks, out=out, **kwargs)
     raise typer.Exit(wrote(term, rendered))
 
@@ -187,7 +194,7 @@ def sweep_layers_cmd(
     base = call(trial.spec)
     path = call(run_dir, out, "sweep-layers")
     _sweep(sweep_layers, base, counts, path, argv(), out=path, total=len(counts),
-           keep_going=keep_going)
+           plan_note=plan.sweep_plan("sweep-layers", len(counts), base), keep_going=keep_going)
 
 
 @app.command("sweep-seq",
@@ -211,7 +218,7 @@ def sweep_seq_cmd(
     base = call(trial.spec, seq_len=min(lengths), n_layers=layers)
     path = call(run_dir, out, "sweep-seq")
     _sweep(sweep_seq, base, lengths, path, argv(), out=path, total=len(lengths),
-           keep_going=keep_going)
+           plan_note=plan.sweep_plan("sweep-seq", len(lengths), base), keep_going=keep_going)
 
 
 @app.command("isolate-branch",
@@ -228,7 +235,8 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
-           total=2 * len(counts))
+           total=2 * len(counts), plan_note=plan.sweep_plan("isolate-branch", 2 * len(counts),
+                                                            base))
 
 
 # ---- triage ---------------------------------------------------------------------------------
@@ -278,7 +286,8 @@ def triage_cmd(
     path = call(run_dir, out, "triage")
     with Follow(term, None, plain=ci) as follow:
         callbacks = TriageCallbacks(on_trial=follow.on_trial, on_events=follow.on_events,
-                                    on_record=follow.on_record, on_stage=follow.on_stage)
+                                    on_record=follow.on_record, on_stage=follow.on_stage,
+                                    on_plan=lambda: _announce(plan.triage_plan(max_minutes)))
         outcome = call(triage, base, options, path, argv(), callbacks=callbacks,
                        baseline=baseline, regression_threshold=regression_threshold, ci=ci,
                        out=path)
@@ -330,6 +339,7 @@ def ddp_cmd(
     call(trial.within_limits, limits.check_world_size, world_size)
     base = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "ddp")
+    note = plan.announce("ddp", 1, base, "--budget")
     with term.status("ddp") as update:
         events = [0]
 
@@ -339,9 +349,13 @@ def ddp_cmd(
             if term.live:
                 update(f"{world_size} ranks ({ddp_backend}): {where}, {events[0]} events")
 
+        def on_start(text: str) -> None:
+            _announce(note)
+            update(text)
+
         rendered = call(ddp_command, base, world_size, ddp_backend, path, argv(),
                         pg_timeout_s=pg_timeout, on_events=on_events, no_redact=no_redact,
-                        on_start=update, out=path)
+                        on_start=on_start, out=path)
     raise typer.Exit(wrote(term, rendered))
 
 
@@ -399,18 +413,19 @@ def memory_cmd(
 
 
 @app.command("trace", epilog="Example: nsadiag trace --layers 4 --seq-len 2048 --profiler")
-@trial_options(IN_PROCESS, seq_len=2048)
+@trial_options((*IN_PROCESS, "steps"), seq_len=2048, steps=3)
 def trace_cmd(
         trial: TrialOptions, layers: Layers = None,
         profiler: Annotated[bool, typer.Option(
             "--profiler", help="Also record one step under torch.profiler with the module "
             "and branch spans as record_function ranges (profiler-trace.json).")] = False,
         as_json: AsJson = False, no_redact: NoRedact = False, out: Out = None) -> None:
-    """One step under autograd hooks: timeline, Perfetto trace, gradient anomalies."""
+    """Steps under autograd hooks: timeline, Perfetto trace, gradient anomalies; --steps
+    traced steps, each beside an untraced one for the overhead."""
     from nsadiag.commands.trace import trace_run
 
     redaction(no_redact)
-    spec = call(trial.spec, n_layers=layers, steps=1)
+    spec = call(trial.spec, n_layers=layers)
     path = call(run_dir, out, "trace")
     with term.status("trace") as update:
         rendered = call(trace_run, spec, path, argv(), profiler, update, no_redact, out=path)
@@ -420,8 +435,9 @@ def trace_cmd(
 
 
 @app.command("check", epilog="Example: nsadiag check all --target mypkg.model:make")
-@trial_options(("target", "set_", "seq_len", "batch", "device", "backend", "stall_timeout",
-                "budget", "startup_grace", "seed", "no_limits"), seq_len=2048, batch=2)
+@trial_options(("target", "preset", "set_", "seq_len", "batch", "device", "backend", "steps",
+                "stall_timeout", "budget", "startup_grace", "seed", "no_limits"), seq_len=2048,
+               batch=2, steps=1)
 def check_cmd(
         trial: TrialOptions, check: CheckName, layers: Layers = None,
         world_size: Annotated[int, typer.Option(
@@ -437,10 +453,17 @@ def check_cmd(
         call(trial.within_limits, limits.check_world_size, world_size)
     spec = call(trial.spec, n_layers=layers, steps=1)
     path = call(run_dir, out, "check")
+
+    def planned() -> None:
+        if trial.steps != 1:
+            term.note(f"nsadiag check: --steps {trial.steps} does not change the checks: each "
+                      f"compares one forward and backward of the model")
+        _announce(plan.check_plan(spec, check))
+
     with term.status(f"check {check}") as update:
         _, rendered = call(check_command, [check], spec, path, argv(), world_size, no_redact,
                            on_check=lambda name, i, n: update(f"check {name} ({i + 1} of {n})"),
-                           out=path)
+                           on_plan=planned, out=path)
     if not as_json:
         check_table(term, rendered.summary)
     raise typer.Exit(wrote(term, rendered, as_json=as_json))

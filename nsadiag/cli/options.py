@@ -30,8 +30,10 @@ from nsadiag.spec import (
     DDP_BACKENDS,
     DEVICES,
     DTYPES,
+    PRESETS,
     TrialSpec,
     parse_overrides,
+    preset_overrides,
 )
 
 NSA_BACKENDS = ("naive", "torch", "triton", "auto")
@@ -46,6 +48,10 @@ OUTPUT = "Output"
 Target = Annotated[str, typer.Option(
     "--target", help='The model: "nsa" (the built-in NSA transformer) or a factory '
                      '"pkg.module:factory".', rich_help_panel=TRIAL)]
+Preset = Annotated[Literal[tuple(PRESETS)] | None, typer.Option(
+    "--preset", help="The built-in model's shape: tiny (a triage in minutes on two CPU "
+    "cores), small, or paper (the paper's attention hyper-parameters); --set overrides "
+    "its fields.", rich_help_panel=TRIAL)]
 Set = Annotated[list[str] | None, typer.Option(
     "--set", metavar="KEY=VALUE", help="Override a config field or factory argument "
     "(repeatable), e.g. --set dim=256.", rich_help_panel=TRIAL)]
@@ -118,6 +124,7 @@ class TrialOptions:
     """The trial options of one command line; unset ones keep TrialSpec's defaults."""
 
     target: str = SPEC_DEFAULTS["target"]
+    preset: str | None = None
     set_: list[str] | None = None
     seq_len: int = SPEC_DEFAULTS["seq_len"]
     batch: int = SPEC_DEFAULTS["batch"]
@@ -141,7 +148,9 @@ class TrialOptions:
                             ("startup-grace", self.startup_grace)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be > 0 seconds, got {value:g}")
-        spec = TrialSpec(target=self.target, overrides=parse_overrides(self.set_ or []),
+        overrides = {**preset_overrides(self.preset, self.target),
+                     **parse_overrides(self.set_ or [])}
+        spec = TrialSpec(target=self.target, overrides=overrides,
                          seq_len=self.seq_len, batch=self.batch, dtype=self.dtype,
                          grad_ckpt=self.grad_ckpt, device=self.device, backend=self.backend,
                          steps=self.steps, seed=self.seed, stall_timeout_s=self.stall_timeout,
@@ -161,7 +170,8 @@ class TrialOptions:
 
 
 TRIAL_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "target": (Target, SPEC_DEFAULTS["target"]), "set_": (Set, None),
+    "target": (Target, SPEC_DEFAULTS["target"]), "preset": (Preset, None),
+    "set_": (Set, None),
     "seq_len": (SeqLen, SPEC_DEFAULTS["seq_len"]), "batch": (Batch, SPEC_DEFAULTS["batch"]),
     "dtype": (Dtype, SPEC_DEFAULTS["dtype"]), "grad_ckpt": (GradCkpt, SPEC_DEFAULTS["grad_ckpt"]),
     "device": (Device, SPEC_DEFAULTS["device"]), "backend": (Backend, SPEC_DEFAULTS["backend"]),
@@ -174,8 +184,8 @@ TRIAL_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 """Parameter name -> (annotated type, default): every trial option a command may take."""
 ALL_TRIAL = tuple(TRIAL_OPTIONS)
-IN_PROCESS = ("target", "set_", "seq_len", "batch", "dtype", "grad_ckpt", "device", "backend",
-              "no_limits")
+IN_PROCESS = ("target", "preset", "set_", "seq_len", "batch", "dtype", "grad_ckpt", "device",
+              "backend", "no_limits")
 """What a command that runs the target in its own process (memory, trace) can use."""
 
 

@@ -32,15 +32,19 @@ def check_names(names: Sequence[str]) -> list[str]:
 
 def check_command(names: Sequence[str], spec: TrialSpec, run_dir: Path, argv: Sequence[str],
                   world_size: int = 2, no_redact: bool = False,
-                  on_check: Callable[[str, int, int], None] | None = None
+                  on_check: Callable[[str, int, int], None] | None = None,
+                  on_plan: Callable[[], None] | None = None
                   ) -> tuple[list[CheckResult], Rendered]:
-    """Run the checks (see nsadiag.checks.run_checks) one at a time, telling ``on_check``
-    (name, index, count) before each; returns them and what the report wrote."""
+    """Run the checks (see nsadiag.checks.run_checks) one at a time, telling ``on_plan``
+    once the inputs are checked and ``on_check`` (name, index, count) before each check;
+    returns them and what the report wrote."""
     todo = check_names(names)
     if "ddp" in todo and world_size < 2:
         raise ValueError(f"world-size: the ddp check needs at least 2 ranks, got {world_size}")
     check_target(spec)
     prepare_run_dir(run_dir)
+    if on_plan:
+        on_plan()
     write_run_meta(run_dir, "check", list(argv), spec=json.loads(spec.to_json()))
     write_text(run_dir / "spec.json", spec.to_json())
     results: list[CheckResult] = []

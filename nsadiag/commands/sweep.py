@@ -44,6 +44,12 @@ def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, An
     return meta
 
 
+def _planned(callbacks: Callbacks | None) -> None:
+    """Tell the front end the inputs are checked and the trials are about to start."""
+    if callbacks is not None and callbacks.on_plan:
+        callbacks.on_plan()
+
+
 def _labelled_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str,
                     meta: dict[str, Any], callbacks: Callbacks, keep_going: bool = False,
                     vary: str = "n_layers") -> list[TrialRecord]:
@@ -64,6 +70,7 @@ def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Se
     ``keep_going``); returns what the report wrote."""
     check_target(base.replace(n_layers=max(layers)))
     prepare_run_dir(run_dir)
+    _planned(callbacks)
     meta = _meta(run_dir, "sweep-layers", argv)
     _write_meta(run_dir, meta)
     write_text(run_dir / "spec.json", base.to_json())
@@ -77,6 +84,7 @@ def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Seq
     length with ``keep_going``); returns what the report wrote (nsadiag.report.seq)."""
     check_target(base.replace(seq_len=max(seq_lens)))
     prepare_run_dir(run_dir)
+    _planned(callbacks)
     meta = _meta(run_dir, "sweep-seq", argv)
     _write_meta(run_dir, meta)
     write_text(run_dir / "spec.json", base.to_json())
@@ -94,6 +102,7 @@ def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir:
     only = base.replace(branches=(branch,))
     check_target(only.replace(n_layers=max(layers)))
     prepare_run_dir(run_dir)
+    _planned(callbacks)
     meta = _meta(run_dir, "isolate-branch", argv)
     meta["branch"] = branch
     _write_meta(run_dir, meta)

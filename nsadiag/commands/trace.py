@@ -3,7 +3,8 @@ forward/backward timeline, gradient arrivals, unused and repeatedly accumulated
 parameters, and a Chrome trace (trace.json, opens in Perfetto).
 
 Overhead is measured, not guessed: after one untraced warm-up step, untraced and traced
-steps alternate (TIMED_STEPS of each, same shapes, fresh ids) and the medians compare.
+steps alternate (``spec.steps`` of each: ``--steps``, TIMED_STEPS by default; same
+shapes, fresh ids) and the medians compare.
 Each step is forward + backward + optimizer step; on CUDA the clock reads are bracketed by
 torch.cuda.synchronize() (outside every hook). The report describes the last traced step.
 
@@ -72,8 +73,8 @@ def trace_command(spec: TrialSpec, out_dir: Path, profiler: bool = False,
     untraced: list[float] = []
     traced: list[float] = []
     tracer = AutogradTracer(target.model)
-    for i in range(TIMED_STEPS):
-        tell(f"step pair {i + 1} of {TIMED_STEPS} (untraced, traced)")
+    for i in range(spec.steps):
+        tell(f"step pair {i + 1} of {spec.steps} (untraced, traced)")
         untraced.append(step(None))
         tracer = AutogradTracer(target.model)
         with tracer:

@@ -16,8 +16,9 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    bisection    delta debugging of the knobs that differ from the healthy baseline
                 (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
                 failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
-4. report   report.md and summary.json (nsadiag.report.triage), optionally compared with a
-            baseline summary.json for regressions in step time and peak memory; then
+4. report   the finding (nsadiag.triage.finding), report.md and summary.json
+            (nsadiag.report.triage), optionally compared with a baseline summary.json for
+            regressions in step time and peak memory; then
             triage.json is redacted like the report (unless no_redact): it is meant to be
             shared, and a rerun resumes from trials.jsonl, not from it.
 
@@ -48,6 +49,7 @@ from nsadiag.report.redact import redact_obj
 from nsadiag.rundir import prepare_run_dir, read_json, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.engine import Triage, TriageCallbacks, TriageOptions
+from nsadiag.triage.state import Regression
 
 __all__ = ["TriageCallbacks", "TriageOptions", "TriageOutcome", "triage"]
 
@@ -82,6 +84,8 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     baseline_rows = load_summary(baseline)["rows"] if baseline is not None else None
     check_target(base.replace(n_layers=options.max_layers))
     prepare_run_dir(run_dir)
+    if callbacks is not None and callbacks.on_plan:
+        callbacks.on_plan()
     meta = {k: v for k, v in read_meta(run_dir).items()
             if k not in ("schema_version", "command_name", "argv")}
     write_run_meta(run_dir, "triage", list(argv), **meta)
@@ -90,9 +94,8 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     try:
         state = runner.run()
         if baseline_rows is not None:
-            state["regression"] = {"path": str(baseline), "threshold": regression_threshold,
-                                   "rows": baseline_rows}
-            write_json(run_dir / "triage.json", state)
+            state.regression = Regression(str(baseline), regression_threshold, baseline_rows)
+            write_json(run_dir / "triage.json", state.to_dict())
     finally:  # redacted before the report is made from it, so a re-render gives the same
         if not options.no_redact and (run_dir / "triage.json").exists():
             write_json(run_dir / "triage.json",

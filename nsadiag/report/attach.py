@@ -1,10 +1,11 @@
 """The report of `nsadiag attach PID`: what a live process (or every rank of a torchrun
 job) read as over the window, from attach.json (written by nsadiag.commands.attach).
 
-report.md: the verdict and its reasons, one row per process (state, CPU, the collective it
-waits in and its own frame), each process's evidence with its last stack sample, and what
-to do next. summary.json: the common envelope plus the verdict, the state in words, the
-pid, whether ranks were followed, each process's state and frames, and the odd ranks.
+report.md: the top block of the finding (nsadiag.finding.attach), one row per process
+(state, CPU, the collective it waits in and its own frame), each process's evidence with
+its last stack sample, and what to do next. summary.json: the common envelope plus the
+finding, the verdict, the state in words, the pid, whether ranks were followed, each
+process's state and frames, and the odd ranks.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from nsadiag.evidence import StackSample
-from nsadiag.report.markdown import RECOMMENDATIONS
-from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
+from nsadiag.finding.attach import attach_finding
+from nsadiag.report.markdown import fold_native
+from nsadiag.report.summary import Summary, verdict_row
+from nsadiag.report.top import cause_section, head, items, recommendations
 
 LABEL = "attach"
-NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
-                 "for longer, or run it under `nsadiag run` for a heartbeat and a deadline.")
 
 
 def _stack_lines(sample: StackSample, depth: int = 12) -> list[str]:
@@ -25,10 +26,26 @@ def _stack_lines(sample: StackSample, depth: int = 12) -> list[str]:
     for thread in sample.threads:
         idle = "" if thread.active else " (idle)"
         lines.append(f"thread {thread.name or hex(thread.thread_id)}{idle}:")
-        for frame in thread.frames[:depth]:
-            code = f"  # {frame.code}" if frame.code else ""
-            lines.append(f"  {frame.where()}{' [native]' if frame.is_native else ''}{code}")
+        folded = fold_native([frame.to_dict() for frame in thread.frames])
+        shown = list(zip(folded, _representatives(thread.frames), strict=True))[:depth]
+        for (text, _), frame in shown:
+            code = f"  # {frame.code}" if frame is not None and frame.code else ""
+            lines.append(f"  {text}{code}")
     return lines
+
+
+def _representatives(frames: list) -> list:
+    """One entry per line of fold_native: the Python frame, or None for a native run."""
+    found, native = [], False
+    for frame in frames:
+        if frame.is_native:
+            if not native:
+                found.append(None)
+            native = True
+            continue
+        native = False
+        found.append(frame)
+    return found
 
 
 def _cpu(process: dict[str, Any]) -> str:
@@ -42,12 +59,8 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
     run.json (pid, duration_s, ranks)."""
     verdict, processes = stored["verdict"], stored["processes"]
     state = stored["state"]
-    headline = f"{verdict['name']}: {verdict['reasons'][0]}"
-    target = f"the ranks under pid {meta['pid']}" if meta["ranks"] else f"pid {meta['pid']}"
-    md = [f"# nsadiag attach: {verdict['name']}", "", "## Executive summary", "",
-          f"Watched {target} for {meta['duration_s']:g} s without stopping it: "
-          f"**{state}**.", ""]
-    md += [f"- {reason}" for reason in verdict["reasons"]]
+    finding = attach_finding(stored, meta)
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Processes", "", "| pid | rank | state | CPU | collective | own frame |",
            "|---|---|---|---|---|---|"]
     for p in processes:
@@ -69,14 +82,14 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
             md += ["", "Last stack sample, innermost frame first:", "", "```"]
             md += _stack_lines(StackSample.from_dict(samples[-1]))
             md.append("```")
-    md += ["", "## Recommendations", "",
-           RECOMMENDATIONS.get(verdict["name"], "") or NOTHING_STUCK]
+    md += ["", "## Root cause", ""] + cause_section(finding)
+    md += ["", "## Recommendations", ""] + recommendations(finding)
     summary = Summary(
-        command="attach", headline=headline, status=status_of_verdicts([verdict["name"]]),
+        command="attach", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(LABEL, verdict["name"])],
         failing=verdict if verdict["name"] != "OK" else None,
-        details={"verdict": verdict["name"], "state": state, "pid": meta["pid"],
-                 "ranks": bool(meta["ranks"]),
+        details={"finding": finding.to_dict(), "verdict": verdict["name"], "state": state,
+                 "pid": meta["pid"], "ranks": bool(meta["ranks"]),
                  "processes": [{"pid": p["pid"], "rank": p["rank"], "state": p["state"],
                                 "verdict": (p.get("verdict") or {}).get("name"),
                                 "user_frame": p.get("user_frame"),

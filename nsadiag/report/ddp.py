@@ -1,9 +1,10 @@
 """The report of an `nsadiag ddp` run: one DDP trial, every rank side by side.
 
-Same shape as the sweep report (executive summary, configuration, per-rank results,
-evidence, analysis, minimal reproduction, recommendations), built only from the stored
-record: the verdict's reasons, the per-rank table (rank, pid, state, collectives issued,
-last collective, waiting in, position) and each rank's last heartbeats and stacks.
+The top block and summary of the finding (nsadiag.finding.trial: the odd rank's line, the
+collective that differs), then results, configuration, the per-rank table (rank, pid,
+state, collectives issued, last collective, waiting in, position), each rank's last
+heartbeats and stacks, root cause, minimal reproduction and recommendations, built only
+from the stored record.
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from nsadiag.report.markdown import (
-    RECOMMENDATIONS,
-    config_table,
-    last_events,
-    md_table,
-    stack_excerpt,
-    trial_options,
-)
-from nsadiag.report.summary import Summary, status_of_rows, verdict_row
+from nsadiag.finding.commands import trial_options
+from nsadiag.finding.trial import trial_finding
+from nsadiag.report.markdown import config_table, last_events, md_table, stack_excerpt
+from nsadiag.report.summary import Summary, verdict_row
+from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import row_from_record
 
@@ -83,11 +80,11 @@ def _flight_recorder(ddp: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _reproduction(record: TrialRecord) -> list[str]:
+def ddp_rerun(record: TrialRecord) -> list[str]:
+    """The `nsadiag ddp` command of this trial."""
     ddp = record.evidence.get("ddp") or {}
-    args = ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--ddp-backend",
+    return ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--ddp-backend",
             str(ddp.get("backend")), *trial_options(record.spec)]
-    return ["```", shlex.join(args), "```"]
 
 
 def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
@@ -98,13 +95,11 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     ddp = evidence.get("ddp") or {}
     facts = verdict.get("facts") or {}
     rows = facts.get("ranks") or []
-    headline = (f"{verdict['name']} with {ddp.get('world_size')} ranks ({ddp.get('backend')})"
-                + (f": rank {', '.join(map(str, facts['odd_ranks']))} diverged"
-                   if facts.get("odd_ranks") else ""))
-    md = [f"# nsadiag ddp: {headline}", "", "## Executive summary", "",
-          f"**{verdict['name']}**. " + verdict["reasons"][0], ""]
+    finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
+    finding.subject += f", {ddp.get('world_size')} ranks ({ddp.get('backend')})"
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
-    md += ["## Configuration", ""] + config_table(
+    md += ["", "## Configuration", ""] + config_table(
         record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
@@ -118,37 +113,20 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     md += _flight_recorder(ddp)
     for rank in evidence.get("ranks") or []:
         md += _rank_evidence(rank)
-    md += ["## Analysis", ""]
-    if facts.get("odd_ranks"):
-        md += [f"Implicated: rank(s) {', '.join(map(str, facts['odd_ranks']))} issued "
-               f"collective #{facts.get('diverged_at')} differently from the others: "
-               "data-dependent control flow around a collective (an extra collective, or a "
-               "parameter without a gradient so a DDP bucket never fires).", ""]
-    if facts.get("cause"):
-        md += [f"Cause: {facts['cause']}.", ""]
-    if verdict["name"] == "STALL-COLLECTIVE":
-        md += ["Ruled out: a slow run (no rank wrote a heartbeat for the stall timeout) and a "
-               "busy rank (each waits in a collective)." if not facts.get("pg_timeout") else
-               "Ruled out: a slow run: a rank's collective hit the process-group timeout.", ""]
-    md += ["## Minimal reproduction", ""] + _reproduction(record)
-    md += ["", "## Recommendations", ""]
-    if facts.get("fixes"):
-        md += [f"- {fix}" for fix in facts["fixes"]]
-    else:
-        md += [RECOMMENDATIONS.get(verdict["name"], "Healthy: every rank finished and issued "
-                                   "the same collectives.")]
+    md += ["## Root cause", ""] + cause_section(finding)
+    md += ["", "## Minimal reproduction", "", "```", shlex.join(ddp_rerun(record)), "```"]
+    md += ["", "## Recommendations", ""] + recommendations(finding)
     text = "\n".join(md) + "\n"
     row = row_from_record(record, LABEL)
-    slow_by = (verdict.get("facts") or {}).get("slow_by")
+    slow_by = facts.get("slow_by")
     verdicts = [verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),
                             record.spec.get("seq_len"), slow_by)]
     summary = Summary(
-        command="ddp", headline=headline, status=status_of_rows(verdicts), verdicts=verdicts,
+        command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict if verdict["name"] != "OK" else None,
-        details={"verdict": verdict["name"], "slow_by": slow_by,
+        details={"finding": finding.to_dict(), "verdict": verdict["name"], "slow_by": slow_by,
                  "world_size": ddp.get("world_size"),
                  "ddp_backend": ddp.get("backend"), "ranks": rows,
                  "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
                  "flight_recorder": ddp.get("flight_recorder") or []})
     return text, summary.to_dict()
-

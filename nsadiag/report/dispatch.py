@@ -34,7 +34,7 @@ from nsadiag.rundir import (
     write_text,
 )
 
-PLOTS = ("sweep.png", "memory.png")
+PLOTS = ("sweep.png", "memory.png", "flame.png")
 LOCK_WAIT_S = 10.0
 """How long a render waits while another nsadiag holds the run directory."""
 

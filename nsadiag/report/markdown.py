@@ -13,29 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.evidence import StackSample
+from nsadiag.finding.commands import cli_value
+from nsadiag.finding.numbers import cost_ratio, sig
+from nsadiag.probes.frames import threads_that_matter
 from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
 
 if TYPE_CHECKING:
     import pandas as pd
-
-RECOMMENDATIONS = {
-    "SLOW": "The run is progressing: raise the job's timeout above the ETA, or remove the "
-            "hot frame's per-token work (Python loops, host syncs such as .item()).",
-    "STALL-BUSY": "A single operation runs without module boundaries for longer than the "
-                  "stall timeout: inspect the hot frame; raise --stall-timeout if it is "
-                  "expected to be long.",
-    "STALL-COLLECTIVE": "Ranks disagree on the collectives they issue: compare the per-rank "
-                        "positions and look for data-dependent control flow.",
-    "DEADLOCK": "Threads wait on each other with no CPU use: look at the waiting frame's "
-                "lock or condition and who holds it.",
-    "OOM": "Memory runs out: look at the memory growth per layer and per sequence length; "
-           "use gradient checkpointing or a memory-bounded attention backend.",
-    "ERROR": "An exception ends the run: the traceback names the failing frame.",
-    "CRASH": "The process died from a signal in native code: rerun the minimal reproduction "
-             "under gdb or with faulthandler output.",
-}
-"""What to do next, by verdict."""
 
 BRANCH_COLUMNS = ("cmp", "sel", "win")
 
@@ -120,9 +106,12 @@ def results_table(rows: Sequence[Any]) -> list[str]:
     frame = rows_frame(rows)
     if frame.empty:
         return ["No trial finished."]
-    for column in ("timed_steps", "cost_ratio", "rest_bytes", "slow_by", "peak_cuda"):
+    for column in ("timed_steps", "cost_ratio", "expected_step_s", "rest_bytes", "slow_by",
+                   "peak_cuda"):
         if column not in frame:
             frame[column] = None
+    frame["cost_ratio"] = [cost_text(expected, ratio) for expected, ratio in
+                           zip(frame["expected_step_s"], frame["cost_ratio"], strict=True)]
     cuda = frame["peak_cuda"].notna().any()  # the device's peak beside the host's
     verdict = [f"{v} (by {by})" if isinstance(by, str) else v
                for v, by in zip(frame["verdict"], frame["slow_by"], strict=True)]
@@ -139,25 +128,61 @@ def results_table(rows: Sequence[Any]) -> list[str]:
     formats = {**{c: fmt_s for c in ("forward s", "backward s", "step s")},
                **{c: fmt_bytes for c in byte_columns}, "layers": str, "steps": str,
                "median of": lambda n: "-" if _missing(n) else str(int(n)),
-               "vs expected cost": lambda r: "-" if _missing(r) else f"{r:.1f}x"}
+               "vs expected cost": str}
     return md_table(table, formats)
 
 
+def fold_native(frames: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """Frames as lines, each run of native frames folded into one line that names their
+    libraries: ("3 native frames in libtorch_cpu.so, libc.so.6", 3). Python frames are
+    ("function (file:line)", 1)."""
+    lines: list[tuple[str, int]] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if run:
+            libraries = ", ".join(dict.fromkeys(run))
+            noun = "native frame" if len(run) == 1 else "native frames"
+            lines.append((f"[{len(run)} {noun} in {libraries}]", len(run)))
+            run.clear()
+
+    for frame in frames:
+        if frame.get("is_native"):
+            run.append(Path(frame.get("file") or "?").name)
+            continue
+        flush()
+        lines.append((f"{frame['function']} ({Path(frame.get('file') or '?').name}:"
+                      f"{frame.get('line', 0)})", 1))
+    flush()
+    return lines
+
+
+def cost_text(expected_s: float | None, ratio: float | None) -> str:
+    """A step time against its expected cost: "33x", "too short to time" when the expected
+    time is under nsadiag.finding.numbers.MIN_EXPECTED_STEP_S, "-" when unknown."""
+    if _missing(ratio) or _missing(expected_s):
+        return "-"
+    meaningful = cost_ratio(expected_s, ratio)
+    return "too short to time" if meaningful is None else f"{sig(meaningful)}x"
+
+
 def stack_excerpt(evidence: Mapping[str, Any], limit: int = 12) -> list[str]:
-    """The last stack sample of a stopped trial, four threads at most."""
+    """The last stack sample of a stopped trial: the threads that matter (the main one,
+    running ones, those in the user's code; nsadiag's idle sampler is none), four at most,
+    innermost frame first, each run of native frames folded into one line naming its
+    libraries."""
     stall = evidence.get("stall") or {}
     samples = stall.get("samples") or []
     if not samples:
         reasons = stall.get("unavailable") or []
         return [f"No stack samples ({'; '.join(reasons) or 'none were needed'})."]
     lines = ["```"]
-    for thread in samples[-1]["threads"][:4]:
+    shown = {thread.thread_id for thread in
+             threads_that_matter(StackSample.from_dict(samples[-1]))}
+    for thread in [t for t in samples[-1]["threads"] if t["thread_id"] in shown][:4]:
         lines.append(f"thread {thread.get('name') or thread['thread_id']}"
                      f"{'' if thread.get('active', True) else ' (idle)'}:")
-        for frame in thread["frames"][:limit]:
-            native = " [native]" if frame.get("is_native") else ""
-            lines.append(f"  {frame['function']} ({Path(frame.get('file') or '?').name}:"
-                         f"{frame.get('line', 0)}){native}")
+        lines += [f"  {text}" for text, _ in fold_native(thread["frames"])[:limit]]
     lines.append("```")
     return lines
 
@@ -240,55 +265,37 @@ def evidence_section(record: TrialRecord) -> list[str]:
     return lines
 
 
-def cli_value(value: Any) -> str:
-    """An override as `--set` reads it back: lists and tuples as a,b."""
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-
-def trial_options(spec: Mapping[str, Any], layers: bool = True) -> list[str]:
-    """The command-line options that give a trial this spec (every knob, so the command
-    reproduces it whatever the defaults)."""
-    args = ["--target", spec["target"]]
-    if layers and spec.get("n_layers") is not None:
-        args += ["--layers", str(spec["n_layers"])]
-    args += ["--seq-len", str(spec["seq_len"]), "--batch", str(spec["batch"]),
-             "--dtype", spec["dtype"], "--device", spec["device"],
-             "--steps", str(spec["steps"]), "--seed", str(spec["seed"]),
-             "--stall-timeout", f"{spec['stall_timeout_s']:g}", "--budget",
-             f"{spec['budget_s']:g}"]
-    if spec.get("backend"):
-        args += ["--backend", spec["backend"]]
-    if spec.get("grad_ckpt"):
-        args.append("--grad-ckpt")
-    if spec.get("memory_cap_bytes"):
-        args += ["--memory-cap-mb", str(spec["memory_cap_bytes"] // 2**20)]
-    for key, value in sorted((spec.get("overrides") or {}).items()):
-        args += ["--set", f"{key}={cli_value(value)}"]
-    return args
-
-
-def reproduction(command: Sequence[str] | None, failing: TrialRecord | None) -> list[str]:
-    """The command of the smallest failing trial (isolate-branch when one branch was
-    computed), or the run's own command when nothing failed."""
+def reproduction(command: Sequence[str] | None, failing: Sequence[str] | None) -> list[str]:
+    """The command of the smallest failing trial (nsadiag.finding.commands.reproduce), or
+    the run's own command when nothing failed."""
     if failing is None:
         return ["Nothing failed; the command that produced this report:", "", "```",
                 shlex.join(command or []), "```"]
-    spec = failing.spec
-    branches = spec.get("branches")
-    head = (["nsadiag", "isolate-branch", branches[0]] if branches and len(branches) == 1
-            else ["nsadiag", "sweep-layers"])
-    return ["The smallest failing configuration of this run:", "", "```",
-            shlex.join([*head, *trial_options(spec)]), "```"]
+    return ["The smallest failing configuration of this run:", "", "```", shlex.join(failing),
+            "```"]
 
 
 def config_table(spec: Mapping[str, Any], keys: Sequence[str],
                  extra: Sequence[tuple[str, Any]] = ()) -> list[str]:
     """The "field | value" table of a configuration."""
     lines = ["| field | value |", "|---|---|"]
-    lines += [f"| {key} | {cell(spec.get(key)) if spec.get(key) is not None else None} |"
-              for key in keys]
+    lines += [f"| {key} | {spec_cell(key, spec.get(key))} |" for key in keys]
     lines += [f"| {name} | {value} |" for name, value in extra]
     return lines
+
+
+DEFAULTS = {"branches": "all", "backend": "the target's default", "n_layers":
+            "the target's default", "memory_cap_bytes": "none", "overrides": "none"}
+"""What an unset spec field means, shown instead of an empty cell."""
+
+
+def spec_cell(key: str, value: Any) -> str:
+    """A spec field's cell: what an unset field means (DEFAULTS), never "None"."""
+    if value is None or value == {} or value == []:
+        return DEFAULTS.get(key, "-")
+    if key == "memory_cap_bytes" and isinstance(value, int):
+        return fmt_bytes(value)
+    return cell(value)
 
 
 def env_rows(env: Mapping[str, Any]) -> list[tuple[str, Any]]:

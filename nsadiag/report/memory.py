@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nsadiag.report.markdown import config_table, fmt_bytes, fmt_s, md_table
+from nsadiag.finding.measured import memory_finding
+from nsadiag.report.markdown import config_table, fmt_bytes, md_table
 from nsadiag.report.plots import memory_plot
 from nsadiag.report.summary import Summary
+from nsadiag.report.top import head, items
 
 SUMMARY_KEYS = ("device", "saved_total", "saved_by_module", "saved_by_branch", "per_layer",
                 "layer_standouts", "largest_saved", "step_s", "peak_rss", "cuda", "history",
@@ -52,19 +54,12 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
 
     spec = meta.get("spec") or {}
     layers = measured.get("per_layer") or []
-    standouts = measured.get("layer_standouts") or []
-    headline = (f"{fmt_bytes(measured['saved_total'])} saved for backward, peak RSS "
-                f"{fmt_bytes(measured['peak_rss'])}" +
-                (f"; {', '.join(standouts)} stand(s) out" if standouts else ""))
+    finding = memory_finding(measured, spec)
     png = memory_plot(measured, run_dir / "memory.png")
-    md = [f"# nsadiag memory: {headline}", "", "## Executive summary", "",
-          f"The first forward saved {fmt_bytes(measured['saved_total'])} for backward on "
-          f"{measured['device']}; one step takes {fmt_s(measured['step_s'])} s and the process "
-          f"peaked at {fmt_bytes(measured['peak_rss'])} resident."]
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     if measured.get("saved_by_branch"):
         md += ["", "By NSA branch: " + ", ".join(
             f"{b} {fmt_bytes(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
-    md += [f"\n**{name}** saves more than 4x the median layer." for name in standouts]
     md += ["", "## Configuration", ""] + config_table(
         spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
                "device", "steps", "overrides"))
@@ -96,6 +91,7 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
             rows[["quantity", "baseline", "expandable", "change"]],
             {"change": lambda v: f"x{v:.2f}"})
     md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
-    summary = Summary(command="memory", headline=headline, status="measured",
-                      details={k: measured[k] for k in SUMMARY_KEYS if k in measured})
+    summary = Summary(command="memory", headline=finding.headline, status="measured",
+                      details={"finding": finding.to_dict(),
+                               **{k: measured[k] for k in SUMMARY_KEYS if k in measured}})
     return "\n".join(md) + "\n", summary.to_dict()

@@ -10,10 +10,12 @@ top of the axis.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.probes.sampler import is_user_file
 from nsadiag.rundir import write_bytes
 from nsadiag.sweep import Fit, SweepRow
 
@@ -44,7 +46,8 @@ def _pyplot():
 
 def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
            fits: Mapping[str, Mapping[str, Fit]], names: Mapping[str, str], x: str,
-           quantity: str, scale: float, unit: str) -> None:
+           quantity: str, scale: float, unit: str, limit: float | None = None,
+           cliff: int | None = None) -> None:
     from matplotlib.ticker import MaxNLocator
 
     failed: list[tuple[float, float | None, str]] = []
@@ -58,7 +61,13 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
         ax.plot(xs, ys, "o", color=color, label=names.get(label, label))
         fit = (fits.get(label) or {}).get(quantity)
         if fit is not None and xs:
-            _fit_line(ax, fit, xs, scale, color, unit)
+            predicted = sorted(fit.extrapolated.items())
+            _fit_line(ax, fit, xs + [p for p, _ in predicted], xs, scale, color, unit)
+            if predicted:
+                ax.plot([p for p, _ in predicted], [v / scale for _, v in predicted], "o",
+                        mfc="none", color=color, label="predicted by the fit")
+                xs_all += [p for p, _ in predicted]
+                ys_all += [v / scale for _, v in predicted]
         failed += [(getattr(r, x), None if getattr(r, quantity) is None
                     else getattr(r, quantity) / scale, r.verdict)
                    for r in rows if r.verdict != "OK"]
@@ -66,6 +75,13 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
         ys_all += ys
     ys_all += [y for _, y, _ in failed if y is not None]
     top = 1.1 * max(ys_all) if ys_all else 1.0
+    at = f"{cliff:,} {'layers' if x == 'n_layers' else 'tokens'}" if cliff else ""
+    if limit is not None and ys_all and limit / scale <= 1.5 * max(ys_all):
+        top = 1.1 * max(top, limit / scale)
+        ax.axhline(limit / scale, color="red", linestyle="--", linewidth=1,
+                   label="this machine's memory" + (f" (reached near {at})" if cliff else ""))
+    elif limit is not None and cliff:
+        ax.plot([], [], " ", label=f"memory runs out near {at} (off the chart)")
     for i, (px, py, verdict) in enumerate(failed):
         y = py if py is not None else 0.95 * top  # no measured value: at the top
         unmeasured = any(v is None for _, v, _ in failed)
@@ -81,11 +97,11 @@ def _panel(ax: Any, rows_by_label: Mapping[str, Sequence[SweepRow]],
     ax.legend(fontsize=8)
 
 
-def _fit_line(ax: Any, fit: Fit, xs: Sequence[float], scale: float, color: str,
-              unit: str) -> None:
+def _fit_line(ax: Any, fit: Fit, span: Sequence[float], xs: Sequence[float], scale: float,
+              color: str, unit: str) -> None:
     import numpy as np
 
-    grid = np.linspace(0, max(xs) * 1.05, 50)
+    grid = np.linspace(0, max(span) * 1.05, 50)
     mean = float(np.mean(xs))
     at_mean = fit.slope * mean + fit.intercept
     line = (fit.slope * grid + fit.intercept) / scale
@@ -100,9 +116,12 @@ def _fit_line(ax: Any, fit: Fit, xs: Sequence[float], scale: float, color: str,
 
 def sweep_plot(rows_by_label: Mapping[str, Sequence[SweepRow]],
                fits: Mapping[str, Mapping[str, Fit]], path: Path,
-               names: Mapping[str, str] | None = None, x: str = "n_layers") -> Path | None:
+               names: Mapping[str, str] | None = None, x: str = "n_layers",
+               memory: int | None = None, cliff: int | None = None) -> Path | None:
     """Step time and peak memory against ``x`` (layers or seq_len), one colour per label,
-    with their fits; None when no trial measured a step or a peak."""
+    with their fits and what they predict; the machine's ``memory`` and the point where
+    the fitted peak reaches it (``cliff``) on the memory panel. None when no trial measured
+    a step or a peak."""
     measured = [r for rows in rows_by_label.values() for r in rows
                 if r.step_s is not None or r.peak_rss is not None]
     if not measured:
@@ -113,7 +132,7 @@ def sweep_plot(rows_by_label: Mapping[str, Sequence[SweepRow]],
     per = "layer" if x == "n_layers" else "token"
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     _panel(ax_t, rows_by_label, fits, names, x, "step_s", 1.0, f"s/{per}")
-    _panel(ax_m, rows_by_label, fits, names, x, "peak_rss", 2**20, f"MiB/{per}")
+    _panel(ax_m, rows_by_label, fits, names, x, "peak_rss", 2**20, f"MiB/{per}", memory, cliff)
     ax_t.set(xlabel=unit, ylabel="step time (s)", title="time per step")
     ax_m.set(xlabel=unit, ylabel="peak RSS (MiB)", title="peak memory")
     fig.tight_layout()
@@ -153,3 +172,135 @@ def memory_plot(summary: Mapping[str, Any], path: Path) -> Path | None:
         ax_b.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
+
+
+FLAME_DEPTH = 30
+"""Frames drawn above the root at most; deeper ones are cut (profile.folded has all)."""
+FLAME_MIN_SHARE = 0.003
+"""Frames with a smaller share of the samples are not drawn."""
+LEFT_OUT = re.compile(r"/nsadiag/|^<|/torch/nn/modules/module\.py$")
+"""Frames the picture leaves out: nsadiag's own (the harness under every stack), the
+interpreter's start-up, and torch.nn.Module's call wrappers around every module call."""
+USER, LIBRARY, MARKED = "#f28e2b", "#9db4cf", "#d62728"
+
+
+def _profile_stacks(profile: Mapping[str, Any]) -> list[tuple[list[tuple[str, bool]], int]]:
+    """(frames outermost first as (label, user code), count) of a raw profile (the
+    sampler's profile.json), the start-up phase and LEFT_OUT frames left out, the phase at
+    the root."""
+    stacks = []
+    for entry in profile.get("stacks") or []:
+        phase = entry.get("phase") or "other"
+        if phase == "build":
+            continue
+        frames = [(f"[{phase}]", False)]
+        for function, file, line in entry.get("frames") or []:
+            if LEFT_OUT.search(file):
+                continue
+            frames.append((f"{function} ({Path(file).name}:{line})", is_user_file(file)))
+        stacks.append((frames, int(entry.get("count", 0))))
+    return [(frames, n) for frames, n in stacks if n > 0]
+
+
+def _flame_tree(stacks: list[tuple[list[tuple[str, bool]], int]]) -> dict[str, Any]:
+    root: dict[str, Any] = {"name": "all", "count": 0, "user": False, "children": {}}
+    for frames, n in stacks:
+        root["count"] += n
+        node = root
+        for name, user in frames:
+            node = node["children"].setdefault(name, {"name": name, "count": 0,
+                                                      "user": user, "children": {}})
+            node["count"] += n
+    return root
+
+
+def _marked(label: str, mark: tuple[str, int, int] | None) -> bool:
+    """Whether a frame label "function (file.py:line)" lies in ``mark`` = (file name,
+    first line, last line)."""
+    if mark is None or not label.endswith(")"):
+        return False
+    name, _, line = label[label.rfind("(") + 1:-1].rpartition(":")
+    return name == mark[0] and line.isdigit() and mark[1] <= int(line) <= mark[2]
+
+
+def flame_plot(profile: Mapping[str, Any], path: Path, title: str,
+               mark: tuple[str, int, int] | None = None) -> Path | None:
+    """A flame graph of a sampled profile (the sampler's profile.json): each frame a bar as
+    wide as its share of the samples taken while training, callers below callees, the
+    phase at the root; the user's own code orange, libraries blue, frames that lie in
+    ``mark`` (the culprit: file name, first and last line) red. None without a sample of
+    training."""
+    stacks = _profile_stacks(profile)
+    if not stacks:
+        return None
+    plt = _pyplot()
+    root = _flame_tree(stacks)
+    total = root["count"]
+    depth = min(FLAME_DEPTH, max(len(frames) for frames, _ in stacks))
+    fig, ax = plt.subplots(figsize=(12, 1.4 + 0.3 * depth))
+
+    def draw(node: dict[str, Any], x: float, level: int) -> None:
+        for child in sorted(node["children"].values(), key=lambda c: c["name"]):
+            width = child["count"] / total
+            if width >= FLAME_MIN_SHARE and level < depth:
+                color = MARKED if _marked(child["name"], mark) else \
+                    USER if child["user"] else LIBRARY
+                ax.barh(level, width, left=x, height=0.92, color=color,
+                        edgecolor="white", linewidth=0.5)
+                room = int(width * 150)
+                if room >= 4:
+                    label = child["name"]
+                    text = label if len(label) <= room else label[:room - 1] + "…"
+                    ax.text(x + 0.002, level, text, va="center", ha="left", fontsize=7,
+                            clip_on=True)
+                draw(child, x, level + 1)
+            x += width
+
+    draw(root, 0.0, 0)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.6, depth - 0.4)
+    ax.set_yticks([])
+    ax.set_xlabel(f"share of the {total} stack samples taken while training")
+    ax.set_title(title, fontsize=10, loc="left")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=USER, label="your code"), Patch(color=LIBRARY,
+                                                                   label="libraries"),
+                       *([Patch(color=MARKED, label=f"the line named ({mark[0]}:"
+                                                     f"{mark[1]}" + (f"-{mark[2]}" if
+                                                                     mark[2] > mark[1] else "")
+                                                     + ")")]
+                         if mark else [])], fontsize=8, loc="lower right",
+              bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def flame_section(record: Any, finding: Any, run_dir: Path, name: str = "flame.png"
+                  ) -> list[str]:
+    """Markdown lines embedding a flame graph of a trial record's sampled profile (written
+    to run_dir/``name``, the finding's culprit in red) and naming the folded stacks for
+    speedscope; [] when the trial left no profile of training."""
+    import json
+
+    from nsadiag.finding.culprit import profile_path
+
+    source = profile_path(record)
+    if source is None:
+        return []
+    try:
+        profile = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return []
+    culprit = getattr(finding, "culprit", None)
+    mark = (Path(culprit.file).name, culprit.line, culprit.end_line or culprit.line) \
+        if culprit is not None and culprit.file and culprit.line else None
+    png = flame_plot(profile, run_dir / name, f"sampled profile of {Path(record.trial_dir).name}"
+                     f" (width: share of the samples)", mark)
+    if png is None:
+        return []
+    folded = source.with_name("profile.folded")
+    shown = folded.relative_to(run_dir) if folded.is_relative_to(run_dir) else folded.name
+    return ["", f"![flame graph of the sampled profile]({png.name})", "",
+            f"The same stacks for a flame-graph viewer: `{shown}` (open it in "
+            f"https://www.speedscope.app)."]

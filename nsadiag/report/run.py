@@ -1,11 +1,12 @@
 """The report of `nsadiag run -- CMD`: the verdict on the user's own command (and on a
 block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 
-report.md: the verdict and its reasons, the command and how it ended, every watched
-process (its events by kind), the evidence of the training process (stacks, last events,
-the profile's loop and line), the tail of the command's stderr, and what to do next.
-summary.json: the common envelope plus the verdict, the command's own exit code and argv.
-The record is record.json in the run directory (written by nsadiag.commands.run).
+report.md: the top block and summary of the finding (nsadiag.finding.trial), the results,
+every watched process (its events by kind), the evidence of the training process (stacks,
+last events, the profile's loop and line, a flame graph), the tail of the command's
+stderr, and what to do next. summary.json: the common envelope plus the finding, the
+verdict, the command's own exit code and argv. The record is record.json in the run
+directory (written by nsadiag.commands.run).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from nsadiag.report.markdown import RECOMMENDATIONS, evidence_section
-from nsadiag.report.summary import Summary, status_of_rows, verdict_row
+from nsadiag.finding import Finding
+from nsadiag.finding.trial import trial_finding
+from nsadiag.report.markdown import evidence_section
+from nsadiag.report.plots import flame_section
+from nsadiag.report.summary import Summary, verdict_row
+from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
 
 STDERR_LINES = 15
@@ -28,18 +33,21 @@ def _stderr_tail(run_dir: Path) -> list[str]:
     return lines[-STDERR_LINES:]
 
 
+def run_finding(record: TrialRecord) -> Finding:
+    """The finding of one run or watched block, with the command that repeats it."""
+    kind = record.spec.get("kind", "run")
+    rerun = (f"nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} --deadline "
+             f"{record.spec['deadline_s']:g} -- {shlex.join(record.spec['command'])}"
+             if kind == "run" else None)
+    return trial_finding(record, kind, rerun)
+
+
 def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of one `nsadiag run`."""
+    """(markdown, summary.json) of one `nsadiag run`; writes flame.png when the training
+    process was profiled."""
     verdict, evidence = record.verdict, record.evidence
-    command = shlex.join(record.spec["command"])
-    kind = record.spec.get("kind", "run")  # "watch": a block under nsadiag.watch()
-    headline = f"{verdict['name']}: {verdict['reasons'][0]}"
-    md = [f"# nsadiag {kind}: {verdict['name']}", "", "## Executive summary", "",
-          f"`{command}` ended as **{verdict['name']}** after {record.wall_s:.1f} s "
-          f"(exit code {evidence.get('exit_code')})." if kind == "run" else
-          f"The block watched in `{command}` (pid {record.spec.get('pid')}) reads as "
-          f"**{verdict['name']}** after {record.wall_s:.1f} s.", ""]
-    md += [f"- {reason}" for reason in verdict["reasons"]]
+    finding = run_finding(record)
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Processes", "", "Every Python process the command started; at a stall "
            "each was sampled at once, so the odd one out (a rank that waits elsewhere) shows "
            "in the stacks column.", "", "| process | pid | events | stacks at the stop |",
@@ -51,20 +59,18 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         md.append(f"| {process['name']}{main} | {process['pid']} | {counts or '-'} | "
                   f"{stacks} |")
     md += ["", "## Evidence", ""] + evidence_section(record)
+    md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)
     if tail:
         md += ["", "The command's stderr (last lines):", "", "```", *tail, "```"]
-    md += ["", "## Recommendations", "",
-           RECOMMENDATIONS.get(verdict["name"], "") or "Nothing to fix: the command finished."]
-    if kind == "run":
-        md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
-                   f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
+    md += ["", "## Root cause", ""] + cause_section(finding)
+    md += ["", "## Recommendations", ""] + recommendations(finding)
     slow_by = (verdict.get("facts") or {}).get("slow_by")
-    verdicts = [verdict_row(LABEL, verdict["name"], slow_by=slow_by)]
     summary = Summary(
-        command=kind, headline=headline, status=status_of_rows(verdicts), verdicts=verdicts,
+        command=finding.command, headline=finding.headline, status=finding.status,
+        verdicts=[verdict_row(LABEL, verdict["name"], slow_by=slow_by)],
         failing=verdict if verdict["name"] != "OK" else None,
-        details={"verdict": verdict["name"], "slow_by": slow_by,
-                 "command_exit_code": evidence.get("exit_code"),
+        details={"finding": finding.to_dict(), "verdict": verdict["name"],
+                 "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
                  "argv": list(record.spec["command"])})
     return "\n".join(md) + "\n", summary.to_dict()

@@ -18,8 +18,9 @@ from typing import Any
 
 import psutil
 
+from nsadiag.finding.commands import reproduce
+from nsadiag.finding.sweep import decide_seq_sweep
 from nsadiag.report.markdown import (
-    RECOMMENDATIONS,
     config_table,
     evidence_section,
     fmt_bytes,
@@ -28,44 +29,17 @@ from nsadiag.report.markdown import (
     reproduction,
     rows_frame,
 )
-from nsadiag.report.plots import sweep_plot
-from nsadiag.report.summary import Summary, status_of_verdicts, verdict_row
+from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.summary import Summary, verdict_row
+from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, fit_quantity, row_from_record
-
-FASTER_THAN_SAVED = 1.5
-"""The rest of the peak growing this many times faster than the saved bytes (first to
-last length) is called out."""
+from nsadiag.sweep import Fit, SweepRow
 
 
 def _rest(row: SweepRow) -> int | None:
     if row.peak_rss is None or row.saved_bytes is None:
         return None
     return max(0, row.peak_rss - row.saved_bytes)
-
-
-def analyse_seq(rows: Sequence[SweepRow]) -> dict[str, Any]:
-    """Fits of step time, peak RSS, saved bytes and the rest against S over the OK rows;
-    the predicted peaks at 2x and 4x the longest OK length; whether the rest of the peak
-    grows much faster than the saved bytes."""
-    ok = sorted((r for r in rows if r.verdict == "OK" and r.seq_len), key=lambda r: r.seq_len)
-    xs = [r.seq_len for r in ok]
-    targets = [2 * xs[-1], 4 * xs[-1]] if xs else []
-    values = {"step_s": [r.step_s for r in ok], "peak_rss": [r.peak_rss for r in ok],
-              "saved_bytes": [r.saved_bytes for r in ok], "rest": [_rest(r) for r in ok]}
-    fits: dict[str, Fit] = {}
-    for quantity, ys in values.items():
-        pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
-        fit = fit_quantity(quantity, [p[0] for p in pairs], [p[1] for p in pairs], targets)
-        if fit is not None:
-            fits[quantity] = fit
-    growth = None
-    saved, rest = values["saved_bytes"], values["rest"]
-    if len(ok) >= 2 and saved[0] and saved[-1] and rest[0] and rest[-1]:
-        growth = {"saved": saved[-1] / saved[0], "rest": rest[-1] / rest[0]}
-    return {"fits": fits, "targets": targets, "growth": growth,
-            "rest_outgrows_saved": bool(growth and
-                                        growth["rest"] > FASTER_THAN_SAVED * growth["saved"])}
 
 
 def _fits_lines(fits: dict[str, Fit]) -> list[str]:
@@ -86,50 +60,26 @@ def _fits_lines(fits: dict[str, Fit]) -> list[str]:
     return md_table(frame, {c: str for c in frame.columns})
 
 
-def _cliff(analysis: dict[str, Any], total: int) -> list[str]:
-    fit = analysis["fits"].get("peak_rss")
-    if fit is None or not fit.extrapolated:
-        return ["No prediction: the peak's fit is missing or poor."]
-    lines = []
-    for seq_len, peak in fit.extrapolated.items():
-        verdict = "above" if peak > total else "within"
-        lines.append(f"At S={seq_len} the peak would be about {fmt_bytes(peak)} "
-                     f"({fit.growth()} fit), {verdict} this machine's {fmt_bytes(total)}.")
-    if analysis["rest_outgrows_saved"]:
-        growth = analysis["growth"]
-        lines.append(f"The peak beyond what is saved for backward grew {growth['rest']:.1f}x "
-                     f"while the saved bytes grew {growth['saved']:.1f}x: a temporary that "
-                     f"grows faster than the activations (a full S x S matrix, an unfused "
-                     f"softmax) sets the peak; `nsadiag memory` names the module.")
-    return lines
-
-
 LABEL = "sweep-seq"
 
 
 def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any]
                      ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a sweep-seq run directory's records; writes
-    sweep.png (time and peak against S) into run_dir."""
-    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
-    rows = [row_from_record(record, LABEL) for record in records]
-    analysis = analyse_seq(rows)
-    failing = next((r for r in records if r.verdict_name != "OK"), None)
-    headline = (f"{failing.verdict_name} at S={failing.spec.get('seq_len')}" if failing
-                else "all lengths OK")
+    sweep.png (time and peak against S, the fits, the predicted peak and the cliff) into
+    run_dir."""
     total = psutil.virtual_memory().total
+    result = decide_seq_sweep(records, total)
+    finding, facts, failing = result.finding, result.facts, result.failing
+    rows = result.rows
+    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
     first = records[0].spec if records else {}
-    md = [f"# nsadiag sweep-seq: {headline}", "", "## Executive summary", ""]
-    md += [f"{len(records)} trial(s) at {first.get('n_layers') or 'the default number of'} "
-           f"layer(s); " + (f"the first non-OK is S={failing.spec.get('seq_len')}: "
-                            f"**{failing.verdict_name}**. {failing.verdict['reasons'][0]}"
-                            if failing else "every length OK.")]
-    md += [""] + _cliff(analysis, total)
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Configuration", ""] + config_table(first, (
         "target", "n_layers", "batch", "dtype", "grad_ckpt", "branches", "backend", "device",
         "steps", "stall_timeout_s", "budget_s", "overrides"))
     frame = rows_frame(rows)
-    md += ["", "## Results", ""]
+    md += ["", "## Measurements", ""]
     if not frame.empty:
         table = frame[["seq_len", "verdict", "step_s", "peak_rss", "saved_bytes",
                        "steps_done"]].assign(rest=[_rest(r) for r in rows])
@@ -142,27 +92,29 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
                                "steps": str})
     else:
         md += ["No trial finished."]
-    md += ["", "### Fits against the sequence length", ""] + _fits_lines(analysis["fits"])
-    png = sweep_plot({LABEL: rows}, {LABEL: analysis["fits"]}, run_dir / "sweep.png",
+    md += ["", "### Fits against the sequence length", ""] + _fits_lines(facts.fits)
+    png = sweep_plot({LABEL: rows}, {LABEL: dict(facts.fits)}, run_dir / "sweep.png",
                      {LABEL: f"{LABEL} ({first.get('target')}, {first.get('n_layers') or 'default'}"
-                             f" layers)"}, x="seq_len")
+                             f" layers)"}, x="seq_len", memory=total, cliff=facts.cliff)
     if png:
-        md += ["", f"![time and memory against the sequence length]({png.name})"]
+        md += ["", f"![time and memory against the sequence length, the fits and the "
+                   f"predicted cliff]({png.name})"]
     md += ["", "## Evidence", ""] + (evidence_section(failing or records[-1]) if records
                                      else ["No trial ran."])
-    md += ["", "## Minimal reproduction", ""] + reproduction(meta.get("argv"), failing)
-    md += ["", "## Recommendations", ""]
-    md += [RECOMMENDATIONS.get(failing.verdict_name, "") if failing else
-           "Every length finished: compare the predicted peak with the memory of the machine "
-           "the full run uses."]
+    if failing is not None:
+        md += flame_section(failing, finding, run_dir)
+    md += ["", "## Root cause", ""] + cause_section(finding)
+    md += ["", "## Minimal reproduction", ""] + reproduction(
+        meta.get("argv"), reproduce(failing.spec) if failing else None)
+    md += ["", "## Recommendations", ""] + recommendations(finding)
     summary = Summary(
-        command="sweep-seq", headline=headline,
-        status=status_of_verdicts(r.verdict for r in rows),
-        verdicts=[verdict_row(LABEL, r.verdict, r.n_layers, r.seq_len) for r in rows],
+        command="sweep-seq", headline=finding.headline, status=finding.status,
+        verdicts=[verdict_row(LABEL, r.verdict, r.n_layers, r.seq_len, r.slow_by)
+                  for r in rows],
         rows=[r.to_dict() for r in rows],
-        fits={LABEL: {q: f.to_dict() for q, f in analysis["fits"].items()}}
-        if analysis["fits"] else {},
+        fits={LABEL: {q: f.to_dict() for q, f in facts.fits.items()}} if facts.fits else {},
         failing=failing.verdict if failing else None,
-        details={"rest_outgrows_saved": analysis["rest_outgrows_saved"],
-                 "machine_memory": total})
+        details={"finding": finding.to_dict(),
+                 "rest_outgrows_saved": bool(facts.growth and facts.growth["outgrows"]),
+                 "machine_memory": total, "predicted_cliff": facts.cliff})
     return "\n".join(md) + "\n", summary.to_dict()

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import Any
 
 from nsadiag.evidence import StackSample, ThreadStack
+from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes.frames import threads_that_matter, wait_frame
 from nsadiag.report.summary import Summary
+from nsadiag.report.top import head, items
 
 FRAMES = 14
 SUMMARY_FRAMES = 8
@@ -27,8 +30,25 @@ def thread_view(thread: ThreadStack, frames: int = SUMMARY_FRAMES) -> dict[str, 
     waiting = wait_frame(thread)
     return {"name": thread.name or hex(thread.thread_id), "active": thread.active,
             "waiting_in": waiting.where() if waiting else None,
-            "frames": [f.where() + (" [native]" if f.is_native else "")
-                       + (f"  # {f.code}" if f.code else "") for f in thread.frames[:frames]]}
+            "frames": _frame_lines(thread)[:frames]}
+
+
+def _frame_lines(thread: ThreadStack) -> list[str]:
+    """The thread's frames innermost first, each run of native frames one line naming its
+    libraries, Python frames with their code."""
+    lines: list[str] = []
+    native: list[str] = []
+    for frame in [*thread.frames, None]:
+        if frame is not None and frame.is_native:
+            native.append(PurePath(frame.file or "?").name)
+            continue
+        if native:
+            noun = "native frame" if len(native) == 1 else "native frames"
+            lines.append(f"[{len(native)} {noun} in {', '.join(dict.fromkeys(native))}]")
+            native = []
+        if frame is not None:
+            lines.append(frame.where() + (f"  # {frame.code}" if frame.code else ""))
+    return lines
 
 
 def process_view(proc: Mapping[str, Any]) -> dict[str, Any]:
@@ -48,10 +68,10 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
                         ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a stacks run."""
     processes = [process_view(p) for p in stacks["processes"]]
-    states = sorted({p["state"] for p in processes})
-    headline = f"{', '.join(states)} ({len(processes)} process(es))"
-    md = [f"# nsadiag stacks: {headline}", "",
-          "| pid | rank | state | CPU | samples | innermost frames |", "|---|---|---|---|---|---|"]
+    finding = stacks_finding(processes, list(stacks["odd_ones_out"]))
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md += ["", "| pid | rank | state | CPU | samples | innermost frames |",
+           "|---|---|---|---|---|---|"]
     for proc in processes:
         cpu = "-" if proc["cpu_fraction"] is None else f"{100 * proc['cpu_fraction']:.0f}%"
         rank = "-" if proc["rank"] is None else str(proc["rank"])
@@ -80,8 +100,9 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
     md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
-    summary = Summary(command="stacks", headline=headline, status="measured",
-                      details={"processes": processes, "odd_ones_out": stacks["odd_ones_out"],
+    summary = Summary(command="stacks", headline=finding.headline, status="measured",
+                      details={"finding": finding.to_dict(), "processes": processes,
+                               "odd_ones_out": stacks["odd_ones_out"],
                                "clusters": stacks["clusters"]})
     return "\n".join(md) + "\n", summary.to_dict()
 

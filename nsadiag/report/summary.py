@@ -10,17 +10,11 @@ shape is nsadiag/schemas/summary.schema.json; ``to_dict`` checks it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsadiag.ci import (
-    EXIT_FAILURE,
-    EXIT_HEALTHY,
-    EXIT_INCONCLUSIVE,
-    EXIT_REGRESSION,
-    verdicts_exit_code,
-)
+from nsadiag.ci import EXIT_FAILURE, EXIT_HEALTHY, EXIT_INCONCLUSIVE, EXIT_REGRESSION
 from nsadiag.schema import SCHEMA_VERSION, check
 
 KINDS = ("sweep-layers", "isolate-branch", "sweep-seq", "ddp", "check", "triage", "memory",
@@ -74,21 +68,8 @@ class Summary:
                    {k: v for k, v in data.items() if k not in common})
 
 
-def status_of_verdicts(names: Iterable[str]) -> str:
-    """failure when any verdict is a failure, else inconclusive when any is INCONCLUSIVE,
-    else healthy (nsadiag.ci.verdicts_exit_code)."""
-    return STATUS_OF_EXIT[verdicts_exit_code(names)]
-
-
 def verdict_row(label: str, verdict: str, n_layers: int | None = None,
                 seq_len: int | None = None, slow_by: str | None = None) -> dict[str, Any]:
     """One entry of ``verdicts`` (``slow_by``: "defect" or "size" for a SLOW)."""
     return {"label": label, "n_layers": n_layers, "seq_len": seq_len, "verdict": verdict,
             "slow_by": slow_by}
-
-
-def status_of_rows(rows: Iterable[Mapping[str, Any]]) -> str:
-    """``status_of_verdicts`` of verdict rows, where a SLOW by size (the work itself
-    outlasting the time limit) is no failure."""
-    return status_of_verdicts(row["verdict"] for row in rows
-                              if row["verdict"] != "SLOW" or row.get("slow_by") != "size")

@@ -1,10 +1,12 @@
 """The report of a layer sweep (sweep-layers, isolate-branch): Markdown, summary, plot.
 
-The shape follows a hand-written hang report — executive summary, configuration, results,
-evidence, analysis (ruled out / implicated), minimal reproduction, recommendations — and
-every sentence is built from a measured number in the records. Trials are grouped by
-their label (run.json's labels: "all branches" / "<branch> only" for isolate-branch; the
-command's name for an unlabelled sweep), one fit per label.
+The top block and summary of the finding (nsadiag.finding.sweep), then the seeds' order:
+results (one line per trial), configuration, measurements and fits with the plot (time and
+memory against layers, the fits, the predicted peak and where memory runs out), evidence
+of the failing trial (with a flame graph of its profile), root cause (ruled out /
+implicated), minimal reproduction, recommendations. Trials are grouped by their label
+(run.json's labels: "all branches" / "<branch> only" for isolate-branch; the command's
+name for an unlabelled sweep), one fit per label.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from nsadiag.finding.commands import reproduce
+from nsadiag.finding.sweep import decide_layer_sweep
 from nsadiag.report.markdown import (
-    RECOMMENDATIONS,
     config_table,
     env_rows,
     evidence_section,
@@ -25,10 +30,11 @@ from nsadiag.report.markdown import (
     results_table,
     stall_summary,
 )
-from nsadiag.report.plots import sweep_plot
-from nsadiag.report.summary import Summary, status_of_rows, verdict_row
+from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.summary import Summary, verdict_row
+from nsadiag.report.top import cause_section, head, items, recommendations
 from nsadiag.rundir import TrialRecord
-from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, row_from_record
+from nsadiag.sweep import Fit, SweepRow
 
 CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
                "device", "steps", "stall_timeout_s", "budget_s", "memory_cap_bytes",
@@ -83,62 +89,6 @@ def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> li
                             "peak (branch)": fmt_bytes})
 
 
-def analysis_section(rows: Sequence[SweepRow], analysis: dict[str, Any],
-                     failing: TrialRecord | None) -> list[str]:
-    """What the sweep rules out and what it implicates, each from a fit or a trial."""
-    ruled_out, implicated = [], []
-    ok = [r for r in rows if r.verdict == "OK"]
-    if ok:
-        best = max(ok, key=lambda r: r.n_layers)
-        ruled_out.append(f"A hang at small depth: {len(ok)} layer count(s) up to "
-                         f"{best.n_layers} finished every step (step {fmt_s(best.step_s)} s).")
-    step_fit = analysis["fits"].get("step_s")
-    if step_fit and step_fit.poor:
-        step_fit = None  # says nothing either way
-    if step_fit and not step_fit.super_linear:
-        ruled_out.append(f"Super-linear time growth: step time rises {step_fit.slope:.3f} s per "
-                         f"layer on a straight line (R² {step_fit.r2:.3f}).")
-    elif step_fit:
-        implicated.append(f"Step time grows faster than linearly with depth (quadratic term "
-                          f"{step_fit.curvature:.4f} s/layer²).")
-    growth = analysis.get("memory_growth")
-    if growth and growth["outgrows"]:
-        implicated.append(f"The peak grows faster than the bytes saved for backward: from "
-                          f"{growth['from']} to {growth['to']} layers the rest of the peak "
-                          f"grew {growth['rest']:.1f}x while the saved bytes grew "
-                          f"{growth['saved']:.1f}x (peak {growth['peak']:.1f}x): a temporary "
-                          f"or a cache that grows faster than the activations sets the peak; "
-                          f"`nsadiag memory` names the module.")
-    elif growth:
-        ruled_out.append(f"A peak outgrowing the activations: from {growth['from']} to "
-                         f"{growth['to']} layers the saved bytes grew {growth['saved']:.1f}x "
-                         f"and the rest of the peak {growth['rest']:.1f}x.")
-    mem_fit = analysis["fits"].get("peak_rss")
-    if mem_fit and mem_fit.poor:
-        mem_fit = None
-    if mem_fit and mem_fit.super_linear:
-        implicated.append(f"Peak memory grows faster than linearly with depth (+"
-                          f"{fmt_bytes(mem_fit.slope)} per layer on average).")
-    elif mem_fit:
-        ruled_out.append(f"A memory blow-up with depth: peak RSS grows {fmt_bytes(mem_fit.slope)}"
-                         f" per layer, linearly (R² {mem_fit.r2:.3f}).")
-    if failing:
-        facts = failing.verdict.get("facts", {})
-        name = failing.verdict["name"]
-        where = facts.get("hot_frame") or facts.get("last_module") or facts.get("frame")
-        implicated.append(f"{failing.spec.get('n_layers')} layers end as {name}"
-                          + (f", at {where}" if where else "") + ".")
-        if name == "SLOW":
-            gap = facts.get("since_last_event_s")
-            last = f", the last {gap:.1f} s before the kill" if gap is not None else ""
-            ruled_out.append("A hang: it was still progressing (heartbeats or sampler "
-                             f"pulses) when the budget ran out{last}"
-                             + (f"; ETA {facts['eta_s']:.0f} s more." if facts.get("eta_s")
-                                else "."))
-    return ["Ruled out:", ""] + [f"- {x}" for x in ruled_out or ["nothing yet"]] + \
-        ["", "Implicated:", ""] + [f"- {x}" for x in implicated or ["nothing: every trial OK"]]
-
-
 def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: Mapping[str, Any]
                  ) -> dict[str, str]:
     """Legend text per label: the label and what ran (target, sequence length)."""
@@ -149,71 +99,52 @@ def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: Mapping[str, An
 def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any]
                  ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a layer sweep's records, grouped by label; writes
-    sweep.png into run_dir. Redaction is the caller's (nsadiag.report.dispatch)."""
+    sweep.png (and flame.png of a failing trial's profile) into run_dir. Redaction is the
+    caller's (nsadiag.report.dispatch)."""
     command = str(meta.get("command_name") or "sweep-layers")
-    groups: dict[str, list[SweepRow]] = {}
-    records = sorted(records, key=lambda r: int(r.spec["n_layers"]))
-    for record in records:
-        label = run_label(meta, record)
-        groups.setdefault(label, []).append(row_from_record(record, label))
-    all_rows = [r for rows in groups.values() for r in rows]
-    analyses = {label: analyse(rows) for label, rows in groups.items()}
-    failing = first_failure(records) or next(
-        (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
-    big = next((r for r in all_rows if r.slow_by == "size"), None)
+    memory = psutil.virtual_memory().total
+    labels = {Path(r.trial_dir).name: run_label(meta, r) for r in records}
+    result = decide_layer_sweep(records, labels, command, memory)
+    finding, groups, failing, facts = result.finding, result.groups, result.failing, \
+        result.facts
+    all_rows = result.rows
+    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
     first = records[0].spec if records else {}
-    png = sweep_plot(groups, {label: a["fits"] for label, a in analyses.items()},
-                     run_dir / "sweep.png", legend_names(groups, first))
-    headline = (f"{failing.verdict_name} at {failing.spec.get('n_layers')} layers"
-                if failing else "all trials OK" if big is None else
-                f"no failure; slow by size from {big.n_layers} layer(s)")
-    md = [f"# nsadiag {command}: {headline}", "", "## Executive summary", ""]
-    if failing:
-        md += [f"{len(records)} trial(s); the first non-OK is {failing.spec.get('n_layers')} "
-               f"layers: **{failing.verdict_name}**. " + failing.verdict["reasons"][0]]
-    elif big is not None:
-        md += [f"{len(records)} trial(s), none failed: from {big.n_layers} layer(s) the work "
-               f"itself outlasts the budget (slow by size: no host read per token, no loop "
-               f"of tiny ops). A longer `--budget` or fewer `--steps` lets it finish."]
-    else:
-        md += [f"{len(records)} trial(s), every one OK."]
-    for label, analysis in analyses.items():
-        fit = analysis["fits"].get("step_s")
-        if fit:
-            md += ["", f"{label}: {fit.slope:.3f} ± {fit.slope_se:.3f} s per layer "
-                   f"per step ({fit.growth()}, R² {fit.r2:.3f}, {fit.points} points)."]
+    png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
+                     memory=memory, cliff=facts.cliff)
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Configuration", ""] + config_table(first, CONFIG_KEYS,
                                                      env_rows(meta.get("env") or {}))
-    md += ["", "## Results", ""] + results_table(all_rows)
-    for label, analysis in analyses.items():
-        md += ["", f"### Fits against layers — {label}", ""] + fits_section(analysis["fits"])
+    md += ["", "## Measurements", ""] + results_table(all_rows)
+    for label, fits in result.fits.items():
+        md += ["", f"### Fits against layers — {label}", ""] + fits_section(fits)
     if meta.get("branch") and len(groups) == 2:
         md += ["", f"### What the {meta['branch']} branch costs", ""]
         md += attribution_table(*groups.values())
     if png:
-        md += ["", f"![time and memory against layers]({png.name})"]
+        md += ["", f"![time and memory against layers, with the fits]({png.name})"]
     md += ["", "## Evidence", ""]
     md += evidence_section(failing or records[-1]) if records else ["No trial ran."]
-    main = next(iter(analyses.values()), {"fits": {}})
-    md += ["", "## Analysis", ""] + analysis_section(all_rows, main, failing)
-    md += ["", "## Minimal reproduction", ""] + reproduction(meta.get("argv"), failing)
-    md += ["", "## Recommendations", ""]
-    md += [RECOMMENDATIONS.get(failing.verdict_name, "") if failing else
-           "Healthy at every tested depth: if the full run still stops, compare its "
-           "configuration with this one (sequence length, dtype, world size)."]
+    if failing is not None:
+        md += flame_section(failing, finding, run_dir)
+    md += ["", "## Root cause", ""] + cause_section(finding)
+    md += ["", "## Minimal reproduction", ""] + reproduction(
+        meta.get("argv"), reproduce(failing.spec) if failing else None)
+    md += ["", "## Recommendations", ""] + recommendations(finding)
     details: dict[str, Any] = {
-        "threshold": int(failing.spec["n_layers"]) if failing else None,
+        "finding": finding.to_dict(),
+        "threshold": int(failing.spec["n_layers"]) if failing and failing.spec.get("n_layers")
+        else None,
         "stall": stall_summary(failing) if failing else None}
     if command == "isolate-branch":
         details["branch"] = meta.get("branch")
     verdicts = [verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                 for r in all_rows]
     summary = Summary(
-        command=command, headline=headline,
-        status=status_of_rows(verdicts),
+        command=command, headline=finding.headline, status=finding.status,
         verdicts=verdicts,
         rows=[r.to_dict() for r in all_rows],
-        fits={label: {q: f.to_dict() for q, f in a["fits"].items()}
-              for label, a in analyses.items() if a["fits"]},
+        fits={label: {q: f.to_dict() for q, f in fits.items()}
+              for label, fits in result.fits.items() if fits},
         failing=failing.verdict if failing else None, details=details)
     return "\n".join(md) + "\n", summary.to_dict()

@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nsadiag.finding.measured import trace_finding
 from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.summary import Summary
+from nsadiag.report.top import head, items
 
 SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
                 "step_s_untraced_all", "overhead_pct", "events", "unused_parameters",
@@ -31,17 +33,11 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
     import pandas as pd
 
     spec = meta.get("spec") or {}
-    anomalies = [name for name, found in (("unused parameters", result["unused_parameters"]),
-                                          ("repeated gradients", result["repeated_gradients"]),
-                                          ("unfinished backward",
-                                           result["unfinished_backward"])) if found]
-    headline = (f"one step {result['step_s_untraced']:.3f} s, "
-                f"{'; '.join(anomalies) if anomalies else 'no gradient anomaly'}")
-    md = [f"# nsadiag trace: {headline}", "", "## Executive summary", "",
-          f"One training step of `{result.get('target') or spec.get('target')}` takes "
-          f"{result['step_s_untraced']:.3f} s untraced and {result['step_s_traced']:.3f} s "
-          f"traced ({result['overhead_pct']:+.1f}%, medians); {result['events']} events were "
-          f"recorded. Timeline: `{Path(result['trace_json']).name}` (Perfetto)."]
+    finding = trace_finding(result, spec)
+    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md += ["", f"Untraced and traced step medians: {result['step_s_untraced']:.3f} s and "
+               f"{result['step_s_traced']:.3f} s. Timeline: `{Path(result['trace_json']).name}` "
+               f"(Perfetto)."]
     if result.get("profiler_trace"):
         md += ["", f"torch.profiler trace with the same module and branch spans: "
                    f"`{Path(result['profiler_trace']).name}`."]
@@ -64,6 +60,7 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
     md.append("- Backward started and never finished: " + (
         ", ".join(f"`{m}`" for m in result["unfinished_backward"]) or "none"))
     md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
-    summary = Summary(command="trace", headline=headline, status="measured",
-                      details={k: result.get(k) for k in SUMMARY_KEYS})
+    summary = Summary(command="trace", headline=finding.headline, status="measured",
+                      details={"finding": finding.to_dict(),
+                               **{k: result.get(k) for k in SUMMARY_KEYS}})
     return "\n".join(md) + "\n", summary.to_dict()

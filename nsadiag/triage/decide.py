@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from nsadiag.finding.numbers import cost_ratio
 from nsadiag.probes.efficiency import DEFECT_COST_RATIO
 from nsadiag.verdict import FAILURES
 from nsadiag.verdict.load import LOADED_PER_CPU
@@ -242,11 +243,15 @@ def reproduces(failing: str, test: Mapping[str, Any]) -> bool:
     expected cost or more (``cost_ratio``: the step time over the dense reference's time
     here for the step's FLOPs). A test that finished its steps in time can still carry
     the defect; one that ran out of budget slow by size does not. Without either
-    measurement the verdict decides (SLOW, not by size). Any other failure: the same
-    verdict."""
+    measurement the verdict decides (SLOW, not by size). A ratio whose expected time is
+    too short to time (nsadiag.finding.numbers.MIN_EXPECTED_STEP_S) is no measurement. Any
+    other failure: the same verdict."""
     if failing != "SLOW":
         return test.get("verdict") == failing
     defect, ratio = test.get("defect"), test.get("cost_ratio")
+    expected = test.get("expected_step_s")
+    if expected is not None and ratio is not None and cost_ratio(expected, ratio) is None:
+        ratio = None  # a step too short to time: its ratio means nothing
     if defect is None and ratio is None:
         return test.get("verdict") == "SLOW" and test.get("slow_by") != "size"
     return bool(defect) or (ratio is not None and ratio >= DEFECT_COST_RATIO)

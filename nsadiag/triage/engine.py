@@ -25,8 +25,12 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
                 a test reproduces a SLOW when its work shows the defect (counts, or time
                 per step far above its expected cost: nsadiag.triage.decide.reproduces),
                 not when it merely ran out of budget
-4. report   report.md and summary.json (nsadiag.report.triage), optionally compared with a
-            baseline summary.json for regressions in step time and peak memory.
+4. report   the finding (nsadiag.triage.finding), report.md and summary.json
+            (nsadiag.report.triage), optionally compared with a baseline summary.json for
+            regressions in step time and peak memory.
+
+The state is typed (nsadiag.triage.state.TriageState, one field per stage) and stored as
+triage.json after every stage.
 
 Time: the whole triage stays inside ``max_minutes``. Each trial gets the planned budget
 (``plan_trial_budget``) or what is left; when not even a minimal trial fits, the triage
@@ -80,6 +84,16 @@ from nsadiag.triage.decide import (
     plan_trial_budget,
     reproduced,
     reproduces,
+)
+from nsadiag.triage.state import (
+    Attribution,
+    Bisection,
+    BranchesStage,
+    ChecksStage,
+    RepeatsStage,
+    SweepStage,
+    TriageState,
+    TrialRef,
 )
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
@@ -206,21 +220,21 @@ def is_failure(record: TrialRecord) -> bool:
     return record.verdict_name != "OK" and not slow_by_size(record)
 
 
-def _trial_ref(record: TrialRecord) -> dict[str, Any]:
-    """How triage.json points at a trial: directory name, verdict, first reason, and what
+def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
+    """How the state points at a trial: directory name, verdict, first reason, and what
     its work measured: whether the counts of its first forward say defect, its median
     step time, expected cost and their ratio (nsadiag.probes.efficiency), whatever its
     verdict."""
     world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
     row = row_from_record(record)
-    return {"trial": Path(record.trial_dir).name, "verdict": record.verdict_name,
-            "n_layers": record.spec.get("n_layers"), "world_size": world_size,
-            "reason": record.verdict["reasons"][0],
-            "slow_by": (record.verdict.get("facts") or {}).get("slow_by"),
-            "defect": _defect_counted(record), "step_s": row.step_s,
-            "timed_steps": row.timed_steps, "expected_step_s": row.expected_step_s,
-            "cost_ratio": row.cost_ratio, "efficiency": row.efficiency,
-            "dense_efficiency": row.dense_efficiency}
+    return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
+                    n_layers=record.spec.get("n_layers"), world_size=world_size,
+                    reason=record.verdict["reasons"][0],
+                    slow_by=(record.verdict.get("facts") or {}).get("slow_by"),
+                    defect=_defect_counted(record), step_s=row.step_s,
+                    timed_steps=row.timed_steps, expected_step_s=row.expected_step_s,
+                    cost_ratio=row.cost_ratio, efficiency=row.efficiency,
+                    dense_efficiency=row.dense_efficiency, **extra)
 
 
 def _defect_counted(record: TrialRecord) -> bool | None:
@@ -266,15 +280,15 @@ class Triage:
         planned = plan_trial_budget(options.max_minutes, base.budget_s)
         self.limit = TimeLimit(self.started + options.max_minutes * 60.0, planned)
         self.book = _Book(run_dir, self.limit, clock, self.callbacks)
-        self.state: dict[str, Any] = {
-            "target": base.target, "argv": list(argv), "max_layers": options.max_layers,
-            "max_minutes": options.max_minutes, "trial_budget_s": planned,
-            "user_budget_s": base.budget_s, "stages_done": [], "stopped": None,
-            "base_spec": json.loads(base.to_json()), "world_size": options.world_size}
+        self.state = TriageState(
+            target=base.target, argv=list(argv), max_layers=options.max_layers,
+            max_minutes=options.max_minutes, trial_budget_s=planned,
+            user_budget_s=base.budget_s, base_spec=json.loads(base.to_json()),
+            world_size=options.world_size)
 
     # ---- driving -------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TriageState:
         stages = [("env", self.env), ("checks", self.checks), ("sweep", self.sweep),
                   ("repeats", self.repeats), ("attribution", self.attribution),
                   ("branches", self.branches), ("bisection", self.bisection)]
@@ -283,24 +297,23 @@ class Triage:
                 if self.callbacks.on_stage:
                     self.callbacks.on_stage(name)
                 stage()
-                self.state["stages_done"].append(name)
+                self.state.stages_done.append(name)
                 self._save()
         except TriageStop as stop:
-            self.state["stopped"] = f"stopped in the {name} stage: {stop}"
-        self.state["elapsed_s"] = self.clock() - self.started
+            self.state.stopped = f"stopped in the {name} stage: {stop}"
+        self.state.elapsed_s = self.clock() - self.started
         self._save()
         return self.state
 
     def _save(self) -> None:
-        write_json(self.run_dir / "triage.json", self.state)  # never through a planted link
+        # never through a planted link
+        write_json(self.run_dir / "triage.json", self.state.to_dict())
 
     @property
-    def failing(self) -> dict[str, Any] | None:
+    def failing(self) -> TrialRef | None:
         """The sweep's failing trial, None when there is none or the repeats did not
         reproduce its verdict."""
-        if (self.state.get("repeats") or {}).get("reproduced") is False:
-            return None
-        return self.state.get("sweep", {}).get("failing")
+        return self.state.failing
 
     def _depth_spec(self, n_layers: int, **changes: Any) -> TrialSpec:
         return self.base.replace(n_layers=n_layers, **changes)
@@ -314,85 +327,87 @@ class Triage:
 
     def env(self) -> None:
         env = collect_env().as_dict()
-        self.state["env"] = env
-        self.state["env_problems"] = env_problems(env, self.base.device)
+        self.state.env = env
+        self.state.env_problems = env_problems(env, self.base.device)
 
     def checks(self) -> None:
         if not self.options.checks:
-            self.state["checks"] = {"skipped": "--no-checks"}
+            self.state.checks = ChecksStage(skipped="--no-checks")
             return
         names = ["causality", "parity", "ckpt"] + (["ddp"] if self.options.world_size > 1
                                                    else [])
-        results: list[dict[str, Any]] = []
-        self.state["checks"] = {"n_layers": min(2, self.options.max_layers), "results": results}
+        stage = ChecksStage(n_layers=min(2, self.options.max_layers))
+        self.state.checks = stage
         for name in names:
             budget = self.limit.trial_budget(self.clock())
-            spec = self._depth_spec(self.state["checks"]["n_layers"], budget_s=budget,
+            spec = self._depth_spec(stage.n_layers, budget_s=budget,
                                     stall_timeout_s=min(self.base.stall_timeout_s, budget))
             found = run_check(name, spec, self.run_dir / "checks",
                               world_size=max(2, self.options.world_size)).to_dict()
             found["finished"] = found["verdict"]["name"] in ("OK", "WRONG")
-            results.append(found)
+            stage.results.append(found)
             self._save()
 
     def sweep(self) -> None:
         records: dict[int, TrialRecord] = {}
-        sweep: dict[str, Any] = {"probed": [], "threshold": None, "deepest_ok": None,
-                                 "failing": None, "complete": False}
-        self.state["sweep"] = sweep
+        sweep = SweepStage()
+        self.state.sweep = sweep
 
         def fails(n: int) -> bool:
             records[n] = self._run(self._depth_spec(n))
-            sweep["probed"].append(_trial_ref(records[n]))
-            sweep["deepest_ok"], sweep["threshold"] = bracket(
+            sweep.probed.append(_trial_ref(records[n]))
+            sweep.deepest_ok, sweep.threshold = bracket(
                 {k: is_failure(r) for k, r in records.items()})
-            sweep["slow_by_size"] = sorted(k for k, r in records.items() if slow_by_size(r))
-            if sweep["threshold"] is not None:  # known so far, should the time run out
-                sweep["failing"] = _trial_ref(records[sweep["threshold"]])
+            sweep.slow_by_size = sorted(k for k, r in records.items() if slow_by_size(r))
+            if sweep.threshold is not None:  # known so far, should the time run out
+                sweep.failing = _trial_ref(records[sweep.threshold])
             return is_failure(records[n])
 
         found = find_threshold(fails, self.options.max_layers)
-        sweep.update(threshold=found.threshold, deepest_ok=found.deepest_ok, complete=True)
+        sweep.threshold, sweep.deepest_ok, sweep.complete = (found.threshold, found.deepest_ok,
+                                                             True)
         if found.threshold is not None:
-            sweep["failing"] = _trial_ref(records[found.threshold])
+            sweep.failing = _trial_ref(records[found.threshold])
 
     def repeats(self) -> None:
         if not self.failing:
             return
-        spec = self._depth_spec(self.failing["n_layers"])
-        refs = [self.failing]
-        self.state["repeats"] = {"runs": refs}
-        while needs_repeat([r["verdict"] for r in refs], MAX_RUNS):
-            refs.append(_trial_ref(self._run(spec)))
-            self.state["repeats"]["confidence"] = confidence(
-                [r["verdict"] for r in refs]).to_dict()
-        found = confidence([r["verdict"] for r in refs])
-        self.state["repeats"]["confidence"] = found.to_dict()
-        self.state["repeats"]["reproduced"] = reproduced(refs[0]["verdict"], found)
+        spec = self._depth_spec(self.failing.n_layers)
+        stage = RepeatsStage(runs=[self.failing])
+        self.state.repeats = stage
+        while needs_repeat([r.verdict for r in stage.runs], MAX_RUNS):
+            stage.runs.append(_trial_ref(self._run(spec)))
+            stage.confidence = confidence([r.verdict for r in stage.runs]).to_dict()
+        found = confidence([r.verdict for r in stage.runs])
+        stage.confidence = found.to_dict()
+        stage.reproduced = reproduced(stage.runs[0].verdict, found)
 
     def attribution(self) -> None:
         if not self.failing:
             return
-        record = self._record(self.failing["trial"])
-        self.state["attribution"] = {"trial": self.failing["trial"],
-                                     **attribute_time(record.evidence)}
+        record = self._record(self.failing.trial)
+        found = attribute_time(record.evidence)
+        self.state.attribution = Attribution(
+            self.failing.trial, found.pop("by_pattern"), found.pop("span_s"),
+            found.pop("events"), found.pop("events_total"), found)
 
     def branches(self) -> None:
         if not (self.failing and self.options.isolate):
             return
         if self.base.target != "nsa" and "branches" not in accepted_knobs(self.base):
-            self.state["branches"] = {"skipped": f"{self.base.target} has no NSA branches to "
-                                                 f"isolate"}
+            self.state.branches = BranchesStage(
+                skipped=f"{self.base.target} has no NSA branches to isolate")
             return
         names = list(self.base.branches or BRANCHES)
         if len(names) < 2:
-            self.state["branches"] = {"skipped": f"only the {names[0]} branch is computed"}
+            self.state.branches = BranchesStage(
+                skipped=f"only the {names[0]} branch is computed")
             return
-        runs: list[dict[str, Any]] = []
-        self.state["branches"] = {"n_layers": self.failing["n_layers"], "runs": runs}
+        stage = BranchesStage(n_layers=self.failing.n_layers)
+        self.state.branches = stage
         for branch in names:
-            record = self._run(self._depth_spec(self.failing["n_layers"], branches=(branch,)))
-            runs.append({"branch": branch, **_trial_ref(record)})
+            record = self._run(self._depth_spec(self.failing.n_layers, branches=(branch,)))
+            stage.runs.append(_trial_ref(record, branch=branch))
 
     def bisection(self) -> None:
         if not (self.failing and self.options.bisect):
@@ -400,29 +415,26 @@ class Triage:
         knobs = spec_knobs(self.base, self.options.world_size)
         changes = knob_changes(knobs, accepted_knobs(self.base))
         baseline = baseline_values(knobs, changes)
-        verdict, depth = self.failing["verdict"], self.failing["n_layers"]
-        tests: list[dict[str, Any]] = []
-        bisection = {"verdict": verdict, "n_layers": depth, "changes": changes,
-                     "baseline": baseline, "tests": tests, "minimal": None,
-                     "minimal_trial": None}
-        self.state["bisection"] = bisection
-        by_subset: dict[frozenset[str], dict[str, Any]] = {
-            frozenset(changes): _trial_ref(self._record(self.failing["trial"]))}
+        verdict, depth = self.failing.verdict, self.failing.n_layers
+        bisection = Bisection(verdict, depth, changes, baseline)
+        self.state.bisection = bisection
+        by_subset: dict[frozenset[str], TrialRef] = {
+            frozenset(changes): _trial_ref(self._record(self.failing.trial))}
 
         def fails(subset: frozenset[str]) -> bool:
             knobs = {**baseline, **{k: changes[k] for k in subset}}
             world_size = knobs.pop("world_size", self.options.world_size)
             spec = self._depth_spec(depth, **_as_spec_fields(knobs))
-            ref = {"applied": sorted(subset, key=list(changes).index),
-                   **_trial_ref(self._run(spec, world_size))}
-            ref["reproduces"] = reproduces(verdict, ref)
-            tests.append(ref)
+            ref = _trial_ref(self._run(spec, world_size),
+                             applied=sorted(subset, key=list(changes).index))
+            ref.reproduces = reproduces(verdict, ref.to_dict())
+            bisection.tests.append(ref)
             by_subset[subset] = ref
-            return ref["reproduces"]
+            return ref.reproduces
 
         minimal = ddmin(list(changes), fails)
-        bisection["minimal"] = {k: changes[k] for k in minimal}
-        bisection["minimal_trial"] = by_subset[frozenset(minimal)]["trial"]
+        bisection.minimal = {k: changes[k] for k in minimal}
+        bisection.minimal_trial = by_subset[frozenset(minimal)].trial
 
     def _record(self, trial: str) -> TrialRecord:
         for record in load_records(self.run_dir / "trials.jsonl"):

@@ -1,0 +1,316 @@
+"""The user line a trial's evidence blames: the defect's line, not the hottest healthy one.
+
+Each verdict has its own witness, and the line comes from it:
+
+    SLOW         the loop the sampled profile saw iterating (its counter advanced, read
+                 from the program, so load cannot make it up): the whole ``for`` statement
+                 that counts that variable; without a counter, the loop around the
+                 hottest lines of the forward or backward. A line that sits in no loop is
+                 no witness of a per-token defect, however hot: a healthy MLP is the
+                 hottest line of a model whose real cost is elsewhere half the time.
+                 A SLOW whose work was not counted (a user's script) names a loop only
+                 from its counter.
+    STALL-BUSY   in Python, the loop the stall samples spin in (the whole ``while``); in one
+                 native call, the user line that made it
+    DEADLOCK     the frame the waiting thread blocks in (``with lock:``)
+    STALL-COLLECTIVE  the user line of the odd rank that issued the collective the others
+                 never joined, and the condition it sits under
+    ERROR, OOM   the innermost frame of the user's code in the traceback
+    CRASH        the innermost frame of the user's code in the faulthandler dump
+
+``culprit_of(record)`` gives a ``Culprit`` or None (OK, slow by size, no evidence).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nsadiag.evidence import StackFrame, StackSample
+from nsadiag.finding import Culprit
+from nsadiag.finding.numbers import count, sig
+from nsadiag.finding.source import (
+    code_at,
+    condition_above,
+    display_path,
+    loop_around,
+    loop_at,
+)
+from nsadiag.probes.frames import busy_threads, own_code, user_frame, wait_frame
+from nsadiag.rundir import TrialRecord
+
+FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<function>\S+)')
+"""A frame of a Python traceback or a faulthandler dump."""
+WHERE = re.compile(r"^(?P<file>.+):(?P<line>\d+) in (?P<function>\S+)$")
+"""An ERROR verdict's ``where`` fact: "/path/model.py:21 in backward"."""
+
+
+def culprit_of(record: TrialRecord) -> Culprit | None:
+    """The line the record's evidence blames (see the module docstring), None when it
+    names none."""
+    name = record.verdict_name
+    facts = record.verdict.get("facts") or {}
+    if name == "SLOW" and facts.get("slow_by") == "defect":
+        return slow_culprit(record)
+    if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
+        return slow_culprit(record, hot_lines=False)
+    if name == "STALL-BUSY":
+        return busy_culprit(_samples(record.evidence), native=(
+            (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
+    if name == "DEADLOCK":
+        return wait_culprit(_samples(record.evidence))
+    if name == "STALL-COLLECTIVE":
+        return collective_culprit(record)
+    if name in ("ERROR", "OOM"):
+        return error_culprit(record)
+    if name == "CRASH":
+        return crash_culprit(record)
+    return None
+
+
+def _samples(evidence: dict[str, Any]) -> list[StackSample]:
+    return [StackSample.from_dict(s) for s in (evidence.get("stall") or {}).get("samples")
+            or []]
+
+
+def _culprit(path: str, line: int, why: str, span: tuple[int, int] | None = None,
+             code: str | None = None) -> Culprit:
+    first, last = span or (line, line)
+    return Culprit(display_path(path), first, why, last if last > first else None,
+                   code_at(path, first) or (code if first == line else None))
+
+
+# ---- SLOW: the loop that iterated ----------------------------------------------------------
+
+
+def _split_where(where: str) -> tuple[str, str, int] | None:
+    """("forward", "model.py", 42) of "forward (model.py:42)"."""
+    match = re.match(r"^(?P<function>.+) \((?P<name>[^()]+):(?P<line>\d+)\)$", where)
+    if not match:
+        return None
+    return match["function"], match["name"], int(match["line"])
+
+
+def _full_path(record: TrialRecord, function: str, name: str) -> str | None:
+    """The full path of the file called ``name`` that the profile saw ``function`` in:
+    from the profile summary's lines, else the raw profile.json of the trial directory."""
+    profile = record.evidence.get("profile") or {}
+    for row in [*(profile.get("hot_lines") or []), *(profile.get("frames") or [])]:
+        file = row.get("file")
+        if file and Path(file).name == name and (row.get("function") in (None, function) or
+                                                 row.get("where", "").startswith(function)):
+            return file
+    raw = _read_json(profile_path(record)) if profile_path(record) else None
+    for loop in (raw or {}).get("loops") or []:
+        if Path(loop.get("file", "")).name == name and loop.get("function") == function:
+            return loop["file"]
+    return None
+
+
+def profile_path(record: TrialRecord) -> Path | None:
+    """The sampler's raw profile.json of the trial's training process: the trial
+    directory's, the main process's of `nsadiag run`, else rank 0's."""
+    base = Path(record.trial_dir)
+    main = record.evidence.get("main_process")
+    for candidate in (base / "profile.json", base / str(main or "-") / "profile.json",
+                      base / "rank-0" / "profile.json"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
+    """(function, file name) of the hot lines seen in forward or backward."""
+    found = set()
+    for line in profile.get("hot_lines") or []:
+        parsed = _split_where(line["where"])
+        if parsed and line.get("phase") in ("forward", "backward"):
+            found.add(parsed[:2])
+    return found
+
+
+def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
+    """The loop of a SLOW by defect: the counter that advanced most in a function the
+    forward or backward ran (stepping by one first), else (with ``hot_lines``) the loop
+    around the hottest forward or backward line that sits in a loop."""
+    profile = record.evidence.get("profile") or {}
+    running = _running(profile)
+    loops = [loop for loop in profile.get("loops") or []
+             if (_split_where(loop["where"]) or ("",))[:2] in running]
+    loops.sort(key=lambda loop: (not loop.get("by_one"), -int(loop.get("advanced") or 0)))
+    for loop in loops:
+        function, name, line = _split_where(loop["where"])
+        path = _full_path(record, function, name)
+        if path is None:
+            continue
+        rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
+        why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
+               f"iterations{rate} while sampled)")
+        return _culprit(path, line, why, loop_around(path, line, loop["variable"]))
+    for hot in profile.get("hot_lines") or [] if hot_lines else []:
+        if hot.get("phase") not in ("forward", "backward") or not hot.get("file"):
+            continue
+        span = loop_around(hot["file"], int(hot["line"]))
+        if span is not None:
+            return _culprit(hot["file"], int(hot["line"]),
+                            f"the loop around the hottest line of the {hot['phase']} "
+                            f"({hot['fraction']:.0%} of the samples)", span, hot.get("code"))
+    return None
+
+
+# ---- stalls: where the samples sat -----------------------------------------------------------
+
+
+OUTER_FRAMES = 3
+"""How many user frames out from the innermost a spin's loop header is looked for (the
+condition of ``while not ready():`` calls ``ready``, where the samples sit)."""
+
+
+def _spin_loop(frames: Sequence[StackFrame]) -> tuple[StackFrame, tuple[int, int]] | None:
+    """The loop a busy Python thread spins in, from its user frames (innermost first): the
+    loop around the innermost frame's line, else the nearest outer frame whose line is a
+    loop's header."""
+    own = [f for f in frames if own_code(f)]
+    if not own:
+        return None
+    span = loop_around(own[0].file, own[0].line)
+    if span is not None:
+        return own[0], span
+    for frame in own[1:1 + OUTER_FRAMES]:
+        span = loop_at(frame.file, frame.line)
+        if span is not None:
+            return frame, span
+    return None
+
+
+def busy_culprit(samples: Sequence[StackSample], native: bool = False) -> Culprit | None:
+    """The user line a busy process is stuck on: inside one native call (``native``), the
+    user frame that made it; running Python, the loop it spins in, else the user frame
+    the samples sat in most."""
+    found = user_frame(samples)
+    if found is None:
+        return None
+    frame, hits = found
+    why = f"every busy sample sat here ({hits} of {len(samples)})" if hits >= len(samples) \
+        else f"{hits} of {len(samples)} busy samples sat here"
+    if not native:
+        loops = [_spin_loop(thread.frames) for sample in samples
+                 for thread in busy_threads(sample)]
+        loops = [loop for loop in loops if loop is not None]
+        if loops and 2 * len(loops) >= len(samples):
+            spin, span = loops[-1]
+            return _culprit(spin.file, span[0], f"the loop the busy samples spin in "
+                            f"({len(loops)} of {len(samples)})", span)
+    return _culprit(frame.file, frame.line, why, loop_at(frame.file, frame.line), frame.code)
+
+
+def _waiting_frame(samples: Sequence[StackSample]) -> StackFrame | None:
+    """The user frame of the main (else first) thread that waits on a lock or condition in
+    the last sample: the wait itself when it is the user's line, else the user line that
+    called into it."""
+    if not samples:
+        return None
+    threads = sorted(samples[-1].threads, key=lambda t: t.name != "MainThread")
+    for thread in threads:
+        waiting = wait_frame(thread)
+        if waiting is None:
+            continue
+        if own_code(waiting):
+            return waiting
+        caller = next((f for f in thread.frames if own_code(f)), None)
+        if caller is not None:
+            return caller
+    return None
+
+
+def wait_culprit(samples: Sequence[StackSample]) -> Culprit | None:
+    """The line a deadlocked thread blocks in."""
+    frame = _waiting_frame(samples)
+    if frame is None:
+        return None
+    return _culprit(frame.file, frame.line, f"the thread waits here in all {len(samples)} "
+                    f"samples, using no CPU", code=frame.code)
+
+
+def collective_culprit(record: TrialRecord) -> Culprit | None:
+    """The user line of the odd rank's collective (the one the other ranks never joined),
+    with the condition it is issued under."""
+    facts = record.verdict.get("facts") or {}
+    odd = set(facts.get("odd_ranks") or [])
+    ranks = record.evidence.get("ranks") or []
+    for rank in sorted(ranks, key=lambda r: r.get("rank") not in odd):
+        samples = [StackSample.from_dict(s) for s in (rank.get("stall") or {}).get("samples")
+                   or []]
+        found = user_frame(samples)
+        if found is None:
+            continue
+        frame = found[0]
+        waiting = next((row.get("waiting") for row in facts.get("ranks") or []
+                        if row.get("rank") == rank.get("rank")), None)
+        what = waiting.split(" (")[0] if waiting else "a collective"
+        why = f"rank {rank.get('rank')} issued {what} here"
+        condition = condition_above(frame.file, frame.line)
+        if condition is not None:
+            why += f", under `{condition[1]}` (line {condition[0]})"
+        if odd and rank.get("rank") in odd:
+            why += "; the other ranks never issued it"
+        return _culprit(frame.file, frame.line, why, code=frame.code)
+    return None
+
+
+# ---- errors and crashes: the innermost user frame ---------------------------------------------
+
+
+def innermost_user_frame(text: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame of the user's code in a traceback
+    (most recent call last) or a faulthandler dump of the current thread (most recent
+    first: pass it reversed)."""
+    frames = [(m["file"], int(m["line"]), m["function"]) for m in FRAME_LINE.finditer(text)]
+    own = [f for f in frames if own_code(StackFrame(f[2], f[0], f[1]))]
+    return own[-1] if own else None
+
+
+def error_culprit(record: TrialRecord) -> Culprit | None:
+    """The line that raised: the verdict's ``where`` when it is the user's, else the
+    innermost user frame of the traceback."""
+    facts = record.verdict.get("facts") or {}
+    message = f"raised {facts.get('exception_type') or 'an exception'}"
+    match = WHERE.match(str(facts.get("where") or ""))
+    if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
+        return _culprit(match["file"], int(match["line"]), message)
+    exception = (record.evidence.get("result") or {}).get("exception") or {}
+    found = innermost_user_frame(str(exception.get("traceback") or ""))
+    if found is None:
+        return None
+    return _culprit(found[0], found[1], message)
+
+
+def crash_culprit(record: TrialRecord) -> Culprit | None:
+    """The innermost user frame of the crashing thread in a faulthandler dump of the trial
+    (or of a rank's directory)."""
+    facts = record.verdict.get("facts") or {}
+    signal = facts.get("signal_name") or "the signal"
+    for dump in sorted(Path(record.trial_dir).glob("**/faulthandler.txt")):
+        try:
+            text = dump.read_text(errors="replace")
+        except OSError:
+            continue
+        current = text.split("Current thread", 1)[-1].split("\n\n", 1)[0]
+        lines = current.splitlines()
+        found = innermost_user_frame("\n".join(reversed(lines)))
+        if found is not None:
+            return _culprit(found[0], found[1], f"the last line of the user's code before "
+                            f"{signal}")
+    return None

@@ -1,0 +1,322 @@
+"""The finding of one trial record: `nsadiag run`, ``nsadiag.watch()``, `nsadiag ddp`, and
+the failing trial a sweep or a triage quotes.
+
+From the verdict and its facts (nsadiag.verdict.rules) this decides the kind, picks the
+culprit line (nsadiag.finding.culprit), the number that proves the verdict, what to do
+next, and a short summary; every number is one the evidence measured, rounded to what it
+supports (nsadiag.finding.numbers).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
+from nsadiag.finding.culprit import culprit_of
+from nsadiag.finding.numbers import count, duration, share, si, sig, size
+from nsadiag.rundir import TrialRecord
+from nsadiag.verdict import is_failure
+
+LOCK_NAME = re.compile(r"with\s+([\w.]+)|([\w.]+)\.(?:acquire|wait)\(")
+
+
+def subject_of(spec: dict[str, Any]) -> str:
+    """What one trial ran, in a few words: "repro.per_token_loop:make, 1 layer, S=256"."""
+    if spec.get("command"):
+        return f"`{' '.join(spec['command'])}`"
+    layers = spec.get("n_layers")
+    parts = [spec.get("target") or "nsa"]
+    if layers is not None:
+        parts.append(f"{layers} layer" + ("s" if layers != 1 else ""))
+    if spec.get("seq_len"):
+        parts.append(f"S={spec['seq_len']}")
+    return ", ".join(parts)
+
+
+def status_of(verdict: str, slow_by: str | None) -> str:
+    """summary.json's status of one verdict: failure, inconclusive or healthy."""
+    if is_failure(verdict, slow_by):
+        return "failure"
+    return "inconclusive" if verdict == "INCONCLUSIVE" else "healthy"
+
+
+def work_counts(record: TrialRecord) -> dict[str, Any]:
+    """The counts of the trial's first forward (host reads, compute ops, FLOPs per op,
+    the dense block's FLOPs per op): the result's, else the last event carrying them."""
+    result = record.evidence.get("result") or {}
+    if "host_reads_per_step" in result:
+        return result
+    counted = [e for e in record.evidence.get("events") or [] if "host_reads_per_step" in e]
+    return counted[-1] if counted else {}
+
+
+# ---- the proving number ------------------------------------------------------------------------
+
+
+def defect_proof(record: TrialRecord) -> str | None:
+    """The count that says slow by defect: a host read per token, else a loop of tiny
+    ops, else the loop counter that reached the sequence length."""
+    counts = work_counts(record)
+    seq_len = int(record.spec.get("seq_len") or 0)
+    reads = counts.get("host_reads_per_step")
+    if reads and seq_len and reads >= seq_len:
+        return (f"{count(reads)} host reads (`.item()`, `.tolist()`) per step for "
+                f"{count(seq_len)} tokens: one per token")
+    ops, per_op, dense = (counts.get("compute_ops_per_step"), counts.get("flops_per_op"),
+                          counts.get("dense_flops_per_op"))
+    if ops and per_op and dense:
+        return (f"{count(ops)} compute ops in one forward for {count(seq_len)} tokens, "
+                f"{si(per_op, 'FLOP')} each where a dense block's average "
+                f"{si(dense, 'FLOP')} ({share(per_op / dense)} of it)")
+    findings = (record.verdict.get("facts") or {}).get("slow_findings") or []
+    return findings[0] if findings else None
+
+
+def size_proof(facts: dict[str, Any]) -> str:
+    """Why a SLOW is the work itself: its FLOPs and efficiency beside the dense block's,
+    and how much longer it needs."""
+    parts = []
+    if facts.get("flops_per_step"):
+        parts.append(f"{si(facts['flops_per_step'], 'FLOP')} per step")
+    if facts.get("efficiency") is not None and facts.get("dense_efficiency"):
+        parts.append(f"at {share(facts['efficiency'])} of the matmul rate (a dense block "
+                     f"reaches {share(facts['dense_efficiency'])})")
+    eta = f"ETA {duration(facts['eta_s'])} more" if facts.get("eta_s") else "ETA unknown"
+    return (", ".join(parts) + "; " if parts else "still progressing at the kill; ") + eta
+
+
+def progress_proof(facts: dict[str, Any]) -> str:
+    """How far a SLOW whose work was not counted got: steps, time per step, rate."""
+    parts = []
+    if facts.get("steps_done") is not None:
+        parts.append(f"{count(facts['steps_done'])} steps done")
+    if facts.get("step_s"):
+        parts.append(f"the last in {sig(facts['step_s'])} s")
+    if facts.get("rate"):
+        parts.append(f"{sig(facts['rate'])} module events/s at the kill")
+    return ", ".join(parts) or "still progressing at the kill"
+
+
+def stall_proof(facts: dict[str, Any]) -> str:
+    """No progress for so long, with the CPU it used and whether the stacks moved."""
+    since = facts.get("since_last_event_s")
+    quiet = f"no progress for {sig(since)} s" if since else "no progress"
+    cpu = facts.get("cpu_fraction")
+    used = f" while using {share(cpu)} of a CPU" if cpu is not None else ""
+    frozen = (f", stacks identical in all {facts['samples']} samples"
+              if facts.get("stacks_changed") is False and facts.get("samples") else "")
+    return quiet + used + frozen
+
+
+def collective_proof(facts: dict[str, Any]) -> str:
+    """Which collective differs and what each rank waits in, for how long."""
+    rows = facts.get("ranks") or []
+    odd = set(facts.get("odd_ranks") or [])
+    parts = []
+    for row in sorted(rows, key=lambda r: r.get("rank") not in odd):
+        waiting = re.sub(r", from .*\)$", ")", row.get("waiting") or "no collective")
+        since = (f" for {sig(row['waiting_since_s'])} s"
+                 if row.get("waiting_since_s") is not None else "")
+        parts.append(f"rank {row['rank']} waits in {waiting}{since}")
+    head = f"collective #{facts['diverged_at']} differs between ranks: " \
+        if facts.get("diverged_at") else ""
+    return head + ("; ".join(parts) or "the ranks wait in different collectives")
+
+
+def proof_of(record: TrialRecord) -> str | None:
+    """The one number that proves the verdict, as a phrase."""
+    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    if name == "SLOW":
+        return {"defect": lambda: defect_proof(record), "size": lambda: size_proof(facts)
+                }.get(facts.get("slow_by") or "", lambda: progress_proof(facts))()
+    if name in ("STALL-BUSY", "DEADLOCK"):
+        return stall_proof(facts)
+    if name == "STALL-COLLECTIVE":
+        return collective_proof(facts)
+    if name == "ERROR":
+        message = str(facts.get("message") or "").splitlines()[0][:160] if \
+            facts.get("message") else ""
+        return f"{facts.get('exception_type', 'an exception')}: {message}".rstrip(": ")
+    if name == "CRASH":
+        return (f"killed by {facts.get('signal_name') or 'a signal'} "
+                f"(signal {facts.get('signal')}) after {sig(facts.get('wall_s') or 0)} s, "
+                f"without a Python exception")
+    if name == "OOM":
+        peak = facts.get("peak_cuda") or facts.get("peak_rss")
+        cap = facts.get("memory_cap_bytes")
+        return (f"peak {size(peak)}" if peak else "the allocation failed") + \
+            (f" against the {size(cap)} cap" if cap else "")
+    if name == "INCONCLUSIVE":
+        load = facts.get("load") or {}
+        got = f", the main thread got {share(load['got'])} of the CPU it asked for" \
+            if load.get("got") is not None else ""
+        return (f"load {sig(load.get('load_per_cpu', 0))} per usable CPU{got}: a timing "
+                f"this machine can stretch")
+    steps = facts.get("steps_done")
+    return f"{count(steps)} steps finished" if steps is not None else None
+
+
+# ---- what to do next -----------------------------------------------------------------------------
+
+
+def _lock_name(code: str | None) -> str:
+    match = LOCK_NAME.search(code or "")
+    return f"`{match[1] or match[2]}`" if match else "the lock"
+
+
+def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
+    """One concrete sentence: the fix at the culprit line, or the next step."""
+    return next_action(record.verdict_name, record.verdict.get("facts") or {}, culprit)
+
+
+def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> str:
+    """The next step after verdict ``name`` with its ``facts``, at the culprit line."""
+    where = f" at {culprit.where()}" if culprit and culprit.line else ""
+    if name == "SLOW" and facts.get("slow_by") == "defect":
+        return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
+                f"once, with no `.item()` inside it; then run the same command again.")
+    if name == "SLOW" and facts.get("slow_by") is None:
+        if culprit is not None:
+            return (f"The time goes to the loop{where}: if it runs once per token, replace it "
+                    f"with tensor ops over all tokens at once; otherwise give the run more "
+                    f"time.")
+        return ("Give the run more time, or count its work with `nsadiag sweep-layers "
+                "--target pkg.module:factory` on the model (slow by size or by defect).")
+    if name == "SLOW":
+        eta = f" (ETA {duration(facts['eta_s'])})" if facts.get("eta_s") else ""
+        return (f"Nothing is broken: give the run more time{eta} or fewer steps; the time "
+                f"goes into the model's own work.")
+    if name == "STALL-BUSY":
+        if facts.get("stacks_class") == "busy-native":
+            return (f"One native call{where} outlasts the stall timeout: make it smaller, or "
+                    f"raise --stall-timeout if it really takes that long.")
+        return (f"Make the loop{where} end: what it waits for never changes; bound it or fix "
+                f"what should end it.")
+    if name == "DEADLOCK":
+        lock = _lock_name(culprit.code if culprit else None)
+        return (f"Release {lock} on every path: the thread waits for it{where}, and no "
+                f"other thread runs, so it was taken earlier and never released.")
+    if name == "STALL-COLLECTIVE":
+        return (f"Make every rank issue the same collectives: the one{where} runs on some "
+                f"ranks only; issue it on all of them or on none.")
+    if name == "ERROR":
+        if facts.get("fixes"):
+            return f"{facts['fixes'][0][:1].upper()}{facts['fixes'][0][1:]}."
+        return f"Fix the {facts.get('exception_type') or 'exception'} raised{where}."
+    if name == "CRASH":
+        return (f"Look at the native call{where}: the process died of "
+                f"{facts.get('signal_name') or 'a signal'}; rerun it under gdb to see the "
+                f"native frame.")
+    if name == "OOM":
+        return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
+                "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")
+    if name == "INCONCLUSIVE":
+        return "Run it again on a quieter machine, or with a larger --budget, to settle it."
+    return "Nothing to fix: it finished."
+
+
+# ---- the finding ---------------------------------------------------------------------------
+
+
+def verdict_sentence(record: TrialRecord) -> str:
+    """What the verdict says happened, in one sentence with its numbers."""
+    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    if name == "SLOW":
+        rate = f" at {sig(facts['rate'])} module events/s" if facts.get("rate") else ""
+        done = f", {share(facts['fraction_done'])} done" if facts.get("fraction_done") else ""
+        return (f"Still progressing when its time ran out{rate}{done}: slow, not stuck "
+                f"(no hang).")
+    if name == "OK":
+        return "It finished every step."
+    reason = (record.verdict.get("reasons") or [""])[0]
+    return reason[:1].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
+
+
+def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
+    """The trial's verdict, line and proof as one-line items."""
+    name = record.verdict_name
+    facts = record.verdict.get("facts") or {}
+    mark = fail if is_failure(name, facts.get("slow_by")) else \
+        warn if name == "INCONCLUSIVE" else ok
+    items = [mark(f"{subject_of(record.spec)}: {name} ({kind_of(name, facts.get('slow_by'))})"
+                  f", {record.wall_s:.0f} s")]
+    proof = proof_of(record)
+    if proof:
+        items.append(mark(proof))
+    if culprit is not None:
+        items.append(fail(f"{culprit.where()}: {culprit.why}") if mark is fail else
+                     warn(f"{culprit.where()}: {culprit.why}"))
+    load = facts.get("load")
+    if load is not None:
+        items.append(warn(f"the machine was contended: load {sig(load['load_per_cpu'])} per "
+                          f"CPU") if load.get("contended") else
+                     ok(f"the machine was not contended (load {sig(load['load_per_cpu'])} "
+                        f"per CPU)"))
+    return items
+
+
+def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item],
+                                                                          list[Item]]:
+    """(ruled out, implicated) of one trial, each a measured fact."""
+    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    ruled_out: list[Item] = []
+    implicated: list[Item] = []
+    since = facts.get("since_last_event_s")
+    if name == "SLOW":
+        gap = f" (the last progress {sig(since)} s before the kill)" if since is not None \
+            else ""
+        ruled_out.append(ok(f"A hang: it was still progressing when its time ran out{gap}."))
+    if name in ("STALL-BUSY", "DEADLOCK", "STALL-COLLECTIVE") and since:
+        ruled_out.append(ok(f"A slow run: no heartbeat or sampler pulse for {sig(since)} s."))
+    cpu = facts.get("cpu_fraction")
+    if name == "DEADLOCK" and cpu is not None:
+        ruled_out.append(ok(f"A busy loop: the process used {share(cpu)} of a CPU."))
+    if name == "STALL-BUSY" and cpu is not None:
+        ruled_out.append(ok(f"A wait on a lock: the process used {share(cpu)} of a CPU."))
+    if name in ("ERROR", "CRASH", "OOM"):
+        ruled_out.append(ok("A hang: the process ended by itself."))
+    load = facts.get("load") or {}
+    if load and not load.get("contended"):
+        ruled_out.append(ok(f"Machine contention: load {sig(load.get('load_per_cpu', 0))} "
+                            f"per usable CPU."))
+    if culprit is not None:
+        code = f" `{culprit.code}`" if culprit.code else ""
+        implicated.append(fail(f"{culprit.where()}{code}: {culprit.why}."))
+    if facts.get("cause"):
+        implicated.append(fail(f"Cause: {facts['cause']}."))
+    if facts.get("last_module") and name not in ("OK", "SLOW"):
+        implicated.append(fail(f"{facts['last_module']}: the last module entered or left "
+                               f"({facts.get('last_edge')} in {facts.get('last_phase')} of "
+                               f"step {facts.get('last_step')})."))
+    return ruled_out, implicated
+
+
+def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -> Finding:
+    """The finding of a run of one trial (run, watch, ddp): verdict, kind, culprit,
+    proof, next action, summary and items; ``rerun`` is the command that repeats it."""
+    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    kind = kind_of(name, facts.get("slow_by"))
+    culprit = culprit_of(record)
+    proof = proof_of(record)
+    next_action = next_action_of(record, culprit)
+    if rerun and kind != "healthy":
+        next_action += f" Rerun: `{rerun}`."
+    subject = subject_of(record.spec)
+    summary = [f"{subject} ended {name} ({kind}) after {record.wall_s:.0f} s.",
+               verdict_sentence(record)]
+    position = next((r for r in record.verdict.get("reasons") or []
+                     if r.startswith("last heartbeat")), None)
+    if position and name != "SLOW":
+        summary.append(position[:1].upper() + position[1:] + ".")
+    if facts.get("cause"):
+        summary.append(f"Cause: {facts['cause']}.")
+    ruled_out, implicated = cause_items(record, culprit)
+    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in facts.get("fixes") or []][1:]
+    where = f" at {culprit.where()}" if culprit and culprit.line else ""
+    return Finding(command=command, verdict=name, kind=kind,
+                   status=status_of(name, facts.get("slow_by")),
+                   headline=f"{name} ({kind}){where}", subject=subject,
+                   next_action=next_action, culprit=culprit, proof=proof, summary=summary,
+                   results=trial_items(record, culprit), ruled_out=ruled_out,
+                   implicated=implicated, recommendations=fixes)

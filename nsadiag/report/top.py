@@ -1,0 +1,79 @@
+"""The top of every report, one layout for every run kind: what a reader needs in 30 s.
+
+``top_block(finding)`` is the title and four lines before anything else:
+
+    # nsadiag triage: ❌ SLOW (slow by defect) at repro/per_token_loop.py:26-30
+    - **Run:** repro.per_token_loop:make, 1 layer, S=256
+    - **Line:** `repro/per_token_loop.py:26-30` `for t in range(...):` — the loop over `t` ...
+    - **Proof:** 256 host reads (`.item()`, `.tolist()`) per step for 256 tokens: one per token
+    - **Next:** Replace the per-token Python loop at ... ; then run the same command again.
+
+then ``summary_section`` (the finding's summary, at most 150 words), and the bullet lists
+every report shares: ``items`` (✅ ok, ❌ fail, ⚠ warn, one line each) and
+``cause_section`` (ruled out, implicated). Everything here lays out a
+``nsadiag.finding.Finding``; nothing is decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nsadiag.finding import Finding, Item
+
+SYMBOLS = {"ok": "✅", "fail": "❌", "warn": "⚠"}
+STATUS_SYMBOL = {"failure": "❌", "inconclusive": "⚠", "regression": "⚠", "healthy": "✅",
+                 "measured": "✅"}
+NO_LINE = {"healthy": "none: nothing failed", "slow by size": "none: no defect was counted; "
+           "the time goes into the model's own work", "inconclusive": "none: nothing was "
+           "decided", "measured": "none: a measurement, not a verdict"}
+
+
+def title(finding: Finding) -> str:
+    return f"# nsadiag {finding.command}: {STATUS_SYMBOL[finding.status]} {finding.headline}"
+
+
+def line_text(finding: Finding) -> str:
+    """The culprit line as the top block shows it."""
+    culprit = finding.culprit
+    if culprit is None:
+        return NO_LINE.get(finding.kind, "not named by the evidence (see Evidence)")
+    code = f" `{culprit.code}`" if culprit.code else ""
+    return f"`{culprit.where()}`{code} — {culprit.why}"
+
+
+def top_block(finding: Finding) -> list[str]:
+    """The title and four lines: what ran, the line, the proof, the next step."""
+    return [title(finding),
+            f"- **Run:** {finding.subject}",
+            f"- **Line:** {line_text(finding)}",
+            f"- **Proof:** {finding.proof or 'no single number: see the results below'}",
+            f"- **Next:** {finding.next_action}"]
+
+
+def summary_section(finding: Finding) -> list[str]:
+    return ["## Summary", "", " ".join(finding.summary) or finding.headline + "."]
+
+
+def items(found: Sequence[Item], empty: str = "nothing") -> list[str]:
+    """One bullet per item, marked ✅, ❌ or ⚠."""
+    if not found:
+        return [f"- {empty}"]
+    return [f"- {SYMBOLS[item.mark]} {item.text}" for item in found]
+
+
+def cause_section(finding: Finding) -> list[str]:
+    """What is ruled out (✅) and what is implicated (❌), one line each."""
+    return (["Ruled out:", ""] + items(finding.ruled_out, "nothing yet") +
+            ["", "Implicated:", ""] + items(finding.implicated, "nothing: no failure"))
+
+
+def head(finding: Finding) -> list[str]:
+    """The top block, then the summary: how every report begins."""
+    return [*top_block(finding), "", *summary_section(finding)]
+
+
+def recommendations(finding: Finding) -> list[str]:
+    """The next step first, then the finding's further recommendations, numbered."""
+    steps = [finding.next_action, *[r for r in finding.recommendations
+                                    if r != finding.next_action]]
+    return [f"{i}. {step}" for i, step in enumerate(steps, 1)]
