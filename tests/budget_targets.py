@@ -2,10 +2,15 @@
 correctness check outlasts any short budget, at S=512 it takes a fraction of a second.
 
     size_bound   embed -> n_layers x SizeBoundBlock (checkpointed with grad_ckpt) -> head;
-                 each block runs (S / 128)^2 rounds of causal attention
+                 each block is one causal attention; above S=512 it also computes, on the
+                 CPU, for (S / 512)^3 seconds: S=2048 needs minutes on any machine, S=512
+                 a fraction of a second (a wall-clock cost, so a fast machine cannot finish
+                 it early, and the values stay bounded)
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +26,14 @@ class SizeBoundBlock(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(max(1, (x.shape[1] // 128) ** 2)):
-            q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
-            x = x + 0.1 * F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
-        return x
+        seq_len = x.shape[1]
+        if seq_len > 512:
+            busy = torch.ones(64, 64)
+            until = time.monotonic() + (seq_len / 512) ** 3
+            while time.monotonic() < until:
+                busy = torch.tanh(busy @ busy)
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        return x + 0.1 * F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
 
 
 class SizeBoundLM(TinyLM):

@@ -111,7 +111,7 @@ def test_a_run_hides_flag_values_everywhere_and_a_later_report_keeps_them_hidden
     printed = [line for line in (done.stdout + done.stderr).splitlines()
                if not line.startswith(script_lines)]
     assert any("watching" in line for line in printed)
-    assert any(line.startswith("ERROR: ") for line in printed), printed
+    assert any(line.startswith("ERROR (crashed)") for line in printed), printed
     assert [p for p in planted if p in "\n".join(printed)] == [], printed
     for name in ("report.md", "summary.json"):
         text = (out / name).read_text()

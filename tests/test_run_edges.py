@@ -149,7 +149,7 @@ def test_a_full_disk_stops_the_copies_but_the_verdict_and_report_are_written(tmp
     assert (tmp_path / "terminal.txt").read_text().count("x" * 1023) == 24 * 1024
     kept = tmp_path / "kept"
     assert json.loads((kept / "summary.json").read_text())["verdict"] == "OK"
-    assert "# nsadiag run: OK" in (kept / "report.md").read_text()
+    assert "# nsadiag run: ✅ OK" in (kept / "report.md").read_text()
     copies = json.loads((kept / "record.json").read_text())["evidence"]["output_copies"]
     assert copies[0].startswith("stdout.txt: the copy stopped after ")
     assert "No space left on device" in copies[0]
@@ -264,4 +264,5 @@ def test_a_deadline_before_the_first_heartbeat_is_slow_not_deadlock(tmp_path):
                    "-c", f"sleep 1; exec {sys.executable} -c pass")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "SLOW", done.stdout + done.stderr
-    assert "before the first heartbeat: the process was still starting" in summary["headline"]
+    assert "before the first heartbeat: the process was still starting" in \
+        summary["finding"]["proof"]

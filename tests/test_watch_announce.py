@@ -71,7 +71,8 @@ def test_a_wait_before_the_first_forward_is_a_stall_announced_once(tmp_path):
     assert seen["verdict_while_hung"] == "DEADLOCK", seen  # not OK: no 30 s grace for a wait
     summary = json.loads((out / "summary.json").read_text())
     line = f"nsadiag.watch: {summary['headline']} (report: {out / 'report.md'})\n"
-    assert summary["headline"].startswith("DEADLOCK: no progress for 4.0 s")  # the stall limit
+    assert summary["headline"].startswith("DEADLOCK (stuck)")
+    assert summary["finding"]["proof"].startswith("no progress for 4")  # the stall limit
     assert seen["cell_while_hung"] == line  # printed while the block hung, into the cell
     assert seen["cell"] == line and seen["announced"] == line.rstrip("\n")  # once
     assert "nsadiag.watch:" not in done.stderr  # the cell, not the process's stderr file

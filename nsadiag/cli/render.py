@@ -184,6 +184,11 @@ def wrote(term: Terminal, rendered: Rendered, extra: Sequence[Path] = (),
         return rendered.exit_code
     style = {0: "green", 1: "bold red", 3: "bold yellow", 4: "yellow"}.get(rendered.exit_code)
     term.print(rendered.headline, style=style)
+    finding = rendered.summary.get("finding") or {}
+    if finding.get("proof"):
+        term.print(f"proof: {finding['proof']}")
+    if finding.get("next_action") and finding.get("status") != "healthy":
+        term.print(f"next: {finding['next_action']}")
     term.print(f"report: {rendered.report}")
     for path in files:
         if path != rendered.report:

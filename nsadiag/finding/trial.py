@@ -127,6 +127,8 @@ def collective_proof(facts: dict[str, Any]) -> str:
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    if name == "SLOW" and facts.get("still_starting"):
+        return (record.verdict.get("reasons") or ["still starting"])[0].split(", and no ")[0]
     if name == "SLOW":
         return {"defect": lambda: defect_proof(record), "size": lambda: size_proof(facts)
                 }.get(facts.get("slow_by") or "", lambda: progress_proof(facts))()
@@ -173,6 +175,9 @@ def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
 def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> str:
     """The next step after verdict ``name`` with its ``facts``, at the culprit line."""
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
+    if name == "SLOW" and facts.get("still_starting"):
+        return ("Give it a limit longer than its start-up (Python and its imports): "
+                "nothing can be judged before its first heartbeat.")
     if name == "SLOW" and facts.get("slow_by") == "defect":
         return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
                 f"once, with no `.item()` inside it; then run the same command again.")
@@ -222,6 +227,8 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
 def verdict_sentence(record: TrialRecord) -> str:
     """What the verdict says happened, in one sentence with its numbers."""
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    if name == "SLOW" and facts.get("still_starting"):
+        return "Its time ran out while it was still starting: neither slow work nor a hang."
     if name == "SLOW":
         rate = f" at {sig(facts['rate'])} module events/s" if facts.get("rate") else ""
         done = f", {share(facts['fraction_done'])} done" if facts.get("fraction_done") else ""
@@ -263,7 +270,7 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
     ruled_out: list[Item] = []
     implicated: list[Item] = []
     since = facts.get("since_last_event_s")
-    if name == "SLOW":
+    if name == "SLOW" and not facts.get("still_starting"):
         gap = f" (the last progress {sig(since)} s before the kill)" if since is not None \
             else ""
         ruled_out.append(ok(f"A hang: it was still progressing when its time ran out{gap}."))
