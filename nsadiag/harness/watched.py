@@ -17,7 +17,9 @@ it, with no edit to the user's code.
 - ``profile.json``: the progress sampler's profile (nsadiag.probes.sampler);
 - ``faulthandler.txt``: every thread's stack on SIGUSR1 and on a fatal signal;
 - ``result.json``: only when an exception ends the process ({"status": "error",
-  "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``.
+  "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``;
+- ``thread-exceptions.jsonl``: every exception that ended another thread
+  (nsadiag.harness.thread_exceptions, through ``threading.excepthook``).
 
 The rank is torchrun's RANK, unless the parent process has the same RANK: then this is a
 helper of that rank (a spawned DataLoader worker), watched but not a rank.
@@ -46,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.sampler import Sampler
@@ -97,7 +100,8 @@ class Watched:
         self.counters = WorkCounters(on_backward=self._on_backward)
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
                                counters=self.counters, context=self.writer.context,
-                               events=lambda: self.writer.events)
+                               events=lambda: self.writer.events,
+                               step=lambda: self.writer.step)
         self.roots: set[int] = set()
         self.depth = threading.local()
         self.steps = 0
@@ -108,10 +112,13 @@ class Watched:
         self.pid = os.getpid()  # a forked child (a data worker) must not write here
         self.stopped = threading.Event()
         self.previous_excepthook = sys.excepthook
+        self.uninstall_thread_hook: Any = None
 
     def start(self) -> None:
         self.sampler.start()
         sys.excepthook = self._excepthook
+        self.uninstall_thread_hook = thread_exceptions.install(
+            self.directory / thread_exceptions.FILE_NAME)
         threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
                          daemon=True).start()
         atexit.register(self.stop)
@@ -140,6 +147,8 @@ class Watched:
         self.counters.remove()
         if sys.excepthook == self._excepthook:
             sys.excepthook = self.previous_excepthook
+        if self.uninstall_thread_hook is not None:
+            self.uninstall_thread_hook()
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         if os.getpid() == self.pid:
