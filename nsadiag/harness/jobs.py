@@ -55,6 +55,8 @@ STACK_SAMPLES = 3
 SAMPLE_TIMEOUT_S = 8.0
 """Each py-spy sample of a stalled process is given this long (a loaded machine)."""
 POLL_S = 0.2
+DEADLINE_SLACK_S = 0.05
+"""A sample due this little after its deadline is still taken (clock readings differ)."""
 
 OnEvents = Callable[[list[dict]], None]
 
@@ -109,7 +111,7 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
             time.sleep(interval_s)
         elif i:
             due = start + i * interval_s
-            if due > deadline:
+            if due > deadline + DEADLINE_SLACK_S:
                 break
             time.sleep(max(0.0, due - time.monotonic()))
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
@@ -148,7 +150,9 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
     file. `deadline` bounds the samples (see sample_stacks)."""
     cpu_before, clock_before = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, count, window_s / count,
+    # against a deadline the last sample falls at the window's end
+    interval = window_s / (max(count - 1, 1) if deadline is not None else count)
+    samples, unavailable = sample_stacks(pid, count, interval,
                                          timeout_s=timeout_s,
                                          faulthandler_file=faulthandler_path, native=native,
                                          local_names=local_names, deadline=deadline)

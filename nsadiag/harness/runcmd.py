@@ -235,6 +235,20 @@ def stream_result(stream: Stream, ended_ok: bool) -> dict[str, Any] | None:
             "collectives_issued": summarize(stream.collectives)["issued"]}
 
 
+def how_it_ended(outcome: ProcessOutcome) -> str:
+    """"exit code 1", "killed by SIGABRT", "stopped by nsadiag at a stall": how the
+    command ended, in words (a signal leaves no exit code)."""
+    if outcome.killed_by_runner:
+        return {"stall": "stopped by nsadiag at a stall",
+                "budget": "stopped by nsadiag at the deadline"}.get(
+            outcome.kill_reason or "", "stopped by nsadiag")
+    if outcome.signal is not None:
+        return f"killed by {outcome.signal_name or f'signal {outcome.signal}'}"
+    if outcome.exit_code is None:
+        return "stopped by nsadiag"
+    return f"exit code {outcome.exit_code}"
+
+
 def _place(stall: StallEvidence | None) -> str | None:
     """Where a process was at the stop, in the user's terms (nsadiag.probes.frames
     .place_sentence of its last sample); None without samples."""
@@ -303,6 +317,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
          for other in others or []]
     data["main_process"] = main.name if main else None
     data["exit_code"] = outcome.exit_code
+    data["ended"] = how_it_ended(outcome)
     (run_dir / "evidence.json").write_text(json.dumps(data, indent=1))
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
                        trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu)

@@ -37,10 +37,9 @@ names the loop.
 - ``held_off_s``: seconds, by phase, in which the sampler could not run while the main
   thread did (native code holding the GIL): no sample stands for them;
 - ``memory``: per kind ("rss", "cuda"), the first, last and peak reading, the bytes still
-  held above the first, and ``holder``, the frame that keeps the most of it across steps
-  (taken in two steps or more; of frames holding about as much, the one that gave back
-  the least of what rose under it, then the innermost): ``{"where", "code", "held",
-  "steps"}``, None when no frame took memory in two steps;
+  held above the first, and ``holder``, the frame that keeps allocating across steps
+  (see ``_memory``): ``{"where", "code", "held", "steps"}``, None when no frame took
+  memory in two steps;
 - ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
 - ``frames``: every line seen on the sampled stacks with its inclusive share (samples with
   it anywhere on the stack) and self share (samples with it innermost), the user's own
@@ -346,23 +345,32 @@ def _backward_by_module(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-HOLDER_SHARE = 0.9
-"""Frames holding at least this share of the most held by one frame count as holding
-about as much (the frames of one call stack hold the same bytes)."""
+HOLDER_SHARE = 0.1
+"""A frame holding less than this share of what the most holding frame holds is noise."""
+CLOSE = 0.9
+"""Scores within this factor of the best count as equal."""
 
 
 def _memory(ledger: dict[str, Any]) -> dict[str, Any]:
     """A memory ledger (nsadiag.probes.sampler.MemoryLedger.to_dict) and the frame that
-    keeps the most of it across steps (see the module docstring)."""
+    keeps the most of it across steps: among the frames that took memory in two steps or
+    more and hold a real share of it, the one that gave back the least of what rose under
+    it (held over risen: the outermost frames, on every stack, also saw everything that was
+    given back), then the one holding most, then the innermost."""
     holders = [h for h in ledger.get("holders") or [] if int(h.get("steps", 0)) >= 2]
     holder = None
     if holders:
         most = max(int(h["held"]) for h in holders)
-        close = [h for h in holders if int(h["held"]) >= HOLDER_SHARE * most]
-        kept = max(int(h["held"]) / max(int(h["rose"]), 1) for h in close)
-        best = [h for h in close if int(h["held"]) / max(int(h["rose"]), 1) >=
-                HOLDER_SHARE * kept]
-        chosen = max(best, key=lambda h: int(h.get("depth", 0)))
+        real = [h for h in holders if int(h["held"]) >= HOLDER_SHARE * most]
+
+        def kept(h: dict[str, Any]) -> float:
+            return int(h["held"]) / max(int(h["rose"]), 1)
+
+        best = max(kept(h) for h in real)
+        close = [h for h in real if kept(h) >= CLOSE * best]
+        largest = max(int(h["held"]) for h in close)
+        chosen = max((h for h in close if int(h["held"]) >= CLOSE * largest),
+                     key=lambda h: int(h.get("depth", 0)))
         function, file, line = chosen["frame"]
         holder = {"where": _where(function, file, line), "file": file, "line": line,
                   "code": linecache.getline(file, line).strip() or None,

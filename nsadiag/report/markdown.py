@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 RECOMMENDATIONS = {
-    "SLOW": "The run is progressing: raise the job's timeout above the ETA, or remove the "
-            "hot frame's per-token work (Python loops, host syncs such as .item()).",
+    "SLOW": "The run is progressing: give the job the time it needs, or remove the hot "
+            "frame's per-token work (Python loops, host syncs such as .item()).",
     "STALL-BUSY": "A single operation runs without module boundaries for longer than the "
                   "stall timeout: inspect the hot frame; raise --stall-timeout if it is "
                   "expected to be long.",
@@ -36,6 +36,14 @@ RECOMMENDATIONS = {
              "under gdb or with faulthandler output.",
 }
 """What to do next, by verdict."""
+
+
+def recommendation(verdict: Mapping[str, Any]) -> str:
+    """What to do next about one verdict (a dict): the next step its facts measured (a
+    SLOW's names the ETA only where one was measured), else the verdict's general
+    advice."""
+    return str((verdict.get("facts") or {}).get("next_step") or
+               RECOMMENDATIONS.get(verdict.get("name", ""), ""))
 
 BRANCH_COLUMNS = ("cmp", "sel", "win")
 

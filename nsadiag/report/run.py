@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from nsadiag.report.markdown import RECOMMENDATIONS, evidence_section
+from nsadiag.report.markdown import evidence_section, recommendation
 from nsadiag.report.summary import Summary, status_of_rows, verdict_row
 from nsadiag.rundir import TrialRecord
 
@@ -38,7 +38,8 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     headline = f"{verdict['name']}: {verdict['reasons'][0]}"
     md = [f"# nsadiag {kind}: {verdict['name']}", "", "## Executive summary", "",
           f"`{command}` ended as **{verdict['name']}** after {record.wall_s:.1f} s "
-          f"(exit code {evidence.get('exit_code')})." if kind == "run" else
+          f"({evidence.get('ended') or 'exit code ' + str(evidence.get('exit_code'))})."
+          if kind == "run" else
           f"The block watched in `{command}` (pid {record.spec.get('pid')}) reads as "
           f"**{verdict['name']}** after {record.wall_s:.1f} s.", ""]
     md += [f"- {reason}" for reason in verdict["reasons"]]
@@ -59,7 +60,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     if tail:
         md += ["", "The command's stderr (last lines):", "", "```", *tail, "```"]
     md += ["", "## Recommendations", "",
-           RECOMMENDATIONS.get(verdict["name"], "") or "Nothing to fix: the command finished."]
+           recommendation(verdict) or "Nothing to fix: the command finished."]
     if kind == "run":
         md += ["", f"Rerun: `nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} "
                    f"--deadline {record.spec['deadline_s']:g} -- {command}`"]
