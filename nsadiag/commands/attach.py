@@ -160,6 +160,8 @@ def with_native_frames(pid: int, window: StallEvidence, ends: float | None = Non
     samples = window.samples
     if len(samples) >= 2 and frames.stacks_change(samples, python_only=True):
         return window
+    if ends is not None and time.monotonic() >= ends and samples:
+        return window  # the window is spent: no native sample fits in it
     interval = NATIVE_INTERVAL_S if ends is None else \
         max(0.0, (ends - time.monotonic() - NATIVE_DUMP_S) / max(NATIVE_SAMPLES - 1, 1))
     native, unavailable = sample_stacks(pid, NATIVE_SAMPLES, interval,

@@ -111,7 +111,7 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
             time.sleep(interval_s)
         elif i:
             due = start + i * interval_s
-            if due > deadline + DEADLINE_SLACK_S:
+            if due > deadline + DEADLINE_SLACK_S or time.monotonic() > deadline:
                 break
             time.sleep(max(0.0, due - time.monotonic()))
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
