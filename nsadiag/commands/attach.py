@@ -120,7 +120,8 @@ def observe(pid: int, rank: int | None, duration_s: float, samples: int = SAMPLE
     process that goes away (its evidence says what could not be taken). The samples are
     taken against a deadline, the nonblocking ones before the window's last part and the
     native ones in it, so the whole lasts about `duration_s` however slow py-spy is on a
-    loaded machine (at most one sample's time more)."""
+    loaded machine (more by what a native dump takes beyond the window: a sample's time
+    at most)."""
     ends = time.monotonic() + duration_s
     try:
         cmdline = " ".join(psutil.Process(pid).cmdline())
@@ -160,12 +161,14 @@ def with_native_frames(pid: int, window: StallEvidence, ends: float | None = Non
     samples = window.samples
     if len(samples) >= 2 and frames.stacks_change(samples, python_only=True):
         return window
-    if ends is not None and time.monotonic() >= ends and samples:
-        return window  # the window is spent: no native sample fits in it
-    interval = NATIVE_INTERVAL_S if ends is None else \
-        max(0.0, (ends - time.monotonic() - NATIVE_DUMP_S) / max(NATIVE_SAMPLES - 1, 1))
-    native, unavailable = sample_stacks(pid, NATIVE_SAMPLES, interval,
-                                        timeout_s=SAMPLE_TIMEOUT_S, deadline=ends)
+    left = None if ends is None else ends - time.monotonic()
+    # what native call a frozen line sits in decides between a lock, a collective and a
+    # kernel: one native sample is taken even when slow samples spent the window, and each
+    # gets its full time (a first native dump of a big process reads its symbols)
+    count = NATIVE_SAMPLES if left is None or left > NATIVE_DUMP_S * NATIVE_SAMPLES else 1
+    interval = NATIVE_INTERVAL_S if left is None else \
+        max(0.0, (left - NATIVE_DUMP_S) / max(NATIVE_SAMPLES - 1, 1))
+    native, unavailable = sample_stacks(pid, count, interval, timeout_s=SAMPLE_TIMEOUT_S)
     taken = samples[-2:] + native
     return dataclasses.replace(window, samples=taken,
                                unavailable=sorted(set(window.unavailable + unavailable)),

@@ -196,9 +196,13 @@ def _signature(sample: StackSample, python_only: bool) -> tuple:
 def stacks_change(samples: Sequence[StackSample], python_only: bool = False) -> bool:
     """True when any two samples differ in any thread's frames (function, file, line).
     Samples with native frames are compared with samples without by their Python frames
-    only (a native sample of a frozen process differs from a nonblocking one by those)."""
-    mixed = len({sample.native for sample in samples}) > 1
-    signatures = {_signature(sample, python_only or mixed) for sample in samples}
+    only (a native sample of a frozen process differs from a nonblocking one by those),
+    and with each other by all their frames."""
+    if len({sample.native for sample in samples}) > 1:
+        native = [sample for sample in samples if sample.native]
+        return len({_signature(sample, True) for sample in samples}) > 1 or \
+            (not python_only and len({_signature(sample, False) for sample in native}) > 1)
+    signatures = {_signature(sample, python_only) for sample in samples}
     return len(signatures) > 1
 
 

@@ -19,13 +19,15 @@ get on a loaded machine. They are read at every sample too: a sample is "on CPU"
 main thread wanted the CPU (ran or waited for a core) at least half the time since the
 previous one, so the profile can tell the lines that burn the CPU from the lines where the
 thread waits. A gap between samples
-much longer than the interval while the main thread ran means native code held the GIL
-(the sampler thread could not run): those seconds are counted by phase ("held off").
+much longer than the interval while the main thread wanted the CPU and the sampler thread
+did not wait for a core means native code held the GIL (the sampler thread could not
+run): those seconds are counted by phase ("held off").
 
 The process's resident memory (and CUDA memory allocated, once CUDA is initialised) is read
 at every sample too, into a ledger (``MemoryLedger``) that attributes each rise to the
 user frames on the stack then and gives a rise back when memory falls again: what remains
-is the memory still held, by the frames that allocated it and the steps they did it in.
+is the memory still held, by the frames that allocated it (those on the stack at both
+samples around the rise) and the steps they did it in.
 
 Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
 dict, which would keep a reassigned tensor alive; so only user frames are read (the
@@ -408,6 +410,9 @@ class Sampler(threading.Thread):
         self._last_progress = time.monotonic()
         self._last_user_frame: str | None = None
         self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
+        self._previous_stack: set[Frame] = set()
+        self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
+        self._own_runq = 0.0
         try:
             self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
         except OSError:
@@ -421,6 +426,8 @@ class Sampler(threading.Thread):
             self.join(timeout_s)
 
     def run(self) -> None:
+        self._own_clock = ThreadClock(threading.get_native_id())
+        self._own_runq = self._own_clock.read()[1]
         next_pulse = next_profile = time.monotonic()
         while not self._stop_event.wait(self._interval):
             now = time.monotonic()
@@ -482,13 +489,23 @@ class Sampler(threading.Thread):
             return False
         elapsed, ran = t - previous[0], on_cpu_s - previous[1]
         wanted = ran + runq_s - previous[2]
-        if elapsed > HELD_OFF_S and ran >= ON_CPU_FRACTION * elapsed:
+        own_runq = self._own_clock.read()[1] if self._own_clock is not None else 0.0
+        starved, self._own_runq = own_runq - self._own_runq, own_runq
+        # a gap while the main thread wanted the CPU and this thread did not wait for a
+        # core (a loaded machine's scheduler would show as run-queue time) is the GIL
+        if elapsed > HELD_OFF_S and wanted >= ON_CPU_FRACTION * elapsed and \
+                starved < ON_CPU_FRACTION * elapsed:
             # the phase at the end of the gap: where the code that held the GIL ran
             self.book.held_off_s[phase or "other"] += elapsed - self._interval
         return elapsed > 0 and wanted >= ON_CPU_FRACTION * elapsed
 
     def _memory(self, user_stack: tuple[Frame, ...]) -> None:
-        """One reading of resident and CUDA memory into the ledgers."""
+        """One reading of resident and CUDA memory into the ledgers. A rise happened
+        somewhere between the previous sample and this one, so it is attributed to the
+        frames on both stacks only (a rise seen just after a line returned is not that
+        line's, nor the next one's)."""
+        previous, self._previous_stack = self._previous_stack, set(user_stack)
+        user_stack = tuple(frame for frame in user_stack if frame in previous)
         step = self._step()
         if self._statm is not None:
             self.book.memory.setdefault("rss", MemoryLedger()).observe(

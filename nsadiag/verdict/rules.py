@@ -75,6 +75,10 @@ def is_failure(name: str, slow_by: str | None = None) -> bool:
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
 
+BUSY_AT_ONE_LINE = 0.2
+"""A main thread that wanted the CPU this part of the time or more is not frozen, even when
+its stacks stand at one line (a thread blocked in a lock or a condition wants none)."""
+
 DEFAULT_STALL_WINDOW_S = 30.0
 """Stall window assumed when the evidence does not carry the runner's stall timeout."""
 
@@ -923,6 +927,12 @@ def _partly_busy(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdi
     samples = stall.samples
     if len(samples) >= 2 and stacks_change(samples):
         reasons.append("CPU partly busy and the stacks change between samples: working")
+        return _busy(samples, facts, reasons, "medium")
+    demand = stall.demand()
+    if len(samples) >= 2 and demand is not None and demand >= BUSY_AT_ONE_LINE:
+        reasons.append(f"CPU partly busy and the stacks are identical across samples, but the "
+                       f"main thread wanted the CPU {demand:.0%} of the time: busy at one "
+                       f"line (a native call or a loop over that line), not frozen")
         return _busy(samples, facts, reasons, "medium")
     if len(samples) >= 2:
         reasons.append("CPU partly busy but the stacks are identical across samples: frozen")
