@@ -113,16 +113,16 @@ def one_condition(names: list[str], burners: int) -> dict[str, Any]:
 
 
 def merged(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Results measured in parts, one condition's rows after another's, with the load
-    range over the parts."""
+    """Results measured in parts, one condition's rows after another's, with the range of
+    the load averages read at the parts' starts and ends."""
     conditions: dict[str, dict[str, Any]] = {}
     for part in parts:
         for name, found in part.items():
             into = conditions.setdefault(name, {"burners": found["burners"],
                                                 "load": list(found["load"]), "rows": []})
             into["rows"] += found["rows"]
-            into["load"] = [min(into["load"][0], found["load"][0]),
-                            max(into["load"][1], found["load"][1])]
+            readings = [*into["load"], *found["load"]]
+            into["load"] = [min(readings), max(readings)]
     return conditions
 
 
@@ -159,8 +159,10 @@ def write_report(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
         f"watched child (as `nsadiag env --self-test` does; the time is the trial's or the "
         f"check's), and every script of `repro/scripts/` run under `nsadiag run` with the "
         f"options its docstring gives (the time is the whole `nsadiag run`, from start to "
-        f"the verdict), first with no load added (the machine is shared: its own load is "
-        f"given), then with two `python -c 'while True: pass'` burners.", "",
+        f"the verdict), first with no load added, then with two `python -c 'while True: "
+        f"pass'` burners. The machine is shared with other work, so the column without added "
+        f"load is not a quiet machine: each column gives the range of the 1-minute load "
+        f"averages read before and after its runs.", "",
         *table(conditions), "",
         f"Time in all: {totals}. Verdicts other than expected: {wrong}.", "",
     ]
