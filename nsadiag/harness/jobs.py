@@ -487,7 +487,9 @@ def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
                         collectives=summarize(stream.collectives), stall=stall, state=state,
                         signature=signature,
                         crash=crash.read(stream.path.parent, stderr_path, stream.pid)
-                        if result is None and stderr_path is not None else None)
+                        if result is None and stderr_path is not None else None,
+                        thread_exceptions=thread_exceptions.read(
+                            stream.path.parent / thread_exceptions.FILE_NAME))
 
 
 # ---- the shapes of job the commands run ------------------------------------------------------

@@ -60,7 +60,8 @@ class RankEvidence:
     ``collectives`` is nsadiag.harness.collectives.summarize of all its collective events;
     ``state`` the stack classification (probes.frames.classify) when samples were taken;
     ``signature`` the innermost Python frames of its last sample (for clustering);
-    ``crash`` what it left when it died of a signal (nsadiag.harness.crash.read)."""
+    ``crash`` what it left when it died of a signal (nsadiag.harness.crash.read);
+    ``thread_exceptions`` the exceptions that ended its other threads."""
 
     rank: int
     pid: int | None
@@ -73,6 +74,7 @@ class RankEvidence:
     state: str | None = None
     signature: str = ""
     crash: dict[str, Any] | None = None
+    thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -88,12 +90,14 @@ class RankEvidence:
                    collectives=dict(data.get("collectives", {})),
                    stall=StallEvidence.from_dict(stall) if stall else None,
                    state=data.get("state"), signature=data.get("signature", ""),
-                   crash=data.get("crash"))
+                   crash=data.get("crash"),
+                   thread_exceptions=list(data.get("thread_exceptions") or []))
 
     def as_evidence(self, job: Evidence) -> Evidence:
         """This rank seen as a single trial: the job's spec, outcome and limits."""
         return dataclasses.replace(job, events=self.events, event_counts=self.event_counts,
-                                   result=self.result, stall=self.stall, crash=self.crash)
+                                   result=self.result, stall=self.stall, crash=self.crash,
+                                   thread_exceptions=self.thread_exceptions)
 
 
 # ---- where a rank is ----------------------------------------------------------------------
@@ -402,6 +406,11 @@ def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],
             reasons.append(f"rank {r.rank}'s stacks: {found[0].name or 'a thread'} in "
                            f"{found[1].where()} in {found[2]} of {len(r.stall.samples)} "
                            f"samples")
+    for r in ranks:
+        for record in r.thread_exceptions[-2:]:
+            where = f" at {record['where']}" if record.get("where") else ""
+            reasons.append(f"rank {r.rank}: thread {record.get('thread') or '?'} died of "
+                           f"{record.get('type')}: {record.get('message')}{where}")
     culprit = sorted(odd)
     facts = {"world_size": len(ranks), "ranks": table, "odd_ranks": culprit,
              "diverged_at": split["n"] if split else None,
