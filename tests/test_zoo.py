@@ -85,9 +85,13 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     # the hot frame is the loop's line from the sampled profile, with its share
     assert facts["hot_frame"] == facts["hot_line"] and 0 < facts["hot_share"] <= 1
     assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
-    # a read and a handful of tiny ops per token: slow by defect, whatever the load
+    # a read and a handful of tiny ops per token: slow by defect, whatever the load (from
+    # the counted first forward, or, where a loaded machine did not finish that forward in
+    # the budget, from the loop counter over the positions)
     assert facts["slow_by"] == "defect", record.verdict["reasons"]
-    assert any("a read per token" in finding for finding in facts["slow_findings"])
+    assert any("a read per token" in finding or
+               finding.startswith("a per-token loop at repro/per_token_loop.py:")
+               for finding in facts["slow_findings"]), facts["slow_findings"]
     flame = (Path(record.trial_dir) / "profile.folded").read_text().splitlines()
     assert any("per_token_loop.py" in line for line in flame)
 
