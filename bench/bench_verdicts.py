@@ -50,12 +50,12 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
 
 def command(kind: str, script: Path) -> list[str]:
     """The command line of a script run: plain python, torchrun with two ranks, or python
-    under a 3 GB address-space limit (`ulimit -v`, as a job scheduler sets one)."""
+    under a 2 GB address-space limit (`ulimit -v`, as a job scheduler sets one)."""
     if kind == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node", "2", str(script)]
     if kind == "ulimit":
-        return ["bash", "-c", f"ulimit -v 3000000; exec {sys.executable} {script}"]
+        return ["bash", "-c", f"ulimit -v 2000000; exec {sys.executable} {script}"]
     return [sys.executable, str(script)]
 
 

@@ -168,7 +168,7 @@ def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
 def test_a_loop_that_keeps_each_steps_graph_dies_of_memory_naming_the_line(tmp_path):
     script = SCRIPTS / "loss_history_leak.py"
     done, summary, record, _ = nsadiag_run(
-        tmp_path, [], ["bash", "-c", f"ulimit -v 3000000; exec {sys.executable} {script}"])
+        tmp_path, [], ["bash", "-c", f"ulimit -v 2000000; exec {sys.executable} {script}"])
     assert done.returncode == 1, done.stderr
     assert summary["verdict"] == "OOM", summary["headline"]
     facts = record["verdict"]["facts"]

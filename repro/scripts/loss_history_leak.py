@@ -9,7 +9,7 @@ the allocator fails.
 Expected verdict, under a memory limit (a job scheduler's, or `ulimit -v`): OOM, with the
 memory growth per step and the validation line as the frame that keeps allocating:
 
-    nsadiag run -- bash -c 'ulimit -v 4000000; exec python repro/scripts/loss_history_leak.py'
+    nsadiag run -- bash -c 'ulimit -v 2000000; exec python repro/scripts/loss_history_leak.py'
 """
 
 import torch
