@@ -41,6 +41,55 @@ def test_per_token_loop_is_slow_at_the_deadline(tmp_path):
     assert "still progressing" in reasons
     assert "loop variable `t` in forward (slow_token_loop.py:" in reasons
     assert record["verdict"]["facts"]["steps_done"] >= 1
+    # a user's run has no step count: no ETA for the run, so the advice names none
+    assert "ETA unknown" in reasons or "ETA of the whole run unknown" in reasons
+    assert record["verdict"]["facts"]["eta_s"] is None
+    advice = (tmp_path / "run" / "report.md").read_text().split("## Recommendations")[1]
+    assert "than the ETA" not in advice and "above the ETA" not in advice
+
+
+TINY_BLOCKS_SLOW_METRIC = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(16))  # cheap blocks
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+model = Model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(100):
+    x = model(torch.randn(1, 262144, 8))
+    with torch.no_grad():  # a metric for the log, one position at a time
+        worst = [max(x[:, t, i].abs().max().item() for i in range(8))
+                 for t in range(x.shape[1])]
+    loss = x.pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} worst {max(worst):.3f}", flush=True)
+"""
+
+
+def test_a_burst_of_module_events_before_a_long_silence_gives_no_rate_over_no_time(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TINY_BLOCKS_SLOW_METRIC)
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--deadline", "12", "--stall-timeout", "30"], [sys.executable, str(script)])
+    assert summary["verdict"] == "SLOW", summary["headline"]
+    facts = record["verdict"]["facts"]
+    # 32 module events within milliseconds, then many seconds of the metric loop: the pace
+    # runs to the kill, never over the burst's 0.0 s
+    assert facts["rate_window_s"] >= 1.0 or facts["rate"] is None, facts
+    assert not any("over the last 0.0 s" in r for r in record["verdict"]["reasons"])
 
 
 def test_lock_taken_in_a_gradient_hook_is_a_deadlock_naming_the_line(tmp_path):

@@ -489,7 +489,9 @@ def _moving_loop(profile: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _duration(seconds: float) -> str:
-    """"40 s", "3 min", "2.5 h"."""
+    """"under a second", "40 s", "3 min", "2.5 h"."""
+    if seconds < 1:
+        return "under a second"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

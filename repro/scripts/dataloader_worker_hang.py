@@ -53,7 +53,7 @@ def log_statistics(dataset: TokenDataset, epoch: int) -> None:
 
 def main() -> None:
     torch.manual_seed(0)
-    dataset = TokenDataset(8192, 128)
+    dataset = TokenDataset(2048, 128)
     loader = DataLoader(dataset, batch_size=256, num_workers=2, shuffle=True)
     model = nn.Sequential(nn.Embedding(256, 64), nn.Linear(64, 256))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
