@@ -114,13 +114,16 @@ def one_condition(names: list[str], burners: int) -> dict[str, Any]:
 
 def merged(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Results measured in parts, one condition's rows after another's, with the range of
-    the load averages read at the parts' starts and ends."""
+    the load averages read at the parts' starts and ends, and the ends apart (a 1-minute
+    average read as the burners start does not show them yet)."""
     conditions: dict[str, dict[str, Any]] = {}
     for part in parts:
         for name, found in part.items():
             into = conditions.setdefault(name, {"burners": found["burners"],
-                                                "load": list(found["load"]), "rows": []})
+                                                "load": list(found["load"]), "rows": [],
+                                                "ends": []})
             into["rows"] += found["rows"]
+            into["ends"] += found.get("ends") or [found["load"][1]]
             readings = [*into["load"], *found["load"]]
             into["load"] = [min(readings), max(readings)]
     return conditions
@@ -129,9 +132,12 @@ def merged(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
 def table(conditions: dict[str, dict[str, Any]]) -> list[str]:
     names = [row["entry"] for row in next(iter(conditions.values()))["rows"]]
     heads = {"quiet": "no added load", "loaded": "two burners"}
+    def load(found: dict[str, Any]) -> str:
+        ends = found.get("ends") or [found["load"][1]]
+        return f"{min(ends):.1f}-{max(ends):.1f}" if len(ends) > 1 else f"{ends[0]:.1f}"
+
     header = "| entry | expected | " + " | ".join(
-        f"{heads[c]} (load {d['load'][0]:.1f}-{d['load'][1]:.1f})"
-        for c, d in conditions.items()) + " |"
+        f"{heads[c]} (load {load(d)})" for c, d in conditions.items()) + " |"
     lines = [header, "|---|---|" + "---|" * len(conditions)]
     for index, name in enumerate(names):
         rows = [d["rows"][index] for d in conditions.values()]
@@ -161,8 +167,8 @@ def write_report(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
         f"options its docstring gives (the time is the whole `nsadiag run`, from start to "
         f"the verdict), first with no load added, then with two `python -c 'while True: "
         f"pass'` burners. The machine is shared with other work, so the column without added "
-        f"load is not a quiet machine: each column gives the range of the 1-minute load "
-        f"averages read before and after its runs.", "",
+        f"load is not a quiet machine: each column gives the 1-minute load averages read at the "
+        f"end of its runs (measured in parts, the lowest and the highest).", "",
         *table(conditions), "",
         f"Time in all: {totals}. Verdicts other than expected: {wrong}.", "",
     ]
