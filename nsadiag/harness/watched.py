@@ -231,7 +231,10 @@ class Watched:
     def _enter(self, module: Any, args: Any) -> None:
         depth = getattr(self.depth, "n", 0)
         self.depth.n = depth + 1
-        if depth or not module.training or os.getpid() != self.pid:
+        if depth or os.getpid() != self.pid:
+            return
+        self.sampler.mark_memory()  # what this call allocates is its caller's line's
+        if not module.training:
             return
         if id(module) not in self.roots:
             self.roots.add(id(module))
@@ -242,6 +245,8 @@ class Watched:
 
     def _exit(self, module: Any, args: Any, output: Any) -> None:
         self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
+        if self.depth.n == 0 and os.getpid() == self.pid:
+            self.sampler.mark_memory()
 
     def _hook_blocks(self, root: Any) -> None:
         """Module events for the repeated blocks of a model seen for the first time."""

@@ -27,7 +27,9 @@ The process's resident memory (and CUDA memory allocated, once CUDA is initialis
 at every sample too, into a ledger (``MemoryLedger``) that attributes each rise to the
 user frames on the stack then and gives a rise back when memory falls again: what remains
 is the memory still held, by the frames that allocated it (those on the stack at both
-samples around the rise) and the steps they did it in.
+readings around the rise) and the steps they did it in. ``mark_memory()`` adds a reading
+from the thread that runs the model (nsadiag.harness.watched calls it as each top-level
+module call begins and ends), so what a forward allocates goes to the line that called it.
 
 Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
 dict, which would keep a reassigned tensor alive; so only user frames are read (the
@@ -411,6 +413,7 @@ class Sampler(threading.Thread):
         self._last_user_frame: str | None = None
         self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
         self._previous_stack: set[Frame] = set()
+        self._memory_lock = threading.Lock()  # readings come from hooks too
         self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
         self._own_runq = 0.0
         try:
@@ -437,14 +440,19 @@ class Sampler(threading.Thread):
                 self._guarded(self._pulse)
                 next_pulse = now + self._pulse_s
             if profile and self._profile_path is not None:
-                self._guarded(self.book.write, self._profile_path)
+                self._guarded(self._write_profile)
                 next_profile = now + self._profile_s
         self._guarded(self._pulse)
         if self._profile_path is not None:
-            self._guarded(self.book.write, self._profile_path)
-        if self._statm is not None:
-            os.close(self._statm)
-            self._statm = None
+            self._guarded(self._write_profile)
+        with self._memory_lock:
+            if self._statm is not None:
+                os.close(self._statm)
+                self._statm = None
+
+    def _write_profile(self) -> None:
+        with self._memory_lock:  # the ledgers also take readings from the model's hooks
+            self.book.write(self._profile_path)
 
     def _guarded(self, action: Callable[..., Any], *args: Any) -> None:
         """Run one step of the thread; a failure (e.g. a full disk, a module half imported
@@ -501,11 +509,24 @@ class Sampler(threading.Thread):
 
     def _memory(self, user_stack: tuple[Frame, ...]) -> None:
         """One reading of resident and CUDA memory into the ledgers. A rise happened
-        somewhere between the previous sample and this one, so it is attributed to the
+        somewhere between the previous reading and this one, so it is attributed to the
         frames on both stacks only (a rise seen just after a line returned is not that
         line's, nor the next one's)."""
-        previous, self._previous_stack = self._previous_stack, set(user_stack)
-        user_stack = tuple(frame for frame in user_stack if frame in previous)
+        with self._memory_lock:
+            previous, self._previous_stack = self._previous_stack, set(user_stack)
+            self._observe_memory(tuple(frame for frame in user_stack if frame in previous))
+
+    def mark_memory(self) -> None:
+        """A reading of memory now, on the thread that calls it: a hook calls it as a
+        top-level module call begins and ends, so what the call allocated is attributed
+        exactly to the line of the user's code that made it (the validation forward whose
+        graph a list keeps, not the training forward beside it)."""
+        stack = tuple(frame for frame in stack_of(sys._getframe(1)) if is_user_file(frame[1]))
+        with self._memory_lock:
+            self._previous_stack = set(stack)
+            self._observe_memory(stack)
+
+    def _observe_memory(self, user_stack: tuple[Frame, ...]) -> None:
         step = self._step()
         if self._statm is not None:
             self.book.memory.setdefault("rss", MemoryLedger()).observe(
