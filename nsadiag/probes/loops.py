@@ -38,20 +38,19 @@ class LoopSource:
     start: ast.expr | None
 
 
-def _for_nodes(tree: ast.AST, function: str) -> list[ast.For]:
-    found = []
+def _loops_by_function(tree: ast.AST) -> dict[str, list[ast.For]]:
+    """Every function's ``for`` statements, by the function's name (one walk of the tree:
+    its functions, then each function's body)."""
+    found: dict[str, list[ast.For]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
-            found += [inner for inner in ast.walk(node) if isinstance(inner, ast.For)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.setdefault(node.name, []).extend(
+                inner for inner in ast.walk(node) if isinstance(inner, ast.For))
     return found
 
 
-def find_for(source: str | ast.AST, function: str, variable: str) -> LoopSource | None:
-    """The first ``for variable in ...`` (or ``for variable, _ in enumerate(...)``) inside a
-    function named ``function`` of ``source`` (text or its parsed tree); None when there
-    is none."""
-    tree = ast.parse(source) if isinstance(source, str) else source
-    for node in _for_nodes(tree, function):
+def _match(nodes: list[ast.For], variable: str) -> LoopSource | None:
+    for node in nodes:
         target = node.target
         names = [target] if isinstance(target, ast.Name) else \
             list(target.elts) if isinstance(target, ast.Tuple) else []
@@ -68,22 +67,31 @@ def find_for(source: str | ast.AST, function: str, variable: str) -> LoopSource 
     return None
 
 
+def find_for(source: str | ast.AST, function: str, variable: str) -> LoopSource | None:
+    """The first ``for variable in ...`` (or ``for variable, _ in enumerate(...)``) inside a
+    function named ``function`` of ``source`` (text or its parsed tree); None when there
+    is none."""
+    tree = ast.parse(source) if isinstance(source, str) else source
+    return _match(_loops_by_function(tree).get(function, []), variable)
+
+
 @functools.lru_cache(maxsize=32)
-def _tree(file: str) -> ast.AST | None:
+def _loops_of_file(file: str) -> dict[str, list[ast.For]] | None:
     source = "".join(linecache.getlines(file))
     if not source:
         return None
     try:
-        return ast.parse(source)
+        return _loops_by_function(ast.parse(source))
     except (SyntaxError, ValueError, RecursionError):
         return None
 
 
 @functools.lru_cache(maxsize=256)
 def for_loop(file: str, function: str, variable: str) -> LoopSource | None:
-    """``find_for`` on ``file``'s source (cached); None when unreadable or not found."""
-    tree = _tree(file)
-    return find_for(tree, function, variable) if tree is not None else None
+    """``find_for`` on ``file``'s source (the file parsed and indexed once, each answer
+    cached: the sampler asks while it holds the GIL); None when unreadable or not found."""
+    loops = _loops_of_file(file)
+    return _match(loops.get(function, []), variable) if loops is not None else None
 
 
 def _is_tensor(value: Any) -> bool:

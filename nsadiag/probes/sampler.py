@@ -289,7 +289,8 @@ class ProfileBook:
                 continue
             if loop.update(t, value):
                 loop.phase, loop.module = phase, module
-                if loop.end is None and names is not None:
+                # the source is parsed once a local moved twice: a loop, not a value
+                if loop.end is None and names is not None and loop.observations >= 3:
                     loop.end = loop_end(file, function, name, names)
 
     def to_dict(self) -> dict[str, Any]:
@@ -346,21 +347,30 @@ def int_locals(frame: FrameType, names: dict[str, Any] | None = None) -> dict[st
 
 class ThreadClock:
     """On-CPU and run-queue nanoseconds of one thread, from /proc/self/task/TID/schedstat
-    (falls back to the process CPU time when schedstat is unreadable)."""
+    (falls back to the process CPU time when schedstat is unreadable). The file stays open:
+    the sampler reads it at every sample."""
 
     def __init__(self, native_id: int | None):
         self._path = f"/proc/self/task/{native_id}/schedstat" if native_id else None
+        self._fd: int | None = None
 
     def read(self) -> tuple[float, float]:
         """(on-CPU seconds, run-queue seconds)."""
         if self._path:
             try:
-                with open(self._path, "rb") as handle:
-                    run_ns, wait_ns, _ = handle.read().split()
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDONLY)
+                run_ns, wait_ns, _ = os.pread(self._fd, 128, 0).split()
                 return int(run_ns) / 1e9, int(wait_ns) / 1e9
             except (OSError, ValueError):
+                self.close()
                 self._path = None
         return time.process_time(), 0.0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # ---- the thread -------------------------------------------------------------------------------
@@ -380,9 +390,12 @@ def cuda_allocated() -> int | None:
         return None
 
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
 def resident_bytes(statm: int) -> int:
     """Resident bytes of this process from an open /proc/self/statm descriptor."""
-    return int(os.pread(statm, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return int(os.pread(statm, 128, 0).split()[1]) * PAGE_BYTES
 
 
 class Sampler(threading.Thread):
@@ -449,6 +462,9 @@ class Sampler(threading.Thread):
             if self._statm is not None:
                 os.close(self._statm)
                 self._statm = None
+        self._clock.close()
+        if self._own_clock is not None:
+            self._own_clock.close()
 
     def _write_profile(self) -> None:
         with self._memory_lock:  # the ledgers also take readings from the model's hooks
