@@ -60,6 +60,8 @@ class StackFrame:
 
     ``code`` is the source line of a Python frame when it could be read at capture time
     (py-spy does not report it), e.g. ``"lock.acquire()"``; native frames have none.
+    ``locals`` holds the repr of the local variables of the few frames whose locals say
+    what a process is (a DataLoader worker loop's ``worker_id``), when they were read.
     """
 
     function: str
@@ -67,6 +69,7 @@ class StackFrame:
     line: int
     is_native: bool = False
     code: str | None = None
+    locals: dict[str, str] | None = None
 
     def where(self) -> str:
         """``function (file-name:line)``, the form reasons quote."""
@@ -74,7 +77,10 @@ class StackFrame:
         return f"{self.function} ({name}:{self.line})"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.locals is None:
+            del data["locals"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StackFrame:
@@ -84,6 +90,7 @@ class StackFrame:
             line=int(data.get("line", 0)),
             is_native=bool(data.get("is_native", False)),
             code=data.get("code"),
+            locals=data.get("locals"),
         )
 
 
@@ -265,6 +272,13 @@ class Evidence:
     the main thread's wall, on-CPU and run-queue seconds, its CPU share and demand);
     ``profile`` the sampled profile the child wrote (profile.json of
     nsadiag.probes.sampler). Each is empty or None when not measured.
+
+    ``thread_exceptions`` are the exceptions that ended other threads of the process
+    (nsadiag.harness.thread_exceptions: t, thread, type, message, where); ``others`` the
+    other live processes of the job sampled at a stall, those nsadiag does not watch
+    included (each {"pid", "role", "stall"}: role in words, "DataLoader worker 0 of rank
+    1", and a StallEvidence dict); ``crash`` what a process that died of a signal left
+    (nsadiag.harness.crash: its fatal-error dump, the telling lines of stderr).
     """
 
     spec: dict[str, Any]
@@ -279,8 +293,14 @@ class Evidence:
     pulses: list[dict[str, Any]] = field(default_factory=list)
     load: dict[str, Any] | None = None
     profile: dict[str, Any] | None = None
+    thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
+    others: list[dict[str, Any]] = field(default_factory=list)
+    crash: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        optional = {name: value for name, value in (
+            ("thread_exceptions", self.thread_exceptions), ("others", self.others),
+            ("crash", self.crash)) if value}
         return {
             "spec": self.spec,
             "events": self.events,
@@ -294,6 +314,7 @@ class Evidence:
             "pulses": list(self.pulses),
             "load": self.load,
             "profile": self.profile,
+            **optional,
         }
 
     @classmethod
@@ -312,4 +333,7 @@ class Evidence:
             pulses=list(data.get("pulses") or []),
             load=data.get("load"),
             profile=data.get("profile"),
+            thread_exceptions=list(data.get("thread_exceptions") or []),
+            others=list(data.get("others") or []),
+            crash=data.get("crash"),
         )

@@ -42,6 +42,20 @@ LOCKED = textwrap.dedent("""
     print("training", flush=True)
     lock.acquire()  # waits for itself
 """)
+LOCKED_WITH_A_TICKER = textwrap.dedent("""
+    import threading
+    import time
+
+    def tick():  # a progress-bar thread: it wakes ten times a second, forever
+        while True:
+            time.sleep(0.1)
+
+    threading.Thread(target=tick, daemon=True).start()
+    lock = threading.Lock()
+    lock.acquire()
+    print("training", flush=True)
+    lock.acquire()  # waits for itself
+""")
 SPIN = textwrap.dedent("""
     import time
     ready = False
@@ -117,6 +131,28 @@ def test_a_process_waiting_on_a_lock_is_stuck_idle_naming_the_line(tmp_path):
         facts = record["verdict"]["facts"]
         assert facts["wait_frame"].startswith("<module> (target.py:")
         assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+def test_a_true_deadlock_beside_moving_threads_is_stuck_idle_with_high_confidence(tmp_path):
+    """A process under nsadiag's heartbeat (its sampler thread moves) with a thread of its
+    own that wakes all the time: the window's nonblocking samples and the native ones
+    taken at its end show the same frozen main thread, a deadlock, not a polling wait."""
+    (tmp_path / "run").mkdir()
+    proc = start(tmp_path, LOCKED_WITH_A_TICKER, env=command_env(tmp_path / "run"))
+    try:
+        wait_for_idle_pulses(tmp_path / "run", count=2, timeout_s=60.0)
+        done, summary = attach(tmp_path, str(proc.pid), "--duration", "3")
+        assert done.returncode == 1, done.stderr
+        assert summary["verdict"] == "DEADLOCK", summary["headline"]
+        record = json.loads((tmp_path / "attach" / "attach.json").read_text())
+        verdict = record["verdict"]
+        assert verdict["facts"]["confidence"] == "high", verdict["reasons"]
+        assert not any("lower confidence" in reason for reason in verdict["reasons"])
+        assert verdict["facts"]["wait_frame"].startswith("<module> (target.py:")
+        report = (tmp_path / "attach" / "report.md").read_text()
+        assert "sampler.py" not in report.split("## Processes")[0]
     finally:
         stop(proc)
 

@@ -313,9 +313,9 @@ def _loop_profile(last: int, by_one: bool | None, phase: str = "forward") -> dic
 def test_a_per_token_loop_the_profile_read_is_slow_by_defect_before_any_forward_was_counted():
     # a budget kill inside the first forward of a per-token loop on a busy machine: no
     # count yet, but the model's own counter stood at 5892 of 8192 tokens
-    assert token_loop(_loop_profile(5892, True), 8192).startswith(
-        "loop variable `t` in forward (attn.py:26) counted to 5892 within one pass over 8192 "
-        "tokens")
+    assert token_loop(_loop_profile(5892, True), 8192) == (
+        "a per-token loop at attn.py:26 (loop variable `t` in forward (attn.py:26) counted to "
+        "5892 within one pass over 8192 tokens)")
     assert token_loop(_loop_profile(100, True), 8192) is None  # far from one per token
     assert token_loop(_loop_profile(5892, False), 8192) is None  # range(0, S, 64): chunks
     assert token_loop(_loop_profile(5892, True, phase="build"), 8192) is None  # set-up
@@ -325,4 +325,5 @@ def test_a_per_token_loop_the_profile_read_is_slow_by_defect_before_any_forward_
     data["load"] = _load(6.0, 2, (0, 1000))  # contended: an uncounted SLOW would not stand
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
-    assert any(r.startswith("slow by defect: loop variable `t`") for r in verdict.reasons)
+    assert any(r.startswith("slow by defect: a per-token loop at attn.py:26") for r in
+               verdict.reasons)

@@ -131,7 +131,9 @@ def test_a_rank_that_died_is_the_cause_not_its_peer_that_lost_the_connection():
     verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)  # rank 1: no result
     assert verdict.name == "CRASH" and verdict.facts["rank"] == 1
     assert verdict.reasons[0].startswith("rank 1 ended without a result or an exception")
-    assert "blocks.1 forward" in verdict.reasons[1]
+    assert verdict.reasons[1].startswith("rank 0 only lost its connection to it: Connection "
+                                         "closed by peer")
+    assert "blocks.1 forward" in verdict.reasons[-1]
 
 
 def test_an_unrelated_timeout_error_is_not_a_collective_stall():

@@ -56,6 +56,28 @@ def test_per_token_loop_is_slow_with_an_eta(tmp_path):
     assert facts["eta_s"] > 0  # the remainder at the measured pace
 
 
+def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect(tmp_path):
+    # the first forward at S=2048 runs its position loop for minutes: the budget cuts it
+    # with no step and no forward finished, and the loop counter gives position and pace
+    record = _diagnose(tmp_path, "repro.sequential_prefill:make",
+                       **ZOO["sequential_prefill"][1])
+    assert record.evidence["event_counts"].get("step", 0) == 0
+    assert record.verdict_name == "SLOW", record.verdict
+    facts, reasons = record.verdict["facts"], record.verdict["reasons"]
+    assert facts["slow_by"] == "defect"
+    source = Path(__file__).resolve().parents[1] / "repro" / "sequential_prefill.py"
+    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1)
+                if text.strip().startswith("for t in range(S)"))
+    assert any(r.startswith(f"slow by defect: a per-token loop at repro/sequential_prefill.py:"
+                            f"{line} (loop variable `t` in _forward_prefill_sequential")
+               for r in reasons), reasons
+    position = facts["loop_position"]
+    assert position["variable"] == "t" and position["end"] == 2048
+    assert 0 < position["last"] < 2048 and position["eta_s"] > 0
+    assert position["module"] == "blocks.0" and position["phase"] == "forward"
+    assert "sampler.py" not in " ".join(reasons)  # nsadiag's own frames are never the user's
+
+
 def _longest_quiet_s(events: list[dict]) -> float:
     """The longest time between two heartbeat events (pulses left out): how long the run
     went without a module, step or phase event."""
@@ -78,9 +100,13 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     # the hot frame is the loop's line from the sampled profile, with its share
     assert facts["hot_frame"] == facts["hot_line"] and 0 < facts["hot_share"] <= 1
     assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
-    # a read and a handful of tiny ops per token: slow by defect, whatever the load
+    # a read and a handful of tiny ops per token: slow by defect, whatever the load (from
+    # the counted first forward, or, where a loaded machine did not finish that forward in
+    # the budget, from the loop counter over the positions)
     assert facts["slow_by"] == "defect", record.verdict["reasons"]
-    assert any("a read per token" in finding for finding in facts["slow_findings"])
+    assert any("a read per token" in finding or
+               finding.startswith("a per-token loop at repro/per_token_loop.py:")
+               for finding in facts["slow_findings"]), facts["slow_findings"]
     flame = (Path(record.trial_dir) / "profile.folded").read_text().splitlines()
     assert any("per_token_loop.py" in line for line in flame)
     # the line is the per-token loop the counter iterated, not the hottest healthy line

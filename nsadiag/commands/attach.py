@@ -63,6 +63,12 @@ from nsadiag.verdict.rules import IDLE_CPU_FRACTION, Verdict, busy_fraction, dec
 SAMPLES = 6
 NATIVE_SAMPLES = 2
 NATIVE_INTERVAL_S = 0.5
+NATIVE_RESERVE = 0.25
+NATIVE_RESERVE_S = 3.0
+"""The last part of the window kept for the native samples: this share, at most this
+long."""
+NATIVE_DUMP_S = 0.3
+"""About how long a native dump takes: the last one starts this long before the end."""
 MIN_DURATION_S = 1.0
 STATES = {"OK": "progressing", "STALL-COLLECTIVE": "waiting in a collective",
           "STALL-BUSY": "stuck (busy)", "DEADLOCK": "stuck (idle)"}
@@ -102,10 +108,21 @@ class Observation:
                 "window_samples": [sample.to_dict() for sample in self.window_samples]}
 
 
+def native_reserve(duration_s: float) -> float:
+    """The end of the window kept for the native samples (NATIVE_RESERVE of it, at most
+    NATIVE_RESERVE_S)."""
+    return min(NATIVE_RESERVE_S, NATIVE_RESERVE * duration_s)
+
+
 def observe(pid: int, rank: int | None, duration_s: float, samples: int = SAMPLES
             ) -> Observation:
     """Watch one process for `duration_s` (see the module docstring); never raises for a
-    process that goes away (its evidence says what could not be taken)."""
+    process that goes away (its evidence says what could not be taken). The samples are
+    taken against a deadline, the nonblocking ones before the window's last part and the
+    native ones in it, so the whole lasts about `duration_s` however slow py-spy is on a
+    loaded machine (more by what a native dump takes beyond the window: a sample's time
+    at most)."""
+    ends = time.monotonic() + duration_s
     try:
         cmdline = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
@@ -114,10 +131,13 @@ def observe(pid: int, rank: int | None, duration_s: float, samples: int = SAMPLE
     tail = EventTail(heartbeat) if heartbeat is not None else None
     if tail is not None:
         tail.read_new()  # what it wrote before the window is not the window's
-    window = capture_stall(pid, duration_s, duration_s, None, timeout_s=SAMPLE_TIMEOUT_S,
-                           count=samples, native=False)
+    sampling = duration_s - native_reserve(duration_s)
+    window = capture_stall(pid, duration_s, sampling, None, timeout_s=SAMPLE_TIMEOUT_S,
+                           count=samples, native=False, dump=False,
+                           deadline=time.monotonic() + sampling)
     events = tail.read_new() if tail is not None else None
-    stall = window if _progress_events(events or []) else with_native_frames(pid, window)
+    stall = window if _progress_events(events or []) else \
+        with_native_frames(pid, window, ends)
     observation = Observation(pid, rank, cmdline, stall, events,
                               window_samples=window.samples)
     observation.verdict = judge(observation, duration_s)
@@ -131,17 +151,24 @@ def observe(pid: int, rank: int | None, duration_s: float, samples: int = SAMPLE
     return observation
 
 
-def with_native_frames(pid: int, window: StallEvidence) -> StallEvidence:
+def with_native_frames(pid: int, window: StallEvidence, ends: float | None = None
+                       ) -> StallEvidence:
     """The window's evidence to decide on. When its Python stacks did not move (or none was
     taken), NATIVE_SAMPLES native samples are taken at its end (py-spy pauses the process
-    for each) and decide together with the window's last two: what native call the frozen
-    Python line sits in (a collective, a lock, a kernel). Moving stacks are kept as they
-    are."""
+    for each), before ``ends`` (a time.monotonic() reading) when given, and decide together
+    with the window's last two: what native call the frozen Python line sits in (a
+    collective, a lock, a kernel). Moving stacks are kept as they are."""
     samples = window.samples
     if len(samples) >= 2 and frames.stacks_change(samples, python_only=True):
         return window
-    native, unavailable = sample_stacks(pid, NATIVE_SAMPLES, NATIVE_INTERVAL_S,
-                                        timeout_s=SAMPLE_TIMEOUT_S)
+    left = None if ends is None else ends - time.monotonic()
+    # what native call a frozen line sits in decides between a lock, a collective and a
+    # kernel: one native sample is taken even when slow samples spent the window, and each
+    # gets its full time (a first native dump of a big process reads its symbols)
+    count = NATIVE_SAMPLES if left is None or left > NATIVE_DUMP_S * NATIVE_SAMPLES else 1
+    interval = NATIVE_INTERVAL_S if left is None else \
+        max(0.0, (left - NATIVE_DUMP_S) / max(NATIVE_SAMPLES - 1, 1))
+    native, unavailable = sample_stacks(pid, count, interval, timeout_s=SAMPLE_TIMEOUT_S)
     taken = samples[-2:] + native
     return dataclasses.replace(window, samples=taken,
                                unavailable=sorted(set(window.unavailable + unavailable)),

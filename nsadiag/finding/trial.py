@@ -186,8 +186,10 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
             return (f"The time goes to the loop{where}: if it runs once per token, replace it "
                     f"with tensor ops over all tokens at once; otherwise give the run more "
                     f"time.")
-        return ("Give the run more time, or count its work with `nsadiag sweep-layers "
-                "--target pkg.module:factory` on the model (slow by size or by defect).")
+        more = (f"more than its ETA ({duration(facts['eta_s'])})" if facts.get("eta_s")
+                else "more time")
+        return (f"Give the run {more}, or count its work with `nsadiag sweep-layers "
+                f"--target pkg.module:factory` on the model (slow by size or by defect).")
     if name == "SLOW":
         eta = f" (ETA {duration(facts['eta_s'])})" if facts.get("eta_s") else ""
         return (f"Nothing is broken: give the run more time{eta} or fewer steps; the time "
@@ -310,7 +312,9 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     if rerun and kind != "healthy":
         next_action += f" Rerun: `{rerun}`."
     subject = subject_of(record.spec)
-    summary = [f"{subject} ended {name} ({kind}) after {record.wall_s:.0f} s.",
+    ended = record.evidence.get("ended")
+    summary = [f"{subject} ended {name} ({kind}) after {record.wall_s:.0f} s"
+               + (f" ({ended})." if ended else "."),
                verdict_sentence(record)]
     position = next((r for r in record.verdict.get("reasons") or []
                      if r.startswith("last heartbeat")), None)

@@ -11,10 +11,11 @@ In order, everything slow last: read the job (a bad job: one line on stderr, exi
 as a rank, die with the parent; arm faulthandler on SIGUSR1 (all threads, into
 faulthandler.txt; fatal signals dump there too); open the heartbeat (events.jsonl) and
 write the "start" event of phase "build" with the pid; start the progress sampler
-(pulses, profile.json: nsadiag.probes.sampler); import torch and count module calls and
-autograd nodes (nsadiag.probes.counters); cap the address space (RLIMIT_AS) when the spec
-sets memory_cap_bytes; seed torch and random; join the process group as a rank; run the
-job; write result.json atomically.
+(pulses, profile.json: nsadiag.probes.sampler); record the exceptions that end other
+threads (thread-exceptions.jsonl: nsadiag.harness.thread_exceptions); import torch and
+count module calls and autograd nodes (nsadiag.probes.counters); cap the address space
+(RLIMIT_AS) when the spec sets memory_cap_bytes; seed torch and random; join the process
+group as a rank; run the job; write result.json atomically.
 
 result.json: status "ok" | "error", the job's measurements (a trial's Progress; a check's
 finding also goes to check.json; the memory summary), peak_rss (ru_maxrss, bytes),
@@ -42,6 +43,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter, loaded_torch
 from nsadiag.harness.rank import RankEnv, die_with_parent, rank_env
 from nsadiag.harness.trial import Progress
@@ -110,8 +112,10 @@ def run(job: JobSpec, rank: RankEnv | None, directory: Path) -> dict[str, Any]:
                  job=job.kind)
     counters = WorkCounters()
     sampler = Sampler(writer.pulse, directory / "profile.json", counters=counters,
-                      context=writer.context, events=lambda: writer.events)
+                      context=writer.context, events=lambda: writer.events,
+                      step=lambda: writer.step)
     sampler.start()
+    thread_exceptions.install(directory / thread_exceptions.FILE_NAME)
     progress = Progress()
     measured: dict[str, Any] = {}
     error = None

@@ -12,6 +12,8 @@ heartbeat file (see nsadiag.harness.heartbeat for the common fields):
     detail   e.g. "DDP bucket 0, 3 tensors" or "2 tensors, group of 2 ranks, from train
              (train.py:41)" (a call names the innermost frame outside torch that issued it)
     shapes   shapes of the tensors involved (the flat bucket for DDP)
+    bytes    on "start" only: the bytes of those tensors (what the transport moves; two
+             ranks whose collectives #n differ in size have left the common path)
     status   on "end" only: "ok", or "error" when the work failed (e.g. a timeout)
     rank     this rank
 
@@ -48,16 +50,24 @@ WRAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
 WRAPPER_FILES = (__file__, counters.__file__)
 
 
-def _shapes(values: Iterable[Any]) -> list[list[int]]:
+def _tensors(values: Iterable[Any]) -> list[Any]:
     import torch
 
     found = []
     for value in values:
         if isinstance(value, torch.Tensor):
-            found.append(list(value.shape))
+            found.append(value)
         elif isinstance(value, (list, tuple)):
-            found += [list(v.shape) for v in value if isinstance(v, torch.Tensor)]
+            found += [v for v in value if isinstance(v, torch.Tensor)]
     return found
+
+
+def _shapes(values: Iterable[Any]) -> list[list[int]]:
+    return [list(tensor.shape) for tensor in _tensors(values)]
+
+
+def _bytes(values: Iterable[Any]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(values))
 
 
 class CollectiveCounter:
@@ -70,11 +80,12 @@ class CollectiveCounter:
         self._inside = threading.local()
         self._originals: dict[str, Callable[..., Any]] = {}
 
-    def start(self, op: str, origin: str, detail: str, shapes: list[list[int]]) -> int:
+    def start(self, op: str, origin: str, detail: str, shapes: list[list[int]],
+              nbytes: int | None = None) -> int:
         with self._lock:
             self.count += 1
             n = self.count
-        self.writer.collective("start", n, op, origin, detail, shapes)
+        self.writer.collective("start", n, op, origin, detail, shapes, nbytes=nbytes)
         return n
 
     def end(self, n: int, op: str, origin: str, detail: str, ok: bool) -> None:
@@ -107,7 +118,9 @@ class CollectiveCounter:
                         bucket: Any) -> Any:
         """Run one bucket's comm hook as one counted collective; the collectives the hook
         itself issues are not counted again."""
-        n = self.start(op, "ddp", detail, [list(bucket.buffer().shape)])
+        buffer = bucket.buffer()
+        n = self.start(op, "ddp", detail, [list(buffer.shape)],
+                       buffer.numel() * buffer.element_size())
         self._inside.active = True
         try:
             future = hook(state, bucket)
@@ -156,7 +169,8 @@ class CollectiveCounter:
             if getattr(self._inside, "active", False):
                 return original(*args, **kwargs)
             detail = _call_detail(args, kwargs)
-            n = self.start(op, "call", detail, _shapes([*args, *kwargs.values()]))
+            values = [*args, *kwargs.values()]
+            n = self.start(op, "call", detail, _shapes(values), _bytes(values))
             try:
                 work = original(*args, **kwargs)
             except Exception:
@@ -208,7 +222,7 @@ def summarize(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if event.get("kind") != "collective":
             continue
         (started if event.get("edge") == "start" else ended)[int(event["n"])] = event
-    keep = ("n", "op", "origin", "detail", "shapes", "t", "phase", "step")
+    keep = ("n", "op", "origin", "detail", "shapes", "t", "phase", "step", "bytes")
     open_ = [{k: started[n].get(k) for k in keep} for n in sorted(started) if n not in ended]
     failed = [{k: started.get(n, ended[n]).get(k) for k in keep} for n in sorted(ended)
               if ended[n].get("status") == "error"]

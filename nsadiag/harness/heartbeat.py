@@ -99,12 +99,15 @@ class HeartbeatWriter:
         self._write("pulse", self.phase, **fields)
 
     def collective(self, edge: str, n: int, op: str, origin: str, detail: str,
-                   shapes: list[list[int]], status: str | None = None) -> None:
+                   shapes: list[list[int]], status: str | None = None,
+                   nbytes: int | None = None) -> None:
         """A collective of this rank started or ended (nsadiag.harness.collectives)."""
         extra: dict[str, Any] = {"edge": edge, "n": n, "op": op, "origin": origin,
                                  "detail": detail, "shapes": shapes, "rank": self.rank}
         if status is not None:
             extra["status"] = status
+        if nbytes is not None:
+            extra["bytes"] = nbytes
         self._write("collective", self.phase, **extra)
 
     def step_done(self, step_s: float, forward_s: float, backward_s: float,

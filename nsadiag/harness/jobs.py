@@ -29,16 +29,19 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
-from nsadiag.harness import stop
+from nsadiag.harness import crash, stop, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.rank import pg_timeout_for
+from nsadiag.harness.tree import python_processes, roles
 from nsadiag.harness.watch import Due, Stream, Watcher
 from nsadiag.probes import flight_recorder, frames, stacks
 from nsadiag.probes.gpu import gpu_state
@@ -53,6 +56,8 @@ STACK_SAMPLES = 3
 SAMPLE_TIMEOUT_S = 8.0
 """Each py-spy sample of a stalled process is given this long (a loaded machine)."""
 POLL_S = 0.2
+DEADLINE_SLACK_S = 0.05
+"""A sample due this little after its deadline is still taken (clock readings differ)."""
 
 OnEvents = Callable[[list[dict]], None]
 
@@ -89,19 +94,32 @@ def child_env(job: JobSpec, trial_dir: Path,
 
 
 def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
-                  faulthandler_file: Path | None = None,
-                  native: bool = True) -> tuple[list[Any], list[str]]:
+                  faulthandler_file: Path | None = None, native: bool = True,
+                  local_names: bool = False, deadline: float | None = None
+                  ) -> tuple[list[Any], list[str]]:
     """`count` samples `interval_s` apart (py-spy, with native frames when `native` and it
     can, else the faulthandler dump into `faulthandler_file`), and the reasons for any
     sample that could not be taken. `timeout_s` bounds each sample (default: max(5 s, 4
-    intervals)). Without `native` py-spy does not pause the process."""
+    intervals)). Without `native` py-spy does not pause the process; `local_names` reads
+    the locals that say what a process is (nsadiag.probes.stacks.KEEP_LOCALS). With
+    `deadline` (a time.monotonic() reading) the samples are taken at fixed times spread
+    from now to it, a late sample is not followed by the full interval, and none starts
+    after it: the whole takes about as long as asked, however slow each sample is."""
     samples, unavailable = [], []
+    start = time.monotonic()
     for i in range(count):
-        if i:
+        if i and deadline is None:
             time.sleep(interval_s)
+        elif i:
+            due = start + i * interval_s
+            if due > deadline + DEADLINE_SLACK_S or time.monotonic() > deadline:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
         limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
+        if deadline is not None:
+            limit = max(0.5, min(limit, deadline - time.monotonic()))
         taken = stacks.capture(pid, native=native, timeout_s=limit,
-                               faulthandler_file=faulthandler_file)
+                               faulthandler_file=faulthandler_file, local_names=local_names)
         if isinstance(taken, str):
             unavailable.append(taken)
         else:
@@ -121,23 +139,32 @@ def _thread_clock(pid: int) -> tuple[float, float] | None:
 
 def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                   faulthandler_path: Path | None, timeout_s: float | None = None,
-                  count: int = STACK_SAMPLES, native: bool = True) -> StallEvidence:
+                  count: int = STACK_SAMPLES, native: bool = True, dump: bool = True,
+                  local_names: bool = False, deadline: float | None = None
+                  ) -> StallEvidence:
     """`count` stack samples spread over `window_s`, the CPU time the process used
-    meanwhile (and its main thread's on-CPU and run-queue time), and a faulthandler dump of
-    all threads into `faulthandler_path` (SIGUSR1, sent only when the process has its
-    handler installed; None: the file the process holds open, see probes.stacks)."""
+    meanwhile (and its main thread's on-CPU and run-queue time), and with `dump` a
+    faulthandler dump of all threads into `faulthandler_path` (SIGUSR1, sent only when the
+    process has its handler installed; None: the file the process holds open, see
+    probes.stacks). A process forked from a watched one inherits its handler and its open
+    dump file: it must be sampled without `dump`, or its dump would land in the parent's
+    file. `deadline` bounds the samples (see sample_stacks)."""
     cpu_before, clock_before = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     started = time.monotonic()
-    samples, unavailable = sample_stacks(pid, count, window_s / count,
+    # against a deadline the last sample falls at the window's end
+    interval = window_s / (max(count - 1, 1) if deadline is not None else count)
+    samples, unavailable = sample_stacks(pid, count, interval,
                                          timeout_s=timeout_s,
-                                         faulthandler_file=faulthandler_path, native=native)
+                                         faulthandler_file=faulthandler_path, native=native,
+                                         local_names=local_names, deadline=deadline)
     elapsed = time.monotonic() - started
     cpu_after, clock_after = stacks.process_cpu_seconds(pid), _thread_clock(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     main_cpu = runq = None
     if clock_before and clock_after:
         main_cpu, runq = clock_after[0] - clock_before[0], clock_after[1] - clock_before[1]
-    if not any((s.note or "").startswith("stacks from faulthandler") for s in samples):
+    if dump and not any((s.note or "").startswith("stacks from faulthandler")
+                        for s in samples):
         dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
         if isinstance(dumped, str):
             unavailable.append(dumped)
@@ -208,17 +235,32 @@ class _Capture:
     due: Due | None
     stalls: dict[str, StallEvidence]
     gpu: Any
+    others: list[dict[str, Any]] = field(default_factory=list)
+
+
+OTHER = "other-"
+"""capture_all's key prefix for a process that writes no heartbeat: other-<pid>."""
 
 
 def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
-                 stall_timeout_s: float) -> dict[str, StallEvidence]:
-    """Evidence of every process at the same time (one thread each)."""
+                stall_timeout_s: float,
+                others: Sequence[psutil.Process] = ()) -> dict[str, StallEvidence]:
+    """Evidence of every process at the same time (one thread each): the watched ones by
+    name, and at a stall each of ``others`` (the job's processes that write no heartbeat,
+    nsadiag.harness.tree) under ``other-<pid>``, sampled without pausing it, with the
+    locals that say what it is and no faulthandler dump."""
     found: dict[str, StallEvidence] = {}
     window = min(max(1.5, stall_timeout_s / 2), 6.0)
 
     def stall(name: str, pid: int) -> None:
-        found[name] = capture_stall(pid, due.quiet_s, window,
-                                    dirs[name] / "faulthandler.txt", timeout_s=SAMPLE_TIMEOUT_S)
+        if name.startswith(OTHER):
+            found[name] = capture_stall(pid, due.quiet_s, window, None,
+                                        timeout_s=SAMPLE_TIMEOUT_S, native=False, dump=False,
+                                        local_names=True)
+        else:
+            found[name] = capture_stall(pid, due.quiet_s, window,
+                                        dirs[name] / "faulthandler.txt",
+                                        timeout_s=SAMPLE_TIMEOUT_S)
         found[name].opportunity_s, found[name].stretched = due.opportunity_s, due.stretched
 
     def budget(name: str, pid: int) -> None:
@@ -230,12 +272,36 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due,
                                     opportunity_s=due.opportunity_s)
 
     target = stall if due.reason == "stall" else budget
-    threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in pids.items()]
+    jobs = dict(pids)
+    if due.reason == "stall":
+        jobs.update({f"{OTHER}{process.pid}": process.pid for process in others})
+    threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in jobs.items()]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     return found
+
+
+def others_evidence(processes: Sequence[psutil.Process], found: dict[str, StallEvidence]
+                    ) -> list[dict[str, Any]]:
+    """The ``Evidence.others`` of the processes capture_all sampled under other-<pid>: pid,
+    role (nsadiag.harness.tree.roles) and their StallEvidence as a dict."""
+    stalls = {process.pid: found.get(f"{OTHER}{process.pid}") for process in processes}
+    last = {pid: stall.samples[-1] if stall and stall.samples else None
+            for pid, stall in stalls.items()}
+    named = roles(processes, last)
+    return [{"pid": pid, "role": named[pid], "stall": stall.to_dict()}
+            for pid, stall in stalls.items() if stall is not None]
+
+
+def unwatched(launched: Launched, watched: set[int]) -> list[psutil.Process]:
+    """The live Python processes of a job that write no heartbeat (see
+    nsadiag.harness.tree)."""
+    try:
+        return python_processes(launched.members(), watched)
+    except psutil.Error:
+        return []
 
 
 # ---- running -----------------------------------------------------------------------------
@@ -272,6 +338,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
                             out, err)
     started = time.time()
     capture = _Capture(None, {}, None)
+    others: list[psutil.Process] = []
     clocks: dict[str, list[tuple[float, float, float]]] = {}  # name -> [first, latest]
     decided_at = None  # when the watcher said stop: capturing evidence takes seconds more,
     # and py-spy pauses the process meanwhile, so that time is not the run's
@@ -288,8 +355,10 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
                 pids = {s.name: s.pid for s in streams if s.pid}
                 if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
                     flight_recorder.request_dumps([dirs[n] for n in names])
-                capture = _Capture(due, capture_all(pids, dirs, due, spec.stall_timeout_s),
-                                   gpu_state())
+                others = unwatched(launched, set(pids.values())) if due.reason == "stall" \
+                    else []
+                capture = _Capture(due, capture_all(pids, dirs, due, spec.stall_timeout_s,
+                                                    others), gpu_state())
                 if due.reason == "stall" and job.world_size > 1 and job.ddp_backend == "nccl":
                     time.sleep(2.0)  # the ranks' dump threads write within a poll or two
                 break
@@ -300,6 +369,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POL
         launched.kill_all()
     watcher.read()
     load = _load(load_before, clocks)
+    capture.others = others_evidence(others, capture.stalls)
     return _record(job, trial_dir, streams, launched.proc.returncode, capture, started,
                    ended_at, load, _oom(oom_kills_before, cgroup_oom_kills()))
 
@@ -371,18 +441,26 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
             stall.unfinished_backward = stream.backward.modules()
     first = streams[0]
     result = results[first.name]
+    stderr_path = trial_dir / "stderr.txt"
     evidence = Evidence(spec=json.loads(spec.to_json()), events=list(first.last),
                         event_counts=dict(first.counts), result=result, outcome=outcome,
                         stall=capture.stalls.get(first.name),
                         expected_events_per_step=(result or {}).get("expected_events_per_step"),
                         total_steps=spec.steps, stall_timeout_s=spec.stall_timeout_s,
                         pulses=list(first.pulses), load=load,
-                        profile=profile_summary(first.path.parent / "profile.json"))
+                        profile=profile_summary(first.path.parent / "profile.json"),
+                        thread_exceptions=thread_exceptions.read(
+                            first.path.parent / thread_exceptions.FILE_NAME),
+                        others=capture.others,
+                        crash=crash.read(first.path.parent, stderr_path, first.pid)
+                        if outcome.signal is not None and not outcome.killed_by_runner
+                        else None)
     if job.world_size == 1:
         verdict = decide(evidence)
         data = evidence.to_dict()
     else:
-        ranks = [rank_evidence(i, s, results[s.name], capture.stalls.get(s.name))
+        ranks = [rank_evidence(i, s, results[s.name], capture.stalls.get(s.name),
+                               None if outcome.killed_by_runner else stderr_path)
                  for i, s in enumerate(streams)]
         verdict = decide_ranks(evidence, ranks)
         data = evidence.to_dict()
@@ -398,8 +476,11 @@ def _record(job: JobSpec, trial_dir: Path, streams: list[Stream], returncode: in
 
 
 def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
-                  stall: StallEvidence | None) -> RankEvidence:
-    """What the parent saw of one rank, for nsadiag.verdict.ranks."""
+                  stall: StallEvidence | None, stderr_path: Path | None = None
+                  ) -> RankEvidence:
+    """What the parent saw of one rank, for nsadiag.verdict.ranks; with ``stderr_path``
+    (the job's stderr) what the rank left if it died without a result
+    (nsadiag.harness.crash)."""
     state = frames.classify(stall.samples) if stall and stall.samples else None
     signature = frames.stack_signature(stall.samples[-1]) if stall and stall.samples else ""
     started = [e for e in stream.collectives if e.get("edge") == "start"]
@@ -407,7 +488,11 @@ def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
                         events=list(stream.last), event_counts=dict(stream.counts),
                         result=result, started=started[-STARTED_KEEP:],
                         collectives=summarize(stream.collectives), stall=stall, state=state,
-                        signature=signature)
+                        signature=signature,
+                        crash=crash.read(stream.path.parent, stderr_path, stream.pid)
+                        if result is None and stderr_path is not None else None,
+                        thread_exceptions=thread_exceptions.read(
+                            stream.path.parent / thread_exceptions.FILE_NAME))
 
 
 # ---- the shapes of job the commands run ------------------------------------------------------

@@ -13,8 +13,10 @@ copies (where and why is kept in the evidence, ``output_copies``), never the com
 verdict is still written (nsadiag.rundir's reserve).
 
 The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
-with the stall clock on progress of any of them. On a stall every watched process is
-sampled at once (nsadiag.harness.jobs.capture_all) before the whole tree is killed
+with the stall clock on progress of any of them. On a stall every watched process, and
+every other live Python process of the command's tree (a DataLoader worker forked without
+the injected hook, a launcher: nsadiag.harness.tree), is sampled at once
+(nsadiag.harness.jobs.capture_all) before the whole tree is killed
 (every process it started, those that left its session included: nsadiag.harness.launch);
 at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
@@ -43,17 +45,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
-from nsadiag.harness import stop
+from nsadiag.harness import crash, stop, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.jobs import (
     capture_all,
     machine_load,
+    others_evidence,
     outcome_of,
     profile_summary,
     rank_evidence,
+    unwatched,
 )
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.watch import Stream, Watcher
+from nsadiag.probes.frames import describe_place, place_sentence
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
 from nsadiag.verdict.ranks import decide_ranks
@@ -240,6 +245,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                                       "deadline_s": deadline_s})
     started = time.time()
     due, stalls, gpu, decided_at = None, {}, None, None
+    others: list[Any] = []
     try:
         while command.poll() is None:
             stop.check()
@@ -250,7 +256,9 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                 decided_at = time.time()  # capturing takes seconds and pauses the processes
                 pids = {s.name: s.pid for s in watcher.streams if s.pid}
                 dirs = {s.name: s.path.parent for s in watcher.streams}
-                stalls = capture_all(pids, dirs, due, stall_timeout_s)
+                others = unwatched(command, set(pids.values())) if due.reason == "stall" \
+                    else []
+                stalls = capture_all(pids, dirs, due, stall_timeout_s, others)
                 gpu = gpu_state()
                 break
             time.sleep(POLL_S)
@@ -268,7 +276,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     record = build_record(spec, run_dir, watcher.streams, outcome, stalls, gpu,
                           {"start": load_before, "end": machine_load()},
                           ended_ok=due is None and returncode == 0,
-                          fallback=None if due is not None else _stderr_exception(run_dir))
+                          fallback=None if due is not None else _stderr_exception(run_dir),
+                          others=others_evidence(others, stalls))
     if command.lost():
         record.evidence["output_copies"] = command.lost()
     return record
@@ -336,16 +345,45 @@ def stream_result(stream: Stream, ended_ok: bool) -> dict[str, Any] | None:
             "collectives_issued": summarize(stream.collectives)["issued"]}
 
 
+def how_it_ended(outcome: ProcessOutcome) -> str:
+    """"exit code 1", "killed by SIGABRT", "stopped by nsadiag at a stall": how the
+    command ended, in words (a signal leaves no exit code)."""
+    if outcome.killed_by_runner:
+        return {"stall": "stopped by nsadiag at a stall",
+                "budget": "stopped by nsadiag at the deadline"}.get(
+            outcome.kill_reason or "", "stopped by nsadiag")
+    if outcome.signal is not None:
+        return f"killed by {outcome.signal_name or f'signal {outcome.signal}'}"
+    if outcome.exit_code is None:
+        return "stopped by nsadiag"
+    return f"exit code {outcome.exit_code}"
+
+
+def _place(stall: StallEvidence | None) -> str | None:
+    """Where a process was at the stop, in the user's terms (nsadiag.probes.frames
+    .place_sentence of its last sample); None without samples."""
+    if stall is None or not stall.samples:
+        return None
+    place = describe_place(stall.samples[-1])
+    return place_sentence(place) if place else None
+
+
 def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
                  outcome: ProcessOutcome, stalls: dict[str, StallEvidence], gpu: Any,
                  load: dict[str, Any], ended_ok: bool,
-                 fallback: dict[str, Any] | None = None) -> TrialRecord:
+                 fallback: dict[str, Any] | None = None,
+                 others: list[dict[str, Any]] | None = None) -> TrialRecord:
     """The record of a watched user's run (``nsadiag run``, ``nsadiag.watch()``): the
     Evidence of the training process, and for a torchrun job of two or more ranks each
     rank's RankEvidence decided across ranks (nsadiag.verdict.ranks). ``ended_ok``: the
     command or block ended by itself, successfully; ``fallback``: the exception to take
-    when no process recorded one (the last traceback on the command's stderr)."""
+    when no process recorded one (the last traceback on the command's stderr); ``others``:
+    the processes sampled at a stall that write no heartbeat (Evidence.others). A process
+    that died of a signal is read for what it left (nsadiag.harness.crash), and the
+    exceptions that ended other threads of the training process are the evidence's
+    ``thread_exceptions``."""
     main = _training_stream(streams)
+    stderr_path = run_dir / "stderr.txt"
     steps = main.counts.get("step", 0) if main else 0
     result = stream_result(main, ended_ok) if main else None
     if result is None and ended_ok:
@@ -358,11 +396,17 @@ def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
         stall=stalls.get(main.name) if main else None, expected_events_per_step=None,
         total_steps=steps if ended_ok else 0, stall_timeout_s=spec["stall_timeout_s"],
         pulses=list(main.pulses) if main else [], load=load,
-        profile=profile_summary(main.path.parent / "profile.json") if main else None)
+        profile=profile_summary(main.path.parent / "profile.json") if main else None,
+        thread_exceptions=thread_exceptions.read(
+            main.path.parent / thread_exceptions.FILE_NAME) if main else [],
+        others=list(others or []),
+        crash=crash.read(main.path.parent, stderr_path, main.pid)
+        if main and outcome.signal is not None and not outcome.killed_by_runner else None)
     ranks = _rank_streams(streams)
     data: dict[str, Any]
     if len(ranks) >= 2:
-        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), stalls.get(s.name))
+        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), stalls.get(s.name),
+                                   None if outcome.killed_by_runner else stderr_path)
                      for r, s in sorted(ranks.items())]
         verdict = decide_ranks(evidence, rank_list)
         data = evidence.to_dict()
@@ -372,10 +416,18 @@ def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
         data = evidence.to_dict()
     data["processes"] = [{"name": s.name, "pid": s.pid, "rank": s.rank,
                           "events": dict(s.counts),
+                          "role": f"rank {s.rank}" if isinstance(s.rank, int) else
+                          "the training process" if s is main else "a watched process",
+                          "place": _place(stalls.get(s.name)),
                           "stall": stalls[s.name].to_dict() if s.name in stalls else None}
-                         for s in streams]
+                         for s in streams] + \
+        [{"name": f"pid-{other['pid']}", "pid": other["pid"], "rank": None, "events": {},
+          "role": other["role"], "stall": other["stall"],
+          "place": _place(StallEvidence.from_dict(other["stall"]))}
+         for other in others or []]
     data["main_process"] = main.name if main else None
     data["exit_code"] = outcome.exit_code
+    data["ended"] = how_it_ended(outcome)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", data, reserve=False)
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),

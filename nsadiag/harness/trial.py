@@ -87,6 +87,20 @@ class Rates:
     host_reads_per_step: int | None = None
     blocks: int | None = None  # the blocks the heartbeat watches
     unavailable: str | None = None
+    dense_block_s: float | None = None  # the dense block's forward and backward here
+    dense_shape: tuple[int, int] | None = None  # the (batch, length) it ran at: the
+    # target's, cut to the reference's limit
+
+    def expected_step_s(self, batch: int, seq_len: int, blocks: int | None) -> float | None:
+        """What a step of ``blocks`` dense blocks of [batch, seq_len] tokens would take
+        here: the dense block's time per block, scaled by the batch and by the square of
+        the length where the reference ran smaller (an upper bound: attention's share grows
+        with the length); None when the reference did not run or no block is watched."""
+        if not self.dense_block_s or not self.dense_shape or not blocks:
+            return None
+        ran_batch, ran_length = self.dense_shape
+        return (self.dense_block_s * blocks * max(1.0, batch / ran_batch) *
+                max(1.0, seq_len / ran_length) ** 2)
 
     def count_forward(self, counted: Any, blocks: int | None) -> None:
         """Take a forward's WorkCount: a step is about three forwards of FLOPs (backward
@@ -128,6 +142,8 @@ def measure_rates(spec: TrialSpec, target: Target, device: torch.device) -> Rate
             dense = dense_reference(spec.batch, spec.seq_len, dim, device, dtype)
             rates.dense_efficiency = dense["efficiency"]
             rates.dense_flops_per_op = dense["flops_per_op"]
+            rates.dense_block_s = dense["seconds"]
+            rates.dense_shape = (dense["batch"], dense["seq_len"])
             rates.machine_flops_per_s = dense["machine_flops_per_s"]  # the same rate as
             # the dense efficiency's, measured again after the reference
         return rates
@@ -299,7 +315,9 @@ def run_step(spec: TrialSpec, model: nn.Module, loss_of: Any, optimizer: torch.o
             if tee is not None:
                 tee.ledger = None
             return
-        writer.start(phase, step)
+        expected = rates.expected_step_s(spec.batch, spec.seq_len, writer.watched_blocks) \
+            if rates is not None and phase == "forward" else None
+        writer.start(phase, step, **({"expected_step_s": expected} if expected else {}))
         if phase == "forward" and tee is not None:
             tee.ledger = ledger
 

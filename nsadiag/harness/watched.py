@@ -18,7 +18,9 @@ it, with no edit to the user's code.
 - ``profile.json``: the progress sampler's profile (nsadiag.probes.sampler);
 - ``faulthandler.txt``: every thread's stack on SIGUSR1 and on a fatal signal;
 - ``result.json``: only when an exception ends the process ({"status": "error",
-  "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``.
+  "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``;
+- ``thread-exceptions.jsonl``: every exception that ended another thread
+  (nsadiag.harness.thread_exceptions, through ``threading.excepthook``).
 
 The rank is torchrun's RANK, unless the parent process has the same RANK: then this is a
 helper of that rank (a spawned DataLoader worker), watched but not a rank.
@@ -54,6 +56,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.sampler import Sampler
@@ -105,7 +108,8 @@ class Watched:
         self.counters = WorkCounters(on_backward=self._on_backward)
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
                                counters=self.counters, context=self.writer.context,
-                               events=lambda: self.writer.events)
+                               events=lambda: self.writer.events,
+                               step=lambda: self.writer.step)
         self.roots: set[int] = set()
         self.blocks: dict[int, str] = {}  # id(block) -> its name, of every model trained
         self.depth = threading.local()
@@ -117,10 +121,13 @@ class Watched:
         self.pid = os.getpid()  # a forked child (a data worker) must not write here
         self.stopped = threading.Event()
         self.previous_excepthook = sys.excepthook
+        self.uninstall_thread_hook: Any = None
 
     def start(self) -> None:
         self.sampler.start()
         sys.excepthook = self._excepthook
+        self.uninstall_thread_hook = thread_exceptions.install(
+            self.directory / thread_exceptions.FILE_NAME)
         threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
                          daemon=True).start()
         atexit.register(self.stop)
@@ -149,6 +156,8 @@ class Watched:
         self.counters.remove()
         if sys.excepthook == self._excepthook:
             sys.excepthook = self.previous_excepthook
+        if self.uninstall_thread_hook is not None:
+            self.uninstall_thread_hook()
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         if os.getpid() == self.pid:
@@ -248,6 +257,7 @@ class Watched:
             if name is not None:
                 self.writer.module(name, "forward", "enter")
             return
+        self.sampler.mark_memory()  # what this call allocates is its caller's line's
         if not module.training:
             return
         if id(module) not in self.roots:
@@ -262,6 +272,8 @@ class Watched:
         name = self.blocks.get(id(module)) if self.depth.n else None
         if name is not None and os.getpid() == self.pid:
             self.writer.module(name, "forward", "exit")
+        if self.depth.n == 0 and os.getpid() == self.pid:
+            self.sampler.mark_memory()
 
     def _find_blocks(self, root: Any) -> None:
         """Module events for the repeated blocks of a model seen for the first time. They

@@ -18,10 +18,10 @@ and how fast the arithmetic runs is reported beside:
 - ``slow_by(measured, seq_len)``: "defect" with the findings (a host read per token; ops
   far smaller than a dense block's issued at a matmul or more per token and block), else
   "size"; efficiency is reported beside;
-- ``token_loop(profile, seq_len)``: the sampled profile's word for a defect when no forward
-  was counted in time (a forward of a per-token loop can outlast a budget on a busy
-  machine): a loop counter of the model's code that counted over the tokens within one
-  entry of its loop, in a function the forward or backward samples were in;
+- ``find_token_loop(profile, seq_len)`` / ``token_loop``: the sampled profile's word for a
+  defect when no forward was counted in time (a forward of a per-token loop can outlast a
+  budget): a loop counter of the model's code, read in forward or backward, that counted
+  over the tokens within one entry of its loop;
 - ``step_cost(measured, step_s)``: a step's time against its expected cost, the time the
   dense reference would take here for the step's FLOPs (FLOPs over the dense block's
   achieved FLOP/s, i.e. over this machine's matmul rate times the dense efficiency). The
@@ -37,6 +37,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ def dense_reference(batch: int, seq_len: int, dim: int, device: torch.device,
     """Efficiency of one forward and backward of a plain causal transformer block
     [batch, seq_len, dim] (heads of 64, or one head when dim < 64): its FLOPs three times
     its forward's, counted in a warm-up run (as a trial's step 0 is), its time the best of
-    TIMED_RUNS; batch and then sequence length are cut to REFERENCE_MAX_TOKENS tokens."""
+    TIMED_RUNS; batch and then sequence length are cut to REFERENCE_MAX_TOKENS tokens
+    (``seq_len`` and ``batch`` in the result say what ran)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -246,7 +248,7 @@ def dense_reference(batch: int, seq_len: int, dim: int, device: torch.device,
     achieved = 3 * (counted.flops or 0) / max(seconds, 1e-9)  # a step is ~3 forwards
     return {"flops": 3 * (counted.flops or 0), "seconds": seconds,
             "efficiency": achieved / rate, "machine_flops_per_s": rate,
-            "flops_per_op": counted.flops_per_op()}
+            "flops_per_op": counted.flops_per_op(), "seq_len": seq_len, "batch": batch}
 
 
 def slow_by(measured: dict[str, Any], seq_len: int) -> tuple[str | None, list[str]]:
@@ -307,29 +309,63 @@ def far_above_cost(cost: dict[str, Any] | None) -> bool:
     return cost is not None and cost["ratio"] >= DEFECT_COST_RATIO
 
 
-def token_loop(profile: dict[str, Any] | None, seq_len: int) -> str | None:
-    """A finding when the sampled profile (nsadiag.probes.profile.summarize) shows a Python
+def find_token_loop(profile: dict[str, Any] | None, seq_len: int) -> dict[str, Any] | None:
+    """The loop of the sampled profile (nsadiag.probes.profile.summarize) that is a Python
     loop over the tokens in the model's forward or backward: a loop counter of the user's
     code that steps by one (the source says so: ``range(n)``, ``enumerate``, ``+= 1``;
-    ``range(0, S, 64)`` counts chunks, not iterations) and reached at least
-    HOST_READS_PER_TOKEN x seq_len (and MIN_HOST_READS) within
-    one entry of its loop (its last value, or its rises over its entries), in a function
-    whose lines the forward or backward samples were in most. The counter's value is read
-    from the program, not timed: load cannot make it up. None otherwise."""
+    ``range(0, S, 64)`` counts chunks, not iterations), read in forward or backward (the
+    phase of its last reading; for a profile without it, a function whose lines the
+    forward or backward samples were in most), that reached at least HOST_READS_PER_TOKEN x
+    seq_len (and MIN_HOST_READS) within one entry of its loop (its last value, or its rises
+    over its entries), or whose ``range`` ends within a factor of two of seq_len (and at
+    MIN_HOST_READS or more): a loop over the positions, however far it got. Both are read
+    from the program, not timed: load cannot make them up. None otherwise."""
     if not profile or seq_len <= 0:
         return None
     running = {_function_and_file(line["where"]) for line in profile.get("hot_lines") or []
                if line.get("phase") in ("forward", "backward")}
     for loop in profile.get("loops") or []:
-        if not loop.get("by_one") or _function_and_file(loop["where"]) not in running:
+        if not loop.get("by_one"):
             continue  # a stride other than one makes the value no count of iterations
+        phase = loop.get("phase")
+        inside = phase in ("forward", "backward") if phase is not None else \
+            _function_and_file(loop["where"]) in running
+        if not inside:
+            continue
         reached = max(int(loop.get("last") or 0),
                       int(loop.get("advanced") or 0) // (int(loop.get("restarts") or 0) + 1))
-        if reached >= max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS):
-            return (f"loop variable `{loop['variable']}` in {loop['where']} counted to "
-                    f"{reached} within one pass over {seq_len} tokens: a Python loop over "
-                    f"the tokens")
+        least = max(HOST_READS_PER_TOKEN * seq_len, MIN_HOST_READS)
+        end = loop.get("end")
+        over_positions = isinstance(end, int) and end >= least and end <= 2 * seq_len
+        if reached >= least or over_positions:
+            return {**loop, "reached": reached}
     return None
+
+
+def token_loop(profile: dict[str, Any] | None, seq_len: int) -> str | None:
+    """The finding of ``find_token_loop`` in words ("a per-token loop at FILE:LINE ..."),
+    None when there is none."""
+    loop = find_token_loop(profile, seq_len)
+    if loop is None:
+        return None
+    counted = (f"runs to {loop['end']:,} over {seq_len:,} tokens" if loop.get("end") else
+               f"counted to {loop['reached']} within one pass over {seq_len} tokens")
+    return (f"a per-token loop at {loop_location(loop)} (loop variable `{loop['variable']}` "
+            f"in {loop['where']} {counted})")
+
+
+def loop_location(loop: dict[str, Any]) -> str:
+    """FILE:LINE of a profile loop's ``for`` statement (the line it was first read at
+    when the source is unreadable), the file relative to the working directory when it
+    lies below it."""
+    file = str(loop.get("file") or _function_and_file(loop["where"])[1])
+    line = loop.get("for_line") or loop["where"].rsplit(":", 1)[1].rstrip(")")
+    path = Path(file)
+    try:
+        shown = str(path.relative_to(Path.cwd())) if path.is_absolute() else file
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{line}"
 
 
 def _function_and_file(where: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from nsadiag.evidence import StackFrame, StackSample, ThreadStack
 
@@ -50,6 +50,31 @@ INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
 """Traceback files that belong to installed packages or the standard library."""
 
+OWN_THREAD_PREFIX = "nsadiag-"
+"""The name of every thread nsadiag starts inside a watched process (the progress sampler,
+the torch-hook installer, the Flight Recorder's dump thread)."""
+
+
+def nsadiag_thread(thread: ThreadStack) -> bool:
+    """A thread nsadiag itself runs inside the watched process: named so, or (a
+    faulthandler dump names no thread) a started thread whose Python frames are all
+    nsadiag's and the threading module's. Never the main thread: a trial child's main
+    thread runs nsadiag's harness below the user's code."""
+    if thread.name == "MainThread":
+        return False
+    if thread.name and thread.name.startswith(OWN_THREAD_PREFIX):
+        return True
+    python = thread.python_frames()
+    if not python or not python[-1].file.endswith("threading.py"):
+        return False  # not a thread started by the threading module: the main thread
+    return all("/nsadiag/" in frame.file or frame.file.endswith("threading.py")
+               for frame in python) and any("/nsadiag/" in frame.file for frame in python)
+
+
+def user_threads(sample: StackSample) -> list[ThreadStack]:
+    """The threads of a sample that are not nsadiag's own (``nsadiag_thread``)."""
+    return [thread for thread in sample.threads if not nsadiag_thread(thread)]
+
 
 def _is_collective(frame: StackFrame) -> bool:
     if frame.is_native:
@@ -86,7 +111,7 @@ def find_collective(samples: Sequence[StackSample]
     """
     if not samples:
         return None
-    hits = [[(thread, frame) for thread in sample.threads
+    hits = [[(thread, frame) for thread in user_threads(sample)
              if (frame := collective_frame(thread)) is not None] for sample in samples]
     count = sum(1 for found in hits if found)
     if not hits[-1] or 2 * count < len(samples):
@@ -147,18 +172,21 @@ def innermost_python(thread: ThreadStack) -> tuple[StackFrame | None, bool]:
 
 def busy_threads(sample: StackSample) -> list[ThreadStack]:
     """Threads py-spy saw running; when it saw none running (a loaded machine's run queue
-    held them all), those not blocked in a wait; all of them when every one waits."""
-    active = [thread for thread in sample.threads if thread.active]
+    held them all), those not blocked in a wait; all of them when every one waits.
+    nsadiag's own threads (the sampler reading the stack, ...) are never among them."""
+    threads = user_threads(sample)
+    active = [thread for thread in threads if thread.active]
     if active:
         return active
-    working = [thread for thread in sample.threads if wait_frame(thread) is None]
-    return working or list(sample.threads)
+    working = [thread for thread in threads if wait_frame(thread) is None]
+    return working or threads
 
 
 def _signature(sample: StackSample, python_only: bool) -> tuple:
-    """Every thread's frames as comparable keys, independent of thread order."""
+    """Every thread's frames as comparable keys, independent of thread order (nsadiag's
+    own threads left out: the sampler moves while the user's code stands still)."""
     per_thread = []
-    for thread in sample.threads:
+    for thread in user_threads(sample):
         frames = thread.python_frames() if python_only else thread.frames
         keys = tuple((frame.function, frame.file, frame.line) for frame in frames)
         per_thread.append((thread.thread_id, keys))
@@ -166,7 +194,14 @@ def _signature(sample: StackSample, python_only: bool) -> tuple:
 
 
 def stacks_change(samples: Sequence[StackSample], python_only: bool = False) -> bool:
-    """True when any two samples differ in any thread's frames (function, file, line)."""
+    """True when any two samples differ in any thread's frames (function, file, line).
+    Samples with native frames are compared with samples without by their Python frames
+    only (a native sample of a frozen process differs from a nonblocking one by those),
+    and with each other by all their frames."""
+    if len({sample.native for sample in samples}) > 1:
+        native = [sample for sample in samples if sample.native]
+        return len({_signature(sample, True) for sample in samples}) > 1 or \
+            (not python_only and len({_signature(sample, False) for sample in native}) > 1)
     signatures = {_signature(sample, python_only) for sample in samples}
     return len(signatures) > 1
 
@@ -231,7 +266,7 @@ def classify(samples: Sequence[StackSample]) -> str:
 def stack_signature(sample: StackSample) -> str:
     """The innermost Python frame of each busy-or-main thread: what clusters ranks."""
     parts = []
-    for thread in sample.threads:
+    for thread in user_threads(sample):
         frame, _ = innermost_python(thread)
         if frame is not None and (thread.active or thread.name == "MainThread"):
             parts.append(frame.where())
@@ -313,5 +348,59 @@ def threads_that_matter(sample: StackSample) -> list[ThreadStack]:
     sample's order; the first thread stands for the main one when none is named so."""
     named = any(thread.name == "MainThread" for thread in sample.threads)
     return [thread for i, thread in enumerate(sample.threads)
-            if thread.name == "MainThread" or (not named and i == 0) or thread.active
-            or any(own_code(frame) for frame in thread.frames)]
+            if thread.name == "MainThread" or (not named and i == 0) or
+            (not nsadiag_thread(thread) and
+             (thread.active or any(own_code(frame) for frame in thread.frames)))]
+
+
+WORKER_LOOP = ("_worker_loop", "torch/utils/data/_utils/worker.py")
+"""torch's DataLoader worker loop: a worker's own work is what runs inside it."""
+
+
+def main_thread(sample: StackSample) -> ThreadStack | None:
+    """The thread named MainThread, else the first thread (a faulthandler dump names the
+    one it ran on "current thread"); None for a sample without threads."""
+    named = [thread for thread in sample.threads if thread.name == "MainThread"]
+    return named[0] if named else (sample.threads[0] if sample.threads else None)
+
+
+def own_work_frame(thread: ThreadStack) -> StackFrame | None:
+    """The innermost frame of the user's own code in the work a thread does now: inside a
+    DataLoader worker's loop only (a forked worker's stack still holds the frames of the
+    parent that forked it, below the loop), else anywhere; None when there is none."""
+    frames = thread.frames
+    loop = next((i for i, frame in enumerate(frames)
+                 if frame.function.rsplit(".", 1)[-1] == WORKER_LOOP[0] and
+                 frame.file.endswith(WORKER_LOOP[1])), None)
+    inside = frames[:loop] if loop is not None else frames
+    return next((frame for frame in inside if own_code(frame)), None)
+
+
+def describe_place(sample: StackSample) -> dict[str, Any] | None:
+    """Where a process's main thread is, in the user's terms: {"state": "waits" or
+    "runs", "frame": the wait frame or the innermost frame, "where", "code", "own": the
+    innermost frame of the user's own code in its work ("where" string or None)}; None
+    for a sample without threads."""
+    thread = main_thread(sample)
+    if thread is None:
+        return None
+    waiting = wait_frame(thread)
+    frame = waiting or innermost_python(thread)[0] or (thread.frames[0] if thread.frames
+                                                       else None)
+    own = own_work_frame(thread)
+    if frame is None:
+        return None
+    return {"state": "waits" if waiting is not None else "runs", "where": frame.where(),
+            "code": frame.code, "own": own.where() if own else None,
+            "own_code": own.code if own else None}
+
+
+def place_sentence(place: dict[str, Any]) -> str:
+    """"waits in TokenDataset.__getitem__ (data.py:43) `with self.lock:`", naming the
+    user's own frame the wait or work sits under when that is another frame."""
+    code = f" `{place['code']}`" if place.get("code") else ""
+    sentence = f"{place['state']} in {place['where']}{code}"
+    if place.get("own") and place["own"] != place["where"]:
+        own_code_text = f" `{place['own_code']}`" if place.get("own_code") else ""
+        sentence += f", under {place['own']}{own_code_text}"
+    return sentence

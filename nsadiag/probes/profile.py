@@ -13,20 +13,33 @@ names the loop.
 
 - ``samples``, ``duration_s``: how many stacks, over how long;
 - ``phases``: samples per phase ("forward", "backward", "other");
-- ``hot_lines``: the innermost user-code line of each sample, counted, most first:
-  ``{"where": "attend (model.py:42)", "code": "...", "count": 130, "fraction": 0.81,
-  "training_fraction": 0.9, "phase": "forward", "phase_fraction": 0.95}``; ``fraction``
-  is of all samples, ``training_fraction`` of those taken once the model was built (every
-  phase but "build"), ``phase_fraction`` of the samples of the phase the line was seen in
-  most (a forward loop's line is absent from backward samples, whose Python stack is the
-  autograd engine's);
+- ``hot_lines``: the innermost user-code line of each sample, counted, the lines the main
+  thread was on the CPU at most first (where the profile has on-CPU counts), then by
+  samples: ``{"where": "attend (model.py:42)", "code": "...", "count": 130,
+  "fraction": 0.81, "on_cpu": 120, "training_fraction": 0.9, "phase": "forward",
+  "phase_fraction": 0.95}``; ``fraction`` is of all samples, ``on_cpu`` the samples in
+  which the main thread ran (None for a profile without on-CPU counts),
+  ``training_fraction`` of those taken once the model was built (every phase but
+  "build"), ``phase_fraction`` of the samples of the phase the line was seen in most (a
+  forward loop's line is absent from backward samples, whose Python stack is the autograd
+  engine's);
 - ``loops``: integer locals of user frames that count a loop (the source assigns them in
   a ``for`` or with ``+=``; they rise between samples and restart when the loop is entered
   again), per (function, file, variable), most advanced first: ``{"where", "variable",
-  "advanced", "restarts", "last", "rate_per_s", "observations", "by_one"}``;
+  "advanced", "restarts", "last", "rate_per_s", "observations", "by_one", "file",
+  "function", "for_line", "end", "phase", "module", "pass_rate_per_s", "eta_s"}``;
   ``rate_per_s`` is the rise per second while it rose; ``by_one`` says the source steps
   it by one (``range(n)``, ``enumerate``, ``+= 1``: its value counts iterations), None
-  without the source;
+  without the source; ``for_line`` is the line of its ``for`` statement, ``end`` where
+  its ``range`` ends (read from the frame's locals), ``phase`` and ``module`` where it was
+  last read, ``pass_rate_per_s`` its rise per second in the current pass and ``eta_s``
+  the seconds that pass needs to reach ``end`` at that pace (None when unknown);
+- ``held_off_s``: seconds, by phase, in which the sampler could not run while the main
+  thread did (native code holding the GIL): no sample stands for them;
+- ``memory``: per kind ("rss", "cuda"), the first, last and peak reading, the bytes still
+  held above the first, and ``holder``, the frame that keeps allocating across steps
+  (see ``_memory``): ``{"where", "code", "held", "steps"}``, None when no frame took
+  memory in two steps;
 - ``backward_ops``: the autograd ops the backward samples were in, counted, most first;
 - ``frames``: every line seen on the sampled stacks with its inclusive share (samples with
   it anywhere on the stack) and self share (samples with it innermost), the user's own
@@ -61,7 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.probes.frames import INSTRUMENTATION_PATH
-from nsadiag.probes.sampler import PROFILE_VERSION, is_user_file
+from nsadiag.probes.loops import for_loop
+from nsadiag.probes.sampler import READABLE_VERSIONS, is_user_file
 
 TOP = 5
 TABLE_ROWS = 8
@@ -80,7 +94,7 @@ def read_profile(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
+    if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
         return None
     return data
 
@@ -92,27 +106,57 @@ def _where(function: str, file: str, line: int) -> str:
 def _hot_lines(stacks: list[dict[str, Any]], samples: int, phases: Counter
                ) -> list[dict[str, Any]]:
     counts: Counter = Counter()
+    on_cpu: Counter = Counter()
     by_phase: dict[tuple[str, str, int], Counter] = {}
     code: dict[tuple[str, str, int], str | None] = {}
+    timed = bool(stacks) and all("on_cpu" in entry for entry in stacks)
     for entry in stacks:
         user = [tuple(frame) for frame in entry.get("frames", []) if is_user_file(frame[1])]
         if not user:
             continue
         key = user[-1]
         counts[key] += int(entry.get("count", 0))
+        on_cpu[key] += int(entry.get("on_cpu", 0))
         by_phase.setdefault(key, Counter())[entry.get("phase") or "other"] += \
             int(entry.get("count", 0))
         code.setdefault(key, linecache.getline(key[1], key[2]).strip() or None)
     training = samples - phases.get("build", 0)
+    order = sorted(counts, key=lambda key: (-on_cpu[key], -counts[key])) if timed else \
+        [key for key, _ in counts.most_common()]
     lines = []
-    for key, count in counts.most_common(TOP):
+    for key in order[:TOP]:
+        count = counts[key]
         phase, in_phase = by_phase[key].most_common(1)[0]
         lines.append({"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
                       "count": count, "fraction": count / samples if samples else 0.0,
+                      "on_cpu": on_cpu[key] if timed else None,
                       "training_fraction": count / training if training else 0.0,
                       "phase": phase, "phase_fraction": in_phase / phases[phase]
                       if phases.get(phase) else 0.0})
     return lines
+
+
+def _waiting_line(stacks: list[dict[str, Any]], samples: int) -> dict[str, Any] | None:
+    """The user line the samples fell on most while the main thread was off the CPU (a
+    wait), when that is the line most samples fell on; None otherwise or without on-CPU
+    counts."""
+    if not stacks or not all("on_cpu" in entry for entry in stacks):
+        return None
+    counts: Counter = Counter()
+    waiting: Counter = Counter()
+    for entry in stacks:
+        user = [tuple(frame) for frame in entry.get("frames", []) if is_user_file(frame[1])]
+        if user:
+            counts[user[-1]] += int(entry.get("count", 0))
+            waiting[user[-1]] += int(entry.get("count", 0)) - int(entry.get("on_cpu", 0))
+    if not counts:
+        return None
+    key, count = counts.most_common(1)[0]
+    if 2 * waiting[key] <= count:
+        return None
+    return {"where": _where(*key), "code": linecache.getline(key[1], key[2]).strip() or None,
+            "count": count, "fraction": count / samples if samples else 0.0,
+            "waiting": waiting[key]}
 
 
 def _assigned_by_loop(source: str, function: str, variable: str) -> bool:
@@ -205,15 +249,34 @@ def _loops(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if advanced <= 0 or not (by_source if by_source is not None else by_readings):
             continue
         seconds = float(loop["advancing_s"])
+        rate = advanced / seconds if seconds > 0 else None
         found.append({"where": _where(loop["function"], loop["file"], loop["line"]),
                       "variable": loop["variable"], "advanced": advanced,
-                      "restarts": restarts, "last": loop["last"][1],
-                      "rate_per_s": advanced / seconds if seconds > 0 else None,
+                      "restarts": restarts, "last": loop["last"][1], "rate_per_s": rate,
                       "observations": int(loop["observations"]),
                       "by_one": counts_by_one(loop["file"], loop["function"],
-                                              loop["variable"])})
+                                              loop["variable"]),
+                      **_pass(loop, rate)})
     found.sort(key=lambda loop: loop["advanced"], reverse=True)
     return found[:TOP]
+
+
+def _pass(loop: dict[str, Any], rate: float | None) -> dict[str, Any]:
+    """Where a loop's current pass stands: its ``for`` line, its end, the phase and
+    module it was last read in, its pace in this pass (the whole run's when the pass has
+    one reading) and the seconds left to its end at that pace."""
+    source = for_loop(loop["file"], loop["function"], loop["variable"])
+    (entry_t, entry_value), (last_t, last_value) = loop.get("entry") or loop["first"], \
+        loop["last"]
+    pace = (last_value - entry_value) / (last_t - entry_t) \
+        if last_t > entry_t and last_value > entry_value else rate
+    end = loop.get("end")
+    left = end - last_value if isinstance(end, int) else None
+    return {"file": loop["file"], "function": loop["function"],
+            "for_line": source.line if source else None, "end": end,
+            "phase": loop.get("phase"), "module": loop.get("module"),
+            "pass_rate_per_s": pace,
+            "eta_s": left / pace if left is not None and left >= 0 and pace else None}
 
 
 def _harness(file: str) -> bool:
@@ -282,6 +345,40 @@ def _backward_by_module(stacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+HOLDER_SHARE = 0.1
+"""A frame holding less than this share of what the most holding frame holds is noise."""
+CLOSE = 0.9
+"""Scores within this factor of the best count as equal."""
+
+
+def _memory(ledger: dict[str, Any]) -> dict[str, Any]:
+    """A memory ledger (nsadiag.probes.sampler.MemoryLedger.to_dict) and the frame that
+    keeps the most of it across steps: among the frames that took memory in two steps or
+    more and hold a real share of it, the one that gave back the least of what rose under
+    it (held over risen: the outermost frames, on every stack, also saw everything that was
+    given back), then the one holding most, then the innermost."""
+    holders = [h for h in ledger.get("holders") or [] if int(h.get("steps", 0)) >= 2]
+    holder = None
+    if holders:
+        most = max(int(h["held"]) for h in holders)
+        real = [h for h in holders if int(h["held"]) >= HOLDER_SHARE * most]
+
+        def kept(h: dict[str, Any]) -> float:
+            return int(h["held"]) / max(int(h["rose"]), 1)
+
+        best = max(kept(h) for h in real)
+        close = [h for h in real if kept(h) >= CLOSE * best]
+        largest = max(int(h["held"]) for h in close)
+        chosen = max((h for h in close if int(h["held"]) >= CLOSE * largest),
+                     key=lambda h: int(h.get("depth", 0)))
+        function, file, line = chosen["frame"]
+        holder = {"where": _where(function, file, line), "file": file, "line": line,
+                  "code": linecache.getline(file, line).strip() or None,
+                  "held": int(chosen["held"]), "steps": int(chosen["steps"])}
+    return {"first": ledger.get("first"), "last": ledger.get("last"),
+            "peak": ledger.get("peak"), "held": ledger.get("held"), "holder": holder}
+
+
 def folded(profile: dict[str, Any]) -> str:
     """The profile's stacks in the collapsed ("folded") format that flamegraph.pl,
     speedscope and inferno read: one line per stack, frames outermost first joined by ";",
@@ -313,8 +410,12 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
     return {"samples": samples,
             "duration_s": (last - first) if first is not None and last is not None else None,
             "phases": dict(phases),
+            "held_off_s": dict(profile.get("held_off_s") or {}),
             "hot_lines": _hot_lines(stacks, samples, phases),
+            "waiting_line": _waiting_line(stacks, samples),
             "loops": _loops(list(profile.get("loops", []))),
+            "memory": {kind: _memory(ledger) for kind, ledger in
+                       (profile.get("memory") or {}).items()},
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
             "frames": _frames(stacks, samples - phases.get("build", 0)),
             "backward_modules": _backward_modules(stacks),
@@ -331,19 +432,8 @@ def describe(summary: dict[str, Any]) -> list[str]:
     phases = summary.get("phases") or {}
     split = ", ".join(f"{phase} {count / samples:.0%}" for phase, count in
                       sorted(phases.items(), key=lambda item: -item[1]))
-    sentences = [f"sampled profile: {samples} stacks{over} ({split})"]
-    hot = summary.get("hot_lines") or []
-    if hot:
-        line = hot[0]
-        code = f" `{line['code']}`" if line.get("code") else ""
-        shares = []
-        if phases.get("build") and "training_fraction" in line:
-            shares.append(f"{line['training_fraction']:.0%} once the model was built")
-        if len(phases) > 1 and line.get("phase_fraction") is not None:
-            shares.append(f"{line['phase_fraction']:.0%} of the {line['phase']} samples")
-        built = f" ({'; '.join(shares)})" if shares else ""
-        sentences.append(f"hottest line of user code: {line['where']}{code} in "
-                         f"{line['fraction']:.0%} of the samples{built}")
+    sentences = [f"sampled profile: {samples} stacks{over} ({split})" + _held_off(summary)]
+    sentences += _line_sentences(summary, phases)
     ops = summary.get("backward_ops") or []
     in_backward = phases.get("backward", 0)
     if ops and ops[0]["count"] >= MIN_OP_SHARE * in_backward:
@@ -364,6 +454,45 @@ def describe(summary: dict[str, Any]) -> list[str]:
         again = f", restarted {loop['restarts']} times" if loop["restarts"] else ""
         sentences.append(f"loop variable `{loop['variable']}` in {loop['where']} advanced "
                          f"{loop['advanced']}{rate}{again}: a loop iterating")
+    return sentences
+
+
+def _held_off(summary: dict[str, Any]) -> str:
+    """The seconds no sample stands for, by phase, when there were any."""
+    held = {phase: s for phase, s in (summary.get("held_off_s") or {}).items() if s >= 1}
+    if not held:
+        return ""
+    parts = ", ".join(f"{s:.1f} s in {phase}" for phase, s in
+                      sorted(held.items(), key=lambda item: -item[1]))
+    return (f"; besides, the sampler was held off for {parts} while the main thread ran "
+            f"native code that held the GIL: those seconds have no sample and are not in "
+            f"these shares")
+
+
+def _line_sentences(summary: dict[str, Any], phases: dict[str, int]) -> list[str]:
+    """The hottest user line (on the CPU), and the line the samples fell on most while
+    the main thread waited, when that is another story."""
+    sentences = []
+    hot = summary.get("hot_lines") or []
+    line = hot[0] if hot else None
+    if line is not None and line.get("on_cpu") == 0:
+        line = None  # no user line ran on the CPU: none is hot
+    if line is not None:
+        code = f" `{line['code']}`" if line.get("code") else ""
+        shares = []
+        if phases.get("build") and "training_fraction" in line:
+            shares.append(f"{line['training_fraction']:.0%} once the model was built")
+        if len(phases) > 1 and line.get("phase_fraction") is not None:
+            shares.append(f"{line['phase_fraction']:.0%} of the {line['phase']} samples")
+        built = f" ({'; '.join(shares)})" if shares else ""
+        sentences.append(f"hottest line of user code: {line['where']}{code} in "
+                         f"{line['fraction']:.0%} of the samples{built}")
+    waiting = summary.get("waiting_line")
+    if waiting is not None:
+        code = f" `{waiting['code']}`" if waiting.get("code") else ""
+        sentences.append(f"most samples ({waiting['fraction']:.0%}) fell on "
+                         f"{waiting['where']}{code}, where the main thread was off the CPU "
+                         f"in {waiting['waiting']} of {waiting['count']}: a wait, not work")
     return sentences
 
 

@@ -15,7 +15,21 @@ progress since the last sample. Progress is any of:
 
 The main thread's on-CPU and run-queue seconds (``/proc/self/task/TID/schedstat``) go into
 every pulse, so the watcher can tell busy from waiting relative to the CPU the thread could
-get on a loaded machine.
+get on a loaded machine. They are read at every sample too: a sample is "on CPU" when the
+main thread wanted the CPU (ran or waited for a core) at least half the time since the
+previous one, so the profile can tell the lines that burn the CPU from the lines where the
+thread waits. A gap between samples
+much longer than the interval while the main thread wanted the CPU and the sampler thread
+did not wait for a core means native code held the GIL (the sampler thread could not
+run): those seconds are counted by phase ("held off").
+
+The process's resident memory (and CUDA memory allocated, once CUDA is initialised) is read
+at every sample too, into a ledger (``MemoryLedger``) that attributes each rise to the
+user frames on the stack then and gives a rise back when memory falls again: what remains
+is the memory still held, by the frames that allocated it (those on the stack at both
+readings around the rise) and the steps they did it in. ``mark_memory()`` adds a reading
+from the thread that runs the model (nsadiag.harness.watched calls it as each top-level
+module call begins and ends), so what a forward allocates goes to the line that called it.
 
 Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
 dict, which would keep a reassigned tensor alive; so only user frames are read (the
@@ -29,8 +43,11 @@ Outputs:
   progress), ``frame`` (innermost user frame, "function (file:line)"), ``cpu_s`` (main
   thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``;
 - ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
-  stacks aggregated by (frames, code line, phase, module, op) with counts, and the loops
-  (integer locals that moved), in the format ``nsadiag.probes.profile`` reads and summarizes.
+  stacks aggregated by (frames, code line, phase, module, op) with counts and on-CPU
+  counts, the loops (integer locals that moved: where the current pass began, the end of
+  their ``range`` where the source and the frame's locals tell it, the phase and module
+  they were last read in), the seconds the sampler was held off by phase, and the memory
+  ledger, in the format ``nsadiag.probes.profile`` reads and summarizes.
 """
 
 from __future__ import annotations
@@ -50,6 +67,7 @@ from typing import Any
 
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.frames import LIBRARY_PATH
+from nsadiag.probes.loops import loop_end
 
 INTERVAL_S = 0.1
 PULSE_S = 1.0
@@ -57,7 +75,17 @@ PROFILE_S = 2.0
 MAX_STATES = 4096
 """States remembered since the last progress; beyond, the oldest half is forgotten."""
 MAX_LOCALS = 8
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Profiles this version of nsadiag reads (version 2 had no on-CPU counts, loop ends,
+held-off seconds or memory ledger)."""
+ON_CPU_FRACTION = 0.5
+"""A sample is on CPU when the main thread wanted the CPU (ran, or waited for a core) at
+least this part of the time since the previous sample."""
+HELD_OFF_S = 1.0
+"""A gap between two samples longer than this (ten intervals) is the sampler held off."""
+MAX_SEGMENTS = 1024
+"""Memory ledger segments kept; beyond, the smallest are merged into their neighbours."""
 
 Frame = tuple[str, str, int]  # (function, file, line)
 
@@ -129,24 +157,97 @@ class Loop:
     advanced: int = 0
     advancing_s: float = 0.0
     restarts: int = 0
+    entry: tuple[float, int] | None = None  # the first reading of the current pass
+    end: int | None = None  # where the loop's range ends, when it could be read
+    phase: str | None = None  # the phase and watched module of the last reading
+    module: str | None = None
 
-    def update(self, t: float, value: int) -> None:
+    def update(self, t: float, value: int) -> bool:
+        """Take a reading; True when the value changed."""
         if value == self.last[1]:
-            return
+            return False
         if value > self.last[1]:
             self.advanced += value - self.last[1]
             self.advancing_s += t - self.last[0]
         else:
             self.restarts += 1
+            self.entry = (t, value)
+            self.end = None  # the next pass may run to another end (the next layer's)
         self.last = (t, value)
         self.observations += 1
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {"function": self.function, "file": self.file, "line": self.line,
                 "variable": self.variable, "first": list(self.first),
                 "last": list(self.last), "observations": self.observations,
                 "advanced": self.advanced, "advancing_s": round(self.advancing_s, 3),
-                "restarts": self.restarts}
+                "restarts": self.restarts, "entry": list(self.entry or self.first),
+                "end": self.end, "phase": self.phase, "module": self.module}
+
+
+class MemoryLedger:
+    """Memory above the first reading, attributed to where it rose (see the module
+    docstring). ``observe(value, frames, step)`` takes one reading with the user frames
+    on the stack (outermost first) and the step; a rise opens a segment [before, after]
+    owned by those frames and that step, a fall takes the segments above the new value back
+    (the memory given back was the latest taken). ``rises`` counts, per frame, every byte
+    that rose while it was on the stack, given back or not."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.last: int | None = None
+        self.peak = 0
+        self.segments: list[list[Any]] = []  # [low, high, frames, step], low rising
+        self.rises: Counter = Counter()
+
+    def observe(self, value: int, frames: tuple[Frame, ...], step: int) -> None:
+        if self.last is None:
+            self.first = self.last = self.peak = value
+            return
+        if value > self.last:
+            for frame in set(frames):
+                self.rises[frame] += value - self.last
+            top = self.segments[-1] if self.segments else None
+            if top is not None and top[1] == self.last and top[2] == frames and top[3] == step:
+                top[1] = value
+            else:
+                self.segments.append([self.last, value, frames, step])
+            if len(self.segments) > MAX_SEGMENTS:
+                self._merge_smallest()
+        elif value < self.last:
+            while self.segments and self.segments[-1][0] >= value:
+                self.segments.pop()
+            if self.segments and self.segments[-1][1] > value:
+                self.segments[-1][1] = value
+        self.last = value
+        self.peak = max(self.peak, value)
+
+    def _merge_smallest(self) -> None:
+        sizes = [high - low for low, high, _, _ in self.segments[1:]]
+        index = 1 + sizes.index(min(sizes))
+        self.segments[index - 1][1] = self.segments[index][1]
+        del self.segments[index]
+
+    def holders(self, top: int = 8) -> list[dict[str, Any]]:
+        """The frames holding memory now, most first: bytes held, the steps they took it
+        in, the bytes that ever rose under them, and their depth (0 = outermost)."""
+        held: Counter = Counter()
+        steps: dict[Frame, set[int]] = {}
+        depth: dict[Frame, int] = {}
+        for low, high, frames, step in self.segments:
+            for index, frame in enumerate(frames):
+                held[frame] += high - low
+                steps.setdefault(frame, set()).add(step)
+                depth[frame] = max(depth.get(frame, 0), index)
+        return [{"frame": list(frame), "held": n, "steps": len(steps[frame]),
+                 "rose": self.rises[frame], "depth": depth[frame]}
+                for frame, n in held.most_common(top)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "last": self.last, "peak": self.peak,
+                "held": sum(high - low for low, high, _, _ in self.segments),
+                "holders": self.holders()}
 
 
 @dataclass
@@ -159,35 +260,50 @@ class ProfileBook:
     last_t: float | None = None
     samples: int = 0
     stacks: Counter = field(default_factory=Counter)
+    on_cpu: Counter = field(default_factory=Counter)
     loops: dict[tuple[str, str, str], Loop] = field(default_factory=dict)
+    held_off_s: Counter = field(default_factory=Counter)  # phase -> seconds
+    memory: dict[str, MemoryLedger] = field(default_factory=dict)  # "rss", "cuda"
 
     def add(self, t: float, frames: tuple[Frame, ...], code: str | None, phase: str | None,
-            module: str | None, op: str | None) -> None:
+            module: str | None, op: str | None, on_cpu: bool = False) -> None:
         self.first_t = t if self.first_t is None else self.first_t
         self.last_t = t
         self.samples += 1
-        self.stacks[(frames, code, phase, module, op)] += 1
+        key = (frames, code, phase, module, op)
+        self.stacks[key] += 1
+        self.on_cpu[key] += on_cpu
 
-    def see_locals(self, t: float, frame: Frame, ints: dict[str, int]) -> None:
+    def see_locals(self, t: float, frame: Frame, ints: dict[str, int],
+                   names: dict[str, Any] | None = None, phase: str | None = None,
+                   module: str | None = None) -> None:
         """Readings of a frame's integer locals; one Loop per (function, file, variable),
-        at the first line it was read at, whichever line the frame is on now."""
+        at the first line it was read at, whichever line the frame is on now. ``names``
+        (the frame's locals) gives a moving loop the end of its ``range``."""
         function, file, line = frame
         for name, value in ints.items():
             key = (function, file, name)
             loop = self.loops.get(key)
             if loop is None:
                 self.loops[key] = Loop(function, file, line, name, (t, value), (t, value))
-            else:
-                loop.update(t, value)
+                continue
+            if loop.update(t, value):
+                loop.phase, loop.module = phase, module
+                # the source is parsed once a local moved twice: a loop, not a value
+                if loop.end is None and names is not None and loop.observations >= 3:
+                    loop.end = loop_end(file, function, name, names)
 
     def to_dict(self) -> dict[str, Any]:
         stacks = [{"frames": [list(f) for f in frames], "code": code, "phase": phase,
-                   "module": module, "op": op, "count": count}
+                   "module": module, "op": op, "count": count,
+                   "on_cpu": self.on_cpu[(frames, code, phase, module, op)]}
                   for (frames, code, phase, module, op), count in self.stacks.most_common()]
         loops = [loop.to_dict() for loop in self.loops.values() if loop.observations > 1]
         return {"version": PROFILE_VERSION, "pid": self.pid, "interval_s": self.interval_s,
                 "first_t": self.first_t, "last_t": self.last_t, "samples": self.samples,
-                "stacks": stacks, "loops": loops}
+                "stacks": stacks, "loops": loops,
+                "held_off_s": {phase: round(s, 3) for phase, s in self.held_off_s.items()},
+                "memory": {kind: ledger.to_dict() for kind, ledger in self.memory.items()}}
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -217,10 +333,11 @@ def frames_of(frame: FrameType | None) -> list[FrameType]:
     return found  # innermost first
 
 
-def int_locals(frame: FrameType) -> dict[str, int]:
-    """Up to MAX_LOCALS integer locals of ``frame`` (bools excluded)."""
+def int_locals(frame: FrameType, names: dict[str, Any] | None = None) -> dict[str, int]:
+    """Up to MAX_LOCALS integer locals of ``frame`` (bools excluded); ``names`` is its
+    ``f_locals`` when already read."""
     ints = {}
-    for name, value in frame.f_locals.items():
+    for name, value in (frame.f_locals if names is None else names).items():
         if type(value) is int:
             ints[name] = value
             if len(ints) >= MAX_LOCALS:
@@ -230,27 +347,55 @@ def int_locals(frame: FrameType) -> dict[str, int]:
 
 class ThreadClock:
     """On-CPU and run-queue nanoseconds of one thread, from /proc/self/task/TID/schedstat
-    (falls back to the process CPU time when schedstat is unreadable)."""
+    (falls back to the process CPU time when schedstat is unreadable). The file stays open:
+    the sampler reads it at every sample."""
 
     def __init__(self, native_id: int | None):
         self._path = f"/proc/self/task/{native_id}/schedstat" if native_id else None
+        self._fd: int | None = None
 
     def read(self) -> tuple[float, float]:
         """(on-CPU seconds, run-queue seconds)."""
         if self._path:
             try:
-                with open(self._path, "rb") as handle:
-                    run_ns, wait_ns, _ = handle.read().split()
+                if self._fd is None:
+                    self._fd = os.open(self._path, os.O_RDONLY)
+                run_ns, wait_ns, _ = os.pread(self._fd, 128, 0).split()
                 return int(run_ns) / 1e9, int(wait_ns) / 1e9
             except (OSError, ValueError):
+                self.close()
                 self._path = None
         return time.process_time(), 0.0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # ---- the thread -------------------------------------------------------------------------------
 
 
 Context = Callable[[], tuple[str | None, str | None]]  # -> (phase, module)
+
+
+def cuda_allocated() -> int | None:
+    """torch.cuda.memory_allocated() once something initialised CUDA, else None (torch is
+    never imported here)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return int(cuda.memory_allocated()) if cuda is not None and cuda.is_initialized() \
+            else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(statm: int) -> int:
+    """Resident bytes of this process from an open /proc/self/statm descriptor."""
+    return int(os.pread(statm, 128, 0).split()[1]) * PAGE_BYTES
 
 
 class Sampler(threading.Thread):
@@ -260,12 +405,14 @@ class Sampler(threading.Thread):
                  counters: WorkCounters | None = None, context: Context | None = None,
                  events: Callable[[], int] | None = None, interval_s: float = INTERVAL_S,
                  pulse_s: float = PULSE_S, profile_s: float = PROFILE_S,
-                 main: threading.Thread | None = None):
+                 main: threading.Thread | None = None,
+                 step: Callable[[], int] | None = None):
         super().__init__(name="nsadiag-sampler", daemon=True)
         self._emit, self._profile_path = emit, profile_path
         self._counters = counters
         self._context = context or (lambda: (None, None))
         self._events = events or (lambda: 0)
+        self._step = step or (lambda: 0)
         self._interval, self._pulse_s, self._profile_s = interval_s, pulse_s, profile_s
         main = main or threading.main_thread()
         self._main_ident = main.ident
@@ -277,6 +424,15 @@ class Sampler(threading.Thread):
         self._progress_since_pulse = False
         self._last_progress = time.monotonic()
         self._last_user_frame: str | None = None
+        self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
+        self._previous_stack: set[Frame] = set()
+        self._memory_lock = threading.Lock()  # readings come from hooks too
+        self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
+        self._own_runq = 0.0
+        try:
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None
         self.failures = 0
 
     def stop(self, timeout_s: float = 2.0) -> None:
@@ -286,6 +442,8 @@ class Sampler(threading.Thread):
             self.join(timeout_s)
 
     def run(self) -> None:
+        self._own_clock = ThreadClock(threading.get_native_id())
+        self._own_runq = self._own_clock.read()[1]
         next_pulse = next_profile = time.monotonic()
         while not self._stop_event.wait(self._interval):
             now = time.monotonic()
@@ -295,11 +453,22 @@ class Sampler(threading.Thread):
                 self._guarded(self._pulse)
                 next_pulse = now + self._pulse_s
             if profile and self._profile_path is not None:
-                self._guarded(self.book.write, self._profile_path)
+                self._guarded(self._write_profile)
                 next_profile = now + self._profile_s
         self._guarded(self._pulse)
         if self._profile_path is not None:
-            self._guarded(self.book.write, self._profile_path)
+            self._guarded(self._write_profile)
+        with self._memory_lock:
+            if self._statm is not None:
+                os.close(self._statm)
+                self._statm = None
+        self._clock.close()
+        if self._own_clock is not None:
+            self._own_clock.close()
+
+    def _write_profile(self) -> None:
+        with self._memory_lock:  # the ledgers also take readings from the model's hooks
+            self.book.write(self._profile_path)
 
     def _guarded(self, action: Callable[..., Any], *args: Any) -> None:
         """Run one step of the thread; a failure (e.g. a full disk, a module half imported
@@ -314,28 +483,81 @@ class Sampler(threading.Thread):
         if frame is None:
             return
         t = time.time()
+        on_cpu_s, runq_s = self._clock.read()
+        phase, module = self._context()
         stack = stack_of(frame)
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
-        ints = self._loop_state(t, user)
+        ints = self._loop_state(t, user, phase, module)
         state = (stack, ints)
         del frame, user
         if self._judge.observe(work, state):
             self._progress_since_pulse = True
             self._last_progress = time.monotonic()
-        phase, module = self._context()
         op = self._counters.op if self._counters and self._counters.in_backward else None
-        innermost_user = next((f for f in reversed(stack) if is_user_file(f[1])), None)
+        user_stack = tuple(f for f in stack if is_user_file(f[1]))
+        innermost_user = user_stack[-1] if user_stack else None
         self._last_user_frame = (f"{innermost_user[0]} ({Path(innermost_user[1]).name}:"
                                  f"{innermost_user[2]})" if innermost_user else None)
         code = (linecache.getline(stack[-1][1], stack[-1][2]).strip() or None) if stack else None
-        self.book.add(t, stack, code, phase, module, op)
+        self.book.add(t, stack, code, phase, module, op,
+                      self._timing(t, on_cpu_s, runq_s, phase))
+        self._memory(user_stack)
+
+    def _timing(self, t: float, on_cpu_s: float, runq_s: float, phase: str | None) -> bool:
+        """Whether the main thread wanted the CPU (ran, or waited for a core on a loaded
+        machine) since the previous sample; a long gap while it ran counts as held off
+        (native code holding the GIL), by phase."""
+        previous, self._previous = self._previous, (t, on_cpu_s, runq_s)
+        if previous is None:
+            return False
+        elapsed, ran = t - previous[0], on_cpu_s - previous[1]
+        wanted = ran + runq_s - previous[2]
+        own_runq = self._own_clock.read()[1] if self._own_clock is not None else 0.0
+        starved, self._own_runq = own_runq - self._own_runq, own_runq
+        # a gap while the main thread wanted the CPU and this thread did not wait for a
+        # core (a loaded machine's scheduler would show as run-queue time) is the GIL
+        if elapsed > HELD_OFF_S and wanted >= ON_CPU_FRACTION * elapsed and \
+                starved < ON_CPU_FRACTION * elapsed:
+            # the phase at the end of the gap: where the code that held the GIL ran
+            self.book.held_off_s[phase or "other"] += elapsed - self._interval
+        return elapsed > 0 and wanted >= ON_CPU_FRACTION * elapsed
+
+    def _memory(self, user_stack: tuple[Frame, ...]) -> None:
+        """One reading of resident and CUDA memory into the ledgers. A rise happened
+        somewhere between the previous reading and this one, so it is attributed to the
+        frames on both stacks only (a rise seen just after a line returned is not that
+        line's, nor the next one's)."""
+        with self._memory_lock:
+            previous, self._previous_stack = self._previous_stack, set(user_stack)
+            self._observe_memory(tuple(frame for frame in user_stack if frame in previous))
+
+    def mark_memory(self) -> None:
+        """A reading of memory now, on the thread that calls it: a hook calls it as a
+        top-level module call begins and ends, so what the call allocated is attributed
+        exactly to the line of the user's code that made it (the validation forward whose
+        graph a list keeps, not the training forward beside it)."""
+        stack = tuple(frame for frame in stack_of(sys._getframe(1)) if is_user_file(frame[1]))
+        with self._memory_lock:
+            self._previous_stack = set(stack)
+            self._observe_memory(stack)
+
+    def _observe_memory(self, user_stack: tuple[Frame, ...]) -> None:
+        step = self._step()
+        if self._statm is not None:
+            self.book.memory.setdefault("rss", MemoryLedger()).observe(
+                resident_bytes(self._statm), user_stack, step)
+        allocated = cuda_allocated()
+        if allocated is not None:
+            self.book.memory.setdefault("cuda", MemoryLedger()).observe(
+                allocated, user_stack, step)
 
     def _work(self) -> tuple[int, ...]:
         calls, nodes = self._counters.snapshot() if self._counters else (0, 0)
         return calls, nodes, self._events()
 
-    def _loop_state(self, t: float, user: list[FrameType]) -> tuple[tuple[str, int], ...]:
+    def _loop_state(self, t: float, user: list[FrameType], phase: str | None,
+                    module: str | None) -> tuple[tuple[str, int], ...]:
         """Integer locals of the innermost user frame and of every user frame read before
         that is still on the stack (re-read, so its copy of the locals stays current)."""
         if not user:
@@ -344,10 +566,11 @@ class Sampler(threading.Thread):
         self._watched_frames = {id(f) for f in read}
         values: list[tuple[str, int]] = []
         for frame in read:
-            ints = int_locals(frame)
+            names = frame.f_locals
+            ints = int_locals(frame, names)
             code = frame.f_code
             self.book.see_locals(t, (code.co_name, code.co_filename, frame.f_lineno or 0),
-                                 ints)
+                                 ints, names, phase, module)
             values += sorted(ints.items())
         return tuple(values)
 

@@ -88,14 +88,23 @@ def _source_line(file: str, line: int) -> str | None:
     return text or None
 
 
+KEEP_LOCALS = frozenset({"_worker_loop"})
+"""Functions whose locals (from ``dump --locals``) are kept: they say what a process is (a
+DataLoader worker loop's ``worker_id``)."""
+
+
 def _frame(raw: dict[str, Any]) -> StackFrame:
     """One py-spy frame; native frames are the ones with a shared-object ``module``."""
     is_native = raw.get("module") is not None
     file = str(raw.get("filename") or "")
     line = int(raw.get("line") or 0)
     code = None if is_native else _source_line(file, line)
-    return StackFrame(function=str(raw.get("name", "?")), file=file, line=line,
-                      is_native=is_native, code=code)
+    function = str(raw.get("name", "?"))
+    kept = None
+    if raw.get("locals") and function.rsplit(".", 1)[-1] in KEEP_LOCALS:
+        kept = {str(item.get("name")): str(item.get("repr"))[:80] for item in raw["locals"]}
+    return StackFrame(function=function, file=file, line=line, is_native=is_native,
+                      code=code, locals=kept)
 
 
 def _thread(raw: dict[str, Any]) -> ThreadStack:
@@ -171,7 +180,8 @@ def _parsed(dump: _Dump, pid: int, cpu_seconds: float | None, t: float) -> Stack
 
 
 def capture(pid: int, native: bool = False, timeout_s: float = 10.0,
-            faulthandler_file: Path | None = None) -> StackSample | str:
+            faulthandler_file: Path | None = None, local_names: bool = False
+            ) -> StackSample | str:
     """One stack sample of ``pid``, or a one-line reason why there is none.
 
     Without ``native`` the py-spy dump is ``--nonblocking`` (the process is not paused).
@@ -180,9 +190,10 @@ def capture(pid: int, native: bool = False, timeout_s: float = 10.0,
     follows and the sample's ``note`` says why native frames are missing. ``timeout_s``
     bounds all py-spy runs together. When py-spy gives nothing for a live process, the
     faulthandler rung follows (see the module docstring; ``faulthandler_file`` names the
-    dump file when the process is not a trial child). Never raises.
+    dump file when the process is not a trial child). ``local_names`` asks a nonblocking
+    dump for the locals of the frames in KEEP_LOCALS too. Never raises.
     """
-    sample = _capture_py_spy(pid, native, timeout_s)
+    sample = _capture_py_spy(pid, native, timeout_s, local_names)
     if isinstance(sample, StackSample) or not _alive(pid):
         return sample
     fallback = faulthandler_capture(pid, faulthandler_file)
@@ -192,7 +203,8 @@ def capture(pid: int, native: bool = False, timeout_s: float = 10.0,
     return f"{sample}; {fallback}"
 
 
-def _capture_py_spy(pid: int, native: bool, timeout_s: float) -> StackSample | str:
+def _capture_py_spy(pid: int, native: bool, timeout_s: float,
+                    local_names: bool = False) -> StackSample | str:
     exe = py_spy_path()
     if exe is None:
         return "py-spy: not found beside the interpreter or on PATH"
@@ -201,7 +213,8 @@ def _capture_py_spy(pid: int, native: bool, timeout_s: float) -> StackSample | s
     deadline = time.monotonic() + timeout_s
     cpu_seconds, t = process_cpu_seconds(pid), time.time()
     if not native:
-        return _parsed(_dump(exe, pid, ["--nonblocking"], timeout_s), pid, cpu_seconds, t)
+        flags = ["--nonblocking", "--locals"] if local_names else ["--nonblocking"]
+        return _parsed(_dump(exe, pid, flags, timeout_s), pid, cpu_seconds, t)
     first = _dump(exe, pid, ["--native"], timeout_s)
     if first.kind != "failed":
         return _parsed(first, pid, cpu_seconds, t)

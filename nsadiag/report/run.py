@@ -49,15 +49,17 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     finding = run_finding(record)
     md = [*head(finding), "", "## Results", ""] + items(finding.results)
     md += ["", "## Processes", "", "Every Python process the command started; at a stall "
-           "each was sampled at once, so the odd one out (a rank that waits elsewhere) shows "
-           "in the stacks column.", "", "| process | pid | events | stacks at the stop |",
-           "|---|---|---|---|"]
+           "each was sampled at once (those without a heartbeat too, such as DataLoader "
+           "workers), so the odd one out (a rank that waits elsewhere) shows in the last "
+           "columns.", "", "| process | pid | what it is | events | stacks at the stop | "
+           "where it was |", "|---|---|---|---|---|---|"]
     for process in evidence.get("processes", []):
         counts = ", ".join(f"{kind} {n}" for kind, n in sorted(process["events"].items()))
         main = " (training)" if process["name"] == evidence.get("main_process") else ""
         stacks = (process.get("stall") or {}).get("stacks_class") or "-"
-        md.append(f"| {process['name']}{main} | {process['pid']} | {counts or '-'} | "
-                  f"{stacks} |")
+        md.append(f"| {process['name']}{main} | {process['pid']} | "
+                  f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
+                  f"{(process.get('place') or '-').replace('|', '/')} |")
     md += ["", "## Evidence", ""] + evidence_section(record)
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)

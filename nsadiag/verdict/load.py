@@ -20,6 +20,10 @@ use of each process's main thread over its life (on-CPU and run-queue seconds).
 
 A timing verdict (SLOW, STALL-BUSY) read on a contended machine is one a quieter machine
 must confirm; counts (host reads, FLOPs per op) are not timings and stand at any load.
+Contention has a limit, though: a thread that received a share ``got`` of the CPU it asked
+for ran at most 1 / got times longer than it would have alone (``stretch_limit``), so a run
+measured many times slower than that against what its shape should take is slow whatever
+the load (``contention_sentence`` with a slowness says which).
 """
 
 from __future__ import annotations
@@ -88,8 +92,33 @@ def contention(load: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return found
 
 
-def contention_sentence(found: Mapping[str, Any]) -> str:
-    """One sentence with the figures and whether they mean contention."""
+def stretch_limit(found: Mapping[str, Any]) -> float | None:
+    """How many times longer contention can have made a CPU-bound run: 1 / got (the share
+    of the CPU the main thread asked for that it received), else the runnable tasks per
+    usable CPU (each gets at least its share), over the part of the CPU time the hypervisor
+    did not steal; None when neither is known."""
+    got, per_cpu = found.get("got"), found.get("load_per_cpu")
+    kept = 1.0 - min(float(found.get("steal") or 0.0), 0.9)
+    if got:
+        return 1.0 / (float(got) * kept)
+    if per_cpu is not None:
+        return max(1.0, float(per_cpu)) / kept
+    return None
+
+
+def explains(found: Mapping[str, Any], factor: float) -> bool | None:
+    """Whether contention can explain a run ``factor`` times slower than it should be:
+    factor within ``stretch_limit``; None when the limit is unknown."""
+    limit = stretch_limit(found)
+    return None if limit is None else factor <= limit
+
+
+def contention_sentence(found: Mapping[str, Any], slowness: Mapping[str, Any] | None = None,
+                        counted: bool = False) -> str:
+    """One sentence with the figures and whether they mean contention. ``slowness``
+    ({"factor", "basis"}: how many times slower than it should be the run was, and the
+    words saying so) tells whether contention can explain it; ``counted`` says the verdict
+    rests on a count, which load does not change."""
     parts = []
     loads = [x for x in found.get("loadavg") or [] if x is not None]
     if loads and found.get("usable_cpus"):
@@ -99,10 +128,19 @@ def contention_sentence(found: Mapping[str, Any]) -> str:
     if found.get("got") is not None:
         parts.append(f"the main thread received {found['got']:.0%} of the CPU it asked for")
     figures = ", ".join(parts)
-    if found.get("contended"):
-        return (f"the machine was contended ({'; '.join(found['why'])}): {figures}; a "
-                f"timing read here must be confirmed on a quieter machine")
-    return f"the machine was not contended: {figures}"
+    if not found.get("contended"):
+        return f"the machine was not contended: {figures}"
+    said = f"the machine was contended ({'; '.join(found['why'])}): {figures}"
+    limit = stretch_limit(found)
+    if slowness is not None and limit is not None:
+        stretch = f"contention stretches a run {limit:.1f}x at most, and {slowness['basis']}"
+        if slowness["factor"] > limit:
+            return f"{said}; {stretch}: contention does not explain the slowness"
+        return (f"{said}; {stretch}: contention alone could explain it, which a quieter "
+                f"machine must confirm")
+    if counted:
+        return f"{said}; the verdict rests on a count, which the load does not change"
+    return f"{said}; a timing read here must be confirmed on a quieter machine"
 
 
 def worst_contention(loads: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 RATE_WINDOW_S = 30.0
 """Progress rates are measured over the heartbeats of the last this many seconds."""
+MIN_RATE_SPAN_S = 1.0
+"""A rate needs its events spread over at least this long: a burst of events within a
+fraction of a second says nothing about the pace."""
 
 
 @dataclass
@@ -19,9 +22,10 @@ class Progress:
     """How far a run got and how fast it moves.
 
     ``rate`` is module events per second over the last ``window_s`` seconds of heartbeats
-    (None with fewer than two); ``fraction`` the part of the run done, from module events
-    when a step's event count is known, else from steps plus the position inside the
-    current step (``basis`` says which); ``eta_s`` the seconds left at that pace.
+    (None with fewer than two, or over less than MIN_RATE_SPAN_S); ``fraction`` the part
+    of the run done, from module events when a step's event count is known, else from
+    steps plus the position inside the current step (``basis`` says which); ``eta_s`` the
+    seconds left at that pace.
     """
 
     rate: float | None
@@ -38,17 +42,28 @@ def module_events(events: Sequence[dict]) -> list[dict]:
     return [event for event in events if event.get("kind") == "module"]
 
 
-def _rate(module_events: Sequence[dict], window_s: float) -> tuple[float | None, float]:
-    """Module events per second over the last ``window_s`` seconds, and the span used.
+def _rate(module_events: Sequence[dict], window_s: float, until: float | None = None
+          ) -> tuple[float | None, float]:
+    """Module events per second over the last ``window_s`` seconds up to ``until`` (the
+    end of the run; the last event when None or earlier), and the span used.
 
     Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
+    A silence after the last event longer than MIN_RATE_SPAN_S and than two of the mean
+    intervals is part of the pace (the span reaches to ``until``): events that came in a
+    burst and then stopped give the pace since the burst, not the burst's. None under
+    MIN_RATE_SPAN_S.
     """
     if len(module_events) < 2:
         return None, 0.0
-    last_t = module_events[-1]["t"]
-    recent = [event for event in module_events if event["t"] >= last_t - window_s]
-    span = recent[-1]["t"] - recent[0]["t"]
-    if len(recent) < 2 or span <= 0:
+    last = module_events[-1]["t"]
+    end = max(last, until if until is not None else last)
+    recent = [event for event in module_events if event["t"] >= end - window_s]
+    if len(recent) < 2:
+        return None, end - recent[0]["t"] if recent else 0.0
+    span = last - recent[0]["t"]
+    if end - last > max(MIN_RATE_SPAN_S, 2 * span / (len(recent) - 1)):
+        span = end - recent[0]["t"]
+    if span < MIN_RATE_SPAN_S:
         return None, span
     return (len(recent) - 1) / span, span
 
@@ -97,7 +112,7 @@ def _fraction_from_steps(events: Sequence[dict], total_steps: int) -> float | No
 
 def progress(events: Sequence[dict], expected_events_per_step: int | None, total_steps: int,
              *, module_events_done: int | None = None, started_t: float | None = None,
-             window_s: float = RATE_WINDOW_S) -> Progress:
+             window_s: float = RATE_WINDOW_S, ended_t: float | None = None) -> Progress:
     """Rate, fraction done and ETA of a run from its last heartbeat events.
 
     ``module_events_done`` is the number of module events of the whole run (the runner's
@@ -107,10 +122,11 @@ def progress(events: Sequence[dict], expected_events_per_step: int | None, total
     left at the current rate; without it the fraction comes from steps and the in-step
     position, and the ETA extrapolates the time since the start event (or since
     ``started_t``, the process start, when that event is not among ``events``).
+    ``ended_t`` is when the run was stopped: the rate's window reaches to it.
     """
     modules = module_events(events)
     done = len(modules) if module_events_done is None else module_events_done
-    rate, span = _rate(modules, window_s)
+    rate, span = _rate(modules, window_s, ended_t)
     if expected_events_per_step and total_steps > 0:
         expected = expected_events_per_step * total_steps
         fraction = min(1.0, done / expected)

@@ -5,14 +5,19 @@ collectives it started (see nsadiag.harness.collectives), its result, and its st
 `decide_ranks(job, ranks)` names the verdict of the whole job:
 
 1. every rank finished ok and the launcher exited 0                  -> OK
-2. the earliest exception of any rank is a collective failure
+2. a rank died of a signal (its fatal-error dump or torchrun's log
+   says which) or vanished without a result, while every rank that
+   raised only lost its connection to it                             -> CRASH of that rank,
+   explained by what it left (the dump's frame, stderr's last words)
+   and by where the ranks' collectives diverged before it died
+3. the earliest exception of any rank is a collective failure
    (a process-group timeout, a peer that went away)                  -> STALL-COLLECTIVE
-3. the earliest exception is anything else                           -> that rank's verdict
+4. the earliest exception is anything else                           -> that rank's verdict
    (ERROR / OOM from nsadiag.verdict, with its explanation)
-4. the runner stopped a silent job and some rank waits in a
+5. the runner stopped a silent job and some rank waits in a
    collective (an unfinished collective in its heartbeats, or stacks
    inside one)                                                       -> STALL-COLLECTIVE
-5. otherwise the verdict of the rank that stands out (or rank 0), from nsadiag.verdict.
+6. otherwise the verdict of the rank that stands out (or rank 0), from nsadiag.verdict.
 
 A STALL-COLLECTIVE says which rank waits in which collective (#n, op, what it is, since
 when) and where every other rank is (module and pass of its last heartbeat, collectives
@@ -54,7 +59,9 @@ class RankEvidence:
     """One rank. ``started`` lists the collective "start" events (oldest first);
     ``collectives`` is nsadiag.harness.collectives.summarize of all its collective events;
     ``state`` the stack classification (probes.frames.classify) when samples were taken;
-    ``signature`` the innermost Python frames of its last sample (for clustering)."""
+    ``signature`` the innermost Python frames of its last sample (for clustering);
+    ``crash`` what it left when it died of a signal (nsadiag.harness.crash.read);
+    ``thread_exceptions`` the exceptions that ended its other threads."""
 
     rank: int
     pid: int | None
@@ -66,6 +73,8 @@ class RankEvidence:
     stall: StallEvidence | None = None
     state: str | None = None
     signature: str = ""
+    crash: dict[str, Any] | None = None
+    thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -80,12 +89,15 @@ class RankEvidence:
                    started=list(data.get("started", [])),
                    collectives=dict(data.get("collectives", {})),
                    stall=StallEvidence.from_dict(stall) if stall else None,
-                   state=data.get("state"), signature=data.get("signature", ""))
+                   state=data.get("state"), signature=data.get("signature", ""),
+                   crash=data.get("crash"),
+                   thread_exceptions=list(data.get("thread_exceptions") or []))
 
     def as_evidence(self, job: Evidence) -> Evidence:
         """This rank seen as a single trial: the job's spec, outcome and limits."""
         return dataclasses.replace(job, events=self.events, event_counts=self.event_counts,
-                                   result=self.result, stall=self.stall)
+                                   result=self.result, stall=self.stall, crash=self.crash,
+                                   thread_exceptions=self.thread_exceptions)
 
 
 # ---- where a rank is ----------------------------------------------------------------------
@@ -218,18 +230,70 @@ def _peer_gone(rank: RankEvidence) -> bool:
 
 
 def _vanished(job: Evidence, ranks: Sequence[RankEvidence], vanished: Sequence[RankEvidence],
-              witness: RankEvidence) -> Verdict:
+              witness: RankEvidence | None) -> Verdict:
     """A rank ended with neither a result nor an exception while the others only lost
-    their connection to it: it died first (a signal, the OOM killer)."""
+    their connection to it (or raised nothing): it died first. What it left says how (its
+    fatal-error dump, stderr's last words) and where the ranks' collectives diverged
+    before it died says why."""
+    first = vanished[0]
+    crash = first.crash or {}
     names = ", ".join(f"rank {r.rank}" for r in vanished)
-    message = str(witness.result["exception"].get("message", "")).splitlines()[0]
-    reasons = [f"{names} ended without a result or an exception (killed by a signal or the "
-               f"OOM killer; the runner did not kill it), and rank {witness.rank} only lost "
-               f"its connection to it: {message}",
-               f"{names}: {position(vanished[0])} when it died"]
-    facts = {"rank": vanished[0].rank, "world_size": len(ranks),
+    how = (f"died of {crash['signal']}" if crash.get("signal") else
+           "ended without a result or an exception (killed by a signal or the OOM killer)")
+    if crash.get("error"):
+        how += f" (its faulthandler dump: \"Fatal Python error: {crash['error']}\")"
+    if crash.get("where"):
+        inside = f"in {crash['call']} called from " if crash.get("call") else "in "
+        how += (f" while its main thread was {inside}{crash['where']}"
+                if crash.get("thread") == "main" else f" {inside}{crash['where']}")
+    reasons = [f"{names} {how}; the runner did not kill it"]
+    if witness is not None:
+        message = str(witness.result["exception"].get("message", "")).splitlines()[0]
+        reasons.append(f"rank {witness.rank} only lost its connection to it: {message}")
+    if crash.get("stderr"):
+        reasons.append("stderr: " + " / ".join(crash["stderr"]))
+    split = divergence(ranks)
+    if split is not None:
+        reasons.append(mismatch_sentence(split, ranks) or split["why"])
+    reasons.append(f"rank {first.rank}: {position(first)} when it died")
+    facts = {"rank": first.rank, "world_size": len(ranks), "signal_name": crash.get("signal"),
+             "crash": crash or None, "diverged_at": split["n"] if split else None,
+             "odd_ranks": split["odd"] if split else [],
              "ranks": rank_table(ranks, job.outcome.ended_at)}
     return Verdict("CRASH", reasons, facts)
+
+
+def _issued(rank: int, c: dict[str, Any]) -> str:
+    """"rank 1's all_reduce #8 (4 bytes) from debug_stat (train.py:17)" or "rank 0's DDP
+    gradient all_reduce #8 (37,184 bytes, bucket 0)"."""
+    size = f"{int(c['bytes']):,} bytes" if c.get("bytes") is not None else \
+        f"shapes {c.get('shapes')}"
+    detail = str(c.get("detail") or "")
+    if c.get("origin") == "ddp":
+        bucket = detail.split(",")[0].removeprefix("DDP ")
+        return f"rank {rank}'s DDP gradient {c.get('op')} #{c.get('n')} ({size}, {bucket})"
+    caller = detail.rsplit(", from ", 1)[1] if ", from " in detail else None
+    return f"rank {rank}'s {c.get('op')} #{c.get('n')} ({size})" + \
+        (f" from {caller}" if caller else "")
+
+
+def mismatch_sentence(split: dict[str, Any], ranks: Sequence[RankEvidence]) -> str | None:
+    """The collectives the ranks issued at the number where they diverged, the odd rank's
+    first: "rank 1's all_reduce #8 (4 bytes) from debug_stat (train.py:17) met rank 0's
+    DDP gradient all_reduce #8 (37,184 bytes, bucket 0)"; None when fewer than two ranks
+    issued that number."""
+    n = split["n"]
+    issued = {r.rank: next((c for c in r.started if c.get("n") == n), None) for r in ranks}
+    present = sorted((rank for rank, c in issued.items() if c is not None),
+                     key=lambda rank: (rank not in split["odd"], rank))
+    if len(present) < 2:
+        return None
+    first, rest = present[0], present[1:]
+    others = " and ".join(_issued(rank, issued[rank]) for rank in rest)
+    sizes = {issued[rank].get("bytes") for rank in present}
+    differ = "sizes and kinds" if len(sizes) > 1 else "kinds"
+    return (f"{_issued(first, issued[first])} met {others}: the ranks' collectives diverged "
+            f"at #{n} (their {differ} differ)")
 
 
 def _is_collective_failure(rank: RankEvidence) -> bool:
@@ -273,8 +337,11 @@ def decide_ranks(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
         return _ok(job, ranks)
     failed = _failed_ranks(ranks)
     vanished = [] if job.outcome.killed_by_runner else [r for r in ranks if r.result is None]
+    crashed = [r for r in vanished if (r.crash or {}).get("signal")]
     if failed and vanished and all(_peer_gone(r) for r in failed):
-        return _vanished(job, ranks, vanished, failed[0])
+        return _vanished(job, ranks, crashed or vanished, failed[0])
+    if crashed and all(_peer_gone(r) for r in failed):
+        return _vanished(job, ranks, crashed, failed[0] if failed else None)
     if failed and _is_collective_failure(failed[0]):
         first = failed[0]
         message = str(first.result["exception"].get("message", "")).splitlines()[0]
@@ -339,6 +406,11 @@ def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],
             reasons.append(f"rank {r.rank}'s stacks: {found[0].name or 'a thread'} in "
                            f"{found[1].where()} in {found[2]} of {len(r.stall.samples)} "
                            f"samples")
+    for r in ranks:
+        for record in r.thread_exceptions[-2:]:
+            where = f" at {record['where']}" if record.get("where") else ""
+            reasons.append(f"rank {r.rank}: thread {record.get('thread') or '?'} died of "
+                           f"{record.get('type')}: {record.get('message')}{where}")
     culprit = sorted(odd)
     facts = {"world_size": len(ranks), "ranks": table, "odd_ranks": culprit,
              "diverged_at": split["n"] if split else None,

@@ -31,19 +31,29 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
-from nsadiag.probes.efficiency import slow_by, token_loop
+from nsadiag.probes.efficiency import (
+    find_token_loop,
+    loop_location,
+    slow_by,
+    step_cost,
+    token_loop,
+)
 from nsadiag.probes.frames import (
     IDLE_CPU_FRACTION,
     busy_threads,
     classify,
+    describe_place,
     find_collective,
     hot_frame,
+    own_code,
+    place_sentence,
     stacks_change,
+    user_threads,
     wait_frame,
 )
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
-from nsadiag.verdict.load import contention, contention_sentence
+from nsadiag.verdict.load import contention, contention_sentence, explains
 from nsadiag.verdict.progress import Progress, module_events, progress
 
 NAMES = ("OK", "SLOW", "INCONCLUSIVE", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM",
@@ -64,6 +74,10 @@ def is_failure(name: str, slow_by: str | None = None) -> bool:
 
 BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy."""
+
+BUSY_AT_ONE_LINE = 0.2
+"""A main thread that wanted the CPU this part of the time or more is not frozen, even when
+its stacks stand at one line (a thread blocked in a lock or a condition wants none)."""
 
 DEFAULT_STALL_WINDOW_S = 30.0
 """Stall window assumed when the evidence does not carry the runner's stall timeout."""
@@ -120,8 +134,9 @@ def _thread_label(thread: ThreadStack) -> str:
 
 
 def _waiting_thread(sample: StackSample) -> tuple[ThreadStack, StackFrame] | None:
-    """The thread of ``sample`` blocked in a wait, the main thread first."""
-    threads = sorted(sample.threads, key=lambda thread: thread.name != "MainThread")
+    """The thread of ``sample`` blocked in a wait, the main thread first (nsadiag's own
+    threads, which wait between samples, never)."""
+    threads = sorted(user_threads(sample), key=lambda thread: thread.name != "MainThread")
     for thread in threads:
         frame = wait_frame(thread)
         if frame is not None:
@@ -231,7 +246,56 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
         reasons.append(f"peak CUDA memory allocated was {_gib(peak_cuda)}")
     if evidence.outcome.memory_cap_bytes:
         reasons.append(f"the runner capped memory at {_gib(evidence.outcome.memory_cap_bytes)}")
+    _add_memory_growth(evidence, facts, reasons)
     return Verdict("OOM", reasons, facts)
+
+
+MIN_GROWTH_STEPS = 3
+"""Memory growth per step is fitted over at least this many step ends."""
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def memory_growth(events: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """The least-squares growth per step of ``key`` ("rss" or "cuda_alloc") at the step
+    ends among ``events``: {"per_step", "steps", "first", "last"}; None with fewer than
+    MIN_GROWTH_STEPS readings."""
+    points = [(int(e.get("step", 0)), int(e[key])) for e in events
+              if e.get("kind") == "step" and e.get(key) is not None]
+    if len(points) < MIN_GROWTH_STEPS:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    if spread <= 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+    return {"per_step": slope, "steps": len(points), "first": points[0][1],
+            "last": points[-1][1]}
+
+
+def _add_memory_growth(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
+    """How fast memory grew per step (heartbeat RSS at the step ends, and CUDA memory
+    allocated where recorded) and the frame that keeps allocating across steps (the
+    sampled profile's memory ledger), when known."""
+    for key, label, ledger in (("rss", "resident memory", "rss"),
+                               ("cuda_alloc", "CUDA memory allocated", "cuda")):
+        growth = memory_growth(evidence.events, key)
+        if growth is not None:
+            facts[f"{key}_growth_per_step"] = growth["per_step"]
+            reasons.append(f"{label} grew {_mib(growth['per_step'])} per step over the last "
+                           f"{growth['steps']} steps (from {_mib(growth['first'])} to "
+                           f"{_mib(growth['last'])} at the step ends)")
+        holder = (((evidence.profile or {}).get("memory") or {}).get(ledger) or {}).get(
+            "holder")
+        if holder:
+            code = f" `{holder['code']}`" if holder.get("code") else ""
+            facts[f"{ledger}_holder"] = holder["where"]
+            reasons.append(f"the frame that keeps allocating across steps: {holder['where']}"
+                           f"{code} holds {_mib(holder['held'])} of {label}, taken in "
+                           f"{holder['steps']} steps and not given back")
 
 
 def rule_signal(evidence: Evidence) -> Verdict | None:
@@ -246,22 +310,46 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
     where = _position_sentence(facts)
     said = words(evidence)
     if outcome.oom_killer:
-        return Verdict("OOM", [f"the kernel OOM killer killed {said.who} "
-                               f"({name or 'no signal'} recorded) after {outcome.wall_s:.1f} s",
-                               where], facts)
+        reasons = [f"the kernel OOM killer killed {said.who} ({name or 'no signal'} "
+                   f"recorded) after {outcome.wall_s:.1f} s", where]
+        _add_memory_growth(evidence, facts, reasons)
+        return Verdict("OOM", reasons, facts)
     if name == "SIGKILL" and outcome.memory_cap_bytes:
         rss = facts.get("last_rss")
         reasons = [f"{said.who} died of SIGKILL, not sent by {said.runner}, under a memory cap "
                    f"of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
         if rss:
             reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
+        _add_memory_growth(evidence, facts, reasons)
         return Verdict("OOM", reasons, facts)
     reasons = [f"{said.who} died of {name} (signal {outcome.signal}) after "
                f"{outcome.wall_s:.1f} s {said.no_exception}", where]
+    _add_crash(evidence, facts, reasons)
     if name == "SIGKILL":
         reasons.append(f"no memory cap was set and no OOM kill was recorded: something outside "
                        f"{said.runner} sent SIGKILL")
     return Verdict("CRASH", reasons, facts)
+
+
+def _add_crash(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
+    """What the process left when it died (nsadiag.harness.crash): its fatal-error dump's
+    frame and the last words of native code on stderr."""
+    crash = evidence.crash
+    if not crash:
+        return
+    facts["crash"] = crash
+    if crash.get("error") or crash.get("where"):
+        inside = f" in {crash['call']}" if crash.get("call") else ""
+        under = f", called from {crash['where']}" if crash.get("where") else ""
+        if crash.get("thread") == "main" and (inside or under):
+            inside = f" (a native thread took the signal; the main thread was{inside}"
+            under += ")"
+        error = (f"\"Fatal Python error: {crash['error']}\"" if crash.get("error") else
+                 "a dump")
+        reasons.insert(1, f"its faulthandler dump: {error}{inside}{under}")
+    if crash.get("stderr"):
+        reasons.insert(2 if len(reasons) > 2 else len(reasons),
+                       "stderr: " + " / ".join(crash["stderr"]))
 
 
 def last_progress_t(evidence: Evidence) -> float | None:
@@ -352,7 +440,8 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     outcome = evidence.outcome
     started = outcome.ended_at - outcome.wall_s if outcome.ended_at is not None else None
     p = progress(evidence.events, evidence.expected_events_per_step, evidence.total_steps,
-                 module_events_done=counts.get("module"), started_t=started)
+                 module_events_done=counts.get("module"), started_t=started,
+                 ended_t=outcome.ended_at)
     facts = {**_position(evidence), "rate": p.rate, "rate_window_s": p.window_s,
              "fraction_done": p.fraction, "eta_s": p.eta_s, "events_done": p.events_done,
              "events_expected": p.events_expected, "fraction_basis": p.basis,
@@ -367,8 +456,9 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     if p.rate is not None:
         reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
     reasons.append(_fraction_sentence(p, evidence))
-    reasons.append(f"ETA {p.eta_s:.0f} s for the remainder at that pace" if p.eta_s is not None
-                   else "ETA unknown: no rate or no position to extrapolate from")
+    seq_len = int(evidence.spec.get("seq_len") or 0)
+    loop = find_token_loop(evidence.profile, seq_len) or _moving_loop(evidence.profile)
+    reasons.append(_eta_sentence(p, loop, facts))
     steps = [event for event in evidence.events if event.get("kind") == "step"]
     if steps and "step_s" in steps[-1]:
         facts["step_s"] = steps[-1]["step_s"]
@@ -386,12 +476,19 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     if hot_lines:
         facts.update(hot_frame=hot_lines[0]["where"], hot_share=hot_lines[0]["fraction"],
                      hot_code=hot_lines[0].get("code"), hot_source="profile")
-    load = _add_load(evidence, facts, reasons)
+    slowness = _slowness(evidence, measured, steps[-1] if steps else None)
+    if slowness is not None:
+        facts["slowness"] = slowness
+    load = _add_load(evidence, facts, reasons, slowness,
+                     counted=facts.get("slow_by") is not None)
+    facts["next_step"] = _slow_next_step(facts)
     # a trial's budget is nsadiag's choice, so a SLOW nothing but its time supports must
-    # survive a quieter machine; a user's command at its own deadline did not finish, and
-    # the load figures beside it say how busy the machine was
+    # survive a quieter machine, unless it is slower than contention can make a run; a
+    # user's command at its own deadline did not finish, and the load figures beside it
+    # say how busy the machine was
     if load and load["contended"] and facts.get("slow_by") is None and \
-            not words(evidence).users_own:
+            not words(evidence).users_own and \
+            (slowness is None or explains(load, slowness["factor"]) is not False):
         return Verdict("INCONCLUSIVE", [*reasons, "no count (host reads per token, FLOPs per "
                                         "op) ties the slowness to a defect, and contention "
                                         "alone can stretch a run past its limit: SLOW here "
@@ -400,14 +497,112 @@ def _slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdi
     return Verdict("SLOW", reasons, facts)
 
 
-def _add_load(evidence: Evidence, facts: dict, reasons: list[str]) -> dict[str, Any] | None:
+def _moving_loop(profile: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The most advanced loop of the profile whose current pass has an end and a pace
+    (its position can be told), read in forward or backward; None when there is none."""
+    for loop in (profile or {}).get("loops") or []:
+        if loop.get("end") and loop.get("pass_rate_per_s") and \
+                loop.get("phase") in ("forward", "backward"):
+            return loop
+    return None
+
+
+def _duration(seconds: float) -> str:
+    """"under a second", "40 s", "3 min", "2.5 h"."""
+    if seconds < 1:
+        return "under a second"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _loop_sentence(loop: dict[str, Any]) -> str:
+    """"forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min to finish this
+    loop (model.py:57)"."""
+    where = f"{loop['phase']} of {loop['module']}" if loop.get("module") else \
+        f"in {loop['phase']}"
+    position = f"{loop['variable']} = {int(loop['last']):,}"
+    if loop.get("end"):
+        position += f" of {int(loop['end']):,}"
+    pace = loop.get("pass_rate_per_s") or loop.get("rate_per_s")
+    sentence = f"{where} at {position}" + (f", {pace:.1f}/s" if pace else "")
+    if loop.get("eta_s") is not None:
+        sentence += f": about {_duration(loop['eta_s'])} to finish this loop"
+    return f"{sentence} ({loop_location(loop)})"
+
+
+def _eta_sentence(p: Progress, loop: dict[str, Any] | None, facts: dict) -> str:
+    """The run's ETA when its steps give one; else what the loop counter says of the
+    current pass; else that the ETA is unknown. The loop's position goes into facts."""
+    if loop is not None and loop.get("end"):
+        facts["loop_position"] = {key: loop.get(key) for key in (
+            "variable", "last", "end", "pass_rate_per_s", "eta_s", "phase", "module",
+            "where")}
+    if p.eta_s is not None:
+        sentence = f"ETA {p.eta_s:.0f} s for the remainder at that pace"
+        return sentence + (f"; the loop counter: {_loop_sentence(loop)}"
+                           if "loop_position" in facts else "")
+    if "loop_position" in facts:
+        return (f"ETA of the whole run unknown (no finished step to extrapolate from); the "
+                f"loop counter: {_loop_sentence(loop)}")
+    return "ETA unknown: no rate or no position to extrapolate from"
+
+
+def _slowness(evidence: Evidence, measured: dict[str, Any] | None,
+              step: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How many times slower than its shape should take here the run was ({"factor",
+    "basis"}): the last finished step against its expected cost (nsadiag.probes.efficiency
+    .step_cost), else the step still running at the kill against what a dense model of
+    the trial's shape takes per step (the "expected_step_s" of its forward start); None
+    when neither is known."""
+    cost = step_cost(measured, step.get("step_s")) if measured and step else None
+    if cost is not None:
+        return {"factor": cost["ratio"], "basis": (
+            f"step {step.get('step')} took {cost['ratio']:.1f}x the time a dense block "
+            f"takes here for its FLOPs ({step['step_s']:.1f} s against "
+            f"{cost['expected_s']:.2f} s)")}
+    starts = [e for e in evidence.events if e.get("kind") == "start" and
+              e.get("phase") == "forward"]
+    expected = next((e["expected_step_s"] for e in reversed(evidence.events)
+                     if e.get("expected_step_s")), None)
+    ended = evidence.outcome.ended_at
+    if not starts or not expected or ended is None:
+        return None
+    running = ended - starts[-1]["t"]
+    factor = running / expected
+    return {"factor": factor, "basis": (
+        f"step {starts[-1].get('step')} has run {running:.0f} s, {factor:,.0f}x what a step "
+        f"of dense blocks of this shape takes here ({expected:.2f} s)")}
+
+
+def _slow_next_step(facts: dict[str, Any]) -> str:
+    """What to do about a SLOW, from what it measured: an ETA only where one is known."""
+    if facts.get("slow_by") == "defect":
+        return ("Remove the per-token work the evidence names (a Python loop over the "
+                "sequence, a host read such as .item() per token): the run is slow by a "
+                "defect, not by its size.")
+    eta = facts.get("eta_s")
+    if eta is not None:
+        return (f"The run is progressing: give the job more than the ETA ({_duration(eta)}) "
+                f"to finish, or make the hot frame cheaper.")
+    return ("The run is progressing, but no ETA could be measured: give the job more time, "
+            "or rerun with fewer steps to measure one; the hot frame says where the time "
+            "goes.")
+
+
+def _add_load(evidence: Evidence, facts: dict, reasons: list[str],
+              slowness: dict[str, Any] | None = None, counted: bool = False
+              ) -> dict[str, Any] | None:
     """The machine's load while the job ran (nsadiag.verdict.load), relative to its usable
-    CPUs, into facts and one sentence; None when no load was recorded."""
+    CPUs, into facts and one sentence (whether contention can explain ``slowness``; a
+    verdict that rests on a count when ``counted``); None when no load was recorded."""
     found = contention(evidence.load)
     if found is None:
         return None
     facts["load"] = found
-    reasons.append(contention_sentence(found))
+    reasons.append(contention_sentence(found, slowness, counted))
     return found
 
 
@@ -481,8 +676,8 @@ def _add_token_loop(evidence: Evidence, facts: dict, reasons: list[str]) -> None
         return
     facts.update(slow_by="defect", slow_findings=[*facts.get("slow_findings", []), found])
     reasons[:] = [reason for reason in reasons if not reason.startswith("slow by size")]
-    reasons.append(f"slow by defect: {found} (the sampled profile's reading of the "
-                   f"model's own counter)")
+    reasons.append(f"slow by defect: {found}, read from the model's own loop counter "
+                   f"before any forward was counted")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:
@@ -552,9 +747,71 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
     _add_profile(evidence, facts, reasons)
     _add_load(evidence, facts, reasons)
     verdict = _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
+    _add_others(evidence, verdict)
+    _add_thread_exceptions(evidence, verdict)
     if stall.stretched:
         return _contended(stall, verdict)
     return verdict
+
+
+def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
+    """Quote the exceptions that ended other threads of the process (the cause of many a
+    wait: the thread that would have fed it is gone), second among the reasons."""
+    died = evidence.thread_exceptions
+    if not died:
+        return
+    last = last_progress_t(evidence)
+    sentences = []
+    for record in died[-3:]:
+        where = f" at {record['where']}" if record.get("where") else ""
+        when = ""
+        if last is not None and record.get("t") is not None:
+            delta = last - float(record["t"])
+            when = f", {abs(delta):.1f} s {'before' if delta >= 0 else 'after'} the last progress"
+        sentences.append(f"thread {record.get('thread') or '?'} died of {record.get('type')}: "
+                         f"{record.get('message')}{where}{when}")
+    verdict.facts["thread_exceptions"] = [
+        {key: record.get(key) for key in ("thread", "type", "message", "where", "t")}
+        for record in died]
+    verdict.reasons.insert(1, f"an exception ended another thread: {'; '.join(sentences)} "
+                              f"(a thread that waits for its work waits forever)")
+
+
+def _add_others(evidence: Evidence, verdict: Verdict) -> None:
+    """Every other process of the job sampled at the stall, each by what it is and where
+    it waits or works (facts "others"), and, when the watched process waits outside its own
+    code while other processes sit in theirs (a DataLoader worker inside the dataset), the
+    one that holds it up, second among the reasons (facts "held_by")."""
+    places = []
+    for other in evidence.others:
+        samples = (other.get("stall") or {}).get("samples") or []
+        place = describe_place(StackSample.from_dict(samples[-1])) if samples else None
+        places.append({"pid": other.get("pid"), "role": other.get("role"), "place": place})
+    if not places:
+        return
+    verdict.facts["others"] = places
+    own = evidence.stall.samples[-1] if evidence.stall and evidence.stall.samples else None
+    mine = describe_place(own) if own is not None else None
+    if verdict.name not in ("DEADLOCK", "STALL-BUSY") or mine is None or \
+            mine["state"] != "waits" or _own_frame(mine["where"], own):
+        return
+    holders = [p for p in places if p["place"] and p["place"].get("own")]
+    if not holders:
+        return
+    first = holders[0]
+    same = [p for p in holders[1:] if p["place"]["where"] == first["place"]["where"]]
+    also = (f" ({', '.join(str(p['role']) for p in same)}: the same)" if same else "")
+    verdict.facts["held_by"] = {"pid": first["pid"], "role": first["role"],
+                                **first["place"]}
+    verdict.reasons.insert(1, f"the training process {place_sentence(mine)}; it waits for "
+                              f"{first['role']} (pid {first['pid']}), which "
+                              f"{place_sentence(first['place'])}{also}")
+
+
+def _own_frame(where: str, sample: StackSample) -> bool:
+    """Whether the frame named ``where`` in ``sample`` is of the user's own code."""
+    return any(own_code(frame) and frame.where() == where
+               for thread in sample.threads for frame in thread.frames)
 
 
 def _contended(stall: StallEvidence, verdict: Verdict) -> Verdict:
@@ -645,13 +902,25 @@ def _deadlock(samples: Sequence[StackSample], facts: dict, reasons: list[str],
         code = f" `{frame.code}`" if frame.code else ""
         facts.update(wait_frame=frame.where(), wait_function=frame.function,
                      thread=_thread_label(thread))
-        reasons.append(f"{_thread_label(thread)} is blocked in {frame.where()}{code}")
+        caller = "" if own_code(frame) else _caller_of(thread, facts)
+        reasons.append(f"{_thread_label(thread)} is blocked in {frame.where()}{code}{caller}")
         return Verdict("DEADLOCK", reasons, facts)
     hot = hot_frame(samples)
     if hot is not None:
         facts.update(hot_frame=hot[0].where(), hot_function=hot[0].function)
         reasons.append(f"stopped in {hot[0].where()}, which is not a known lock or wait")
     return Verdict("DEADLOCK", reasons, facts)
+
+
+def _caller_of(thread: ThreadStack, facts: dict) -> str:
+    """", called from main (train.py:47) `batch = batches.get()`": the innermost frame of
+    the user's own code under a wait in a library (facts "wait_caller"); "" without one."""
+    own = next((frame for frame in thread.frames if own_code(frame)), None)
+    if own is None:
+        return ""
+    facts["wait_caller"] = own.where()
+    code = f" `{own.code}`" if own.code else ""
+    return f", called from {own.where()}{code}"
 
 
 def _idle(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdict:
@@ -679,6 +948,12 @@ def _partly_busy(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdi
     samples = stall.samples
     if len(samples) >= 2 and stacks_change(samples):
         reasons.append("CPU partly busy and the stacks change between samples: working")
+        return _busy(samples, facts, reasons, "medium")
+    demand = stall.demand()
+    if len(samples) >= 2 and demand is not None and demand >= BUSY_AT_ONE_LINE:
+        reasons.append(f"CPU partly busy and the stacks are identical across samples, but the "
+                       f"main thread wanted the CPU {demand:.0%} of the time: busy at one "
+                       f"line (a native call or a loop over that line), not frozen")
         return _busy(samples, facts, reasons, "medium")
     if len(samples) >= 2:
         reasons.append("CPU partly busy but the stacks are identical across samples: frozen")
