@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.finding.trial import next_action
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.probes import frames
 from nsadiag.probes.loops import evaluate, find_for
 from nsadiag.probes.profile import describe, summarize
 from nsadiag.probes.sampler import MemoryLedger, Sampler
-from nsadiag.report.markdown import recommendation
 from nsadiag.verdict.load import contention, contention_sentence, stretch_limit
 from nsadiag.verdict.progress import progress
 from nsadiag.verdict.rules import decide
@@ -348,10 +348,10 @@ def test_a_slow_without_an_eta_advises_nothing_about_an_eta():
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
     assert "ETA unknown: no rate or no position to extrapolate from" in verdict.reasons
-    advice = recommendation(verdict.to_dict())
-    assert "than the ETA" not in advice and "no ETA could be measured" in advice
+    advice = next_action(verdict.name, verdict.facts, None)
+    assert "ETA" not in advice and "Give the run more time" in advice
     timed = decide(Evidence.from_dict(_slow_budget()))
-    assert "more than the ETA (45 s)" in recommendation(timed.to_dict())
+    assert "more than its ETA (45 s)" in next_action(timed.name, timed.facts, None)
 
 
 def test_a_line_the_main_thread_waited_on_is_never_the_hottest():
