@@ -11,9 +11,10 @@ ZOO = {
     # one block's forward and backward at S=8192 each outlast the 2 s stall timeout
     "long_token_loop": ("SLOW", dict(n_layers=1, seq_len=8192, batch=1, steps=50,
                                      budget_s=30.0, stall_timeout_s=2.0)),
-    # one forward at S=2048 is thousands of per-token iterations: none finishes in the budget
-    "sequential_prefill": ("SLOW", dict(n_layers=1, seq_len=2048, batch=1, steps=2,
-                                        budget_s=30.0, stall_timeout_s=10.0)),
+    # one forward at S=131072 is as many per-token iterations, at least 40 s on a fast
+    # quiet machine (0.6 ms each here): none finishes in the budget, on any machine
+    "sequential_prefill": ("SLOW", dict(n_layers=1, seq_len=131072, batch=1, steps=2,
+                                        budget_s=20.0, stall_timeout_s=10.0)),
     "lock_deadlock": ("DEADLOCK", dict(seq_len=64, stall_timeout_s=3.0)),
     "native_stall": ("STALL-BUSY", dict(seq_len=64, stall_timeout_s=3.0)),
     "python_spin": ("STALL-BUSY", dict(seq_len=64, stall_timeout_s=3.0)),
