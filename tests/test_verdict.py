@@ -391,6 +391,18 @@ def test_a_waiting_thread_on_a_loaded_machine_is_still_a_deadlock():
     assert verdict.name == "DEADLOCK" and verdict.facts["confidence"] == "high"
 
 
+def test_a_waiting_thread_woken_into_a_busy_run_queue_is_still_a_deadlock():
+    # seen under load: the DataLoader's main thread, woken from its poll, waited 0.97 s
+    # for a core and then ran 0.15 ms: a demand of 44 % that is no work at all
+    data = raw("deadlock_lock.json")
+    window = data["stall"]["window_s"]
+    data["stall"].update(cpu_delta_s=0.01, main_cpu_delta_s=0.00015,
+                         runq_delta_s=0.44 * window)
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "DEADLOCK", verdict.reasons
+    assert verdict.facts["demand"] == pytest.approx(0.44, abs=0.01)
+
+
 def test_a_stall_declared_on_a_contended_machine_is_inconclusive_with_the_figures():
     data = raw("busy_matmul.json")
     data["stall"].update(stretched=True, opportunity_s=4.2)

@@ -842,11 +842,26 @@ def _cpu_sentence(stall: StallEvidence) -> str:
     return sentence
 
 
+def working_demand(stall: StallEvidence) -> float | None:
+    """The main thread's demand (StallEvidence.demand) when it also received at least
+    IDLE_CPU_FRACTION of the CPU time it waited for and used; None otherwise. A thread
+    that computes gets a share however loaded the machine (a spin beside five burners on
+    two cores got 28 %); one that was only woken, and then waited a second for a core on a
+    busy machine, received almost none of it: that wait says nothing about work."""
+    demand = stall.demand()
+    if demand is None or stall.main_cpu_delta_s is None or stall.runq_delta_s is None:
+        return None
+    wanted = stall.main_cpu_delta_s + stall.runq_delta_s
+    return demand if wanted > 0 and stall.main_cpu_delta_s >= IDLE_CPU_FRACTION * wanted \
+        else None
+
+
 def busy_fraction(stall: StallEvidence) -> float | None:
     """How busy the stalled process was, relative to the CPU it could get: the larger of
-    its CPU share and its main thread's demand (on-CPU plus run-queue time), so a spin on a
-    loaded machine that got 28 % of a core still reads as busy; None when neither is known."""
-    readings = [x for x in (stall.cpu_fraction(), stall.demand()) if x is not None]
+    its CPU share and its main thread's working demand (on-CPU plus run-queue time), so a
+    spin on a loaded machine that got 28 % of a core still reads as busy; None when neither
+    is known."""
+    readings = [x for x in (stall.cpu_fraction(), working_demand(stall)) if x is not None]
     return max(readings) if readings else None
 
 
@@ -949,7 +964,7 @@ def _partly_busy(stall: StallEvidence, facts: dict, reasons: list[str]) -> Verdi
     if len(samples) >= 2 and stacks_change(samples):
         reasons.append("CPU partly busy and the stacks change between samples: working")
         return _busy(samples, facts, reasons, "medium")
-    demand = stall.demand()
+    demand = working_demand(stall)
     if len(samples) >= 2 and demand is not None and demand >= BUSY_AT_ONE_LINE:
         reasons.append(f"CPU partly busy and the stacks are identical across samples, but the "
                        f"main thread wanted the CPU {demand:.0%} of the time: busy at one "
