@@ -1,7 +1,7 @@
 # make demo  - diagnose a model whose attention loops over tokens in Python: a CPU triage that
 #              ends SLOW, names the loop and writes runs/demo/report.md (creates .venv)
 # make train-demo - train a tiny NSA model on the bundled text for 200 steps
-# make test  - run the test suite (CPU; GPU tests skip cleanly)
+# make test  - run the test suite (CPU; GPU tests skip cleanly; TEST_WORKERS=2 processes)
 # make ci-triage - a small CPU triage of the built-in model into runs/ci-triage (--ci), and
 #                  its redacted bundle (the only part of the run meant to leave the machine)
 # torch: the CPU build from PyTorch's CPU index (plain PyPI would give Linux the multi-GB
@@ -46,8 +46,11 @@ train-demo: $(STAMP)
 	$(PY) -m nsa.train --data text --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 \
 		--seq-len 256 --batch 4 --steps 200 --warmup 20 --lr 2e-3 --log-every 20 --out runs/demo-train
 
+# two test processes: most tests wait on watched children (stall timeouts, budgets), so two
+# halve the wall time on 2 cores; every test holds on a loaded machine
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check nsa nsadiag repro tests bench

@@ -28,6 +28,19 @@ def owned_by(owner_pid: int) -> list[psutil.Process]:
     return [p for p in found if running(p)]
 
 
+def with_environ(name: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has ``name=value`` (a mark one test gave the
+    command it started: tests running beside it never carry it)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(name) == value:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return [p for p in found if running(p)]
+
+
 def with_cmdline(text: str) -> list[psutil.Process]:
     """Live processes whose command line contains `text`."""
     found = []

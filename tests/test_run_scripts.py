@@ -4,27 +4,31 @@ verdict its docstring states, and no process is left once nsadiag exits."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.procs import owned_by, with_cmdline
+from tests.procs import owned_by, with_cmdline, with_environ
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "repro" / "scripts"
+RUN_MARK = "TESTS_RUN_MARK"  # not NSADIAG_*: a script that strips those keeps it
 
 
 def nsadiag_run(tmp_path: Path, options: list[str], command: list[str],
                 timeout: float = 400) -> tuple[subprocess.CompletedProcess, dict, dict, float]:
     """Run `nsadiag run OPTIONS -- COMMAND`; (process, summary, record, exit time)."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # inherited by all the command starts
     proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "run", *options, "--out",
                              str(tmp_path / "run"), "--", *command], cwd=REPO,
+                            env={**os.environ, RUN_MARK: mark},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=timeout)
     exited = time.time()
     assert owned_by(proc.pid) == [], "a process of the command outlived nsadiag"
-    assert with_cmdline(str(SCRIPTS)) == [], "a script process outlived nsadiag"
+    assert with_environ(RUN_MARK, mark) == [], "a script process outlived nsadiag"
     run = tmp_path / "run"
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return (done, json.loads((run / "summary.json").read_text()),
