@@ -52,18 +52,20 @@ def test_there_are_examples_of_the_main_kinds():
             "stacks"} <= kinds
 
 
-def test_the_checker_reports_violations_and_refuses_unchecked_keywords():
+def test_the_checker_reports_violations_and_refuses_an_invalid_schema():
     summary = Summary("sweep-layers", "all trials OK", "healthy",
                       details={"threshold": None, "stall": None}).to_dict()
     assert errors(summary, "summary") == []
     broken = {**summary, "status": "fine", "fits": {"": {}}}
     del broken["threshold"]
     found = errors(broken, "summary")
-    assert any('"fine" is not one of' in e for e in found)
-    assert any("missing 'threshold'" in e for e in found)
-    assert any("bad key ''" in e for e in found)
-    with pytest.raises(ValueError, match="outside the checked subset"):
-        validate(1, {"pattern": "x"})
+    assert any(e.startswith("at $.status: 'fine' is not one of") for e in found), found
+    assert any("'threshold' is a required property" in e for e in found), found
+    assert any(e.startswith("at $.fits: ''") for e in found), found
+    assert validate("ab", {"pattern": "^a"}) == []
+    assert validate("b", {"pattern": "^a"}) == ["at $: 'b' does not match '^a'"]
+    with pytest.raises(ValueError, match="not a valid JSON Schema"):
+        validate(1, {"type": "tuple"})
     with pytest.raises(ValueError, match="may not set 'status'"):
         Summary("run", "x", "healthy", details={"status": "ok"}).to_dict()
 
