@@ -221,8 +221,8 @@ def cpu_stat(path: Path = Path("/proc/stat")) -> dict[str, int | None] | None:
 def machine_load() -> dict[str, Any]:
     """Load averages, usable CPUs and the cumulative CPU times (with steal) now."""
     try:
-        one, five, fifteen = (float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
-    except (OSError, ValueError):
+        one, five, fifteen = os.getloadavg()
+    except OSError:
         one = five = fifteen = None
     return {"loadavg": [one, five, fifteen], "cpus": len(os.sched_getaffinity(0)),
             "cpu_stat": cpu_stat()}

@@ -124,21 +124,19 @@ def new_token() -> str:
 def token_carriers(tokens: set[str] | list[str]) -> list[int]:
     """Pids of the live processes whose environment holds NSADIAG_OWNER=<one of tokens>
     (this process excluded). Zombies have no environment and are not listed."""
-    needles = [f"{OWNER_ENV}={token}\0".encode() for token in tokens]
-    if not needles:
+    wanted = set(tokens)
+    if not wanted:
         return []
     found = []
     me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for process in psutil.process_iter():
+        if process.pid == me:
             continue
         try:
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                environ = handle.read() + b"\0"
-        except OSError:
+            if process.environ().get(OWNER_ENV) in wanted:
+                found.append(process.pid)
+        except psutil.Error:
             continue
-        if any(needle in environ for needle in needles):
-            found.append(int(entry.name))
     return found
 
 

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nsadiag.evidence import ProcessOutcome
 from nsadiag.harness.jobs import capture_all, machine_load
 from nsadiag.harness.runcmd import build_record
@@ -50,9 +52,8 @@ UNBOUNDED_STEPS = 2**62
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
 
 

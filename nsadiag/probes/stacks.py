@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nsadiag.evidence import StackFrame, StackSample, ThreadStack
 
 
@@ -247,19 +249,18 @@ def catches_sigusr1(pid: int) -> bool:
 
 def _environ(pid: int) -> dict[str, str]:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
+        return psutil.Process(pid).environ()
+    except psutil.Error:
         return {}
-    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
 
 
 def trial_dump_file(pid: int) -> Path | None:
     """faulthandler.txt of a child of nsadiag.harness.child (the job's out_dir, or its
     rank-<r>/ under torchrun), else None."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-    except (OSError, UnicodeDecodeError):
+        process = psutil.Process(pid)
+        argv, cwd = process.cmdline(), Path(process.cwd())
+    except psutil.Error:
         return None
     for i, arg in enumerate(argv[:-2]):
         if arg == "-m" and argv[i + 1] == "nsadiag.harness.child":
