@@ -2,20 +2,28 @@
 
     python3 -m venv /tmp/tp
     /tmp/tp/bin/pip install torch==2.13.0 rl_zoo3==2.9.2 trl==1.16.0
-    python bench/third_party.py --python /tmp/tp/bin/python --work /tmp/tp-work
+    python bench/third_party.py --python /tmp/tp/bin/python --work /tmp/tp-work \
+        --only rl_zoo3 trl
+    python3 -m venv /tmp/chem
+    /tmp/chem/bin/pip install torch==2.13.0 chemprop==2.3.1
+    python bench/third_party.py --python /tmp/chem/bin/python --work /tmp/chem-work \
+        --only chemprop
 
-The codebases live in a virtualenv of their own, installed from PyPI, without nsadiag:
-nsadiag, from this project's environment, watches that interpreter (as a tool installed on
-its own would). Each codebase's own command line runs as its users run it, with random
-weights and local data (no download at run time); only the data and the random model a
-codebase reads are made here first (--work). Every command runs four times: plain and under
-`nsadiag run`, on the machine as it is and with two `python -c 'while True: pass'`
-burners, after one unmeasured run that fills the caches (inductor's compiled kernels, the
-tokenized data set) for both. Reported, per codebase and load: the verdict, the time to
+(and so on: each codebase's `install` says what its virtualenv holds). The codebases live
+in virtualenvs of their own, installed from PyPI, without nsadiag: nsadiag, from this
+project's environment, watches that interpreter (as a tool installed on its own would).
+Each codebase's own command line runs as its users run it, with random weights and local
+data (no download at run time); only the data and the random model a codebase reads are
+made here first (--work). Every command runs four times: plain and under `nsadiag run`, on
+the machine as it is and with two `python -c 'while True: pass'` burners, each pair after
+one unmeasured run that fills the caches (inductor's compiled kernels, the tokenized data
+set) for both. Reported, per codebase and load: the verdict, the time to
 the verdict (the `nsadiag run` wall time), the recompiles each run logged
 (TORCH_LOGS=recompiles), and the step-time overhead read from the codebase's own
 throughput figure (watched over plain, less one; one pair, on a shared machine: read it
-with the load beside it). Writes reports/third_party.md and .json.
+with the load beside it). Rows measured here replace the same rows of reports/third_party.json
+and the others are kept, each with the time it was measured; reports/third_party.md is
+written from them all.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +71,48 @@ chunks = [" ".join(lines[i:i + 4]) for i in range(0, len(lines), 4)]
                                                   for c in chunks))
 """
 
+PREPARE_CHEMPROP = """
+import csv, random, sys
+from pathlib import Path
+from rdkit import Chem, RDLogger
+from rdkit.Chem import Crippen
+RDLogger.DisableLog("rdApp.*")
+out = Path(sys.argv[2]) / "chem-data"
+out.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+parts = ["C", "C", "C", "N", "O", "c1ccccc1", "C(=O)", "C(C)", "Cl", "F"]
+logp = {}
+while len(logp) < 2500:
+    mol = Chem.MolFromSmiles("".join(rng.choice(parts) for _ in range(rng.randint(2, 12))))
+    if mol is not None:
+        logp.setdefault(Chem.MolToSmiles(mol), Crippen.MolLogP(mol))
+with open(out / "logp.csv", "w", newline="") as f:
+    rows = csv.writer(f)
+    rows.writerow(["smiles", "logp"])
+    rows.writerows(logp.items())
+"""
+
+MACE_CONFIGS, MACE_VALID_FRACTION, MACE_BATCH = 200, 0.1, 8
+PREPARE_MACE = f"""
+import sys
+from pathlib import Path
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.io import write
+out = Path(sys.argv[2]) / "mace-data"
+out.mkdir(parents=True, exist_ok=True)
+frames = []
+for seed in range({MACE_CONFIGS}):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True) * (2, 1, 1)
+    atoms.rattle(stdev=0.1, seed=seed)
+    atoms.calc = EMT()
+    atoms.info["REF_energy"] = atoms.get_potential_energy()
+    atoms.arrays["REF_forces"] = atoms.get_forces()
+    atoms.calc = None
+    frames.append(atoms)
+write(out / "train.xyz", frames, format="extxyz")
+"""
+
 
 def _last_float(pattern: str) -> Callable[[str], float | None]:
     def read(text: str) -> float | None:
@@ -72,12 +123,16 @@ def _last_float(pattern: str) -> Callable[[str], float | None]:
 
 @dataclass
 class Codebase:
-    """One codebase: its command (the other interpreter's bin/ is BIN, the work folder
-    WORK), what it needs made first, and the seconds per step its own output gives."""
+    """One codebase: what its virtualenv holds (`pip install` arguments), its command (that
+    interpreter's bin/ is BIN, the work folder WORK), the seconds per step its own output
+    gives and where they come from, and the script (run by that interpreter with the text
+    and WORK) that makes its data and random model first."""
 
     name: str
+    install: str
     argv: list[str]
     seconds_per_step: Callable[[str], float | None]
+    step_source: str
     prepare: str | None = None
 
 
@@ -93,22 +148,72 @@ def _per_step_from_runtime(steps: int) -> Callable[[str], float | None]:
     return read
 
 
+def _per_step_from_last_epoch_rate(text: str) -> float | None:
+    """Lightning's rich progress bar, as printed when the output is not a terminal: its last
+    training epoch's rate ("Epoch 9/9 ━━━ 32/32 0:00:04 • 0:00:00 6.56it/s")."""
+    rate = _last_float(r"Epoch \d+/\d+ [^\n]*?([\d.]+)it/s")(text)
+    return 1.0 / rate if rate else None
+
+
+def _per_step_from_epoch_stamps(steps_per_epoch: int) -> Callable[[str], float | None]:
+    """MACE logs a time-stamped line at the end of each epoch ("2026-01-01 10:00:06.189 INFO:
+    Epoch 0: ..."): the time from the first to the last, over the steps in between."""
+    def read(text: str) -> float | None:
+        stamps = [datetime.fromisoformat(s) for s in
+                  re.findall(r"^(\S+ \S+) INFO: Epoch \d+:", text, re.MULTILINE)]
+        if len(stamps) < 2:
+            return None
+        return (stamps[-1] - stamps[0]).total_seconds() / ((len(stamps) - 1) * steps_per_epoch)
+    return read
+
+
 TRL_STEPS = 150
+TRL_INSTALL = "torch==2.13.0 rl_zoo3==2.9.2 trl==1.16.0"
 TRL = ["BIN/trl", "sft", "--model_name_or_path", "WORK/tiny-gpt2", "--dataset_name",
        "WORK/data", "--output_dir", "WORK/trl-out", "--max_steps", str(TRL_STEPS),
        "--per_device_train_batch_size", "4", "--max_length", "128", "--report_to", "none",
        "--logging_steps", "50", "--save_strategy", "no", "--use_cpu", "True",
        "--dataloader_num_workers", "0", "--seed", "0"]
+TRL_STEP = f"the Trainer's train_runtime over its {TRL_STEPS} steps"
+# drop_last: MACE trains on the configurations left after the validation split, whole batches
+MACE_STEPS_PER_EPOCH = (MACE_CONFIGS - int(MACE_VALID_FRACTION * MACE_CONFIGS)) // MACE_BATCH
 CODEBASES = [
-    Codebase("rl_zoo3 train (stable-baselines3 PPO, CartPole)",
+    Codebase("rl_zoo3 train (stable-baselines3 PPO, CartPole)", TRL_INSTALL,
              ["BIN/python", "-m", "rl_zoo3.train", "--algo", "ppo", "--env", "CartPole-v1",
               "-n", "2048", "--device", "cpu", "--eval-freq", "-1", "--seed", "0", "-f",
-              "WORK/rl-logs"], _per_step_from_fps),
-    Codebase("trl sft (transformers Trainer, GPT-2 2x64)", TRL,
-             _per_step_from_runtime(TRL_STEPS), PREPARE_TRL),
-    Codebase("trl sft --torch_compile (inductor)", [*TRL, "--torch_compile", "True"],
-             _per_step_from_runtime(TRL_STEPS), PREPARE_TRL),
+              "WORK/rl-logs"], _per_step_from_fps, "SB3's fps"),
+    Codebase("trl sft (transformers Trainer, GPT-2 2x64)", TRL_INSTALL, TRL,
+             _per_step_from_runtime(TRL_STEPS), TRL_STEP, PREPARE_TRL),
+    Codebase("trl sft --torch_compile (inductor)", TRL_INSTALL, [*TRL, "--torch_compile", "True"],
+             _per_step_from_runtime(TRL_STEPS), TRL_STEP, PREPARE_TRL),
+    Codebase("chemprop train (Lightning Trainer, D-MPNN)", "torch==2.13.0 chemprop==2.3.1",
+             ["BIN/chemprop", "train", "-i", "WORK/chem-data/logp.csv", "-s", "smiles",
+              "--target-columns", "logp", "-t", "regression", "-o", "OUT",
+              "--epochs", "10", "-n", "0", "--accelerator", "cpu", "--devices", "1",
+              "--data-seed", "0", "--pytorch-seed", "0"],
+             _per_step_from_last_epoch_rate, "Lightning's it/s over the last epoch",
+             PREPARE_CHEMPROP),
+    Codebase("mace_run_train (MACE potential, e3nn)", "torch==2.13.0 mace-torch==0.3.16",
+             ["BIN/mace_run_train", "--name", "mace", "--train_file", "WORK/mace-data/train.xyz",
+              "--valid_fraction", str(MACE_VALID_FRACTION), "--E0s", "average", "--model",
+              "MACE", "--hidden_irreps", "16x0e+16x1o", "--r_max", "4.0",
+              "--num_interactions", "2", "--batch_size", str(MACE_BATCH), "--max_num_epochs",
+              "25", "--device", "cpu", "--default_dtype", "float32", "--energy_key",
+              "REF_energy", "--forces_key", "REF_forces", "--seed", "0", "--work_dir",
+              "OUT"], _per_step_from_epoch_stamps(MACE_STEPS_PER_EPOCH),
+             f"MACE's epoch time stamps over {MACE_STEPS_PER_EPOCH} steps an epoch (with the "
+             "epoch's validation)", PREPARE_MACE),
 ]
+
+
+READING = (
+    "Reading the overhead: the Trainer's train_runtime covers its first step, so for "
+    "`--torch_compile` it holds Dynamo's tracing of the model, which traces nsadiag's (empty) "
+    "hooks as well: a compile-time cost, not a step-time one (the steady compiled step costs "
+    "+1.2 % CPU time, `reports/bench_overhead.md`). Not in the table: litgpt 0.5.13 (`litgpt "
+    "pretrain`): it pins huggingface-hub<1.4, which trl's transformers 5 cannot import, and in "
+    "a virtualenv of its own its compiled pretraining did not reach a logged iteration within "
+    "five minutes here.")
 
 
 def load_average() -> float:
@@ -140,15 +245,18 @@ def run(argv: list[str], watched: bool, work: Path, tag: str) -> dict:
 
 
 def measure(codebase: Codebase, python: Path, work: Path, burners: int) -> dict:
-    bin_dir = str(python.parent)
-    argv = [a.replace("BIN", bin_dir).replace("WORK", str(work)) for a in codebase.argv]
     tag = re.sub(r"\W+", "-", codebase.name)[:40] + f"-b{burners}"
-    run(argv, False, work, tag + "-warm-up")  # caches (inductor, datasets) fall on neither
+
+    def command(run_tag: str) -> list[str]:  # OUT: a folder of the run's own
+        return [a.replace("BIN", str(python.parent)).replace("WORK", str(work))
+                .replace("OUT", str(work / "out" / run_tag)) for a in codebase.argv]
+
+    run(command(tag + "-warm-up"), False, work, tag + "-warm-up")  # caches fall on neither
     spawned = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(burners)]
     try:
-        plain = run(argv, False, work, tag + "-plain")
-        watched = run(argv, True, work, tag + "-watched")
+        plain = run(command(tag + "-plain"), False, work, tag + "-plain")
+        watched = run(command(tag + "-watched"), True, work, tag + "-watched")
     finally:
         for burner in spawned:
             burner.kill()
@@ -157,23 +265,34 @@ def measure(codebase: Codebase, python: Path, work: Path, burners: int) -> dict:
     overhead = (per_step[1] / per_step[0] - 1) if all(per_step) else None
     for r in (plain, watched):
         r["tail"] = r.pop("output")[-600:]
-    return {"codebase": codebase.name, "burners": burners, "command": argv, "plain": plain,
-            "watched": watched, "step_s": per_step, "overhead": overhead}
+    measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"codebase": codebase.name, "burners": burners, "command": command(tag + "-plain"),
+            "python": str(python), "measured": measured, "plain": plain, "watched": watched,
+            "step_s": per_step, "overhead": overhead}
 
 
-def markdown(rows: list[dict], python: Path) -> str:
+def merged(kept: list[dict], measured: list[dict]) -> list[dict]:
+    """The rows of `kept` that `measured` does not measure again, and `measured`, in the
+    order of CODEBASES (a codebase no longer there is dropped)."""
+    by_key = {(r["codebase"], r["burners"]): r for r in [*kept, *measured]}
+    order = [c.name for c in CODEBASES]
+    return sorted((r for r in by_key.values() if r["codebase"] in order),
+                  key=lambda r: (order.index(r["codebase"]), r["burners"]))
+
+
+def markdown(rows: list[dict]) -> str:
+    codebases = {c.name: c for c in CODEBASES}
     lines = ["# Public training codebases under `nsadiag run`", "",
-             "Each codebase installed from PyPI into its own virtualenv "
-             f"(`{python}`: torch 2.13.0 CPU, rl_zoo3 2.9.2 with stable-baselines3, trl 1.16.0 "
-             "with transformers), without nsadiag, and run by its own command line, unchanged, "
-             "with random weights and local data; nsadiag watches that interpreter from this "
-             "project's environment. Written by `bench/third_party.py`; TORCH_LOGS=recompiles "
-             "in every run; the step time is the codebase's own figure (SB3's fps, the "
-             "Trainer's train_runtime over its steps); one plain and one watched run per row, "
-             "so the overhead moves with the load beside it.", "",
+             "Each codebase installed from PyPI into a virtualenv of its own (torch 2.13.0 CPU; "
+             "what else each holds is listed under the table), without nsadiag, and run by its "
+             "own command line, unchanged, with random weights and local data; nsadiag watches "
+             "that interpreter from this project's environment. Written by "
+             "`bench/third_party.py`; TORCH_LOGS=recompiles in every run; the step time is the "
+             "codebase's own figure (listed under the table); one plain and one watched run per "
+             "row, so the overhead moves with the load beside it.", "",
              "| codebase | load | verdict | time to verdict | recompiles plain / watched | "
-             "step plain / watched | overhead | 1-min load (plain, watched) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "step plain / watched | overhead | 1-min load (plain, watched) | measured |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = " / ".join("-" if s is None else f"{s * 1e3:.1f} ms" for s in r["step_s"])
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:+.1%}"
@@ -181,23 +300,17 @@ def markdown(rows: list[dict], python: Path) -> str:
         lines.append(f"| {r['codebase']} | {load} | {r['watched'].get('verdict')} | "
                      f"{r['watched']['wall_s']:.0f} s | {r['plain']['recompiles']} / "
                      f"{r['watched']['recompiles']} | {step} | {overhead} | "
-                     f"{r['plain']['load'][0]:.1f}, {r['watched']['load'][0]:.1f} |")
+                     f"{r['plain']['load'][0]:.1f}, {r['watched']['load'][0]:.1f} | "
+                     f"{r['measured']} |")
     lines += ["", "Headlines:", ""]
     lines += [f"- {r['codebase']}, {r['burners']} burner(s): {r['watched'].get('headline')}"
               for r in rows]
-    lines += ["", "Reading the overhead: the Trainer's train_runtime covers its first step, so "
-              "for `--torch_compile` it holds Dynamo's tracing of the model, which traces "
-              "nsadiag's (empty) hooks as well: a compile-time cost, not a step-time one (the "
-              "steady compiled step costs +1.2 % CPU time, `reports/bench_overhead.md`). Not in "
-              "the table: litgpt 0.5.13 (`litgpt pretrain`): it pins huggingface-hub<1.4, which "
-              "trl's transformers 5 cannot import, and in a virtualenv of its own its compiled "
-              "pretraining did not reach a logged iteration within five minutes here.", "",
-              "Commands (BIN is the codebase's virtualenv, WORK the work folder):", ""]
-    seen = set()
-    for r in rows:
-        if r["codebase"] not in seen:
-            seen.add(r["codebase"])
-            lines.append(f"- {r['codebase']}: `{' '.join(r['command'])}`")
+    lines += ["", READING, "", "Each codebase: its virtualenv (`pip install` arguments; BIN is "
+              "its bin/, WORK the work folder), its step time, its command:", ""]
+    for name in dict.fromkeys(r["codebase"] for r in rows):
+        first = next(r for r in rows if r["codebase"] == name)
+        lines.append(f"- {name}: `pip install {codebases[name].install}`; step: "
+                     f"{codebases[name].step_source}; `{' '.join(first['command'])}`")
     return "\n".join(lines) + "\n"
 
 
@@ -217,6 +330,8 @@ def main() -> None:
     for prepare in dict.fromkeys(c.prepare for c in chosen if c.prepare):
         subprocess.run([str(args.python), "-c", prepare, str(TEXT), str(args.work)],
                        check=True, capture_output=True, timeout=600)
+    saved = args.out.with_suffix(".json")
+    kept = json.loads(saved.read_text()) if saved.exists() else []
     rows = []
     for codebase in chosen:
         for burners in args.burners:
@@ -225,13 +340,13 @@ def main() -> None:
             print(f"{codebase.name} ({burners} burners): {r['watched'].get('verdict')} in "
                   f"{r['watched']['wall_s']:.0f} s, recompiles {r['plain']['recompiles']}/"
                   f"{r['watched']['recompiles']}, overhead {r['overhead']}", flush=True)
-            args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(rows, args.python))
-    print(markdown(rows, args.python))
-    if rows:
-        known = [r["overhead"] for r in rows if r["overhead"] is not None]
-        print(f"median overhead {statistics.median(known):+.1%}" if known else "")
-
+            saved.write_text(json.dumps(merged(kept, rows), indent=1))
+    report = markdown(merged(kept, rows))
+    args.out.with_suffix(".md").write_text(report)
+    print(report)
+    known = [r["overhead"] for r in rows if r["overhead"] is not None]
+    if known:
+        print(f"median overhead of the rows measured now {statistics.median(known):+.1%}")
 
 if __name__ == "__main__":
     main()
