@@ -4,8 +4,9 @@ The attention module computes compressed block keys once, then, in
 ``_forward_prefill_sequential``, walks the sequence ``for t in range(S)``: for each
 position it scores the blocks, picks the top ones, gathers their keys and attends. Each
 step is a handful of small ops on one query, so a forward at S tokens costs S Python
-iterations (about 0.6 ms each on a 2-CPU machine): at S = 131072 (the zoo's setting) one
-forward outlasts a budget of a minute while the position counter keeps advancing.
+iterations (about 0.6 ms each on a 2-CPU machine at S = 2048): at S = 262144 (the zoo's
+setting) one forward outlasts a budget of minutes while the position counter keeps
+advancing.
 
 Expected verdict: SLOW by defect, naming the per-token loop's FILE:LINE, with the forward's
 position (``t`` of S) and the time this forward still needs from the loop counter, before

@@ -104,7 +104,8 @@ def test_a_torn_or_malformed_line_is_skipped_and_reported(tmp_path):
         f.write('{"spec": {"n_la')  # torn by a killed writer
     skipped: list[str] = []
     assert len(load_records(path, skipped)) == 1
-    assert skipped[0].startswith("trials.jsonl line 2: not a trial record (at $: missing")
+    assert skipped[0] == ("trials.jsonl line 2: not a trial record (at $: 'verdict' is a "
+                          "required property)"), skipped
     assert skipped[1] == "trials.jsonl line 3: torn or not JSON"
 
 

@@ -57,7 +57,7 @@ def test_per_token_loop_is_slow_with_an_eta(tmp_path):
 
 
 def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect(tmp_path):
-    # the first forward at S=131072 runs its position loop for minutes: the budget cuts it
+    # the first forward at S=262144 runs its position loop for minutes: the budget cuts it
     # with no step and no forward finished, and the loop counter gives position and pace
     record = _diagnose(tmp_path, "repro.sequential_prefill:make",
                        **ZOO["sequential_prefill"][1])
@@ -72,8 +72,8 @@ def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect
                             f"{line} (loop variable `t` in _forward_prefill_sequential")
                for r in reasons), reasons
     position = facts["loop_position"]
-    assert position["variable"] == "t" and position["end"] == 131072
-    assert 0 < position["last"] < 131072 and position["eta_s"] > 0
+    assert position["variable"] == "t" and position["end"] == 262144
+    assert 0 < position["last"] < 262144 and position["eta_s"] > 0
     assert position["module"] == "blocks.0" and position["phase"] == "forward"
     assert "sampler.py" not in " ".join(reasons)  # nsadiag's own frames are never the user's
 
