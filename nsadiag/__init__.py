@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.spec import STALL_TIMEOUT_S
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -20,7 +22,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load_trials", "watch"]
 
 
-def watch(out: str | Path, stall_timeout: float = 60.0, deadline: float | None = None,
+def watch(out: str | Path, stall_timeout: float = STALL_TIMEOUT_S, deadline: float | None = None,
           no_redact: bool = False) -> Watch:
     """Watch the code inside ``with nsadiag.watch(out="runs/x", stall_timeout=60):`` as
     ``nsadiag run`` watches a command, from a helper process that never stops this one:

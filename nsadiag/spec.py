@@ -27,6 +27,13 @@ _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 STARTUP_GRACE_S = 30.0
 """Until a job's first forward its stall limit is at least this: starting Python,
 importing torch and the target and building the model go by without a module event."""
+STALL_TIMEOUT_S = 60.0
+"""The default stall timeout of every command and of ``nsadiag.watch()``: no progress for
+this long is a stall. A step of the paper-sized model on a CPU takes seconds; a minute
+without one module event is far outside what a working run shows."""
+WATCH_POLL_S = 0.2
+"""How often the parent loops (a trial's job, `nsadiag run`, the watch helper, the reaper)
+read their streams and check the process: a stall is declared at most this late."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ class TrialSpec:
     device: str = "cpu"
     steps: int = 2
     seed: int = 0
-    stall_timeout_s: float = 60.0
+    stall_timeout_s: float = STALL_TIMEOUT_S
     budget_s: float = 600.0
     startup_grace_s: float = STARTUP_GRACE_S
     memory_cap_bytes: int | None = None

@@ -52,6 +52,7 @@ from nsadiag.cli.render import (
 )
 from nsadiag.harness import stop
 from nsadiag.rundir import discard_on_refusal
+from nsadiag.spec import STALL_TIMEOUT_S
 
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 130, 70
 ClickError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -366,7 +367,7 @@ def run_cmd(
         ctx: typer.Context,
         stall_timeout: Annotated[float, typer.Option(
             "--stall-timeout", help="Seconds without progress in any process before "
-            "the run counts as stalled.")] = 60.0,
+            "the run counts as stalled.")] = STALL_TIMEOUT_S,
         deadline: Annotated[float, typer.Option(
             "--deadline", help="Your job's own time limit: a run still progressing "
             "then is SLOW, with its rate.")] = 3600.0,

@@ -61,6 +61,7 @@ from nsadiag.rundir import (
     write_json,
     write_run_meta,
 )
+from nsadiag.spec import STALL_TIMEOUT_S
 
 PR_SET_PTRACER = 0x59616D61
 ANNOUNCE_POLL_S = 0.25
@@ -84,7 +85,7 @@ class Watch:
     ``verdict`` and ``headline`` are None until a verdict is written (during the block
     after a stall, or once it ends); ``report`` is report.md's path."""
 
-    def __init__(self, out: str | Path, stall_timeout: float = 60.0,
+    def __init__(self, out: str | Path, stall_timeout: float = STALL_TIMEOUT_S,
                  deadline: float | None = None, no_redact: bool = False):
         if not stall_timeout > 0:
             raise ValueError(f"stall_timeout: must be > 0 seconds, got {stall_timeout!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nsadiag.spec import PRESETS, preset_of
+from nsadiag.spec import PRESETS, STALL_TIMEOUT_S, preset_of
 
 
 def cli_value(value: Any) -> str:
@@ -71,7 +71,7 @@ def check_command(name: str, spec: Mapping[str, Any], n_layers: int | None,
         command += ["--layers", str(n_layers)]
     command += ["--seq-len", str(spec.get("seq_len")), "--batch", str(spec.get("batch")),
                 "--device", str(spec.get("device")),
-                "--stall-timeout", f"{spec.get('stall_timeout_s', 60):g}",
+                "--stall-timeout", f"{spec.get('stall_timeout_s', STALL_TIMEOUT_S):g}",
                 "--seed", str(spec.get("seed", 0))]
     if spec.get("backend"):
         command += ["--backend", spec["backend"]]

@@ -48,14 +48,13 @@ from nsadiag.probes.gpu import gpu_state
 from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
 from nsadiag.rundir import TrialRecord, create_file, write_json, write_text
-from nsadiag.spec import JobSpec, TrialSpec
+from nsadiag.spec import WATCH_POLL_S, JobSpec, TrialSpec
 from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 from nsadiag.verdict.rules import decide
 
 STACK_SAMPLES = 3
 SAMPLE_TIMEOUT_S = 8.0
 """Each py-spy sample of a stalled process is given this long (a loaded machine)."""
-POLL_S = 0.2
 DEADLINE_SLACK_S = 0.05
 """A sample due this little after its deadline is still taken (clock readings differ)."""
 
@@ -316,7 +315,7 @@ def prepare_trial_dir(path: Path) -> Path:
     return path
 
 
-def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = POLL_S,
+def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WATCH_POLL_S,
             env: dict[str, str | None] | None = None) -> TrialRecord:
     """Run `job` to its verdict (see the module docstring); job.spec.out_dir is the trial
     directory (created, emptied). `env` changes the child's environment (None removes a

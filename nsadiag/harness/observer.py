@@ -45,8 +45,8 @@ from nsadiag.harness.runcmd import build_record
 from nsadiag.harness.watch import Stream, Watcher
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.rundir import TrialRecord
+from nsadiag.spec import WATCH_POLL_S
 
-POLL_S = 0.25
 UNBOUNDED_STEPS = 2**62
 
 
@@ -130,7 +130,7 @@ def observe(pid: int, run_dir: Path, stall_timeout_s: float, deadline_s: float,
     """The helper's loop (see the module docstring); stdin is the pipe from PID."""
     observer = Observer(pid, run_dir, stall_timeout_s, deadline_s, on_record)
     while True:
-        readable, _, _ = select.select([0], [], [], POLL_S)
+        readable, _, _ = select.select([0], [], [], WATCH_POLL_S)
         if readable and not os.read(0, 4096):
             break  # the block ended, or the watched process is gone
         if not _alive(pid):

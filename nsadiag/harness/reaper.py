@@ -7,7 +7,7 @@ process). Lines on it:
 
     token <token>   a job's token: every process whose environment holds
                     NSADIAG_OWNER=<token> belongs to the owner
-    tree <pid>      a job's launcher: its descendants are recorded every POLL_S
+    tree <pid>      a job's launcher: its descendants are recorded every WATCH_POLL_S
     done <token>    that job's processes were killed by the owner: forget it
 
 End of file means the owner has exited or died (``kill -9`` included). Then every
@@ -25,8 +25,7 @@ import sys
 import psutil
 
 from nsadiag.harness.launch import alive, freeze_and_kill, token_carriers, wait_gone
-
-POLL_S = 0.2
+from nsadiag.spec import WATCH_POLL_S
 
 
 class Reaper:
@@ -94,7 +93,7 @@ def main(argv: list[str]) -> int:
     reaper = Reaper()
     pending = b""
     while True:
-        readable, _, _ = select.select([0], [], [], POLL_S)
+        readable, _, _ = select.select([0], [], [], WATCH_POLL_S)
         if readable:
             chunk = os.read(0, 65536)
             if not chunk:

@@ -61,11 +61,11 @@ from nsadiag.harness.watch import Stream, Watcher
 from nsadiag.probes.frames import describe_place, place_sentence
 from nsadiag.probes.gpu import gpu_state
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
+from nsadiag.spec import WATCH_POLL_S
 from nsadiag.verdict.ranks import decide_ranks
 from nsadiag.verdict.rules import decide
 
 INJECT = Path(__file__).resolve().parent / "inject"
-POLL_S = 0.25
 UNBOUNDED_STEPS = 2**62  # a user's run has no step count: it ends when the command does
 STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
 
@@ -261,7 +261,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                 stalls = capture_all(pids, dirs, due, stall_timeout_s, others)
                 gpu = gpu_state()
                 break
-            time.sleep(POLL_S)
+            time.sleep(WATCH_POLL_S)
     finally:
         ended_at = decided_at or time.time()
         command.kill_all()
