@@ -10,15 +10,21 @@ import triton.language as tl
 
 
 @triton.jit
-def online_softmax_step(scores, v, m, denom, acc, PRECISION: tl.constexpr):
+def online_softmax_step(scores, v, m, denom, acc, PRECISION: tl.constexpr,
+                        BASE2: tl.constexpr):
     """Fold one key tile into the running (max m [R], denominator [R], output acc [R, D]).
 
-    scores [R, K] with -inf where masked, v [K, D]. A row that has seen no key keeps
-    m = -inf; it is shifted by 0 instead, so nothing becomes NaN."""
+    scores [R, K] with -inf where masked, v [K, D]; natural logits, or log2 ones when BASE2
+    (exp2 is the cheaper instruction: scale the logits by log2(e) once instead). A row that
+    has seen no key keeps m = -inf; it is shifted by 0 instead, so nothing becomes NaN."""
     m_new = tl.maximum(m, tl.max(scores, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(scores - m_safe[:, None])
-    alpha = tl.exp(m - m_safe)
+    if BASE2:
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
+    else:
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
     denom = denom * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, denom, acc

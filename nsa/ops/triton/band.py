@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from nsa.ops.triton._common import check_shapes, dot_precision, launch_options
-from nsa.ops.triton._tiles import load_pair, row_dot, tile_offsets
+from nsa.ops.triton._tiles import load_pair, online_softmax_step, row_dot, tile_offsets
 
 __all__ = ["band_backward", "compressed_attention", "window_attention_with_lse"]
 
@@ -109,13 +109,7 @@ def _fwd_tile(q, K, V, kv_offsets, t, s, s_ok, m, denom, acc, scale_log2, band_a
     else:
         k, v = tl.load(K + kv_offsets), tl.load(V + kv_offsets)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    m_new = tl.maximum(m, tl.max(scores, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(scores - m_safe[:, None])
-    alpha = tl.exp2(m - m_safe)
-    denom = denom * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, denom, acc
+    return online_softmax_step(scores, v, m, denom, acc, PRECISION, True)
 
 
 @triton.jit

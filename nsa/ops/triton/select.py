@@ -84,6 +84,21 @@ def _rank_keys(score, j, t, block_len):
 
 
 @triton.jit
+def _emit_scores(scores, j, running, query_pos, query_ok, out_rows, n_blocks, block_len,
+                 QUERIES: tl.constexpr, TILE_BLOCKS: tl.constexpr, OUTPUT: tl.constexpr):
+    """Scores [QUERIES, TILE_BLOCKS] of blocks j: written to the score rows (OUTPUT 0), or
+    merged into the running top list of int64 rank keys (OUTPUT 1). Returns the list."""
+    if OUTPUT == 0:
+        tl.store(out_rows[:, None] + j[None, :], scores,
+                 mask=query_ok[:, None] & (j[None, :] < n_blocks))
+    else:
+        keys = _rank_keys(scores, j, query_pos, block_len)
+        both = tl.reshape(tl.join(running, keys), [QUERIES, 2 * TILE_BLOCKS])
+        running = tl.topk(both, TILE_BLOCKS)
+    return running
+
+
+@triton.jit
 def _fold_tile(p, j0, carry, running, own, spill, query_pos, query_ok, out_rows, n_blocks,
                block_len, QUERIES: tl.constexpr, GROUP_PAD: tl.constexpr,
                KEY_TILE: tl.constexpr, TILE_BLOCKS: tl.constexpr, OUTPUT: tl.constexpr):
@@ -98,14 +113,8 @@ def _fold_tile(p, j0, carry, running, own, spill, query_pos, query_ok, out_rows,
     blocks = tl.arange(0, TILE_BLOCKS)
     scores += tl.where(blocks[None, :] == 0, carry[:, None], 0.0)
     carry = tl.sum(per_query * spill[None, :], 1)
-    j = j0 + blocks
-    if OUTPUT == 0:
-        tl.store(out_rows[:, None] + j[None, :], scores,
-                 mask=query_ok[:, None] & (j[None, :] < n_blocks))
-    else:
-        keys = _rank_keys(scores, j, query_pos, block_len)
-        both = tl.reshape(tl.join(running, keys), [QUERIES, 2 * TILE_BLOCKS])
-        running = tl.topk(both, TILE_BLOCKS)
+    running = _emit_scores(scores, j0 + blocks, running, query_pos, query_ok, out_rows,
+                           n_blocks, block_len, QUERIES, TILE_BLOCKS, OUTPUT)
     return carry, running
 
 
@@ -247,13 +256,8 @@ def _compressed_select(Q, K, V, LSE_IN, O, LSE_OUT, OUT,
         for j0 in range(written, last, TILE_BLOCKS):
             j = j0 + blocks
             scores = tl.where((j == written)[None, :], carry[:, None], 0.0)
-            if OUTPUT == 0:
-                tl.store(out_rows[:, None] + j[None, :], scores,
-                         mask=query_ok[:, None] & (j[None, :] < n_blocks))
-            else:
-                keys = _rank_keys(scores, j, query_pos, block_len)
-                both = tl.reshape(tl.join(running, keys), [QUERIES, 2 * TILE_BLOCKS])
-                running = tl.topk(both, TILE_BLOCKS)
+            running = _emit_scores(scores, j, running, query_pos, query_ok, out_rows,
+                                   n_blocks, block_len, QUERIES, TILE_BLOCKS, OUTPUT)
         if OUTPUT == 1:
             high = running >> 32
             index = 2147483647 - (running - high * 4294967296)  # from the low 32 bits

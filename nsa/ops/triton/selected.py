@@ -93,7 +93,7 @@ def _selected_fwd(Q, K, V, IDX, O, LSE,
                                        stride_kh, seq_len, n_blocks, keys, cols, BLOCK)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
-        m, denom, acc = online_softmax_step(scores, v, m, denom, acc, PRECISION)
+        m, denom, acc = online_softmax_step(scores, v, m, denom, acc, PRECISION, False)
     o, lse = finish_softmax(m, denom, acc)
     tl.store(O + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + cols[None, :],
              o.to(O.dtype.element_ty), mask=row_ok[:, None])
