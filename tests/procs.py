@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 import psutil
 
 from nsadiag.harness.launch import OWNER_ENV
@@ -51,3 +55,16 @@ def with_cmdline(text: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return [p for p in found if running(p)]
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str,
+             every_s: float = 0.1) -> Any:
+    """Poll ``condition`` until it returns something true, and return that; an
+    AssertionError naming ``what`` after ``timeout_s`` (a deadline, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what}")

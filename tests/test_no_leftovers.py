@@ -17,7 +17,7 @@ import psutil
 from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
 from tests.diag_targets import ESCAPED_HELPER_MARKER
-from tests.procs import owned_by, running
+from tests.procs import owned_by, running, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 5.0
@@ -41,16 +41,6 @@ def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "nsadiag.cli", args[0], "--out",
                              str(tmp_path / "run"), *args[1:]], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -90,7 +80,7 @@ def test_kill_9_during_a_hung_trial_leaves_nothing(tmp_path):
                    "--seq-len", "64", "--stall-timeout", "600"], tmp_path)
     events = tmp_path / "run" / "trial-0" / "events.jsonl"
     # the trial is hung once its backward started: the lock is taken there and never freed
-    _wait_for(lambda: events.exists() and '"backward"' in events.read_text(), 120,
+    wait_for(lambda: events.exists() and '"backward"' in events.read_text(), 120,
               "the trial's backward")
     left, waited, seen = _kill_9_and_count(proc)
     assert seen >= 2, "expected the trial child and the reaper"  # child + reaper
@@ -102,7 +92,7 @@ def test_kill_9_during_a_ddp_trial_leaves_no_torchrun_or_rank(tmp_path):
                    "--seq-len", "64", "--batch", "2", "--steps", "3", "--stall-timeout",
                    "600"], tmp_path)
     trial = tmp_path / "run" / "trial-0"
-    _wait_for(lambda: all((trial / f"rank-{r}" / "events.jsonl").exists() and
+    wait_for(lambda: all((trial / f"rank-{r}" / "events.jsonl").exists() and
                           '"forward"' in (trial / f"rank-{r}" / "events.jsonl").read_text()
                           for r in (0, 1)), 180, "both ranks to train")
     ranks = [p for p in _descendants(proc.pid) if "nsadiag.harness.child" in
@@ -133,7 +123,7 @@ def test_kill_9_during_a_run_leaves_no_escaped_helper(tmp_path):
     script.write_text(ESCAPING_SCRIPT)
     proc = _start(["run", "--stall-timeout", "600", "--", sys.executable, str(script)],
                   tmp_path)
-    _wait_for(lambda: len(owned_by(proc.pid)) >= 3, 60, "the script and its two helpers")
+    wait_for(lambda: len(owned_by(proc.pid)) >= 3, 60, "the script and its two helpers")
     command = min((p for p in owned_by(proc.pid) if "escaping.py" in " ".join(p.cmdline())),
                   key=lambda p: p.create_time())  # its forks share its command line
     # the double fork's grandchild leaves the command's tree (nsadiag, its subreaper,
@@ -159,7 +149,7 @@ def test_a_second_nsadiag_on_the_same_out_refuses_and_a_killed_one_does_not_bloc
         tmp_path):
     first = _start(["run", "--stall-timeout", "600", "--", sys.executable, "-c",
                     "import time; time.sleep(600)"], tmp_path)
-    _wait_for(lambda: list((tmp_path / "run").glob("proc-*/events.jsonl")), 60,
+    wait_for(lambda: list((tmp_path / "run").glob("proc-*/events.jsonl")), 60,
               "the first run's command")
     second = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", "--out",
                              str(tmp_path / "run"), "--", sys.executable, "-c", "pass"],

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from nsadiag.harness import runcmd
+from tests.procs import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,16 +32,6 @@ def nsadiag(*args, cwd=REPO, **kwargs):
         [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
     return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
                           text=True, timeout=300, cwd=cwd, env=env, **kwargs)
-
-
-def _wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ---- nothing outlives a diagnosis -----------------------------------------------------------
@@ -171,7 +161,7 @@ def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:
-        _wait_for(lambda: (out / "stdout.txt").exists() and
+        wait_for(lambda: (out / "stdout.txt").exists() and
                   "second" in (out / "stdout.txt").read_text(), 120, "the second run")
         # while it runs, the directory holds the new run only: no earlier verdict beside it
         assert not (out / "report.md").exists() and not (out / "record.json").exists()
@@ -246,7 +236,7 @@ def test_sigterm_while_nsadiag_starts_is_one_line_and_exit_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "--version"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(mark.exists, 120, "nsadiag to start importing its command line")
+        wait_for(mark.exists, 120, "nsadiag to start importing its command line")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

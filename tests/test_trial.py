@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nsadiag.spec import JobSpec, TrialSpec
+from tests.procs import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
@@ -219,14 +220,6 @@ def test_memory_cap_python_allocation_raises_memory_error(tmp_path):
 
 
 # ----------------------------------------------------------------------------- stacks
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_sigusr1_dumps_all_threads(tmp_path):
