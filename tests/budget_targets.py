@@ -15,9 +15,9 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from tests.diag_targets import DIM, TinyLM
+from tests.check_targets import CheckpointedTinyLM
+from tests.diag_targets import DIM
 
 
 class SizeBoundBlock(nn.Module):
@@ -36,19 +36,7 @@ class SizeBoundBlock(nn.Module):
         return x + 0.1 * F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
 
 
-class SizeBoundLM(TinyLM):
-    def __init__(self, n_layers: int, grad_ckpt: bool):
-        super().__init__(n_layers)
-        self.layers = nn.ModuleList(SizeBoundBlock(DIM) for _ in range(n_layers))
-        self.grad_ckpt = grad_ckpt
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for layer in self.layers:
-            use = self.grad_ckpt and torch.is_grad_enabled()
-            x = checkpoint(layer, x, use_reentrant=False) if use else layer(x)
-        return self.head(x)
-
-
 def size_bound(n_layers: int = 2, grad_ckpt: bool = False) -> nn.Module:
-    return SizeBoundLM(n_layers, grad_ckpt)
+    model = CheckpointedTinyLM(n_layers, grad_ckpt)
+    model.layers = nn.ModuleList(SizeBoundBlock(DIM) for _ in range(n_layers))
+    return model
