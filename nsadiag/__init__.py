@@ -16,22 +16,22 @@ from nsadiag.spec import STALL_TIMEOUT_S
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from nsadiag.commands.watch import Watch
+    from nsadiag.commands.watch import WatchedBlock
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_trials", "watch"]
 
 
 def watch(out: str | Path, stall_timeout: float = STALL_TIMEOUT_S, deadline: float | None = None,
-          no_redact: bool = False) -> Watch:
+          no_redact: bool = False) -> WatchedBlock:
     """Watch the code inside ``with nsadiag.watch(out="runs/x", stall_timeout=60):`` as
     ``nsadiag run`` watches a command, from a helper process that never stops this one:
     a stall verdict with its evidence and report.md in ``out`` while the block still
     hangs, SLOW at ``deadline`` seconds, else OK or ERROR when the block ends
     (nsadiag.commands.watch)."""
-    from nsadiag.commands.watch import Watch
+    from nsadiag.commands.watch import WatchedBlock
 
-    return Watch(out, stall_timeout, deadline, no_redact)
+    return WatchedBlock(out, stall_timeout, deadline, no_redact)
 
 
 def __getattr__(name: str) -> Any:

@@ -268,7 +268,7 @@ class Evidence:
 
     ``pulses`` are the last pulses of the progress sampler (nsadiag.probes.sampler);
     ``load`` what the machine and the child's main thread looked like over its life
-    (nsadiag.harness.jobs.machine_load: load averages and usable CPUs at start and end;
+    (nsadiag.harness.machine.machine_load: load averages and usable CPUs at start and end;
     the main thread's wall, on-CPU and run-queue seconds, its CPU share and demand);
     ``profile`` the sampled profile the child wrote (profile.json of
     nsadiag.probes.sampler). Each is empty or None when not measured.

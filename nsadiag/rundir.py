@@ -6,7 +6,7 @@
         trials.jsonl    one TrialRecord per finished trial, appended and fsynced in order
         trial-<n>/      a trial's own files (spec, heartbeat events, stacks, result)
         report.md, summary.json, plots
-        redaction.json  what the run's reports hide (nsadiag.report.redact), private
+        redaction.json  what the run's reports hide (nsadiag.redact), private
 
 One nsadiag at a time per run directory: ``prepare_run_dir`` takes an exclusive
 ``flock`` on ``.nsadiag.lock`` in it and holds it until the process exits (or
@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
 
 
@@ -429,9 +430,7 @@ def write_run_meta(run_dir: Path, command_name: str, argv: list[str], **extra: A
 def record_redaction(run_dir: Path, argv: Sequence[str] = ()) -> None:
     """Store in redaction.json (readable by this user only) what the run's reports hide:
     what this process knows to hide and the values after credential-like flags in
-    ``argv`` (nsadiag.report.redact.record_of_this_process), merged with what it held."""
-    from nsadiag.report.redact import record_of_this_process
-
+    ``argv`` (nsadiag.redact.record_of_this_process), merged with what it held."""
     stored = stored_redaction(run_dir)
     record = record_of_this_process(argv, stored)
     if record != stored:

@@ -20,7 +20,7 @@ import torch
 
 from nsadiag.checks import causality, ckpt, parity, run_check, run_checks
 from nsadiag.harness.heartbeat import HeartbeatWriter
-from nsadiag.harness.rank import pg_timeout_for
+from nsadiag.harness.times import pg_timeout_for
 from nsadiag.spec import TrialSpec
 
 TINY_NSA = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3, w=16)

@@ -419,7 +419,7 @@ def test_attach_ends_near_its_duration_however_slow_each_sample_is(monkeypatch):
                            native=native)
 
     monkeypatch.setattr(attach.stacks, "capture", slow_capture)
-    monkeypatch.setattr("nsadiag.harness.jobs.stacks.capture", slow_capture)
+    monkeypatch.setattr("nsadiag.harness.capture.stacks.capture", slow_capture)
     started = time.monotonic()
     observation = attach.observe(1, None, 2.0)
     elapsed = time.monotonic() - started

@@ -60,3 +60,24 @@ def test_the_report_package_only_formats_what_findings_decided():
         for module, names in imports(path):
             assert not module.startswith(DECISIONS), (path.name, module)
             assert not DECIDING_NAMES & set(names), (path.name, module, names)
+
+
+def calls(path: Path) -> set[str]:
+    """The names a file calls, as written (``Evidence`` for ``Evidence(...)``, ``x.f`` for
+    ``x.f(...)``: the last part)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            found.add(func.id if isinstance(func, ast.Name) else
+                      func.attr if isinstance(func, ast.Attribute) else "")
+    return found
+
+
+def test_one_module_builds_a_watched_runs_evidence_and_one_runs_the_capture_loop():
+    building = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                if "Evidence" in calls(p)}
+    capturing = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if "capture_all" in calls(p)}
+    assert building == {"harness/record.py"}
+    assert capturing == {"harness/session.py"}

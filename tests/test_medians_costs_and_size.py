@@ -15,7 +15,7 @@ import pytest
 
 from nsadiag.ci import exit_code
 from nsadiag.evidence import Evidence
-from nsadiag.harness.jobs import cpu_stat
+from nsadiag.harness.machine import cpu_stat
 from nsadiag.harness.trial import MEDIAN_STEPS, timing_step_fits
 from nsadiag.probes.efficiency import (
     DEFECT_COST_RATIO,

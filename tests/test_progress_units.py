@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from nsadiag.harness import watch
-from nsadiag.harness.watch import FINISH_GRACE_S, STRETCH, Stream, Watcher
+from nsadiag.harness import streams
+from nsadiag.harness.streams import FINISH_GRACE_S, STRETCH, StallClock, Stream
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.sampler import ProgressJudge
 
@@ -97,7 +97,7 @@ def _watcher(tmp_path: Path, total_steps: int = 3, budget_s: float = 100.0):
     path.touch()
     clock = _Clock()
     stream = Stream("trial", path, total_steps)
-    watcher = Watcher([stream], stall_timeout_s=10.0, budget_s=budget_s, clock=clock,
+    watcher = StallClock([stream], stall_timeout_s=10.0, budget_s=budget_s, clock=clock,
                       startup_grace_s=0.0)
     return watcher, path, clock
 
@@ -128,7 +128,7 @@ def test_run_queue_waits_do_not_count_until_the_stretch_limit(tmp_path, monkeypa
     # the main thread spent all but 1 s of every 10 s waiting for a core: no stall at 10 s
     # of quiet, and at STRETCH windows the stall is declared as contended
     waited = {"s": 0.0}
-    monkeypatch.setattr(watch, "run_queue_seconds", lambda pid: waited["s"])
+    monkeypatch.setattr(streams, "run_queue_seconds", lambda pid: waited["s"])
     watcher, path, clock = _watcher(tmp_path)
     _write(path, {**FORWARD, "kind": "start", "pid": 4242, "phase": "build"}, FORWARD)
     watcher.read()

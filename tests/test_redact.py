@@ -6,8 +6,8 @@ import socket
 import subprocess
 import sys
 
+from nsadiag.redact import redact
 from nsadiag.report.dispatch import render_run
-from nsadiag.report.redact import redact
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 
@@ -128,7 +128,7 @@ def test_every_notation_of_a_secret_is_hidden_and_look_alikes_are_kept():
 
 
 def test_the_bare_short_host_name_and_secret_environment_values(monkeypatch):
-    from nsadiag.report.redact import machine_names, secret_env_values
+    from nsadiag.redact import machine_names, secret_env_values
 
     monkeypatch.setattr(socket, "gethostname", lambda: "trainbox-42.cluster.example.com")
     monkeypatch.setattr(socket, "getfqdn", lambda: "trainbox-42.cluster.example.com")
@@ -143,7 +143,7 @@ def test_the_bare_short_host_name_and_secret_environment_values(monkeypatch):
 
 
 def test_json_is_redacted_value_by_value():
-    from nsadiag.report.redact import redact_obj
+    from nsadiag.redact import redact_obj
 
     data = {"message": 'failed: {"password": "p1"} from 10.0.0.1', "HF_TOKEN": "abc",
             "rows": [{"aws_secret_access_key": "k2"}], "n": 3}

@@ -13,8 +13,8 @@ import tarfile
 import textwrap
 from pathlib import Path
 
+from nsadiag.redact import argv_secret_values, redact, redact_obj
 from nsadiag.report.dispatch import render_run
-from nsadiag.report.redact import argv_secret_values, redact, redact_obj
 from nsadiag.rundir import TrialRecord, append_record, prepare_run_dir, release_run_dir
 from nsadiag.spec import TrialSpec
 

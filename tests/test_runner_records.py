@@ -2,7 +2,7 @@
 
 from nsadiag.finding import Finding
 from nsadiag.finding.commands import reproduce
-from nsadiag.harness.jobs import cgroup_oom_kills
+from nsadiag.harness.machine import cgroup_oom_kills
 from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 

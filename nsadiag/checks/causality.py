@@ -35,7 +35,7 @@ import torch
 
 from nsadiag.checks import CheckResult, finding
 from nsadiag.checks.compare import difference, model_device, random_ids
-from nsadiag.harness.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 
@@ -172,7 +172,8 @@ def outputs_of(target: Target, ids: torch.Tensor, writer: HeartbeatWriter) -> di
 
     handles = [block.register_forward_hook(keep(name)) for name, block in target.blocks]
     try:
-        with watch(target, writer, record=lambda name, out: outputs.__setitem__(name, out)), \
+        with hook_modules(target, writer,
+                          record=lambda name, out: outputs.__setitem__(name, out)), \
                 torch.no_grad():
             outputs[OUTPUT] = _tensor(target.model(ids))
     finally:

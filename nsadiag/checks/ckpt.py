@@ -40,7 +40,7 @@ from torch import nn
 
 from nsadiag.checks import TOLERANCE, CheckResult, finding, not_applicable
 from nsadiag.checks.compare import difference, model_device, random_ids
-from nsadiag.harness.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, factory_kwargs, load_factory, resolve
 
@@ -146,12 +146,12 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter) -> CheckResult:
                      model_device(plain.model))
     # the same RNG state for both runs: dropout draws the same masks (recompute restores it)
     torch.manual_seed(spec.seed)
-    with watch(plain, writer):
+    with hook_modules(plain, writer):
         reference = gradients(plain, ids, writer, None)
     recorder = Recorder(ckpt.model)
     torch.manual_seed(spec.seed)
     try:
-        with watch(ckpt, writer, record=recorder.branch):
+        with hook_modules(ckpt, writer, record=recorder.branch):
             got = gradients(ckpt, ids, writer, recorder)
     finally:
         recorder.remove()

@@ -22,7 +22,7 @@ from torch import nn
 
 from nsadiag.checks import TOLERANCE, CheckResult, finding
 from nsadiag.checks.compare import model_device, random_ids
-from nsadiag.harness.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 
@@ -56,7 +56,7 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter, rank: RankEnv | None) -> C
     batch = random_ids(target.vocab_size, world * spec.batch, spec.seq_len + 1, spec.seed,
                        device)
     ddp = wrap_ddp(LossOf(target), device, find_unused=True)
-    with watch(target, writer):
+    with hook_modules(target, writer):
         writer.start("forward", 0)
         loss = ddp(batch[r * spec.batch:(r + 1) * spec.batch])
         writer.start("backward", 0)
@@ -68,7 +68,7 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter, rank: RankEnv | None) -> C
     torch.manual_seed(spec.seed)
     single = resolve(spec)
     single.model.load_state_dict(initial)  # DDP broadcast rank 0's initial weights
-    with watch(single, writer):
+    with hook_modules(single, writer):
         writer.start("forward", 1)
         loss = single.loss(batch)
         writer.start("backward", 1)

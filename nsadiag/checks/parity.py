@@ -24,7 +24,7 @@ from torch import nn
 from nsadiag.builtin import nsa_attention_class
 from nsadiag.checks import CheckResult, finding, not_applicable
 from nsadiag.checks.compare import difference, model_device, random_ids
-from nsadiag.harness.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
 
@@ -78,7 +78,7 @@ def layer_inputs(target: Target, layers: list[tuple[str, nn.Module]], ids: torch
     handles = [layer.register_forward_pre_hook(keep(name)) for name, layer in layers]
     writer.start("forward", 0)
     try:
-        with watch(target, writer), torch.no_grad():
+        with hook_modules(target, writer), torch.no_grad():
             target.model(ids)
     finally:
         for handle in handles:

@@ -1,6 +1,6 @@
 """What the command line prints: results on stdout, progress and errors on stderr.
 
-Both streams go through the run's redaction (nsadiag.report.redact) unless the command was
+Both streams go through the run's redaction (nsadiag.redact) unless the command was
 given --no-redact, so a secret in an exception message, a host name or an address never
 reaches the terminal. A closed stream (``| head -n 1``) is ``OutputClosed``, one line on
 stderr and a non-zero exit, not a traceback. Progress: a live bar or spinner on a terminal,
@@ -89,7 +89,7 @@ class Terminal:
         if not self.redact:
             return text
         if self._redactor is None:
-            from nsadiag.report.redact import Redactor
+            from nsadiag.redact import Redactor
 
             self._redactor = Redactor()
         return self._redactor.text(text)

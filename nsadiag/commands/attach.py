@@ -7,7 +7,7 @@ idle), or waiting in a collective.
 window (py-spy's nonblocking dump, which does not pause the process; the faulthandler dump
 when py-spy cannot attach and nsadiag armed the process's faulthandler: see
 nsadiag.probes.stacks), the CPU time it used and its main thread's on-CPU and run-queue
-time over the same window (nsadiag.harness.jobs.capture_stall), two native samples at the
+time over the same window (nsadiag.harness.capture.capture_stall), two native samples at the
 end when its Python stacks did not move (py-spy pauses the process for those: what native
 call the frozen line is in), and, for a process nsadiag already watches (under ``nsadiag run`` or
 ``nsadiag.watch()``: it holds its events.jsonl open), the heartbeat it wrote meanwhile.
@@ -52,8 +52,9 @@ import psutil
 
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
-from nsadiag.harness.jobs import SAMPLE_TIMEOUT_S, capture_stall, sample_stacks
-from nsadiag.harness.watch import PROGRESS_KINDS, EventTail
+from nsadiag.harness.capture import capture_stall, sample_stacks
+from nsadiag.harness.streams import PROGRESS_KINDS, EventTail
+from nsadiag.harness.times import SAMPLE_TIMEOUT_S
 from nsadiag.probes import frames, stacks
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nsadiag.harness.runcmd import check_command, run_command
+from nsadiag.redact import Redactor
 from nsadiag.report.dispatch import Rendered, render_run
-from nsadiag.report.redact import Redactor
 from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,

@@ -44,8 +44,8 @@ from typing import Any
 from nsadiag.ci import write_step_summary
 from nsadiag.compare import DEFAULT_THRESHOLD, load_summary
 from nsadiag.preflight import check_ddp, check_target
+from nsadiag.redact import redact_obj
 from nsadiag.report.dispatch import Rendered, read_meta, render_run
-from nsadiag.report.redact import redact_obj
 from nsadiag.rundir import prepare_run_dir, read_json, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.engine import Triage, TriageCallbacks, TriageOptions

@@ -12,7 +12,7 @@ Entering the block takes the run directory's lock (nsadiag.rundir), starts this 
 heartbeat into ``out/proc-<pid>/`` (nsadiag.harness.watched: module and step events of the
 model being trained, sampler pulses, collectives, faulthandler on SIGUSR1) and starts the
 helper process (``python -m nsadiag.commands.watch``) that watches it (see
-nsadiag.harness.observer for why a process and not a thread). This process then lets the
+nsadiag.harness.watch_helper for why a process and not a thread). This process then lets the
 helper ptrace it (Yama's PR_SET_PTRACER), so py-spy can sample it where ptrace is limited
 to descendants.
 
@@ -27,7 +27,7 @@ this process that waits for it (a block stuck in a lock, a sleep, a Python loop 
 native op that lets go of the GIL; one that holds the GIL keeps every thread from
 printing). The start-up grace of the stall clock covers starting up only: until the first
 forward, a main thread that waits (a lock, a queue) rather than imports or builds a
-model is a stall after ``stall_timeout`` (nsadiag.harness.watch).
+model is a stall after ``stall_timeout`` (nsadiag.harness.streams).
 
 Leaving the block removes every hook and handler, ends the helper (it writes its last
 report first) and releases the lock; nothing of the process is stopped or killed.
@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsadiag.harness.observer import observe
-from nsadiag.harness.watched import Watched, disarm_faulthandler, process_dir, start
+from nsadiag.harness.watch_helper import watch_block
+from nsadiag.harness.watched import ProcessHeartbeat, disarm_faulthandler, process_dir, start
 from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import (
     TrialRecord,
@@ -80,7 +80,7 @@ def allow_ptrace(pid: int) -> None:
         pass
 
 
-class Watch:
+class WatchedBlock:
     """The context manager ``nsadiag.watch()`` returns (see the module docstring).
     ``verdict`` and ``headline`` are None until a verdict is written (during the block
     after a stall, or once it ends); ``report`` is report.md's path."""
@@ -94,7 +94,7 @@ class Watch:
         self.out = Path(out)
         self.stall_timeout, self.deadline, self.no_redact = stall_timeout, deadline, no_redact
         self.report = self.out / "report.md"
-        self.watched: Watched | None = None
+        self.watched: ProcessHeartbeat | None = None
         self.helper: subprocess.Popen | None = None
         self.write_fd: int | None = None
         self.faulthandler_was_enabled = False
@@ -117,7 +117,7 @@ class Watch:
     def headline(self) -> str | None:
         return (self.summary or {}).get("headline")
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> WatchedBlock:
         if self.watched is not None:
             raise ValueError("watch: this block is already being watched")
         prepare_run_dir(self.out)
@@ -209,7 +209,7 @@ def _helper(argv: list[str]) -> int:
         print("nsadiag.commands.watch: usage: python -m nsadiag.commands.watch PID RUN_DIR "
               "STALL_TIMEOUT_S DEADLINE_S NO_REDACT", file=sys.stderr)
         return 2
-    observe(pid, run_dir, stall_timeout_s, deadline_s,
+    watch_block(pid, run_dir, stall_timeout_s, deadline_s,
             lambda record: _write_report(record, run_dir, no_redact))
     return 0
 

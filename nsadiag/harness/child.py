@@ -139,7 +139,8 @@ def run_job(job: JobSpec, rank: RankEnv | None, writer: HeartbeatWriter, directo
             progress: Progress) -> dict[str, Any]:
     """The job itself: a trial's steps go to `progress` as they finish; returns the other
     measurements for result.json."""
-    from nsadiag.harness.rank import init_process_group, pg_timeout_for, shutdown
+    from nsadiag.harness.rank import init_process_group, shutdown
+    from nsadiag.harness.times import pg_timeout_for
 
     spec = job.spec.replace(out_dir=str(directory))
     if rank is not None:

@@ -71,7 +71,7 @@ class HeartbeatWriter:
         self.step = 0
         self.module_events = 0
         self.events = 0  # every event but pulses: the sampler counts these as progress
-        self.watched_blocks: int | None = None  # blocks of the last model watch() hooked
+        self.watched_blocks: int | None = None  # blocks of the last model hook_modules() hooked
         self._open: list[str] = []
         self.lost: str | None = None  # why events stopped being written (a full disk)
 
@@ -206,8 +206,8 @@ def _cuda_memory() -> tuple[int | None, int | None]:
         return None, None
 
 
-class Watch:
-    """Hooks installed by `watch`; use as a context manager or call `remove()`."""
+class ModuleHooks:
+    """Hooks installed by `hook_modules`; use as a context manager or call `remove()`."""
 
     def __init__(self, handles: list[Any], probe: BranchProbe | None):
         self._handles = handles
@@ -221,15 +221,15 @@ class Watch:
             self._probe.remove()
             self._probe = None
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> ModuleHooks:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
 
 
-def watch(target: Target, writer: HeartbeatWriter, branch_emit: Emit | None = None,
-          record: Record | None = None) -> Watch:
+def hook_modules(target: Target, writer: HeartbeatWriter, branch_emit: Emit | None = None,
+          record: Record | None = None) -> ModuleHooks:
     """Emit module events for every block (forward pre/post, full backward pre/post hooks)
     and for every NSA branch (see nsadiag.targets.BranchProbe). Branch events go to
     `branch_emit` when given (which must pass them on to writer.module), so another probe
@@ -241,7 +241,7 @@ def watch(target: Target, writer: HeartbeatWriter, branch_emit: Emit | None = No
     for name, block in target.blocks:
         handles += _hook_block(name, block, writer)
     writer.watched_blocks = len(target.blocks)
-    return Watch(handles, instrument_branches(target, branch_emit or writer.module, record))
+    return ModuleHooks(handles, instrument_branches(target, branch_emit or writer.module, record))
 
 
 def _hook_block(name: str, block: nn.Module, writer: HeartbeatWriter) -> list[Any]:

@@ -1,9 +1,9 @@
 """What a child needs to be one rank of a torchrun job: its rank, the process group, DDP.
 
-One process-group timeout for every multi-rank job (``pg_timeout_for``): long enough that
-the watcher sees a stalled collective and samples every rank's stacks before the
-collective raises, short enough that a collective that never completes ends in minutes,
-not torch's default 30. Every rank dies with its parent (PR_SET_PDEATHSIG): torchrun puts
+One process-group timeout for every multi-rank job (nsadiag.harness.times.pg_timeout_for):
+long enough that the parent sees a stalled collective and samples every rank's stacks
+before the collective raises, short enough that a collective that never completes ends in
+minutes, not torch's default 30. Every rank dies with its parent (PR_SET_PDEATHSIG): torchrun puts
 each rank in a session of its own, out of reach of a process-group kill.
 """
 
@@ -41,12 +41,6 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv | None:
     except (KeyError, ValueError):
         return None
     return RankEnv(rank, world, int(env.get("LOCAL_RANK", rank)))
-
-
-def pg_timeout_for(stall_timeout_s: float) -> float:
-    """The process-group timeout of a job watched with `stall_timeout_s`: twice the stall
-    timeout (the watcher's silence limit, then its stack sampling) plus a minute."""
-    return 2.0 * stall_timeout_s + 60.0
 
 
 def die_with_parent() -> None:

@@ -12,18 +12,18 @@ output is passed to the terminal first and always drained, so a disk that fills 
 copies (where and why is kept in the evidence, ``output_copies``), never the command; the
 verdict is still written (nsadiag.rundir's reserve).
 
-The one watcher (nsadiag.harness.watch) follows every process's stream as it appears,
-with the stall clock on progress of any of them. On a stall every watched process, and
-every other live Python process of the command's tree (a DataLoader worker forked without
-the injected hook, a launcher: nsadiag.harness.tree), is sampled at once
-(nsadiag.harness.jobs.capture_all) before the whole tree is killed
+The one parent loop (nsadiag.harness.session) follows every process's stream as it
+appears, with the stall clock on progress of any of them. On a stall every watched
+process, and every other live Python process of the command's tree (a DataLoader worker
+forked without the injected hook, a launcher: nsadiag.harness.tree), is sampled at once
+(nsadiag.harness.capture) before the whole tree is killed
 (every process it started, those that left its session included: nsadiag.harness.launch);
 at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
 OK for exit code 0, else the verdict of the exception a process recorded (or the last
 traceback on its stderr), else the exit code's verdict.
 
-The record (``build_record``) names the training process (the one with the most
+The record (nsadiag.harness.record) names the training process (the one with the most
 heartbeat events) and the evidence of every process. A torchrun job of two or more ranks
 is decided across ranks, as a `nsadiag ddp` trial is (nsadiag.verdict.ranks): the
 collectives each rank issued (counted in every process, DDP's buckets included), where
@@ -34,39 +34,31 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import sys
 import termios
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
-from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
-from nsadiag.harness import crash, stop, thread_exceptions
-from nsadiag.harness.collectives import summarize
-from nsadiag.harness.jobs import (
-    capture_all,
-    machine_load,
-    others_evidence,
-    outcome_of,
-    profile_summary,
-    rank_evidence,
-    unwatched,
-)
+import psutil
+
+from nsadiag.harness.capture import unwatched
 from nsadiag.harness.launch import Launched
-from nsadiag.harness.watch import Stream, Watcher
-from nsadiag.probes.frames import describe_place, place_sentence
-from nsadiag.probes.gpu import gpu_state
+from nsadiag.harness.record import (
+    build_record,
+    command_facts,
+    outcome_of,
+    rank_streams,
+    training_stream,
+)
+from nsadiag.harness.session import Tree, watch_session
+from nsadiag.harness.streams import UNBOUNDED_STEPS, Stream
+from nsadiag.harness.times import WatchTimes
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
-from nsadiag.spec import WATCH_POLL_S
-from nsadiag.verdict.ranks import decide_ranks
-from nsadiag.verdict.rules import decide
 
 INJECT = Path(__file__).resolve().parent / "inject"
-UNBOUNDED_STEPS = 2**62  # a user's run has no step count: it ends when the command does
 STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
 
 
@@ -187,12 +179,32 @@ class _Command(Launched):
         return [tee.lost for tee in self.tees if tee.lost]
 
 
-def _new_streams(run_dir: Path, watcher: Watcher, known: set[str]) -> None:
-    for path in sorted(run_dir.glob("proc-*/events.jsonl")):
-        name = path.parent.name
-        if name not in known:
-            known.add(name)
-            watcher.add_stream(Stream(name, path, UNBOUNDED_STEPS))
+class _CommandTree(Tree):
+    """A user's command: its processes' streams found as they appear in the run directory,
+    its processes that write no heartbeat sampled at a stall, all of them killed at the
+    end."""
+
+    def __init__(self, command: _Command, run_dir: Path):
+        self.command, self.run_dir = command, run_dir
+        self.known: set[str] = set()
+
+    def running(self) -> bool:
+        return self.command.poll() is None
+
+    def new_streams(self) -> list[Stream]:
+        new = []
+        for path in sorted(self.run_dir.glob("proc-*/events.jsonl")):
+            if path.parent.name not in self.known:
+                self.known.add(path.parent.name)
+                new.append(Stream(path.parent.name, path, UNBOUNDED_STEPS))
+        return new
+
+    def unwatched(self, watched: set[int]) -> list[psutil.Process]:
+        return unwatched(self.command, watched)
+
+    def stop(self) -> None:
+        self.command.kill_all()
+        self.command.finish()
 
 
 def check_command(argv: list[str]) -> str:
@@ -229,12 +241,10 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     """Run ``argv`` to its verdict (see the module docstring); ValueError (one line) when it
     cannot be started."""
     check_command(argv)
+    times = WatchTimes(stall_timeout_s, deadline_s)
     prepare_run_dir(run_dir)
     for earlier in run_dir.glob("proc-*"):  # an earlier run's processes are not this one's
         shutil.rmtree(earlier, ignore_errors=True)
-    watcher = Watcher([], stall_timeout_s, deadline_s)
-    known: set[str] = set()
-    load_before = machine_load()
     try:
         command = _Command(argv, command_env(run_dir), run_dir)
     except OSError as err:  # e.g. a script whose #! names no interpreter here
@@ -243,41 +253,18 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
-    started = time.time()
-    due, stalls, gpu, decided_at = None, {}, None, None
-    others: list[Any] = []
-    try:
-        while command.poll() is None:
-            stop.check()
-            _new_streams(run_dir, watcher, known)
-            watcher.read()
-            due = watcher.due()
-            if due is not None:
-                decided_at = time.time()  # capturing takes seconds and pauses the processes
-                pids = {s.name: s.pid for s in watcher.streams if s.pid}
-                dirs = {s.name: s.path.parent for s in watcher.streams}
-                others = unwatched(command, set(pids.values())) if due.reason == "stall" \
-                    else []
-                stalls = capture_all(pids, dirs, due, stall_timeout_s, others)
-                gpu = gpu_state()
-                break
-            time.sleep(WATCH_POLL_S)
-    finally:
-        ended_at = decided_at or time.time()
-        command.kill_all()
-        command.finish()
-    _new_streams(run_dir, watcher, known)
-    watcher.read()
+    end = watch_session(_CommandTree(command, run_dir), times)
     returncode = command.proc.returncode
-    reason = due.reason if due is not None else None
-    outcome = outcome_of(returncode, reason, ended_at - started, ended_at, None)
+    outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
-    record = build_record(spec, run_dir, watcher.streams, outcome, stalls, gpu,
-                          {"start": load_before, "end": machine_load()},
-                          ended_ok=due is None and returncode == 0,
-                          fallback=None if due is not None else _stderr_exception(run_dir),
-                          others=others_evidence(others, stalls))
+    main = training_stream(end.streams)
+    ended_ok = end.due is None and returncode == 0
+    record = build_record(spec, run_dir, end, main, rank_streams(end.streams), outcome,
+                          ended_ok=ended_ok,
+                          total_steps=main.counts.get("step", 0) if main and ended_ok else 0,
+                          fallback=None if end.due is not None else _stderr_exception(run_dir),
+                          extra=command_facts(end, main, outcome))
     if command.lost():
         record.evidence["output_copies"] = command.lost()
     return record
@@ -303,132 +290,3 @@ def last_traceback(stderr: str) -> dict[str, Any] | None:
 
 def _stderr_exception(run_dir: Path) -> dict[str, Any] | None:
     return last_traceback(read_tail(run_dir / "stderr.txt", STDERR_TAIL_BYTES))
-
-
-def _training_stream(streams: list[Stream]) -> Stream | None:
-    """The process that trained: the most heartbeat events besides pulses."""
-    return max(streams, key=_weight, default=None)
-
-
-def _weight(stream: Stream) -> int:
-    return sum(n for kind, n in stream.counts.items() if kind != "pulse")
-
-
-def _rank_streams(streams: list[Stream]) -> dict[int, Stream]:
-    """{rank: stream} of the torchrun ranks among the watched processes (the busiest
-    stream when two claim one rank)."""
-    ranks: dict[int, Stream] = {}
-    for stream in streams:
-        if isinstance(stream.rank, int) and (stream.rank not in ranks or
-                                             _weight(stream) > _weight(ranks[stream.rank])):
-            ranks[stream.rank] = stream
-    return ranks
-
-
-def _read_result(stream: Stream) -> dict[str, Any] | None:
-    """The result.json a watched process wrote when an exception ended it."""
-    try:
-        return json.loads((stream.path.parent / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def stream_result(stream: Stream, ended_ok: bool) -> dict[str, Any] | None:
-    """What one process's end says: its exception (result.json), else ok with its steps
-    and collectives when the whole command ended well, else nothing."""
-    result = _read_result(stream)
-    if result is not None:
-        return result
-    if not ended_ok:
-        return None
-    return {"status": "ok", "steps_done": stream.counts.get("step", 0),
-            "collectives_issued": summarize(stream.collectives)["issued"]}
-
-
-def how_it_ended(outcome: ProcessOutcome) -> str:
-    """"exit code 1", "killed by SIGABRT", "stopped by nsadiag at a stall": how the
-    command ended, in words (a signal leaves no exit code)."""
-    if outcome.killed_by_runner:
-        return {"stall": "stopped by nsadiag at a stall",
-                "budget": "stopped by nsadiag at the deadline"}.get(
-            outcome.kill_reason or "", "stopped by nsadiag")
-    if outcome.signal is not None:
-        return f"killed by {outcome.signal_name or f'signal {outcome.signal}'}"
-    if outcome.exit_code is None:
-        return "stopped by nsadiag"
-    return f"exit code {outcome.exit_code}"
-
-
-def _place(stall: StallEvidence | None) -> str | None:
-    """Where a process was at the stop, in the user's terms (nsadiag.probes.frames
-    .place_sentence of its last sample); None without samples."""
-    if stall is None or not stall.samples:
-        return None
-    place = describe_place(stall.samples[-1])
-    return place_sentence(place) if place else None
-
-
-def build_record(spec: dict[str, Any], run_dir: Path, streams: list[Stream],
-                 outcome: ProcessOutcome, stalls: dict[str, StallEvidence], gpu: Any,
-                 load: dict[str, Any], ended_ok: bool,
-                 fallback: dict[str, Any] | None = None,
-                 others: list[dict[str, Any]] | None = None) -> TrialRecord:
-    """The record of a watched user's run (``nsadiag run``, ``nsadiag.watch()``): the
-    Evidence of the training process, and for a torchrun job of two or more ranks each
-    rank's RankEvidence decided across ranks (nsadiag.verdict.ranks). ``ended_ok``: the
-    command or block ended by itself, successfully; ``fallback``: the exception to take
-    when no process recorded one (the last traceback on the command's stderr); ``others``:
-    the processes sampled at a stall that write no heartbeat (Evidence.others). A process
-    that died of a signal is read for what it left (nsadiag.harness.crash), and the
-    exceptions that ended other threads of the training process are the evidence's
-    ``thread_exceptions``."""
-    main = _training_stream(streams)
-    stderr_path = run_dir / "stderr.txt"
-    steps = main.counts.get("step", 0) if main else 0
-    result = stream_result(main, ended_ok) if main else None
-    if result is None and ended_ok:
-        result = {"status": "ok", "steps_done": steps}
-    if result is None and fallback is not None:
-        result = {"status": "error", "exception": fallback}
-    evidence = Evidence(
-        spec=spec, events=list(main.last) if main else [],
-        event_counts=dict(main.counts) if main else {}, result=result, outcome=outcome,
-        stall=stalls.get(main.name) if main else None, expected_events_per_step=None,
-        total_steps=steps if ended_ok else 0, stall_timeout_s=spec["stall_timeout_s"],
-        pulses=list(main.pulses) if main else [], load=load,
-        profile=profile_summary(main.path.parent / "profile.json") if main else None,
-        thread_exceptions=thread_exceptions.read(
-            main.path.parent / thread_exceptions.FILE_NAME) if main else [],
-        others=list(others or []),
-        crash=crash.read(main.path.parent, stderr_path, main.pid)
-        if main and outcome.signal is not None and not outcome.killed_by_runner else None)
-    ranks = _rank_streams(streams)
-    data: dict[str, Any]
-    if len(ranks) >= 2:
-        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), stalls.get(s.name),
-                                   None if outcome.killed_by_runner else stderr_path)
-                     for r, s in sorted(ranks.items())]
-        verdict = decide_ranks(evidence, rank_list)
-        data = evidence.to_dict()
-        data["ranks"] = [r.to_dict() for r in rank_list]
-    else:
-        verdict = decide(evidence)
-        data = evidence.to_dict()
-    data["processes"] = [{"name": s.name, "pid": s.pid, "rank": s.rank,
-                          "events": dict(s.counts),
-                          "role": f"rank {s.rank}" if isinstance(s.rank, int) else
-                          "the training process" if s is main else "a watched process",
-                          "place": _place(stalls.get(s.name)),
-                          "stall": stalls[s.name].to_dict() if s.name in stalls else None}
-                         for s in streams] + \
-        [{"name": f"pid-{other['pid']}", "pid": other["pid"], "rank": None, "events": {},
-          "role": other["role"], "stall": other["stall"],
-          "place": _place(StallEvidence.from_dict(other["stall"]))}
-         for other in others or []]
-    data["main_process"] = main.name if main else None
-    data["exit_code"] = outcome.exit_code
-    data["ended"] = how_it_ended(outcome)
-    with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
-        write_json(run_dir / "evidence.json", data, reserve=False)
-    return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
-                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu)

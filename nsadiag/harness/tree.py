@@ -5,7 +5,7 @@ A process forked by multiprocessing (a DataLoader worker, a pool worker) never r
 injected sitecustomize, and a launcher or helper may run no watched code at all: none of
 them writes a heartbeat, yet the one that holds the others up may be among them. At a
 stall every live Python process of the job's tree (nsadiag.harness.launch.Launched
-.members) that nsadiag does not watch is sampled (nsadiag.harness.jobs.capture_others) and
+.members) that nsadiag does not watch is sampled (nsadiag.harness.capture.capture_all) and
 named here by what its stacks and its place in the tree say:
 
 - "DataLoader worker N of rank R" (or "of the main process" outside torchrun): a thread

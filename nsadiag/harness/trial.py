@@ -221,7 +221,7 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
     CollectiveCounter) counts DDP's buckets when running as a rank."""
     import torch
 
-    from nsadiag.harness.heartbeat import watch
+    from nsadiag.harness.heartbeat import hook_modules
     from nsadiag.harness.rank import mean_over_ranks, wrap_ddp
 
     device = device_of(target.model)
@@ -240,7 +240,7 @@ def train(spec: TrialSpec, target: Target, writer: HeartbeatWriter, progress: Pr
     rates = measure_rates(spec, target, device)
     started = _process_started()
     step = 0
-    with watch(target, writer, tee):
+    with hook_modules(target, writer, tee):
         while step < spec.steps or (rank is None and timing_step_fits(
                 progress.step_s, time.time() - started, spec.budget_s)):
             batch = torch.randint(target.vocab_size, (world * spec.batch, spec.seq_len + 1),

@@ -97,7 +97,7 @@ def _imported(names: tuple[str, ...]) -> bool:
     return True
 
 
-class Watched:
+class ProcessHeartbeat:
     """One process's heartbeat, sampler and torch hooks (see the module docstring)."""
 
     def __init__(self, directory: Path, job: str = "run"):
@@ -319,7 +319,7 @@ def process_dir(run_dir: Path, pid: int | None = None) -> Path:
     return run_dir / f"proc-{os.getpid() if pid is None else pid}"
 
 
-def start(run_dir: Path, job: str = "run") -> Watched | None:
+def start(run_dir: Path, job: str = "run") -> ProcessHeartbeat | None:
     """Watch this process into ``run_dir/proc-<pid>/``; None when that cannot be written
     (the user's command runs on, unwatched)."""
     directory = process_dir(run_dir)
@@ -328,7 +328,7 @@ def start(run_dir: Path, job: str = "run") -> Watched | None:
         from nsadiag.harness.child import arm_faulthandler
 
         arm_faulthandler(directory / "faulthandler.txt")
-        watched = Watched(directory, job)
+        watched = ProcessHeartbeat(directory, job)
     except OSError:
         return None
     watched.start()

@@ -1,6 +1,6 @@
-"""Reports of run directories: one package for Markdown, summary.json, plots, redaction.
+"""Reports of run directories: one package for Markdown, summary.json and plots; what is
+hidden before anything is shared is nsadiag.redact (the run directory records it too).
 
-    redact.py    what is hidden before anything is shared (text and JSON values)
     markdown.py  the formatting every report shares (units, tables, evidence, reproduction)
     summary.py   summary.json as a typed model (nsadiag/schemas/summary.schema.json)
     plots.py     the PNG plots
@@ -11,5 +11,5 @@
     bundle.py    write_bundle(run_dir): a redacted archive for sharing
 
 Renderers import nothing from each other; each imports the shared modules only. This
-package imports no renderer on its own, so ``nsadiag.report.redact`` stays light.
+package imports no renderer on its own.
 """

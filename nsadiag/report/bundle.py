@@ -2,7 +2,7 @@
 
 The run directory itself keeps raw data (trial heartbeats, stacks, the command's output);
 the bundle holds a redacted copy of the text files nsadiag wrote there (JSON structurally,
-JSON Lines line by line, the rest as text; see nsadiag.report.redact) and its plots, after
+JSON Lines line by line, the rest as text; see nsadiag.redact) and its plots, after
 re-rendering report.md and summary.json redacted, all under the directory's lock.
 
 A run directory may come from someone else, so nothing in it is taken on trust. A file
@@ -32,8 +32,8 @@ import time
 import zlib
 from pathlib import Path, PurePosixPath
 
+from nsadiag.redact import Redactor
 from nsadiag.report.dispatch import LOCK_WAIT_S, render_run
-from nsadiag.report.redact import Redactor
 from nsadiag.rundir import (
     FILE_MODE,
     PRIVATE,

@@ -10,7 +10,7 @@ run.json named every kind are recognised by their files.
 
 ``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
 what `nsadiag report DIR` and every command end with. Both files are redacted
-(nsadiag.report.redact) unless ``no_redact``; a stored record that is malformed is one
+(nsadiag.redact) unless ``no_redact``; a stored record that is malformed is one
 ValueError line, a record line of trials.jsonl that is torn is skipped and listed at the
 end of report.md and in summary.json's ``skipped_records``.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsadiag.report.redact import Redactor
+from nsadiag.redact import Redactor
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
     TrialRecord,

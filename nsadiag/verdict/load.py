@@ -1,6 +1,6 @@
 """Was the machine contended while a job ran? Pure reading of the load figures of one job.
 
-Every job records the machine's load at its start and end (nsadiag.harness.jobs.machine_load:
+Every job records the machine's load at its start and end (nsadiag.harness.machine.machine_load:
 the 1, 5 and 15 minute load averages, the CPUs this process may use, and the cumulative
 ``/proc/stat`` CPU times with the steal column where the kernel reports one) and the CPU
 use of each process's main thread over its life (on-CPU and run-queue seconds).

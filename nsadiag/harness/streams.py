@@ -1,8 +1,8 @@
-"""The one watcher: N heartbeat streams of one job, the stall clock and the budget clock.
+"""The heartbeat streams of one job, and its stall and budget clock (``StallClock``).
 
 A job writes one heartbeat file per process (nsadiag.harness.heartbeat): a trial child,
-every rank of a torchrun job, every Python process of a user's own command. The watcher
-tails them all and keeps two clocks for the whole job:
+every rank of a torchrun job, every Python process of a user's own command. The clock
+tails them all (``StallClock``) and keeps two clocks for the whole job:
 
 stall   no progress in any stream for the stall timeout. Progress is any heartbeat event
         (a block entered or left, a step ended, a collective) or a pulse of the progress
@@ -23,7 +23,8 @@ budget  the job's wall time reached the budget while it still progressed. A stre
         last step finished (its final "step" or "end" event) is not cut off: the job gets
         FINISH_GRACE_S more to write its results and exit.
 
-The watcher only reads; the caller captures evidence and stops the processes.
+The clock only reads; the watch session (nsadiag.harness.session) captures evidence
+and stops the processes.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.harness.heartbeat import OpenBackward
+from nsadiag.harness.machine import main_thread_clock
 from nsadiag.spec import STARTUP_GRACE_S
 
+UNBOUNDED_STEPS = 2**62
+"""The step count of a stream with none (a user's process): it ends when the process does."""
 KEEP_EVENTS = 400
 KEEP_PULSES = 120
 STRETCH = 10.0
@@ -75,18 +79,14 @@ class EventTail:
 
 
 def run_queue_seconds(pid: int) -> float | None:
-    """Seconds the main thread of `pid` has waited on a run queue, from
-    /proc/PID/task/PID/schedstat; None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/schedstat", "rb") as handle:
-            return int(handle.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
+    """Seconds the main thread of `pid` has waited on a run queue; None when unreadable."""
+    clock = main_thread_clock(pid)
+    return clock[1] if clock is not None else None
 
 
 @dataclass
 class Stream:
-    """What the watcher has seen of one process's heartbeat file."""
+    """What the clock has seen of one process's heartbeat file."""
 
     name: str
     path: Path
@@ -168,7 +168,7 @@ class Stream:
 
 @dataclass
 class Due:
-    """Why the watcher says stop: "stall" or "budget", with the clock readings."""
+    """Why the clock says stop: "stall" or "budget", with the clock readings."""
 
     reason: str
     quiet_s: float
@@ -177,7 +177,7 @@ class Due:
     stretched: bool  # the stall was declared at STRETCH windows, not by opportunity
 
 
-class Watcher:
+class StallClock:
     """The clocks over a job's streams. ``read()`` takes new events; ``due()`` says when to
     stop; ``streams`` can grow while the job runs (a new process of a user's command)."""
 

@@ -1,0 +1,172 @@
+"""The evidence of a stalled or slow job, taken from every process at the same time.
+
+``capture_all(pids, dirs, due, window_s, others)`` samples every watched process over the
+capture window (nsadiag.harness.times) in a thread each, when the stall clock says stop:
+
+stall   several py-spy samples spaced over the window (faulthandler dumps when py-spy is
+        missing or refused), the CPU time and the main thread's on-CPU and run-queue time
+        over the same window, a faulthandler dump; and each process of the job that writes
+        no heartbeat (a DataLoader worker, a launcher: nsadiag.harness.tree) sampled
+        without pausing it;
+budget  two stack samples of every process (a slow run's hot frame).
+
+``capture_stall`` and ``sample_stacks`` are the pieces, also used by ``nsadiag attach``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from nsadiag.evidence import StallEvidence
+from nsadiag.harness.launch import Launched
+from nsadiag.harness.machine import main_thread_clock
+from nsadiag.harness.streams import Due
+from nsadiag.harness.times import SAMPLE_TIMEOUT_S
+from nsadiag.harness.tree import python_processes, roles
+from nsadiag.probes import frames, stacks
+
+STACK_SAMPLES = 3
+DEADLINE_SLACK_S = 0.05
+"""A sample due this little after its deadline is still taken (clock readings differ)."""
+
+
+def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float | None = None,
+                  faulthandler_file: Path | None = None, native: bool = True,
+                  local_names: bool = False, deadline: float | None = None
+                  ) -> tuple[list[Any], list[str]]:
+    """`count` samples `interval_s` apart (py-spy, with native frames when `native` and it
+    can, else the faulthandler dump into `faulthandler_file`), and the reasons for any
+    sample that could not be taken. `timeout_s` bounds each sample (default: max(5 s, 4
+    intervals)). Without `native` py-spy does not pause the process; `local_names` reads
+    the locals that say what a process is (nsadiag.probes.stacks.KEEP_LOCALS). With
+    `deadline` (a time.monotonic() reading) the samples are taken at fixed times spread
+    from now to it, a late sample is not followed by the full interval, and none starts
+    after it: the whole takes about as long as asked, however slow each sample is."""
+    samples, unavailable = [], []
+    start = time.monotonic()
+    for i in range(count):
+        if i and deadline is None:
+            time.sleep(interval_s)
+        elif i:
+            due = start + i * interval_s
+            if due > deadline + DEADLINE_SLACK_S or time.monotonic() > deadline:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+        limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
+        if deadline is not None:
+            limit = max(0.5, min(limit, deadline - time.monotonic()))
+        taken = stacks.capture(pid, native=native, timeout_s=limit,
+                               faulthandler_file=faulthandler_file, local_names=local_names)
+        if isinstance(taken, str):
+            unavailable.append(taken)
+        else:
+            samples.append(taken)
+    return samples, sorted(set(unavailable))
+
+
+def capture_stall(pid: int, since_last_event_s: float, window_s: float,
+                  faulthandler_path: Path | None, timeout_s: float | None = None,
+                  count: int = STACK_SAMPLES, native: bool = True, dump: bool = True,
+                  local_names: bool = False, deadline: float | None = None
+                  ) -> StallEvidence:
+    """`count` stack samples spread over `window_s`, the CPU time the process used
+    meanwhile (and its main thread's on-CPU and run-queue time), and with `dump` a
+    faulthandler dump of all threads into `faulthandler_path` (SIGUSR1, sent only when the
+    process has its handler installed; None: the file the process holds open, see
+    probes.stacks). A process forked from a watched one inherits its handler and its open
+    dump file: it must be sampled without `dump`, or its dump would land in the parent's
+    file. `deadline` bounds the samples (see sample_stacks)."""
+    cpu_before, clock_before = stacks.process_cpu_seconds(pid), main_thread_clock(pid)
+    started = time.monotonic()
+    # against a deadline the last sample falls at the window's end
+    interval = window_s / (max(count - 1, 1) if deadline is not None else count)
+    samples, unavailable = sample_stacks(pid, count, interval,
+                                         timeout_s=timeout_s,
+                                         faulthandler_file=faulthandler_path, native=native,
+                                         local_names=local_names, deadline=deadline)
+    elapsed = time.monotonic() - started
+    cpu_after, clock_after = stacks.process_cpu_seconds(pid), main_thread_clock(pid)
+    cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    main_cpu = runq = None
+    if clock_before and clock_after:
+        main_cpu, runq = clock_after[0] - clock_before[0], clock_after[1] - clock_before[1]
+    if dump and not any((s.note or "").startswith("stacks from faulthandler")
+                        for s in samples):
+        dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
+        if isinstance(dumped, str):
+            unavailable.append(dumped)
+    return StallEvidence(since_last_event_s=since_last_event_s, window_s=elapsed,
+                         cpu_delta_s=cpu_delta, samples=samples, unavailable=unavailable,
+                         stacks_class=frames.classify(samples) if samples else None,
+                         main_cpu_delta_s=main_cpu, runq_delta_s=runq)
+
+
+OTHER = "other-"
+"""capture_all's key prefix for a process that writes no heartbeat: other-<pid>."""
+
+
+def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s: float,
+                others: Sequence[psutil.Process] = ()) -> dict[str, StallEvidence]:
+    """Evidence of every process at the same time (one thread each, over ``window_s`` at a
+    stall): the watched ones by name, and at a stall each of ``others`` (the job's
+    processes that write no heartbeat, nsadiag.harness.tree) under ``other-<pid>``,
+    sampled without pausing it, with the locals that say what it is and no faulthandler
+    dump."""
+    found: dict[str, StallEvidence] = {}
+
+    def stall(name: str, pid: int) -> None:
+        if name.startswith(OTHER):
+            found[name] = capture_stall(pid, due.quiet_s, window_s, None,
+                                        timeout_s=SAMPLE_TIMEOUT_S, native=False, dump=False,
+                                        local_names=True)
+        else:
+            found[name] = capture_stall(pid, due.quiet_s, window_s,
+                                        dirs[name] / "faulthandler.txt",
+                                        timeout_s=SAMPLE_TIMEOUT_S)
+        found[name].opportunity_s, found[name].stretched = due.opportunity_s, due.stretched
+
+    def budget(name: str, pid: int) -> None:
+        samples, unavailable = sample_stacks(pid, 2, 0.5, timeout_s=SAMPLE_TIMEOUT_S,
+                                             faulthandler_file=dirs[name] / "faulthandler.txt")
+        found[name] = StallEvidence(since_last_event_s=due.quiet_s, window_s=1.0,
+                                    cpu_delta_s=None, samples=samples, unavailable=unavailable,
+                                    stacks_class=frames.classify(samples) if samples else None,
+                                    opportunity_s=due.opportunity_s)
+
+    target = stall if due.reason == "stall" else budget
+    jobs = dict(pids)
+    if due.reason == "stall":
+        jobs.update({f"{OTHER}{process.pid}": process.pid for process in others})
+    threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in jobs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return found
+
+
+def others_evidence(processes: Sequence[psutil.Process], found: dict[str, StallEvidence]
+                    ) -> list[dict[str, Any]]:
+    """The ``Evidence.others`` of the processes capture_all sampled under other-<pid>: pid,
+    role (nsadiag.harness.tree.roles) and their StallEvidence as a dict."""
+    stalls = {process.pid: found.get(f"{OTHER}{process.pid}") for process in processes}
+    last = {pid: stall.samples[-1] if stall and stall.samples else None
+            for pid, stall in stalls.items()}
+    named = roles(processes, last)
+    return [{"pid": pid, "role": named[pid], "stall": stall.to_dict()}
+            for pid, stall in stalls.items() if stall is not None]
+
+
+def unwatched(launched: Launched, watched: set[int]) -> list[psutil.Process]:
+    """The live Python processes of a job that write no heartbeat (see
+    nsadiag.harness.tree)."""
+    try:
+        return python_processes(launched.members(), watched)
+    except psutil.Error:
+        return []

@@ -1,0 +1,219 @@
+"""The one builder of a watched run's evidence and verdict.
+
+``build_record(spec, run_dir, end, main, ranks, outcome, ...)`` turns what a watch session
+saw (nsadiag.harness.session.SessionEnd) into the Evidence of the run's main process (its
+heartbeat, result or exception, stall evidence, load, profile, thread exceptions, what a
+process killed by a signal left: nsadiag.harness.crash) and, for a job of two or more
+ranks, each rank's RankEvidence; decides the verdict (nsadiag.verdict.rules, or across
+ranks nsadiag.verdict.ranks); writes evidence.json; and returns the TrialRecord. Trials,
+checks, ``nsadiag run`` and ``nsadiag.watch()`` differ only in what they pass: which
+stream is the main one, which are ranks, how the run ended, and the extra facts they add
+(``command_facts`` for a user's command or block, the job's shape for a trial).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.harness import crash, thread_exceptions
+from nsadiag.harness.collectives import summarize
+from nsadiag.harness.session import SessionEnd
+from nsadiag.harness.streams import Stream
+from nsadiag.probes import frames
+from nsadiag.probes.frames import describe_place, place_sentence
+from nsadiag.probes.profile import folded, read_profile
+from nsadiag.probes.profile import summarize as summarize_profile
+from nsadiag.rundir import TrialRecord, write_json, write_text
+from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
+from nsadiag.verdict.rules import decide
+
+
+def outcome_of(returncode: int | None, reason: str | None, wall_s: float, ended_at: float,
+               cap: int | None = None, oom_killer: bool = False) -> ProcessOutcome:
+    """How a launched tree's first process ended, as the verdict rules read it; ``reason``
+    is why nsadiag stopped it ("stall", "budget"; None: it ended by itself)."""
+    if returncode is not None and returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = None
+        return ProcessOutcome(exit_code=None, signal=number, signal_name=name,
+                              killed_by_runner=reason is not None, kill_reason=reason,
+                              wall_s=wall_s, memory_cap_bytes=cap, ended_at=ended_at,
+                              oom_killer=oom_killer and reason is None)
+    return ProcessOutcome(exit_code=returncode, killed_by_runner=False, wall_s=wall_s,
+                          memory_cap_bytes=cap, ended_at=ended_at)
+
+
+def how_it_ended(outcome: ProcessOutcome) -> str:
+    """"exit code 1", "killed by SIGABRT", "stopped by nsadiag at a stall": how the
+    command ended, in words (a signal leaves no exit code)."""
+    if outcome.killed_by_runner:
+        return {"stall": "stopped by nsadiag at a stall",
+                "budget": "stopped by nsadiag at the deadline"}.get(
+            outcome.kill_reason or "", "stopped by nsadiag")
+    if outcome.signal is not None:
+        return f"killed by {outcome.signal_name or f'signal {outcome.signal}'}"
+    if outcome.exit_code is None:
+        return "stopped by nsadiag"
+    return f"exit code {outcome.exit_code}"
+
+
+def profile_summary(path: Path) -> dict[str, Any] | None:
+    """The summary of a process's sampled profile; its stacks also go to profile.folded
+    beside it, for a flame-graph viewer."""
+    profile = read_profile(path)
+    if not profile:
+        return None
+    try:
+        write_text(path.with_suffix(".folded"), folded(profile), reserve=False)
+    except ValueError:
+        pass  # the summary still reaches the verdict; the file is a convenience
+    return summarize_profile(profile)
+
+
+def _read_result(stream: Stream) -> dict[str, Any] | None:
+    """The result.json a watched process wrote (a trial child always, a user's process when
+    an exception ended it)."""
+    try:
+        return json.loads((stream.path.parent / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stream_result(stream: Stream, ended_ok: bool) -> dict[str, Any] | None:
+    """What one process's end says: its result.json, else ok with its steps and
+    collectives when the whole run ended well, else nothing."""
+    result = _read_result(stream)
+    if result is not None:
+        return result
+    if not ended_ok:
+        return None
+    return {"status": "ok", "steps_done": stream.counts.get("step", 0),
+            "collectives_issued": summarize(stream.collectives)["issued"]}
+
+
+def _weight(stream: Stream) -> int:
+    return sum(n for kind, n in stream.counts.items() if kind != "pulse")
+
+
+def training_stream(streams: list[Stream]) -> Stream | None:
+    """The process of a user's command that trained: the most heartbeat events besides
+    pulses."""
+    return max(streams, key=_weight, default=None)
+
+
+def rank_streams(streams: list[Stream]) -> dict[int, Stream]:
+    """{rank: stream} of the torchrun ranks among a user's processes (the busiest stream
+    when two claim one rank)."""
+    ranks: dict[int, Stream] = {}
+    for stream in streams:
+        if isinstance(stream.rank, int) and (stream.rank not in ranks or
+                                             _weight(stream) > _weight(ranks[stream.rank])):
+            ranks[stream.rank] = stream
+    return ranks
+
+
+def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
+                  stall: StallEvidence | None, stderr_path: Path | None = None
+                  ) -> RankEvidence:
+    """What the parent saw of one rank, for nsadiag.verdict.ranks; with ``stderr_path``
+    (the job's stderr) what the rank left if it died without a result
+    (nsadiag.harness.crash)."""
+    state = frames.classify(stall.samples) if stall and stall.samples else None
+    signature = frames.stack_signature(stall.samples[-1]) if stall and stall.samples else ""
+    started = [e for e in stream.collectives if e.get("edge") == "start"]
+    return RankEvidence(rank=rank, pid=stream.pid or (result or {}).get("pid"),
+                        events=list(stream.last), event_counts=dict(stream.counts),
+                        result=result, started=started[-STARTED_KEEP:],
+                        collectives=summarize(stream.collectives), stall=stall, state=state,
+                        signature=signature,
+                        crash=crash.read(stream.path.parent, stderr_path, stream.pid)
+                        if result is None and stderr_path is not None else None,
+                        thread_exceptions=thread_exceptions.read(
+                            stream.path.parent / thread_exceptions.FILE_NAME))
+
+
+def _place(stall: StallEvidence | None) -> str | None:
+    """Where a process was at the stop, in the user's terms (nsadiag.probes.frames
+    .place_sentence of its last sample); None without samples."""
+    if stall is None or not stall.samples:
+        return None
+    place = describe_place(stall.samples[-1])
+    return place_sentence(place) if place else None
+
+
+def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
+                  ) -> dict[str, Any]:
+    """The facts of a user's command or block beyond its Evidence: every process (watched
+    ones, and those sampled without a heartbeat) with its role, events and place at the
+    stop, which one trained, the exit code and how the run ended."""
+    watched = [{"name": s.name, "pid": s.pid, "rank": s.rank, "events": dict(s.counts),
+                "role": f"rank {s.rank}" if isinstance(s.rank, int) else
+                "the training process" if s is main else "a watched process",
+                "place": _place(end.stalls.get(s.name)),
+                "stall": end.stalls[s.name].to_dict() if s.name in end.stalls else None}
+               for s in end.streams]
+    unwatched = [{"name": f"pid-{other['pid']}", "pid": other["pid"], "rank": None,
+                  "events": {}, "role": other["role"], "stall": other["stall"],
+                  "place": _place(StallEvidence.from_dict(other["stall"]))}
+                 for other in end.others]
+    return {"processes": watched + unwatched, "main_process": main.name if main else None,
+            "exit_code": outcome.exit_code, "ended": how_it_ended(outcome)}
+
+
+def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
+                 ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
+                 total_steps: int, fallback: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None) -> TrialRecord:
+    """The record of a watched run (see the module docstring). ``main``: the stream whose
+    Evidence is decided; ``ranks``: {rank: stream}, decided across ranks when two or more;
+    ``ended_ok``: the run ended by itself, successfully (a process without a result then
+    reads as ok); ``total_steps``: the steps the run was to take; ``fallback``: the
+    exception to take when no process recorded one (the last traceback on a command's
+    stderr); ``extra``: facts added to the evidence as they are."""
+    stderr_path = run_dir / "stderr.txt"
+    for stream in end.streams:
+        stall = end.stalls.get(stream.name)
+        if stall is not None:  # every event written before the stop has been read by now
+            stall.unfinished_backward = stream.backward.modules()
+    result = stream_result(main, ended_ok) if main else None
+    if result is None and ended_ok:
+        result = {"status": "ok", "steps_done": main.counts.get("step", 0) if main else 0}
+    if result is None and fallback is not None:
+        result = {"status": "error", "exception": fallback}
+    died = outcome.signal is not None and not outcome.killed_by_runner
+    evidence = Evidence(
+        spec=spec, events=list(main.last) if main else [],
+        event_counts=dict(main.counts) if main else {}, result=result, outcome=outcome,
+        stall=end.stalls.get(main.name) if main else None,
+        expected_events_per_step=(result or {}).get("expected_events_per_step"),
+        total_steps=total_steps, stall_timeout_s=spec["stall_timeout_s"],
+        pulses=list(main.pulses) if main else [], load=end.load,
+        profile=profile_summary(main.path.parent / "profile.json") if main else None,
+        thread_exceptions=thread_exceptions.read(
+            main.path.parent / thread_exceptions.FILE_NAME) if main else [],
+        others=list(end.others),
+        crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
+    data: dict[str, Any]
+    if len(ranks) >= 2:
+        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
+                                   None if outcome.killed_by_runner else stderr_path)
+                     for r, s in sorted(ranks.items())]
+        verdict = decide_ranks(evidence, rank_list)
+        data = evidence.to_dict()
+        data["ranks"] = [r.to_dict() for r in rank_list]
+    else:
+        verdict = decide(evidence)
+        data = evidence.to_dict()
+    data.update(extra or {})
+    with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
+        write_json(run_dir / "evidence.json", data, reserve=False)
+    return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
+                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=end.gpu)

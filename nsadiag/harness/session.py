@@ -1,0 +1,143 @@
+"""The one parent loop: a process tree watched to its first verdict-worthy moment.
+
+Every watched diagnosis runs this loop: a trial or check job (nsadiag.harness.jobs), a
+user's command under ``nsadiag run`` (nsadiag.harness.runcmd) and a block under
+``nsadiag.watch()`` (nsadiag.harness.watch_helper). What differs between them is the
+``Tree``: how its processes are found and read, how the loop waits between reads, and
+whether it is stopped at the end.
+
+``watch_session(tree, times, on_events)`` polls every ``times.poll_s``: new heartbeat
+streams join the stall clock (nsadiag.harness.streams), their events are read, and each
+main thread's CPU clock is read (nsadiag.harness.machine). When the clock says stop (a
+stall, or the budget while it progresses) every process is captured at once
+(nsadiag.harness.capture) and the loop ends; it also ends when the tree does. The tree is
+stopped on every way out, Ctrl-C included (``Tree.stop``: every process killed for a tree
+nsadiag started, nothing for one it only watches). ``SessionEnd`` holds what the record
+is built from (nsadiag.harness.record).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from nsadiag.evidence import StallEvidence
+from nsadiag.harness import stop
+from nsadiag.harness.capture import capture_all, others_evidence
+from nsadiag.harness.machine import MainThreadClocks, machine_load
+from nsadiag.harness.streams import Due, StallClock, Stream
+from nsadiag.harness.times import WatchTimes
+from nsadiag.probes.gpu import gpu_state
+
+OnEvents = Callable[[list[dict]], None]
+
+
+class Tree:
+    """A process tree to watch. The defaults suit a tree whose streams are all known at the
+    start and that nsadiag does not stop; each kind of watch overrides what differs."""
+
+    def running(self) -> bool:
+        """Whether the tree still runs."""
+        raise NotImplementedError
+
+    def wait(self, seconds: float) -> None:
+        """Wait about ``seconds`` before the next read (less when the tree ends)."""
+        time.sleep(seconds)
+
+    def new_streams(self) -> list[Stream]:
+        """Heartbeat streams that appeared since the last call."""
+        return []
+
+    def unwatched(self, watched: set[int]) -> list[psutil.Process]:
+        """The tree's live Python processes that write no heartbeat (sampled at a stall)."""
+        return []
+
+    def before_capture(self, due: Due) -> None:
+        """Called once the clock says stop, before the processes are sampled."""
+
+    def after_capture(self, due: Due) -> None:
+        """Called after the processes were sampled."""
+
+    def stop(self) -> None:
+        """End the tree's processes (called on every way out of the loop)."""
+
+
+@dataclass
+class SessionEnd:
+    """How a session ended: ``due`` is why the clock said stop (None: the tree ended first),
+    ``started`` and ``ended_at`` are wall-clock times (``ended_at``: when the clock said
+    stop, since capturing takes seconds and pauses the processes, or when the tree ended),
+    ``stalls`` the captured evidence by stream name, ``others`` the Evidence.others of the
+    processes without a heartbeat, ``load`` the machine's load and each main thread's CPU
+    use (nsadiag.harness.machine), ``streams`` every stream read to its end."""
+
+    due: Due | None
+    started: float
+    ended_at: float
+    streams: list[Stream]
+    load: dict[str, Any]
+    stalls: dict[str, StallEvidence] = field(default_factory=dict)
+    gpu: Any = None
+    others: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str | None:
+        return self.due.reason if self.due is not None else None
+
+    @property
+    def wall_s(self) -> float:
+        return self.ended_at - self.started
+
+
+def _join_new(tree: Tree, clock: StallClock) -> None:
+    for stream in tree.new_streams():
+        clock.add_stream(stream)
+
+
+def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = None
+                  ) -> SessionEnd:
+    """Watch ``tree`` under ``times`` (see the module docstring). ``on_events`` hears each
+    poll's new events (pulses only when nothing else came)."""
+    clock = StallClock([], times.stall_timeout_s, times.budget_s,
+                       startup_grace_s=times.startup_grace_s)
+    clocks = MainThreadClocks()
+    load_before = machine_load()
+    started = time.time()
+    due: Due | None = None
+    stalls: dict[str, StallEvidence] = {}
+    gpu: Any = None
+    others: list[psutil.Process] = []
+    decided_at = None
+    try:
+        while tree.running():
+            stop.check()
+            _join_new(tree, clock)
+            events = clock.read()
+            clocks.read({s.name: s.pid for s in clock.streams})
+            if events and on_events:
+                on_events([e for e in events if e.get("kind") != "pulse"] or events[-1:])
+            due = clock.due()
+            if due is not None:
+                decided_at = time.time()
+                pids = {s.name: s.pid for s in clock.streams if s.pid}
+                dirs = {s.name: s.path.parent for s in clock.streams}
+                tree.before_capture(due)
+                if due.reason == "stall":
+                    others = tree.unwatched(set(pids.values()))
+                stalls = capture_all(pids, dirs, due, times.capture_window_s, others)
+                gpu = gpu_state()
+                tree.after_capture(due)
+                break
+            tree.wait(times.poll_s)
+    finally:
+        ended_at = decided_at or time.time()
+        clocks.read({s.name: s.pid for s in clock.streams})
+        tree.stop()
+    _join_new(tree, clock)
+    clock.read()  # what was written up to the end: the record reads every stream whole
+    return SessionEnd(due, started, ended_at, clock.streams, clocks.load(load_before),
+                      stalls, gpu, others_evidence(others, stalls))
