@@ -104,7 +104,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
         [("world size", ddp.get("world_size")), ("ddp backend", ddp.get("backend")),
-         ("process-group timeout", f"{ddp.get('pg_timeout_s')} s")]
+         ("process-group timeout", _pg_timeout(ddp))]
         + ([("torch", torch_version)] if torch_version else []))
     md += ["", "## Ranks", ""] + ranks_table(rows)
     md += ["", "## Evidence", "", f"Verdict **{verdict['name']}** after {record.wall_s:.1f} s:",
@@ -130,3 +130,13 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
                  "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
                  "flight_recorder": ddp.get("flight_recorder") or []})
     return text, summary.to_dict()
+
+
+def _pg_timeout(ddp: dict[str, Any]) -> str:
+    """The process-group timeout, and whether it ends a stalled collective before nsadiag
+    samples the ranks (a short one given on purpose)."""
+    text = f"{ddp.get('pg_timeout_s')} s"
+    if ddp.get("pg_timeout_outlasts_capture") is False:
+        text += (" (shorter than the stall timeout plus the stack sampling: a stalled "
+                 "collective raises before the ranks are sampled)")
+    return text
