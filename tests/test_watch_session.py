@@ -121,7 +121,7 @@ def test_the_times_derive_and_check_each_other():
     ({"budget_s": 0}, "budget_s"),
     ({"startup_grace_s": -1.0}, "startup_grace_s"),
     ({"startup_grace_s": math.inf}, "startup_grace_s"),
-    ({"stall_timeout_s": 0.1, "poll_s": 0.2}, "poll_s"),
+    ({"stall_timeout_s": 0.1, "poll_s": 0.2}, "stall_timeout_s"),
 ])
 def test_times_that_cannot_hold_are_refused_in_one_line(changes, named):
     with pytest.raises(ValueError) as info:

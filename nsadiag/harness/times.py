@@ -49,7 +49,7 @@ def capture_window_for(stall_timeout_s: float) -> float:
 @dataclass(frozen=True)
 class WatchTimes:
     """See the module docstring. ValueError (one line, naming the time) when a time is not
-    a positive number, or the poll is not shorter than the stall timeout."""
+    a positive number, or the stall timeout is not longer than the poll interval."""
 
     stall_timeout_s: float
     budget_s: float = math.inf
@@ -72,9 +72,10 @@ class WatchTimes:
             object.__setattr__(self, "pg_timeout_s", pg_timeout_for(self.stall_timeout_s))
         object.__setattr__(self, "capture_window_s", capture_window_for(self.stall_timeout_s))
         if self.poll_s >= self.stall_timeout_s:
-            raise ValueError(f"poll_s: {self.poll_s:g} s is not shorter than the stall "
-                             f"timeout ({self.stall_timeout_s:g} s): a stall would be seen "
-                             f"a whole poll late")
+            raise ValueError(f"stall_timeout_s: {self.stall_timeout_s:g} s is not longer "
+                             f"than the poll interval ({self.poll_s:g} s): a stall would be "
+                             f"seen a whole poll late")
+
     @property
     def evidence_by_s(self) -> float:
         """When, after the last progress, a stall's evidence is taken at the latest: the
