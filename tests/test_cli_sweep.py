@@ -57,8 +57,15 @@ def test_isolate_branch_slow_by_size_is_no_failure_and_exits_0(tmp_path):
     out = tmp_path / "iso"
     done = nsadiag("isolate-branch", "win", "--layers", "1", *TINY[:-6], "--steps", "2000",
                    "--budget", "10", "--stall-timeout", "60", "--out", str(out))
-    assert done.returncode == 0, (done.stdout, done.stderr)
     summary = json.loads((out / "summary.json").read_text())
+    if done.returncode == 4:
+        # a machine so busy that contention alone could explain the time: the verdict says
+        # so with the load figures rather than guessing size or defect
+        finding = summary["finding"]
+        assert finding["verdict"] == "INCONCLUSIVE", (done.stdout, done.stderr)
+        assert "per usable CPU" in finding["proof"] or "of the CPU it asked" in finding["proof"]
+        return
+    assert done.returncode == 0, (done.stdout, done.stderr)
     assert [(v["label"], v["verdict"], v["slow_by"]) for v in summary["verdicts"]] == [
         ("all branches", "SLOW", "size"), ("win only", "SLOW", "size")]
     assert summary["headline"] == "SLOW (slow by size) from 1 layer: no failure"

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import nsa.layer
 from nsa.model import NSATransformer
-from nsadiag.harness.heartbeat import HeartbeatWriter, watch
+from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import instrument_branches, resolve
 from tests import diag_targets
@@ -208,7 +208,7 @@ def test_watch_writes_block_events_and_removes_hooks(tmp_path):
     target = resolve(TrialSpec(target="tests.diag_targets:tiny_lm", n_layers=2))
     writer = HeartbeatWriter(tmp_path / "events.jsonl")
     ids = torch.randint(diag_targets.VOCAB, (1, 9))
-    with watch(target, writer):
+    with hook_modules(target, writer):
         target.loss(ids).backward()
     target.loss(ids).backward()  # hooks removed: no more events
     writer.close()
@@ -229,7 +229,7 @@ def test_watch_under_grad_ckpt_shows_recompute_and_keeps_gradients(tmp_path):
     ids = torch.randint(64, (1, 33))
     loss_plain, grads_plain = _loss_and_grads(plain, ids)
     writer = HeartbeatWriter(tmp_path / "events.jsonl")
-    with watch(ckpt, writer):
+    with hook_modules(ckpt, writer):
         loss_ckpt, grads_ckpt = _loss_and_grads(ckpt, ids)
     writer.close()
     assert torch.equal(loss_plain, loss_ckpt)
