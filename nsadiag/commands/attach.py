@@ -58,7 +58,8 @@ from nsadiag.probes import frames, stacks
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
-from nsadiag.verdict.rules import IDLE_CPU_FRACTION, Verdict, busy_fraction, decide
+from nsadiag.verdict.rules import Verdict, busy_fraction, decide
+from nsadiag.verdict.thresholds import IDLE_CPU_FRACTION
 
 SAMPLES = 6
 NATIVE_SAMPLES = 2

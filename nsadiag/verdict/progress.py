@@ -10,11 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-RATE_WINDOW_S = 30.0
-"""Progress rates are measured over the heartbeats of the last this many seconds."""
-MIN_RATE_SPAN_S = 1.0
-"""A rate needs its events spread over at least this long: a burst of events within a
-fraction of a second says nothing about the pace."""
+from nsadiag.verdict.thresholds import MIN_RATE_SPAN_S, RATE_WINDOW_S, SILENCE_INTERVALS
 
 
 @dataclass
@@ -48,8 +44,8 @@ def _rate(module_events: Sequence[dict], window_s: float, until: float | None = 
     end of the run; the last event when None or earlier), and the span used.
 
     Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
-    A silence after the last event longer than MIN_RATE_SPAN_S and than two of the mean
-    intervals is part of the pace (the span reaches to ``until``): events that came in a
+    A silence after the last event longer than MIN_RATE_SPAN_S and than SILENCE_INTERVALS
+    mean intervals is part of the pace (the span reaches to ``until``): events that came in a
     burst and then stopped give the pace since the burst, not the burst's. None under
     MIN_RATE_SPAN_S.
     """
@@ -61,7 +57,7 @@ def _rate(module_events: Sequence[dict], window_s: float, until: float | None = 
     if len(recent) < 2:
         return None, end - recent[0]["t"] if recent else 0.0
     span = last - recent[0]["t"]
-    if end - last > max(MIN_RATE_SPAN_S, 2 * span / (len(recent) - 1)):
+    if end - last > max(MIN_RATE_SPAN_S, SILENCE_INTERVALS * span / (len(recent) - 1)):
         span = end - recent[0]["t"]
     if span < MIN_RATE_SPAN_S:
         return None, span

@@ -31,15 +31,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
-from nsadiag.probes.efficiency import (
-    find_token_loop,
-    loop_location,
-    slow_by,
-    step_cost,
-    token_loop,
-)
+from nsadiag.probes.efficiency import step_cost
 from nsadiag.probes.frames import (
-    IDLE_CPU_FRACTION,
     busy_threads,
     classify,
     describe_place,
@@ -51,10 +44,19 @@ from nsadiag.probes.frames import (
     user_threads,
     wait_frame,
 )
+from nsadiag.probes.loops import loop_location
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
 from nsadiag.verdict.load import contention, contention_sentence, explains
 from nsadiag.verdict.progress import Progress, module_events, progress
+from nsadiag.verdict.size_or_defect import find_token_loop, slow_by, token_loop
+from nsadiag.verdict.thresholds import (
+    BUSY_AT_ONE_LINE,
+    BUSY_CPU_FRACTION,
+    DEFAULT_STALL_WINDOW_S,
+    IDLE_CPU_FRACTION,
+    MIN_GROWTH_STEPS,
+)
 
 NAMES = ("OK", "SLOW", "INCONCLUSIVE", "STALL-COLLECTIVE", "STALL-BUSY", "DEADLOCK", "OOM",
          "ERROR", "CRASH", "WRONG")
@@ -72,15 +74,6 @@ def is_failure(name: str, slow_by: str | None = None) -> bool:
     ``slow_by`` is the verdict's fact of that name ("size", "defect" or None)."""
     return name in FAILURES and not (name == "SLOW" and slow_by == "size")
 
-BUSY_CPU_FRACTION = 0.5
-"""At or above this many CPU seconds per wall second a stalled process is busy."""
-
-BUSY_AT_ONE_LINE = 0.2
-"""A main thread that wanted the CPU this part of the time or more is not frozen, even when
-its stacks stand at one line (a thread blocked in a lock or a condition wants none)."""
-
-DEFAULT_STALL_WINDOW_S = 30.0
-"""Stall window assumed when the evidence does not carry the runner's stall timeout."""
 
 
 @dataclass
@@ -248,10 +241,6 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
         reasons.append(f"the runner capped memory at {_gib(evidence.outcome.memory_cap_bytes)}")
     _add_memory_growth(evidence, facts, reasons)
     return Verdict("OOM", reasons, facts)
-
-
-MIN_GROWTH_STEPS = 3
-"""Memory growth per step is fitted over at least this many step ends."""
 
 
 def _mib(n: float) -> str:
@@ -632,7 +621,7 @@ def _work_measured(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
                     reasons: list[str]) -> None:
-    """Slow by size or by defect from the counts of one forward (nsadiag.probes.efficiency),
+    """Slow by size or by defect from the counts of one forward (nsadiag.verdict.size_or_defect),
     with the achieved FLOP/s and efficiency beside a dense block's when a step was timed."""
     verdict, findings = slow_by(measured, int(evidence.spec.get("seq_len") or 0))
     if verdict is None:
@@ -669,7 +658,7 @@ def _add_efficiency(measured: dict[str, Any], evidence: Evidence, facts: dict,
 
 def _add_token_loop(evidence: Evidence, facts: dict, reasons: list[str]) -> None:
     """Slow by defect from the sampled profile when it shows a Python loop over the tokens
-    (nsadiag.probes.efficiency.token_loop) and no count said defect already: a forward of
+    (nsadiag.verdict.size_or_defect.token_loop) and no count said defect already: a forward of
     such a loop can outlast the budget before its work was counted."""
     found = token_loop(evidence.profile, int(evidence.spec.get("seq_len") or 0))
     if found is None or facts.get("slow_by") == "defect":
