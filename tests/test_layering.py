@@ -60,3 +60,14 @@ def test_the_report_package_only_formats_what_findings_decided():
         for module, names in imports(path):
             assert not module.startswith(DECISIONS), (path.name, module)
             assert not DECIDING_NAMES & set(names), (path.name, module, names)
+
+
+def test_no_command_module_constructs_a_verdict():
+    """Verdicts are decided in nsadiag.verdict (and the checks that judge what they
+    measured); a command only runs an engine and writes what it decided."""
+    for path in (PACKAGE / "commands").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else None
+                assert called != "Verdict", (path.name, node.lineno)

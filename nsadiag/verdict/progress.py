@@ -1,16 +1,35 @@
-"""How far a run got and how fast it moves, from its heartbeat events (pure).
+"""What progress is, how far a run got and how fast it moves, from its heartbeat events (pure).
 
-``progress`` turns the last heartbeat events of a run into a rate (module events per
-second over a recent window), the fraction done and an ETA. Events are the heartbeat
-format of ``nsadiag.harness.heartbeat``.
+``is_progress(event)`` is the one definition of progress, which the watcher's stall clock
+(nsadiag.harness.watch), the verdict rules (nsadiag.verdict.rules) and an attach window
+(nsadiag.verdict.window) all read. ``progress`` turns the last heartbeat events of a run
+into a rate (module events per second over a recent window), the fraction done and an ETA.
+Events are the heartbeat format of ``nsadiag.harness.heartbeat``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nsadiag.verdict.thresholds import MIN_RATE_SPAN_S, RATE_WINDOW_S, SILENCE_INTERVALS
+
+PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})
+"""The heartbeat events that are progress by their kind: a phase started, a watched block
+entered or left, a step finished, the run ended, a collective started or finished."""
+
+
+def is_progress(event: Mapping[str, Any]) -> bool:
+    """Whether one heartbeat event is progress: an event of a kind in PROGRESS_KINDS, or a
+    pulse of the progress sampler (kind "pulse", nsadiag.probes.sampler) that saw progress
+    (its "progress" field true: a loop iterating inside one module, autograd nodes running
+    in backward). A pulse that saw none, and an event of any other kind, are not: a process
+    writes them while it waits forever."""
+    kind = event.get("kind")
+    if kind == "pulse":
+        return bool(event.get("progress"))
+    return kind in PROGRESS_KINDS
 
 
 @dataclass

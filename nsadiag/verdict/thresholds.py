@@ -1,7 +1,7 @@
 """Every figure a verdict decision compares against, each with where it comes from.
 
-The rules (nsadiag.verdict.rules), a process over an attach window (nsadiag.commands
-.attach), a machine's load (nsadiag.verdict.load), the pace of progress
+The rules (nsadiag.verdict.rules, .stall, .slow), a process over an attach window
+(nsadiag.verdict.window), a machine's load (nsadiag.verdict.load), the pace of progress
 (nsadiag.verdict.progress) and slow by size or by defect (nsadiag.verdict.size_or_defect)
 read their thresholds from here; the triage (nsadiag.triage.decide) reads the load and cost
 bars it shares with them. A figure is either measured (the measurement is named: a report
@@ -29,7 +29,7 @@ BUSY_CPU_FRACTION = 0.5
 """At or above this many CPU seconds per wall second a stalled process is busy. A chosen
 midpoint: a process computing in one thread uses about one CPU second per second on a quiet
 machine and a waiting one about none; what a loaded machine withholds from a spin is read
-from its main thread's demand instead (nsadiag.verdict.rules.busy_fraction)."""
+from its main thread's demand instead (nsadiag.verdict.stall.busy_fraction)."""
 
 BUSY_AT_ONE_LINE = 0.2
 """A main thread that wanted the CPU (on it or on its run queue) this part of the time or
