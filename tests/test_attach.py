@@ -18,7 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nsadiag.evidence import Evidence
 from nsadiag.harness.runcmd import command_env
+from nsadiag.verdict import decide
+from nsadiag.verdict.window import judge_window
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "repro" / "scripts"
@@ -102,6 +105,20 @@ def stop(proc: subprocess.Popen) -> None:
         child.kill()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("name", ["deadlock_lock.json", "busy_matmul.json",
+                                  "collective_all_reduce.json"])
+def test_a_window_reads_a_stall_as_a_watched_runs_rules_do(name):
+    # the same stall evidence judged over an attach window and at a watched run's stall
+    # timeout: one classification, the window stating no heartbeat position
+    fixture = REPO / "tests" / "fixtures" / "verdict" / name
+    evidence = Evidence.from_dict(json.loads(fixture.read_text()))
+    watched = decide(evidence)
+    window = judge_window(evidence.stall, None, evidence.stall.window_s)
+    assert window.name == watched.name
+    assert window.reasons == [r for r in watched.reasons if not r.startswith("last heartbeat")]
+    assert window.facts["state"] in ("stuck (idle)", "stuck (busy)", "waiting in a collective")
 
 
 def test_a_training_loop_is_progressing_and_left_running(tmp_path):

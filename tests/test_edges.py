@@ -407,7 +407,7 @@ def test_seconds_in_which_native_code_held_the_gil_are_counted_by_phase(tmp_path
 
 
 def test_attach_ends_near_its_duration_however_slow_each_sample_is(monkeypatch):
-    from nsadiag.commands import attach
+    from nsadiag.harness import window
 
     delay = 1.0
 
@@ -418,10 +418,9 @@ def test_attach_ends_near_its_duration_however_slow_each_sample_is(monkeypatch):
         return StackSample(t=time.time(), pid=pid, threads=[main], cpu_seconds=0.0,
                            native=native)
 
-    monkeypatch.setattr(attach.stacks, "capture", slow_capture)
-    monkeypatch.setattr("nsadiag.harness.capture.stacks.capture", slow_capture)
+    monkeypatch.setattr("nsadiag.probes.stacks.capture", slow_capture)
     started = time.monotonic()
-    observation = attach.observe(1, None, 2.0)
+    observation = window.sample_window(1, None, 2.0)
     elapsed = time.monotonic() - started
     # six window samples and two native ones took 8 s before; now the window bounds them
     # (the last sample may overrun it by one sample's time)

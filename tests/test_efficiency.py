@@ -1,5 +1,6 @@
-"""Slow by size or by defect (nsadiag.probes.efficiency): what one forward dispatches, on
-hand-made measurements and on real tiny models (counts only: no timing is asserted)."""
+"""Slow by size or by defect (nsadiag.probes.efficiency counts, nsadiag.verdict.size_or_defect
+reads the counts): what one forward dispatches, on hand-made measurements and on real tiny
+models (counts only: no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nsadiag.probes.efficiency import (
-    WorkCount,
-    count_work,
-    dense_reference,
-    matmul_rate,
-    slow_by,
-)
+from nsadiag.probes.efficiency import WorkCount, count_work, dense_reference, matmul_rate
+from nsadiag.verdict.size_or_defect import slow_by
 
 
 def test_a_host_read_per_token_and_tiny_ops_are_a_defect():

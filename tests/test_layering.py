@@ -63,7 +63,7 @@ def test_the_report_package_only_formats_what_findings_decided():
 
 
 def calls(path: Path) -> set[str]:
-    """The names a file calls, as written (``Evidence`` for ``Evidence(...)``, ``x.f`` for
+    """The names a file calls, as written (``Evidence`` for ``Evidence(...)``, ``f`` for
     ``x.f(...)``: the last part)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -72,6 +72,13 @@ def calls(path: Path) -> set[str]:
             found.add(func.id if isinstance(func, ast.Name) else
                       func.attr if isinstance(func, ast.Attribute) else "")
     return found
+
+
+def test_no_command_module_constructs_a_verdict():
+    """Verdicts are decided in nsadiag.verdict (and the checks that judge what they
+    measured); a command only runs an engine and writes what it decided."""
+    for path in (PACKAGE / "commands").glob("*.py"):
+        assert "Verdict" not in calls(path), path.name
 
 
 def test_one_module_builds_a_watched_runs_evidence_and_one_runs_the_capture_loop():

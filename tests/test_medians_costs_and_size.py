@@ -17,12 +17,7 @@ from nsadiag.ci import exit_code
 from nsadiag.evidence import Evidence
 from nsadiag.harness.machine import cpu_stat
 from nsadiag.harness.trial import MEDIAN_STEPS, timing_step_fits
-from nsadiag.probes.efficiency import (
-    DEFECT_COST_RATIO,
-    far_above_cost,
-    step_cost,
-    token_loop,
-)
+from nsadiag.probes.efficiency import step_cost
 from nsadiag.report.markdown import results_table
 from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord
@@ -30,6 +25,8 @@ from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
 from nsadiag.triage.decide import reproduces
 from nsadiag.verdict import decide, is_failure
 from nsadiag.verdict.load import contention, cpu_steal
+from nsadiag.verdict.size_or_defect import far_above_cost, token_loop
+from nsadiag.verdict.thresholds import DEFECT_COST_RATIO
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 MiB = 2**20

@@ -92,6 +92,7 @@ def test_a_check_that_ran_out_of_time_is_inconclusive_for_it_and_names_no_module
         result = decide_triage(state, {})
         assert result.finding.status == "healthy" and result.failure is None
         assert result.check_status == {"parity": "INCONCLUSIVE"}
+        assert result.check_module == {"parity": None}  # decided before any report
         assert result.finding.results[0].mark == "warn"
         assert "blocks.1" not in " ".join(i.text for i in result.finding.implicated)
         _, summary = build_triage_report(tmp_path, state)

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.evidence import Evidence, StackFrame, StackSample, ThreadStack
+from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.harness.streams import Stream
 from nsadiag.probes.frames import hot_frame
 from nsadiag.verdict import decide
-from nsadiag.verdict.progress import progress
+from nsadiag.verdict.progress import is_progress, progress
+from nsadiag.verdict.rules import last_progress_t
+from nsadiag.verdict.window import judge_window
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 GiB = 2**30
@@ -368,6 +371,34 @@ def test_pulses_without_progress_do_not_count_as_progress():
     data["pulses"] = [_pulse(last_event + dt, False) for dt in range(1, 25)]
     data["stall"].update(since_last_event_s=25.0, window_s=25.0, cpu_delta_s=24.6)
     assert decide(Evidence.from_dict(data)).name == "STALL-BUSY"
+
+
+def test_progress_is_one_definition_that_the_watcher_the_rules_and_a_window_share(tmp_path):
+    # every kind the heartbeat writes, a pulse with and one without progress, and a kind it
+    # does not write: the rules once took any event's time as progress (8.0 here), while
+    # the watcher's stall clock and an attach window counted only these kinds and pulses
+    cases = [({"t": 1.0, "kind": "start", "phase": "forward", "step": 0}, True),
+             ({"t": 2.0, "kind": "module", "module": "blocks.0", "edge": "enter",
+               "phase": "forward", "step": 0}, True),
+             ({"t": 3.0, "kind": "collective", "edge": "start", "n": 1, "op": "all_reduce",
+               "phase": "backward", "step": 0}, True),
+             ({"t": 4.0, "kind": "step", "phase": "optimizer", "step": 0, "step_s": 3.0},
+              True),
+             (_pulse(5.0, True), True),
+             ({"t": 6.0, "kind": "end", "phase": "optimizer", "status": "ok"}, True),
+             (_pulse(7.0, False), False),
+             ({"t": 8.0, "kind": "note", "phase": "optimizer"}, False)]
+    events, expected = [event for event, _ in cases], [progressed for _, progressed in cases]
+    assert [is_progress(event) for event in events] == expected
+    stream = Stream("child", tmp_path / "events.jsonl", total_steps=5)
+    assert [stream.add([event]) for event in events] == expected
+    data = raw("slow_budget.json")
+    data["events"] = [event for event in events if event["kind"] != "pulse"]
+    data["pulses"] = [event for event in events if event["kind"] == "pulse"]
+    assert last_progress_t(Evidence.from_dict(data)) == 6.0
+    idle = StallEvidence(since_last_event_s=3.0, window_s=3.0, cpu_delta_s=0.0)
+    assert judge_window(idle, events, 3.0).facts["heartbeat_progress"] == sum(expected)
+    assert judge_window(idle, events[6:], 3.0).name == "DEADLOCK"
 
 
 def test_a_spin_that_a_loaded_machine_gave_little_cpu_reads_as_busy_by_its_demand():

@@ -4,8 +4,9 @@ A job writes one heartbeat file per process (nsadiag.harness.heartbeat): a trial
 every rank of a torchrun job, every Python process of a user's own command. The clock
 tails them all (``StallClock``) and keeps two clocks for the whole job:
 
-stall   no progress in any stream for the stall timeout. Progress is any heartbeat event
-        (a block entered or left, a step ended, a collective) or a pulse of the progress
+stall   no progress in any stream for the stall timeout. Progress is what
+        nsadiag.verdict.progress.is_progress says: a heartbeat event that marks work (a
+        block entered or left, a step ended, a collective) or a pulse of the progress
         sampler that saw progress (a loop iterating, autograd nodes running). Until the
         first forward event the limit is at least the start-up grace (STARTUP_GRACE_S
         unless the job's spec says otherwise) while a process may be starting Python,
@@ -40,6 +41,7 @@ from typing import Any
 from nsadiag.harness.heartbeat import OpenBackward
 from nsadiag.harness.machine import main_thread_clock
 from nsadiag.spec import STARTUP_GRACE_S
+from nsadiag.verdict.progress import is_progress
 
 UNBOUNDED_STEPS = 2**62
 """The step count of a stream with none (a user's process): it ends when the process does."""
@@ -50,7 +52,6 @@ FINISH_GRACE_S = 10.0
 IDLE_SHARE = 0.1
 """A main thread that used at most this share of the wall time on the CPU since its last
 progress is waiting, not starting up (see the module docstring)."""
-PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})
 
 
 class EventTail:
@@ -116,12 +117,11 @@ class Stream:
         for event in events:
             kind = event.get("kind", "?")
             self.counts[kind] += 1
+            progressed = progressed or is_progress(event)
             if kind == "pulse":
                 self.pulses.append(event)
-                progressed = progressed or bool(event.get("progress"))
                 self._clock_pulse(event)
                 continue
-            progressed = progressed or kind in PROGRESS_KINDS
             self.last.append(event)
             self.backward.add(event)
             if kind == "collective":

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 from nsadiag.evidence import StackFrame, StackSample, ThreadStack
 
 IDLE_CPU_FRACTION = 0.1
-"""Below this many CPU seconds per wall second a process is idle (waiting)."""
+"""Below this many CPU seconds per wall second a process is idle (waiting). Defined here,
+below the verdicts, because ``classify`` reads it too; nsadiag.verdict.thresholds names it
+among the verdicts' figures, with where it comes from."""
 
 COLLECTIVE_FUNCTIONS = frozenset({
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",

@@ -12,6 +12,9 @@ no code of the user's: integer locals and literals, ``+ - * //``, ``min``/``max`
 ``len()`` of a list, tuple, string, dict or range, and a tensor's ``.shape[i]`` or
 ``.size(i)`` (tensors are recognised by their type's name and module: torch is never
 imported here). Anything else gives None.
+
+``loop_location(loop)`` names a loop of the sampled profile (nsadiag.probes.profile) by the
+FILE:LINE of its ``for`` statement, as reports show it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import functools
 import linecache
 import operator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -170,3 +174,23 @@ def loop_end(file: str, function: str, variable: str, names: dict[str, Any]) -> 
     evaluated over ``names``; None when it cannot be told safely."""
     found = for_loop(file, function, variable)
     return evaluate(found.end, names) if found is not None else None
+
+
+def loop_location(loop: dict[str, Any]) -> str:
+    """FILE:LINE of a profile loop's ``for`` statement (the line it was first read at
+    when the source is unreadable), the file relative to the working directory when it
+    lies below it."""
+    file = str(loop.get("file") or function_and_file(loop["where"])[1])
+    line = loop.get("for_line") or loop["where"].rsplit(":", 1)[1].rstrip(")")
+    path = Path(file)
+    try:
+        shown = str(path.relative_to(Path.cwd())) if path.is_absolute() else file
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{line}"
+
+
+def function_and_file(where: str) -> tuple[str, str]:
+    """("forward", "model.py") of a profile's "forward (model.py:42)"."""
+    function, _, rest = where.partition(" (")
+    return function, rest.rsplit(":", 1)[0]

@@ -83,7 +83,7 @@ def _checks_section(state: TriageState, result: TriageResult) -> list[str]:
              "|---|---|---|---|"]
     for c in checks.results:
         status = result.check_status.get(c["name"], c["verdict"]["name"])
-        module = c["module"] if status not in ("INCONCLUSIVE", "OK") and c["module"] else "-"
+        module = result.check_module.get(c["name"]) or "-"
         lines.append(f"| {c['name']} | {status} | {module} | {c['summary']} |")
     return lines
 
@@ -236,11 +236,10 @@ def _reproduction(state: TriageState, result: TriageResult) -> list[str]:
 
 
 def _check_row(check: dict[str, Any], result: TriageResult) -> dict[str, Any]:
-    """A check as summary.json lists it: its shown status, and no module for one that
-    ran out of time."""
+    """A check as summary.json lists it: its shown status and the module it names."""
     status = result.check_status.get(check["name"], check["verdict"]["name"])
     return {"name": check["name"], "passed": check["passed"],
-            "module": None if status == "INCONCLUSIVE" else check["module"],
+            "module": result.check_module.get(check["name"]),
             "summary": check["summary"], "verdict": status}
 
 

@@ -30,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from nsadiag.finding.numbers import cost_ratio
-from nsadiag.probes.efficiency import DEFECT_COST_RATIO
 from nsadiag.verdict import FAILURES
-from nsadiag.verdict.load import LOADED_PER_CPU
+from nsadiag.verdict.thresholds import DEFECT_COST_RATIO, LOADED_PER_CPU
 
 T = TypeVar("T", bound=Hashable)
 

@@ -11,7 +11,7 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
 2. sweep    the layer threshold: trials at 1, 2, 4, ... layers, then binary search
             between the deepest OK count and the first failing one (nsadiag.triage.decide);
             a SLOW that is slow by size (the work outlasts the budget, no defect in how it
-            is done: nsadiag.probes.efficiency) is no failure and is never bisected
+            is done: nsadiag.verdict.size_or_defect) is no failure and is never bisected
 3. on a non-OK verdict at the threshold:
    repeats      the failing configuration again, until the verdicts agree or 3 ran; a
                 timing verdict (SLOW, STALL-BUSY, INCONCLUSIVE) that most repeats do not
@@ -57,7 +57,6 @@ from nsadiag.checks import run_check
 from nsadiag.envinfo import collect_env
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.harness.targetcheck import inspect_target
-from nsadiag.probes.efficiency import slow_by
 from nsadiag.rundir import (
     TrialRecord,
     append_record,
@@ -95,6 +94,7 @@ from nsadiag.triage.state import (
     TriageState,
     TrialRef,
 )
+from nsadiag.verdict.size_or_defect import slow_by
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
 DDP_EXTRA_OVERHEAD_S = 20.0
@@ -210,7 +210,7 @@ def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
 
 def slow_by_size(record: TrialRecord) -> bool:
     """SLOW because the work outlasts the budget, not because of a defect
-    (nsadiag.probes.efficiency): big, not broken."""
+    (nsadiag.verdict.size_or_defect): big, not broken."""
     return (record.verdict_name == "SLOW"
             and (record.verdict.get("facts") or {}).get("slow_by") == "size")
 

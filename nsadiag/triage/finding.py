@@ -71,6 +71,8 @@ class TriageResult:
     failure          summary.json's ``failure`` (None when nothing failed)
     check_status     each check's status as shown: its verdict, NOT APPLICABLE, or
                      INCONCLUSIVE for one that ran out of time
+    check_module     the module each check names (check_module: none for one that passed
+                     or ran out of time)
     columns          (heading, trial) of the configuration comparison
     reproduction     the command of the smallest failing configuration (None: nothing
                      failed)
@@ -89,6 +91,7 @@ class TriageResult:
     finding: Finding
     failure: dict[str, Any] | None
     check_status: dict[str, str]
+    check_module: dict[str, str | None]
     columns: list[tuple[str, str]]
     reproduction: list[str] | None
     separately: list[Item] = field(default_factory=list)
@@ -115,6 +118,12 @@ def _results(state: TriageState) -> list[CheckResult]:
 def check_status(result: CheckResult) -> str:
     """INCONCLUSIVE for a check that ran out of time, else its status."""
     return "INCONCLUSIVE" if timed_out(result) else result.status
+
+
+def check_module(result: CheckResult) -> str | None:
+    """The module a check names: its own, but none for a check that passed or ran out of
+    time (INCONCLUSIVE: it decided nothing about any module)."""
+    return None if check_status(result) in ("OK", "INCONCLUSIVE") else result.module
 
 
 def unreproduced(state: TriageState) -> dict[str, Any] | None:
@@ -569,6 +578,7 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
         machine=machine, machine_text=machine_sentence(machine) if machine else None,
         finding=finding, failure=failure,
         check_status={r.name: check_status(r) for r in _results(state)},
+        check_module={r.name: check_module(r) for r in _results(state)},
         columns=_columns(state), reproduction=reproduction, separately=separately,
         regression=regression,
         not_reached=[s for s in STAGES if s not in state.stages_done] if state.stopped

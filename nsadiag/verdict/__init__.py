@@ -1,12 +1,16 @@
-"""Evidence -> verdict: the rules, progress, known exception causes and cross-rank decisions.
+"""Every verdict decision: evidence -> verdict, with the facts and reasons that decided it.
 
-``decide(evidence)`` names a trial's verdict (``rules``); ``explain_exception`` gives the
-cause and fixes of a known error message (``known``); ``progress`` measures rate and ETA;
-``ranks`` decides a multi-rank job; ``load`` reads a job's load figures; ``is_failure``
-says whether a verdict is a failure found (a SLOW by size is not).
+``decide(evidence)`` names a watched run's verdict (``rules``: the rule chain; ``stall``:
+what a stalled process was doing; ``slow``: a SLOW's rate, ETA and cause); ``window`` judges
+a live process over an attach window; ``ranks`` decides a multi-rank job; ``progress`` is the
+one definition of progress, with rate and ETA; ``size_or_defect`` says why a run is slow;
+``load`` reads a job's load figures; ``explain_exception`` gives the cause and fixes of a
+known error message (``known``); ``thresholds`` holds every figure these compare against;
+``is_failure`` says whether a verdict is a failure found (a SLOW by size is not).
 """
 
 from nsadiag.verdict.known import explain_exception
-from nsadiag.verdict.rules import FAILURES, NAMES, Verdict, decide, is_failure
+from nsadiag.verdict.names import FAILURES, NAMES, Verdict, is_failure
+from nsadiag.verdict.rules import decide
 
 __all__ = ["FAILURES", "NAMES", "Verdict", "decide", "explain_exception", "is_failure"]

@@ -31,14 +31,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-LOADED_PER_CPU = 1.5
-"""A 1-minute load average above this many runnable tasks per usable CPU is a loaded
-machine."""
-STEAL_CONTENDED = 0.1
-"""A hypervisor taking this share of the CPU time or more contends with the job."""
-GOT_CONTENDED = 0.5
-"""A main thread that received less than this share of the CPU it asked for was made to
-wait for a core most of the time."""
+from nsadiag.verdict.thresholds import (
+    GOT_CONTENDED,
+    LOADED_PER_CPU,
+    SHARED_GOT,
+    SHARED_PER_CPU,
+    STEAL_CAP,
+    STEAL_CONTENDED,
+)
 
 
 def cpu_steal(start: Mapping[str, Any] | None, end: Mapping[str, Any] | None) -> float | None:
@@ -98,7 +98,7 @@ def stretch_limit(found: Mapping[str, Any]) -> float | None:
     usable CPU (each gets at least its share), over the part of the CPU time the hypervisor
     did not steal; None when neither is known."""
     got, per_cpu = found.get("got"), found.get("load_per_cpu")
-    kept = 1.0 - min(float(found.get("steal") or 0.0), 0.9)
+    kept = 1.0 - min(float(found.get("steal") or 0.0), STEAL_CAP)
     if got:
         return 1.0 / (float(got) * kept)
     if per_cpu is not None:
@@ -155,16 +155,11 @@ def worst_contention(loads: Iterable[Mapping[str, Any] | None]) -> dict[str, Any
     return {**worst, "jobs": len(found), "contended_jobs": sum(c["contended"] for c in found)}
 
 
-SHARED_PER_CPU = 0.5
-SHARED_GOT = 0.9
-"""Below contention, a machine is still said to be shared with other work when this many
-runnable tasks per usable CPU besides the job's own, or a main thread receiving less than
-this share of the CPU it asked for, were seen (a report states it; no verdict changes)."""
-
-
 def machine_sentence(found: Mapping[str, Any]) -> str:
     """One sentence on the machine over a run's jobs (``worst_contention``), with the
-    figures of the most contended one."""
+    figures of the most contended one: contended, shared with other work (below contention,
+    at SHARED_PER_CPU other tasks per usable CPU or a main thread receiving less than
+    SHARED_GOT of the CPU it asked for: stated, no verdict changes), or not contended."""
     figures = []
     loads = [x for x in found.get("loadavg") or [] if x is not None]
     if loads and found.get("usable_cpus"):

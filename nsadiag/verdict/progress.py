@@ -1,20 +1,35 @@
-"""How far a run got and how fast it moves, from its heartbeat events (pure).
+"""What progress is, how far a run got and how fast it moves, from its heartbeat events (pure).
 
-``progress`` turns the last heartbeat events of a run into a rate (module events per
-second over a recent window), the fraction done and an ETA. Events are the heartbeat
-format of ``nsadiag.harness.heartbeat``.
+``is_progress(event)`` is the one definition of progress, which the watcher's stall clock
+(nsadiag.harness.streams), the verdict rules (nsadiag.verdict.rules) and an attach window
+(nsadiag.verdict.window) all read. ``progress`` turns the last heartbeat events of a run
+into a rate (module events per second over a recent window), the fraction done and an ETA.
+Events are the heartbeat format of ``nsadiag.harness.heartbeat``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-RATE_WINDOW_S = 30.0
-"""Progress rates are measured over the heartbeats of the last this many seconds."""
-MIN_RATE_SPAN_S = 1.0
-"""A rate needs its events spread over at least this long: a burst of events within a
-fraction of a second says nothing about the pace."""
+from nsadiag.verdict.thresholds import MIN_RATE_SPAN_S, RATE_WINDOW_S, SILENCE_INTERVALS
+
+PROGRESS_KINDS = frozenset({"start", "module", "step", "end", "collective"})
+"""The heartbeat events that are progress by their kind: a phase started, a watched block
+entered or left, a step finished, the run ended, a collective started or finished."""
+
+
+def is_progress(event: Mapping[str, Any]) -> bool:
+    """Whether one heartbeat event is progress: an event of a kind in PROGRESS_KINDS, or a
+    pulse of the progress sampler (kind "pulse", nsadiag.probes.sampler) that saw progress
+    (its "progress" field true: a loop iterating inside one module, autograd nodes running
+    in backward). A pulse that saw none, and an event of any other kind, are not: a process
+    writes them while it waits forever."""
+    kind = event.get("kind")
+    if kind == "pulse":
+        return bool(event.get("progress"))
+    return kind in PROGRESS_KINDS
 
 
 @dataclass
@@ -48,8 +63,8 @@ def _rate(module_events: Sequence[dict], window_s: float, until: float | None = 
     end of the run; the last event when None or earlier), and the span used.
 
     Counts intervals, not events: n events spread over s seconds are (n - 1) / s per second.
-    A silence after the last event longer than MIN_RATE_SPAN_S and than two of the mean
-    intervals is part of the pace (the span reaches to ``until``): events that came in a
+    A silence after the last event longer than MIN_RATE_SPAN_S and than SILENCE_INTERVALS
+    mean intervals is part of the pace (the span reaches to ``until``): events that came in a
     burst and then stopped give the pace since the burst, not the burst's. None under
     MIN_RATE_SPAN_S.
     """
@@ -61,7 +76,7 @@ def _rate(module_events: Sequence[dict], window_s: float, until: float | None = 
     if len(recent) < 2:
         return None, end - recent[0]["t"] if recent else 0.0
     span = last - recent[0]["t"]
-    if end - last > max(MIN_RATE_SPAN_S, 2 * span / (len(recent) - 1)):
+    if end - last > max(MIN_RATE_SPAN_S, SILENCE_INTERVALS * span / (len(recent) - 1)):
         span = end - recent[0]["t"]
     if span < MIN_RATE_SPAN_S:
         return None, span

@@ -37,7 +37,8 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
 from nsadiag.probes.frames import find_collective, odd_ones_out
-from nsadiag.verdict.rules import Verdict, decide
+from nsadiag.verdict.names import Verdict
+from nsadiag.verdict.rules import decide
 
 COLLECTIVE_FAILURE = re.compile(
     r"timed out waiting|connection closed by peer|connection reset|broken pipe|"

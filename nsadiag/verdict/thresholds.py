@@ -1,0 +1,138 @@
+"""Every figure a verdict decision compares against, each with where it comes from.
+
+The rules (nsadiag.verdict.rules, .stall, .slow), a process over an attach window
+(nsadiag.verdict.window), a machine's load (nsadiag.verdict.load), the pace of progress
+(nsadiag.verdict.progress) and slow by size or by defect (nsadiag.verdict.size_or_defect)
+read their thresholds from here; the triage (nsadiag.triage.decide) reads the load and cost
+bars it shares with them. A figure is either measured (the measurement is named: a report
+under reports/, a test) or a chosen margin (the line says what it keeps apart and why it
+sits where it does). Changing one changes verdicts: the tests that pin each are named in
+the reports and found by the constant's name.
+"""
+
+from __future__ import annotations
+
+from nsadiag.probes import frames
+
+# ---- a stalled process: busy, idle, or in between ----------------------------------------
+
+IDLE_CPU_FRACTION = frames.IDLE_CPU_FRACTION
+"""Below this many CPU seconds per wall second a process is idle (waiting); a thread that
+received at least this share of the CPU it waited for and used was working. 0.1, defined
+beside the stack classification (nsadiag.probes.frames.classify, below the verdicts, reads
+it too). A chosen margin: a process blocked in a lock, a queue or a sleep uses next to no
+CPU, and a tenth of a core leaves room for the wake-ups of nsadiag's own sampler and the
+interpreter's housekeeping; a spin received 28 % of a core beside five burners on two cores,
+well above it."""
+
+BUSY_CPU_FRACTION = 0.5
+"""At or above this many CPU seconds per wall second a stalled process is busy. A chosen
+midpoint: a process computing in one thread uses about one CPU second per second on a quiet
+machine and a waiting one about none; what a loaded machine withholds from a spin is read
+from its main thread's demand instead (nsadiag.verdict.stall.busy_fraction)."""
+
+BUSY_AT_ONE_LINE = 0.2
+"""A main thread that wanted the CPU (on it or on its run queue) this part of the time or
+more is not frozen, even when its stacks stand at one line. A chosen margin, twice
+IDLE_CPU_FRACTION: a thread blocked in a lock or a condition wants none of it, one busy in
+a native call under one line wants nearly all."""
+
+DEFAULT_STALL_WINDOW_S = 30.0
+"""The stall window assumed when the evidence does not carry the runner's stall timeout (a
+record written before the field existed, evidence built by hand); the runners record theirs
+(nsadiag.spec.STALL_TIMEOUT_S by default). A chosen figure, half that default, and so the
+stricter of the two: a gap this long before a kill reads as progress stopped."""
+
+# ---- memory growth ---------------------------------------------------------------------------
+
+MIN_GROWTH_STEPS = 3
+"""Memory growth per step is fitted over at least this many step ends: with two, the slope
+is the difference of two readings, which one allocation freed a step later makes."""
+
+# ---- the pace of progress ------------------------------------------------------------------
+
+RATE_WINDOW_S = 30.0
+"""Progress rates are measured over the heartbeats of the last this many seconds. A chosen
+span: long enough for several steps of a small model, short enough that the rate says the
+pace at the end of the run rather than its average since the start."""
+
+MIN_RATE_SPAN_S = 1.0
+"""A rate needs its events spread over at least this long: a burst of events within a
+fraction of a second (a block's hooks firing back to back) says nothing about the pace."""
+
+SILENCE_INTERVALS = 2.0
+"""A silence after the last event longer than this many mean intervals between the events
+before it (and than MIN_RATE_SPAN_S) is part of the pace: events that came in a burst and
+then stopped give the pace since the burst. A chosen margin: one interval is the pace
+itself, two are a pause it does not explain."""
+
+# ---- the machine's load ----------------------------------------------------------------------
+
+LOADED_PER_CPU = 1.5
+"""A 1-minute load average above this many runnable tasks per usable CPU (besides the job's
+own, where its demand was recorded) is a loaded machine. A chosen margin: one task per CPU
+is a machine in full use, and with half a task more each runnable task waits for a core a
+third of the time."""
+
+STEAL_CONTENDED = 0.1
+"""A hypervisor taking this share of the CPU time or more contends with the job. A chosen
+margin: a few percent of steal is common on shared cloud machines and changes no timing
+verdict; a tenth stretches every timing by a ninth or more."""
+
+GOT_CONTENDED = 0.5
+"""A main thread that received less than this share of the CPU it asked for (on-CPU over
+on-CPU plus run-queue seconds) was made to wait for a core most of the time."""
+
+SHARED_PER_CPU = 0.5
+"""Below contention, a machine is still said to be shared with other work (a report states
+it; no verdict changes) when this many runnable tasks per usable CPU besides the job's own
+were seen: half a core's worth of other work, a third of LOADED_PER_CPU."""
+
+SHARED_GOT = 0.9
+"""...or when a main thread received less than this share of the CPU it asked for: a tenth
+of its time spent waiting for a core is noticeable, and no verdict rests on it."""
+
+STEAL_CAP = 0.9
+"""Steal is counted at most this share when bounding how much contention can stretch a run
+(nsadiag.verdict.load.stretch_limit): it keeps the bound finite for a reading of 100 %
+steal between two close /proc/stat readings."""
+
+# ---- slow by size or by defect ---------------------------------------------------------------
+
+TINY_OP_RATIO = 0.02
+"""Ops averaging below this fraction of a dense block's FLOPs per op are tiny. Measured
+(reports/verdicts-under-load.md, "Slow by size or by defect"): a per-token attention loop
+0.004; the built-in NSA 0.05-0.065 at S = 256, but 0.012 at S = 2048 and width 32: a sparse
+model's ops shrink against dense attention's, whose work per op grows with S, so the ratio
+alone cannot name a per-token loop (COMPUTE_OPS_PER_TOKEN decides with it)."""
+
+COMPUTE_OPS_PER_TOKEN = 1.0
+"""...and tiny ops come from a loop over the tokens when the forward issues at least this
+many compute ops (matmuls, convolutions, attention: the ops with a FLOP count) per token and
+watched block. Measured per block and forward: a per-token attention loop 2 per token
+(4,101 at S = 2048); the built-in NSA 0.04-0.31 (tiny widths, S = 64-4096; 87 at
+S = 2048), the tiled CPU backend included."""
+
+HOST_READS_PER_TOKEN = 0.5
+"""Host reads (``.item()``, ``.tolist()``) per step at or above this many per sequence
+position are a read per token; a loop counter of the model's code that reached this many
+per position within one pass counts over the tokens. Measured: the per-token loop reads
+once per token per layer (512 at S = 256 with 2 layers); the built-in NSA 32 at S = 256 and
+none at paper dims; half a read per position sits between them."""
+
+MIN_HOST_READS = 64
+"""...and at least this many: a short sequence's few reads per block are not per token
+(the built-in NSA reads 16 per layer at 256 tokens, none at 64)."""
+
+RANGE_OVER_POSITIONS = 2
+"""A loop of the model's code whose ``range`` ends within this factor of the sequence
+length (and at MIN_HOST_READS or more) is a loop over the positions, however far it got:
+a loop over S or S + 1 positions, or over the S - 1 pairs of neighbours, is one; a loop
+over layers or heads ends far below S."""
+
+DEFECT_COST_RATIO = 100.0
+"""A step taking this many times the dense reference's time for its FLOPs or more is slow
+for its work, whatever the counts say. The ratio is a timing and a noisy one at small
+widths (measured on 2 shared cores: the per-token loop 15-250x at S=512 and 24x at S=64
+from run to run, the built-in NSA 1.5-6x), so the bar sits where no healthy model came
+near it; the counts decide the common defects."""
