@@ -8,6 +8,8 @@ import time
 
 import psutil
 
+from nsadiag.verdict.thresholds import IDLE_CPU_FRACTION
+
 LAUNCHER = r"""
 import os, subprocess, sys, time
 WAIT = "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n"
@@ -48,7 +50,11 @@ def test_ranks_are_clustered_and_the_odd_rank_is_named():
     assert by_rank[0]["state"] == by_rank[1]["state"] == "waiting"
     # a one-line spin can look like a native op (same innermost frame, CPU rising): busy either way
     assert by_rank[2]["state"] in ("busy-python", "busy-native")
-    assert by_rank[2]["cpu_fraction"] > 0.3
+    # how much of a core the spin gets depends on the machine's load (28 % beside five
+    # burners on two cores): it is busy by the idle bar, and busier than the waiting ranks
+    spun, waited = by_rank[2]["cpu_fraction"], (by_rank[0]["cpu_fraction"],
+                                                 by_rank[1]["cpu_fraction"])
+    assert spun >= IDLE_CPU_FRACTION and spun > max(waited)
     assert summary["odd_ones_out"] == [by_rank[2]["pid"]]
     assert any(c["members"] == [0, 1] for c in summary["clusters"])
 
