@@ -1,7 +1,11 @@
-"""Process helpers for the tests that assert nothing outlives nsadiag."""
+"""Process helpers: a test's own processes found (and those that must not outlive
+nsadiag), waited on with a deadline, and ended."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,14 +61,70 @@ def with_cmdline(text: str) -> list[psutil.Process]:
     return [p for p in found if running(p)]
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str,
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str | Callable[[], str],
              every_s: float = 0.1) -> Any:
     """Poll ``condition`` until it returns something true, and return that; an
-    AssertionError naming ``what`` after ``timeout_s`` (a deadline, never a fixed sleep)."""
+    AssertionError naming ``what`` after ``timeout_s`` (a deadline, never a fixed sleep).
+    A callable ``what`` is asked at the deadline (to say what was seen instead)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+
+
+def descendants(pid: int, cmdline_has: str = "") -> list[psutil.Process]:
+    """The descendants of process ``pid`` whose command line contains ``cmdline_has``
+    (all of them by default, zombies included; a zombie's command line is empty); none
+    once ``pid`` is gone."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            if cmdline_has in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def blocked(pid: int) -> Callable[[], bool]:
+    """A condition for wait_for: true once the main thread of process ``pid`` sleeps in a
+    wait and used no CPU since the condition's previous call (a thread that waits a moment
+    for the GIL, a core or a pipe between two pieces of work reads as not blocked)."""
+    last: list[float | None] = [None]
+
+    def check() -> bool:
+        try:
+            process = psutil.Process(pid)
+            main = next(t for t in process.threads() if t.id == pid)
+            asleep = process.status() == psutil.STATUS_SLEEPING
+        except (psutil.Error, StopIteration):
+            return False
+        cpu = main.user_time + main.system_time
+        previous, last[0] = last[0], cpu
+        return asleep and previous == cpu
+    return check
+
+
+def kill_tree(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGKILL every descendant of ``proc``, then ``proc`` itself (its whole process group
+    when it leads one, as a command started in a session of its own does), and reap it."""
+    for child in descendants(proc.pid):
+        try:
+            child.kill()
+        except psutil.Error:
+            continue
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=timeout_s)

@@ -8,20 +8,17 @@ import json
 import os
 import re
 import select
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from nsadiag.harness.runcmd import command_env
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "repro" / "scripts"
+from tests.helpers import SCRIPTS, nsadiag
+from tests.procs import kill_tree
 
 TRAINING = textwrap.dedent("""
     import torch
@@ -91,17 +88,9 @@ def start(tmp_path: Path, code: str, env: dict | None = None) -> subprocess.Pope
 
 def attach(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / "attach"
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "attach", *args, "--out",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = nsadiag("attach", *args, "--out", str(out))
     summary = out / "summary.json"
     return done, json.loads(summary.read_text()) if summary.exists() else None
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        child.kill()
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
 
 
 def test_a_training_loop_is_progressing_and_left_running(tmp_path):
@@ -118,7 +107,7 @@ def test_a_training_loop_is_progressing_and_left_running(tmp_path):
         assert (tmp_path / "attach" / "report.md").read_text().startswith(
             "# nsadiag attach: ✅ OK (healthy)")
     finally:
-        stop(proc)
+        kill_tree(proc)
 
 
 def test_a_process_waiting_on_a_lock_is_stuck_idle_naming_the_line(tmp_path):
@@ -132,7 +121,7 @@ def test_a_process_waiting_on_a_lock_is_stuck_idle_naming_the_line(tmp_path):
         assert facts["wait_frame"].startswith("<module> (target.py:")
         assert proc.poll() is None
     finally:
-        stop(proc)
+        kill_tree(proc)
 
 
 def test_a_true_deadlock_beside_moving_threads_is_stuck_idle_with_high_confidence(tmp_path):
@@ -154,7 +143,7 @@ def test_a_true_deadlock_beside_moving_threads_is_stuck_idle_with_high_confidenc
         report = (tmp_path / "attach" / "report.md").read_text()
         assert "sampler.py" not in report.split("## Processes")[0]
     finally:
-        stop(proc)
+        kill_tree(proc)
 
 
 def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
@@ -175,7 +164,7 @@ def test_a_spin_under_nsadiags_heartbeat_is_stuck_busy(tmp_path):
         assert finding["kind"] == "stuck" and "target.py:" in finding["culprit"]["where"]
         assert proc.poll() is None
     finally:
-        stop(proc)
+        kill_tree(proc)
 
 
 def _wait_for_output(proc: subprocess.Popen, wanted: set[tuple[str, str]],
@@ -221,7 +210,7 @@ def test_ranks_of_a_torchrun_job_waiting_in_collectives(tmp_path):
             .splitlines()[int(ranks[0]["user_frame"].rsplit(":", 1)[1][:-1]) - 1]
         assert proc.poll() is None
     finally:
-        stop(proc)
+        kill_tree(proc)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -2,7 +2,6 @@
 from the oracle's masks, its report, and the one-line refusal to run without CUDA."""
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +9,9 @@ import torch
 from nsa.config import NSAConfig
 from nsa.ops.naive import compressed_visibility, selection_mask, window_mask
 from nsa.ops.selection import select_blocks
+from tests.helpers import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(REPO / "bench"))
 import bench_triton  # noqa: E402
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,12 +15,9 @@ from nsadiag import checks
 from nsadiag.checks import fitted_sizes, run_check
 from nsadiag.ci import exit_code
 from nsadiag.report.triage import build_triage_report
-from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict.load import machine_sentence, worst_contention
-from tests.test_triage_report import _check, _state
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import check_result, nsadiag, triage_state, trial_record
 
 
 def test_a_check_that_runs_out_of_time_is_fitted_to_its_budget(tmp_path):
@@ -42,18 +38,15 @@ def test_a_check_that_runs_out_of_time_is_fitted_to_its_budget(tmp_path):
     assert (tmp_path / "ckpt" / "fit-S512-L2" / "check.json").is_file()
 
 
-def _record(verdict: str, module: str = "blocks.1") -> TrialRecord:
-    return TrialRecord(spec={}, evidence={"events": [{"module": module, "phase": "backward"}]},
-                       verdict={"name": verdict, "reasons": [f"{verdict}: still running"],
-                                "facts": {}}, trial_dir="trial", wall_s=30.0)
-
-
 def _fake_jobs(monkeypatch, verdicts: list[str]) -> list[TrialSpec]:
     ran = []
 
     def run_check_job(name, spec, world_size=1):
         ran.append(spec)
-        return _record(verdicts[len(ran) - 1])
+        verdict = verdicts[len(ran) - 1]
+        return trial_record({}, None, verdict, "trial",
+                            events=[{"module": "blocks.1", "phase": "backward"}],
+                            reasons=[f"{verdict}: still running"], wall_s=30.0)
 
     monkeypatch.setattr(checks, "run_check_job", run_check_job)
     return ran
@@ -99,13 +92,13 @@ def test_sizes_are_fitted_down_to_the_floor_once_each():
 def test_a_check_out_of_time_never_fails_a_triage(tmp_path, stored):
     # the timed-out check as it read: INCONCLUSIVE at blocks.1 (a contended machine turned
     # its budget's SLOW into INCONCLUSIVE); the layer sweep is healthy
-    cut = _check("ckpt", "INCONCLUSIVE", "blocks.1",
-                 "the ckpt check did not finish: INCONCLUSIVE: still progressing")
+    cut = check_result("ckpt", "INCONCLUSIVE", "blocks.1",
+                       "the ckpt check did not finish: INCONCLUSIVE: still progressing")
     cut["finished"] = False
     if stored == "with failed":
         cut.update(failed=False, module=None)
-    checks_state = {"n_layers": 2, "results": [_check("causality", "OK"), cut]}
-    text, summary = build_triage_report(tmp_path, _state(checks=checks_state))
+    checks_state = {"n_layers": 2, "results": [check_result("causality", "OK"), cut]}
+    text, summary = build_triage_report(tmp_path, triage_state(checks=checks_state))
     assert exit_code(summary) in (0, 4) and summary["failure"] is None, summary["headline"]
     assert "blocks.1" not in text.split("## Root cause")[1]  # nothing implicated
     assert "A correctness check failed" not in text
@@ -141,13 +134,12 @@ def test_a_healthy_triage_under_burners_says_how_busy_the_machine_was(tmp_path):
                for _ in range(max(2, len(os.sched_getaffinity(0))))]
     try:
         out = tmp_path / "run"
-        done = subprocess.run(
-            [sys.executable, "-m", "nsadiag.cli", "triage", "--set", "dim=32", "--set",
-             "n_heads=4", "--set", "n_kv_heads=2", "--set", "head_dim=8", "--set", "l=8",
-             "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3", "--set", "w=16",
-             "--seq-len", "64", "--steps", "2", "--stall-timeout", "60", "--max-minutes", "4",
-             "--max-layers", "1", "--no-checks", "--out", str(out)],
-            capture_output=True, text=True, timeout=400, cwd=REPO)
+        done = nsadiag(
+            "triage", "--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2",
+            "--set", "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16",
+            "--set", "n_sel=3", "--set", "w=16", "--seq-len", "64", "--steps", "2",
+            "--stall-timeout", "60", "--max-minutes", "4", "--max-layers", "1", "--no-checks",
+            "--out", str(out), timeout=400)
     finally:
         for burner in burners:
             burner.kill()

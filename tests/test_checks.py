@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import time
 
 import psutil
@@ -22,6 +20,7 @@ from nsadiag.checks import causality, ckpt, parity, run_check, run_checks
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.harness.rank import pg_timeout_for
 from nsadiag.spec import TrialSpec
+from tests.helpers import nsadiag
 
 TINY_NSA = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3, w=16)
 TINY_FLAGS = [f"--set={k}={v}" for k, v in TINY_NSA.items()]
@@ -289,11 +288,6 @@ def test_an_unknown_check_is_refused_before_anything_runs(tmp_path):
 
 
 # ---------------------------------------------------------------- CLI
-
-def nsadiag(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
 
 def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path):
     out = tmp_path / "run"

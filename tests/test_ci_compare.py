@@ -2,8 +2,6 @@
 usage error of triage and compare (exit 2, one line)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -16,11 +14,7 @@ from nsadiag.ci import (
     write_step_summary,
 )
 from nsadiag.compare import compare_rows, compare_runs, load_summary
-
-
-def nsadiag(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+from tests.helpers import nsadiag
 
 
 def _row(n_layers, step_s, peak_rss, verdict="OK", label="sweep"):

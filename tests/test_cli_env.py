@@ -1,9 +1,9 @@
 import json
 import os
-import subprocess
 import sys
 
 from nsadiag.envinfo import collect_env, ptrace_permission, triton_kernels
+from tests.helpers import nsadiag
 
 
 def test_env_reports_cpu_build_cleanly():
@@ -32,8 +32,7 @@ def test_env_says_how_the_triton_backend_would_run(monkeypatch):
 
 
 def test_env_command_prints_json_without_traceback():
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "env", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = nsadiag("env", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["python"] == sys.version.split()[0]
@@ -43,16 +42,13 @@ def test_env_command_prints_json_without_traceback():
 
 
 def test_env_command_prints_a_table_with_the_load_and_the_problems():
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "env"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"})
+    done = nsadiag("env", env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
     assert "load_average" in rows and "usable_cpus" in rows and "problems" in rows
 
 
 def test_unknown_command_exits_2_without_traceback():
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "sweep-everything"],
-                          capture_output=True, text=True, timeout=120)
+    done = nsadiag("sweep-everything")
     assert done.returncode == 2
     assert "Traceback" not in done.stderr

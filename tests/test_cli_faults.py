@@ -10,26 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from nsadiag.rundir import TrialRecord, append_record, load_records
-from nsadiag.spec import TrialSpec
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def nsadiag(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=REPO, **kwargs)
-
-
-def _record(n_layers=1, trial="trial-0"):
-    spec = json.loads(TrialSpec(n_layers=n_layers, out_dir=trial).to_json())
-    return TrialRecord(spec, {"events": [], "result": {"step_s": [1.0], "steps_done": 1}},
-                       {"name": "OK", "reasons": ["fine"], "facts": {}}, trial, 1.0)
+from nsadiag.rundir import append_record, load_records
+from tests.helpers import REPO, nsadiag, one_step_record
 
 
 @pytest.mark.parametrize("args", [
@@ -54,7 +40,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     for n in (1, 2, 3):
-        append_record(run / "trials.jsonl", _record(n, f"trial-{n}"))
+        append_record(run / "trials.jsonl", one_step_record(n, f"trial-{n}"))
     (run / "run.json").write_text(json.dumps({"command_name": "sweep-layers"}))
 
     def small_files():  # writes past 2 KiB fail with EFBIG, as a full disk fails them
@@ -66,9 +52,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(tmp_path):
     subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True,
                    capture_output=True, timeout=120, cwd=REPO)
 
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report", str(run)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          preexec_fn=small_files)
+    done = nsadiag("report", str(run), preexec_fn=small_files)
     assert done.returncode == 2
     assert done.stderr.startswith("nsadiag: error: out: cannot write ") and \
         len(done.stderr.splitlines()) == 1, done.stderr
@@ -79,7 +63,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_report(tmp_path):
 
 def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
     path = tmp_path / "trials.jsonl"
-    append_record(path, _record(1))
+    append_record(path, one_step_record(1))
     before = path.read_bytes()
     real_write = os.write
 
@@ -89,16 +73,16 @@ def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(ValueError, match="out: cannot write .*No space left on device"):
-        append_record(path, _record(2))
+        append_record(path, one_step_record(2))
     monkeypatch.undo()
     assert path.read_bytes() == before  # cut back: the half line is gone
-    append_record(path, _record(3))
+    append_record(path, one_step_record(3))
     assert [r.spec["n_layers"] for r in load_records(path)] == [1, 3]
 
 
 def test_a_torn_or_malformed_line_is_skipped_and_reported(tmp_path):
     path = tmp_path / "trials.jsonl"
-    append_record(path, _record(1))
+    append_record(path, one_step_record(1))
     with open(path, "a") as f:
         f.write('{"schema_version": 1, "spec": {}, "evidence": {}}\n')  # no verdict
         f.write('{"spec": {"n_la')  # torn by a killed writer
@@ -128,7 +112,7 @@ def test_a_report_shows_a_torn_tail(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     for n in (1, 2):
-        append_record(run / "trials.jsonl", _record(n, f"trial-{n}"))
+        append_record(run / "trials.jsonl", one_step_record(n, f"trial-{n}"))
     with open(run / "trials.jsonl", "a") as f:
         f.write('{"spec": {"n_la')
     done = nsadiag("report", str(run))
@@ -141,7 +125,7 @@ def test_a_report_shows_a_torn_tail(tmp_path):
 def test_a_closed_stdout_is_one_line_and_a_non_zero_exit(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    append_record(run / "trials.jsonl", _record(1))
+    append_record(run / "trials.jsonl", one_step_record(1))
     read, write = os.pipe()
     os.close(read)  # like `| head -n 1` that has already gone
     proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "report", str(run)],

@@ -11,14 +11,10 @@ import pytest
 from nsadiag.cli import app
 from nsadiag.cli.options import NSA_BACKENDS, SPEC_DEFAULTS, TrialOptions, trial_options
 from nsadiag.spec import TrialSpec
+from tests.helpers import nsadiag
 
 COMMANDS = ("env", "sweep-layers", "sweep-seq", "isolate-branch", "triage", "compare", "ddp",
             "run", "memory", "trace", "check", "stacks", "attach", "report")
-
-
-def nsadiag(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=120, **kwargs)
 
 
 def test_help_imports_neither_torch_nor_pandas_nor_matplotlib():

@@ -11,9 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.helpers import REPO
 from tests.pty_cli import in_pty
 
-REPO = Path(__file__).resolve().parents[1]
 NSADIAG = [sys.executable, "-m", "nsadiag.cli"]
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",

@@ -11,19 +11,7 @@ import pytest
 
 from nsadiag.harness import jobs, stop
 from nsadiag.spec import TrialSpec
-
-
-def _trial_children(parent: psutil.Process) -> list[psutil.Process]:
-    """The parent's descendants running a trial child (a process that ends meanwhile, or
-    is a zombie already, is skipped)."""
-    found = []
-    for child in parent.children(recursive=True):
-        try:
-            if "nsadiag.harness.child" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
+from tests.procs import descendants
 
 
 def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
@@ -32,11 +20,10 @@ def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
          "repro.lock_deadlock:make", "--layers", "1", "--seq-len", "64", "--stall-timeout",
          "120", "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 90
     children = []
     while time.monotonic() < deadline and not children:
-        children = _trial_children(parent)
+        children = descendants(proc.pid, "nsadiag.harness.child")
         time.sleep(0.2)
     assert children, "the trial child never started"
     time.sleep(1.0)

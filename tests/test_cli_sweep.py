@@ -6,14 +6,11 @@ import sys
 
 import pytest
 
+from tests.helpers import nsadiag
+
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
         "--set", "w=16", "--seq-len", "64", "--steps", "2", "--stall-timeout", "20"]
-
-
-def nsadiag(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):

@@ -3,13 +3,12 @@ the hot frame; --ci appends the report to $GITHUB_STEP_SUMMARY and exits 1 (fail
 
 import json
 import os
-import subprocess
-import sys
 
 import psutil
 
 from nsadiag.finding import Finding
 from nsadiag.report.dispatch import render_run
+from tests.helpers import nsadiag
 from tests.readable import assert_readable
 
 
@@ -20,11 +19,10 @@ def test_per_token_loop_triage_is_slow_with_module_and_hot_frame(tmp_path):
     # 1000 steps cannot finish within 10 s on any machine: SLOW by construction, and a
     # single block's backward at 256 tokens is far shorter than the 15 s stall timeout
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    done = subprocess.run(
-        [sys.executable, "-m", "nsadiag.cli", "triage", "--target", "repro.per_token_loop:make",
-         "--seq-len", "256", "--steps", "1000", "--budget", "10", "--stall-timeout", "15",
-         "--max-layers", "1", "--max-minutes", "5", "--no-checks", "--no-bisect", "--ci",
-         "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    done = nsadiag("triage", "--target", "repro.per_token_loop:make", "--seq-len", "256",
+                   "--steps", "1000", "--budget", "10", "--stall-timeout", "15",
+                   "--max-layers", "1", "--max-minutes", "5", "--no-checks", "--no-bisect",
+                   "--ci", "--out", str(out), env=env)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     summary = json.loads((out / "summary.json").read_text())

@@ -3,7 +3,6 @@ validated against the schemas that ship with the package; every example under re
 conforms; load_trials gives one flat row per trial."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,20 +11,22 @@ from nsadiag.report.summary import KINDS, Summary
 from nsadiag.rundir import TrialRecord, append_record, load_records
 from nsadiag.schema import SCHEMA_VERSION, errors, load_schema, schema_path, validate
 from nsadiag.spec import TrialSpec
+from tests.helpers import REPO, trial_record
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "reports").glob("**/summary.json"))
 
 
-def _record(n_layers, verdict="OK", trial="trial-0", label_spec=None):
+def _record_at_depth(n_layers: int, verdict: str = "OK", trial: str = "trial-0"
+                     ) -> TrialRecord:
+    """A record whose step time, peak and saved bytes grow with the depth, the spec in
+    its evidence as the runner writes it."""
     spec = json.loads(TrialSpec(n_layers=n_layers, seq_len=64, out_dir=trial,
-                                overrides={"dim": 32, **(label_spec or {})}).to_json())
-    evidence = {"spec": spec, "events": [], "result": {
-        "step_s": [0.5, 1.0 * n_layers, 1.1 * n_layers], "forward_s": [0.2, 0.4, 0.4],
-        "backward_s": [0.3, 0.6, 0.7], "steps_done": 3, "peak_rss": 1000 * n_layers,
-        "saved_bytes": 100 * n_layers, "saved_by_branch": {"cmp": 10, "sel": 20, "win": 5}}}
-    return TrialRecord(spec, evidence, {"name": verdict, "reasons": [f"{verdict} because"],
-                                        "facts": {}}, trial, 2.0)
+                                overrides={"dim": 32}).to_json())
+    result = {"step_s": [0.5, 1.0 * n_layers, 1.1 * n_layers], "forward_s": [0.2, 0.4, 0.4],
+              "backward_s": [0.3, 0.6, 0.7], "steps_done": 3, "peak_rss": 1000 * n_layers,
+              "saved_bytes": 100 * n_layers,
+              "saved_by_branch": {"cmp": 10, "sel": 20, "win": 5}}
+    return trial_record(spec, result, verdict, trial, wall_s=2.0, spec_in_evidence=True)
 
 
 def test_the_schemas_ship_with_the_package_and_name_their_version():
@@ -71,7 +72,7 @@ def test_the_checker_reports_violations_and_refuses_an_invalid_schema():
 
 
 def test_a_record_carries_its_spec_once_and_reads_back_whole(tmp_path):
-    record = _record(2)
+    record = _record_at_depth(2)
     line = record.to_dict()
     assert line["schema_version"] == SCHEMA_VERSION and "spec" not in line["evidence"]
     assert errors(line, "trial") == []
@@ -85,8 +86,8 @@ def test_a_record_carries_its_spec_once_and_reads_back_whole(tmp_path):
 
 def test_load_trials_is_one_flat_row_per_trial(tmp_path):
     for i, n in enumerate((1, 2, 3)):
-        append_record(tmp_path / "trials.jsonl", _record(n, "OK" if n < 3 else "SLOW",
-                                                         f"{tmp_path}/trial-{i}"))
+        append_record(tmp_path / "trials.jsonl", _record_at_depth(
+            n, "OK" if n < 3 else "SLOW", f"{tmp_path}/trial-{i}"))
     (tmp_path / "run.json").write_text(json.dumps({"command_name": "sweep-layers",
                                                    "labels": {"trial-2": "deep"}}))
     frame = nsadiag.load_trials(tmp_path)
@@ -105,7 +106,7 @@ def test_load_trials_is_one_flat_row_per_trial(tmp_path):
 
 
 def test_load_trials_reports_a_torn_tail_and_refuses_an_empty_directory(tmp_path):
-    append_record(tmp_path / "trials.jsonl", _record(1))
+    append_record(tmp_path / "trials.jsonl", _record_at_depth(1))
     with open(tmp_path / "trials.jsonl", "a") as f:
         f.write('{"schema_version": 1, "spec": {"n_la')
     frame = nsadiag.load_trials(tmp_path)

@@ -7,7 +7,6 @@ timeout, and the tests assert that no process of it survives.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -19,20 +18,13 @@ import pytest
 import torch
 
 from nsa.train import TrainArgs, train
+from tests.helpers import REPO, TESTS, checkout_env, read_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).resolve().with_name("ddp_grad_worker.py")
+WORKER = TESTS / "ddp_grad_worker.py"
 TIMEOUT_S = 120
 WORLD = 2
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("restore_threads")]
 
 
 def load_worker():
@@ -49,8 +41,7 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(WORLD), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
-        "PYTHONPATH", "")]).rstrip(os.pathsep), "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -117,7 +108,3 @@ def test_nsa_train_under_torchrun_writes_heartbeats_and_matches_one_process(tmp_
                            threads=1))
     ddp_losses = [s["loss"] for s in records[0] if s["event"] == "step"]
     assert max(abs(a - b) for a, b in zip(ddp_losses, single["losses"], strict=True)) <= 1e-5
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -2,8 +2,6 @@
 checkpoint closure under DDP with reentrant checkpointing, and bad options."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,13 +11,9 @@ from nsadiag.cli import app
 from nsadiag.harness.jobs import run_ddp_trial
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
+from tests.helpers import nsadiag
 
 TINY = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16, n_sel=3, w=16)
-
-
-def nsadiag(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=180, cwd=cwd)
 
 
 def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):

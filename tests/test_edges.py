@@ -11,7 +11,6 @@ import json
 import math
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +24,8 @@ from nsadiag.probes.sampler import MemoryLedger, Sampler
 from nsadiag.verdict.load import contention, contention_sentence, stretch_limit
 from nsadiag.verdict.progress import progress
 from nsadiag.verdict.rules import decide
+from tests.helpers import VERDICT_FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 SOURCE = '''
 def _forward_prefill_sequential(self, q, k, v):
     S = q.shape[1]
@@ -40,7 +39,7 @@ def _forward_prefill_sequential(self, q, k, v):
 
 
 def _slow_budget() -> dict:
-    return json.loads((FIXTURES / "slow_budget.json").read_text())
+    return json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
 
 
 def _unfinished_forward(last: int, end: int | None, rate: float, got: float) -> dict:
@@ -281,7 +280,7 @@ def test_an_exception_that_ends_a_thread_is_recorded_and_still_printed(tmp_path,
 
 
 def test_a_stall_verdict_quotes_the_exception_that_ended_another_thread():
-    data = json.loads((FIXTURES / "deadlock_lock.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "deadlock_lock.json").read_text())
     last = max(event["t"] for event in data["events"])
     data["thread_exceptions"] = [{"t": last - 2.0, "thread": "producer",
                                   "type": "ValueError", "message": "bad record",
@@ -316,7 +315,7 @@ def test_the_memory_ledger_names_the_frame_that_keeps_what_it_allocates():
 
 
 def test_an_oom_verdict_gives_the_growth_per_step():
-    data = json.loads((FIXTURES / "oom_exception.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "oom_exception.json").read_text())
     t = data["events"][-1]["t"]
     data["events"] += [{"t": t + i, "seq": 900 + i, "kind": "step", "phase": "optimizer",
                         "step": i, "rss": 2**30 + i * 48 * 2**20} for i in range(6)]

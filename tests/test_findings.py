@@ -16,8 +16,8 @@ from nsadiag.finding.numbers import cost_ratio, duration, share, sig, size
 from nsadiag.finding.trial import trial_finding
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
+from tests.helpers import REPRO
 
-REPRO = Path(__file__).resolve().parents[1] / "repro"
 LOOP, BASE = str(REPRO / "per_token_loop.py"), str(REPRO / "_base.py")
 
 

@@ -23,28 +23,16 @@ import pytest
 from nsadiag import rundir
 from nsadiag.report import dispatch
 from nsadiag.report.bundle import bundle_path, clean_png
-from nsadiag.rundir import TrialRecord, append_record, load_records
-from nsadiag.spec import TrialSpec
+from nsadiag.rundir import append_record, load_records
+from tests.helpers import REPO, nsadiag, one_step_record
 
-REPO = Path(__file__).resolve().parents[1]
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-planted-key\n"
-
-
-def nsadiag(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=REPO, **kwargs)
-
-
-def _record(n_layers=1, trial="trial-0"):
-    spec = json.loads(TrialSpec(n_layers=n_layers, out_dir=trial).to_json())
-    return TrialRecord(spec, {"events": [], "result": {"step_s": [1.0], "steps_done": 1}},
-                       {"name": "OK", "reasons": ["fine"], "facts": {}}, trial, 1.0)
 
 
 def _sweep_dir(path: Path, trials: int = 2) -> Path:
     path.mkdir()
     for n in range(1, trials + 1):
-        append_record(path / "trials.jsonl", _record(n, f"trial-{n}"))
+        append_record(path / "trials.jsonl", one_step_record(n, f"trial-{n}"))
     (path / "run.json").write_text(json.dumps({"command_name": "sweep-layers"}))
     return path
 
@@ -113,10 +101,10 @@ def test_resuming_in_a_received_directory_writes_through_no_planted_link(tmp_pat
         rundir.write_json(run / "run.json", {"command_name": "sweep-layers"})
         rundir.write_text(run / "spec.json", "{}")
         with pytest.raises(ValueError, match="trials.jsonl"):
-            append_record(run / "trials.jsonl", _record(1))
+            append_record(run / "trials.jsonl", one_step_record(1))
         os.link(home / "credentials", run / "hard.jsonl")
         with pytest.raises(ValueError, match="not a file nsadiag wrote"):
-            append_record(run / "hard.jsonl", _record(1))
+            append_record(run / "hard.jsonl", one_step_record(1))
     finally:
         rundir.release_run_dir(run)
     assert _snapshot(home) == before
@@ -193,7 +181,7 @@ def test_a_planted_link_in_place_of_a_stored_record_is_refused_not_read(tmp_path
 def test_stderr_linked_outside_never_reaches_the_report(tmp_path, home):
     run = tmp_path / "received"
     run.mkdir()
-    record = _record()
+    record = one_step_record()
     record.spec = {"command": ["python", "train.py"], "stall_timeout_s": 60.0,
                    "deadline_s": 60.0, "subject": "the command"}
     record.evidence = {**record.evidence, "exit_code": 0, "processes": []}
@@ -238,8 +226,8 @@ def test_concurrent_bundles_both_succeed(tmp_path):
 
 def test_a_record_of_a_newer_schema_is_refused_in_one_line(tmp_path):
     path = tmp_path / "trials.jsonl"
-    append_record(path, _record(1))
-    newer = _record(2).to_dict()
+    append_record(path, one_step_record(1))
+    newer = one_step_record(2).to_dict()
     newer["schema_version"] = 999
     with open(path, "a") as f:
         f.write(json.dumps(newer) + "\n")
@@ -251,7 +239,7 @@ def test_a_record_of_a_newer_schema_is_refused_in_one_line(tmp_path):
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"schema_version": 999,
                                               "command_name": "sweep-layers"}))
-    append_record(run / "trials.jsonl", _record(1))
+    append_record(run / "trials.jsonl", one_step_record(1))
     done = nsadiag("report", str(run))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "run.json: schema_version 999 is not one this nsadiag reads" in done.stderr
@@ -267,7 +255,7 @@ def test_deeply_nested_json_is_one_line_not_an_internal_error(tmp_path):
     assert done.stderr.startswith("nsadiag: error: record.json: ") and \
         "nests too deeply" in done.stderr and len(done.stderr.splitlines()) == 1
     path = tmp_path / "trials.jsonl"
-    append_record(path, _record(1))
+    append_record(path, one_step_record(1))
     with open(path, "a") as f:
         f.write("[" * 200_000 + "]" * 200_000 + "\n")
     skipped: list[str] = []
@@ -277,10 +265,10 @@ def test_deeply_nested_json_is_one_line_not_an_internal_error(tmp_path):
 
 def test_trials_jsonl_is_read_line_by_line_in_bounded_memory(tmp_path, monkeypatch):
     path = tmp_path / "trials.jsonl"
-    append_record(path, _record(1, "trial-1"))
+    append_record(path, one_step_record(1, "trial-1"))
     with open(path, "ab") as f:
         f.write(b'{"spec": "' + b"x" * (40 * 2**20) + b'"}\n')  # 40 MiB on one line
-    append_record(path, _record(2, "trial-2"))
+    append_record(path, one_step_record(2, "trial-2"))
     skipped: list[str] = []
     monkeypatch.setattr(rundir, "MAX_RECORD_BYTES", 2**20, raising=False)  # 16 MiB in use
     tracemalloc.start()
@@ -293,11 +281,11 @@ def test_trials_jsonl_is_read_line_by_line_in_bounded_memory(tmp_path, monkeypat
     assert skipped == ["trials.jsonl line 2: longer than 1 MiB, not read"]
     assert peak < 8 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 40 MiB line"
     # many records: only the first MAX_RECORDS_BYTES are kept, the rest named
-    line = len(json.dumps(_record(1).to_dict())) + 1
+    line = len(json.dumps(one_step_record(1).to_dict())) + 1
     monkeypatch.setattr(rundir, "MAX_RECORDS_BYTES", 3 * line + 10)
     many = tmp_path / "many.jsonl"
     for n in range(1, 11):
-        append_record(many, _record(n, f"trial-{n}"))
+        append_record(many, one_step_record(n, f"trial-{n}"))
     skipped = []
     assert len(load_records(many, skipped)) == 3
     assert skipped == [f"many.jsonl line 4 and later: past the first "
@@ -322,7 +310,7 @@ def test_report_on_a_gigabyte_trials_jsonl_stays_in_bounded_memory(tmp_path):
         f.truncate(f.seek(0, os.SEEK_END) + 2**30)
         f.seek(0, os.SEEK_END)
         f.write(b"\n")
-    append_record(run / "trials.jsonl", _record(2, "trial-2"))
+    append_record(run / "trials.jsonl", one_step_record(2, "trial-2"))
     started = time.monotonic()
     # the peak of this process's own memory (VmHWM): a child's ru_maxrss also counts the
     # parent's resident set at the fork, and pytest's is large

@@ -8,7 +8,7 @@ import torch
 
 from nsa.layer import NSAAttention
 from nsa.ops.naive import naive_nsa_attention
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 TOL = 1e-5
 BRANCH_SETS = [("cmp",), ("sel",), ("win",), ("cmp", "sel", "win")]
@@ -26,7 +26,7 @@ def _leaf_inputs(layer, x):
         {b: leaf(g) for b, g in gates.items()}
 
 
-def _grads(tensors):
+def _accumulated_grads(tensors):
     return [None if t is None else t.grad for t in tensors]
 
 
@@ -38,7 +38,7 @@ def _run(fn, q, kv, gates, layer, grad_out):
     out.backward(grad_out)
     params = {n: p.grad.clone() for n, p in layer.named_parameters()
               if n.startswith("compress") and p.grad is not None}
-    kv_grads = {b: _grads(pair) for b, pair in kv.items()}
+    kv_grads = {b: _accumulated_grads(pair) for b, pair in kv.items()}
     return out.detach(), q.grad.clone(), kv_grads, {b: g.grad.clone() for b, g in gates.items()}, \
         params
 

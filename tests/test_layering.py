@@ -5,7 +5,9 @@ command line imports it, and no module imports another's private names."""
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "nsadiag"
+from tests.helpers import REPO
+
+PACKAGE = REPO / "nsadiag"
 RENDERERS = ("sweep", "seq", "ddp", "check", "triage", "memory", "trace", "stacks", "run")
 
 

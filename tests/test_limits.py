@@ -7,20 +7,13 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from nsadiag import limits
 from nsadiag.cli.options import TrialOptions
 from nsadiag.sweep import parse_layers
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def nsadiag(*args):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+from tests.helpers import REPO, nsadiag
 
 
 @pytest.mark.parametrize("args, says", [

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -30,8 +29,8 @@ from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
 from nsadiag.triage.decide import reproduces
 from nsadiag.verdict import decide, is_failure
 from nsadiag.verdict.load import contention, cpu_steal
+from tests.helpers import VERDICT_FIXTURES, plain_spec, trial_record
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 MiB = 2**20
 # a step of 1 GFLOP on a machine whose matmul runs at 100 GFLOP/s, where a dense block
 # reaches half of that: the dense reference would take 1e9 / 5e10 = 0.02 s for it
@@ -40,31 +39,28 @@ RATES = {"flops_per_step": 10**9, "machine_flops_per_s": 1e11, "dense_efficiency
          "dense_flops_per_op": 2e6}
 
 
-def _record(n_layers: int, verdict: str = "OK", step_s=(1.0, 0.30, 0.20, 0.25),
-            peak=500 * MiB, saved=100 * MiB, slow_by: str | None = None,
-            **result) -> TrialRecord:
-    spec = dict(target="nsa", n_layers=n_layers, seq_len=64, batch=1, dtype="float32",
-                device="cpu", steps=2, seed=0, stall_timeout_s=5.0, budget_s=60.0,
-                grad_ckpt=False, branches=None, backend=None, memory_cap_bytes=None,
-                overrides={})
-    evidence = {"result": {"step_s": list(step_s), "forward_s": [0.1] * len(step_s),
-                           "backward_s": [0.1] * len(step_s), "steps_done": 2,
-                           "timing_steps": len(step_s) - 2, "peak_rss": peak,
-                           "saved_bytes": saved, **RATES, **result},
-                "events": []}
+def _measured(n_layers: int, verdict: str = "OK", step_s=(1.0, 0.30, 0.20, 0.25),
+              peak=500 * MiB, saved=100 * MiB, slow_by: str | None = None,
+              **result) -> TrialRecord:
+    """A record of a trial that measured these step times, peak and saved bytes at
+    RATES (``result`` adds fields), its verdict SLOW by ``slow_by`` when given."""
+    measured = {"step_s": list(step_s), "forward_s": [0.1] * len(step_s),
+                "backward_s": [0.1] * len(step_s), "steps_done": 2,
+                "timing_steps": len(step_s) - 2, "peak_rss": peak, "saved_bytes": saved,
+                **RATES, **result}
     facts = {"slow_by": slow_by} if slow_by else {}
-    return TrialRecord(spec, evidence, {"name": verdict, "reasons": [f"{verdict} because"],
-                                        "facts": facts}, f"trial-{n_layers}", 1.0)
+    return trial_record(plain_spec(n_layers), measured, verdict, f"trial-{n_layers}",
+                        facts=facts)
 
 
 # ---- medians and timing steps ------------------------------------------------------------
 
 
 def test_a_row_is_the_median_of_the_steps_after_step_0_and_says_how_many():
-    row = row_from_record(_record(2))
+    row = row_from_record(_measured(2))
     assert row.step_s == pytest.approx(0.25) and row.timed_steps == MEDIAN_STEPS == 3
     assert row.steps_done == 2  # the asked steps; the other two were for the median
-    only_two = row_from_record(_record(2, step_s=(1.0, 0.3)))
+    only_two = row_from_record(_measured(2, step_s=(1.0, 0.3)))
     assert only_two.step_s == pytest.approx(0.3) and only_two.timed_steps == 1
     assert "| 0.25 | 3 |" in results_table([row])[2]
 
@@ -78,7 +74,7 @@ def test_timing_steps_run_only_while_the_next_fits_well_inside_the_budget():
 
 
 def test_a_budget_kill_after_every_asked_step_finished_is_ok():
-    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
     data["event_counts"]["step"] = data["total_steps"] + 1  # one timing step ran, too
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "OK" and verdict.facts["budget_kill"]
@@ -99,7 +95,7 @@ def test_time_per_step_is_set_against_the_dense_references_time_for_its_flops():
     again = step_cost({**RATES, "machine_flops_per_s": 2e11, "dense_efficiency": 0.25}, 0.5)
     assert again["ratio"] == pytest.approx(25.0)
     assert step_cost({**RATES, "dense_efficiency": None}, 0.5) is None
-    row = row_from_record(_record(2))
+    row = row_from_record(_measured(2))
     assert row.expected_step_s == pytest.approx(0.02) and row.cost_ratio == pytest.approx(12.5)
     # the row's efficiency is the median step's: 1 GFLOP in 0.25 s at 100 GFLOP/s
     assert row.efficiency == pytest.approx(0.04)
@@ -133,9 +129,9 @@ def test_a_bisection_test_reproduces_a_slow_by_its_work_not_by_its_budget():
 
 def test_rows_split_the_peak_and_a_peak_outgrowing_the_saved_bytes_is_called_out(tmp_path):
     # saved grows 2x from 1 to 4 layers; the rest grows 4x: something else sets the peak
-    records = [_record(1, peak=200 * MiB, saved=100 * MiB),
-               _record(2, peak=400 * MiB, saved=150 * MiB),
-               _record(4, peak=1000 * MiB, saved=200 * MiB)]
+    records = [_measured(1, peak=200 * MiB, saved=100 * MiB),
+               _measured(2, peak=400 * MiB, saved=150 * MiB),
+               _measured(4, peak=1000 * MiB, saved=200 * MiB)]
     rows = [row_from_record(r) for r in records]
     assert [r.rest_bytes for r in rows] == [100 * MiB, 250 * MiB, 800 * MiB]
     growth = rest_outgrows_saved(rows)
@@ -148,15 +144,15 @@ def test_rows_split_the_peak_and_a_peak_outgrowing_the_saved_bytes_is_called_out
             "the peak grew 8.0x, the saved bytes 2.0x") in " ".join(implicated)
     assert "| rest of the peak |" in text.splitlines()[text.splitlines().index(
         "## Measurements") + 2]
-    steady = [_record(n, peak=(400 + 20 * n) * MiB, saved=20 * n * MiB) for n in (1, 2, 4)]
+    steady = [_measured(n, peak=(400 + 20 * n) * MiB, saved=20 * n * MiB) for n in (1, 2, 4)]
     assert not rest_outgrows_saved([row_from_record(r) for r in steady])["outgrows"]
 
 
 def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_state(tmp_path):
     # on CUDA the tensors live on the device: its peak counts, not the host's RSS; the
     # parameters, gradients and AdamW state grow with depth but are no scratch
-    records = [_record(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB,
-                       state_bytes=140 * n * MiB) for n in (1, 6, 12)]
+    records = [_measured(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB,
+                         state_bytes=140 * n * MiB) for n in (1, 6, 12)]
     rows = [row_from_record(r) for r in records]
     assert [r.rest_bytes for r in rows] == [(80 + n) * MiB for n in (1, 6, 12)]
     assert [r.peak_cuda for r in rows] == [(80 + 145 * n) * MiB for n in (1, 6, 12)]
@@ -165,7 +161,7 @@ def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_sta
     header = text.splitlines()[text.splitlines().index("## Measurements") + 2]
     assert "| peak RSS | peak CUDA | saved for backward |" in header
     # without the state (a record from before it was measured) the state is in the rest
-    older = [_record(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB)
+    older = [_measured(n, peak=1700 * MiB, saved=4 * n * MiB, peak_cuda=(80 + 145 * n) * MiB)
              for n in (1, 6, 12)]
     assert [row_from_record(r).rest_bytes for r in older] == \
         [(80 + 141 * n) * MiB for n in (1, 6, 12)]
@@ -177,14 +173,14 @@ def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_sta
 def test_slow_by_size_is_no_failure_in_a_sweep_report_or_its_exit_code(tmp_path):
     assert not is_failure("SLOW", "size") and is_failure("SLOW", "defect")
     assert is_failure("SLOW") and not is_failure("INCONCLUSIVE") and not is_failure("OK")
-    records = [_record(1), _record(2), _record(4, "SLOW", slow_by="size")]
+    records = [_measured(1), _measured(2), _measured(4, "SLOW", slow_by="size")]
     text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
     assert summary["headline"] == "SLOW (slow by size) from 4 layers: no failure"
     assert summary["finding"]["kind"] == "slow by size"
     assert summary["threshold"] is None and exit_code(summary) == 0
     assert analyse([row_from_record(r) for r in records])["threshold"] is None
     assert "| SLOW (by size) |" in text
-    records[2] = _record(4, "SLOW", slow_by="defect")
+    records[2] = _measured(4, "SLOW", slow_by="defect")
     _, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
     assert summary["headline"] == "SLOW (slow by defect) at 4 layers" and \
         exit_code(summary) == 1
@@ -233,7 +229,7 @@ def test_contention_is_judged_per_usable_cpu_with_steal_where_readable(tmp_path)
 
 
 def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive():
-    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
     assert not any("host_reads_per_step" in e for e in data["events"])  # nothing counted
     data["load"] = _load(6.0, 2, (0, 1000))
     verdict = decide(Evidence.from_dict(data))
@@ -271,7 +267,7 @@ def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive()
     ("sigsegv.json", "the child died of SIGSEGV", "the command died of SIGSEGV"),
 ])
 def test_the_rules_speak_of_the_command_under_nsadiag_run(fixture, child_says, command_says):
-    data = json.loads((FIXTURES / fixture).read_text())
+    data = json.loads((VERDICT_FIXTURES / fixture).read_text())
     assert decide(Evidence.from_dict(data)).reasons[0].startswith(child_says)
     data["spec"] = {"command": ["python", "train.py"], "stall_timeout_s": 60.0,
                     "deadline_s": 3600.0}
@@ -281,7 +277,7 @@ def test_the_rules_speak_of_the_command_under_nsadiag_run(fixture, child_says, c
 
 
 def test_a_command_exiting_non_zero_without_a_traceback_reads_as_the_command():
-    data = json.loads((FIXTURES / "ok.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "ok.json").read_text())
     data["spec"] = {"command": ["bash", "run.sh"], "stall_timeout_s": 60.0, "deadline_s": 60.0}
     data["result"], data["outcome"]["exit_code"] = None, 137
     reasons = decide(Evidence.from_dict(data)).reasons
@@ -291,7 +287,7 @@ def test_a_command_exiting_non_zero_without_a_traceback_reads_as_the_command():
 
 
 def test_progress_after_the_runners_decision_is_progress_at_the_kill_not_a_negative_gap():
-    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
     # the runner decided 2 s before the last event: the child went on while being sampled
     data["outcome"]["ended_at"] = data["events"][-1]["t"] - 2.0
     verdict = decide(Evidence.from_dict(data))
@@ -319,7 +315,7 @@ def test_a_per_token_loop_the_profile_read_is_slow_by_defect_before_any_forward_
     assert token_loop(_loop_profile(100, True), 8192) is None  # far from one per token
     assert token_loop(_loop_profile(5892, False), 8192) is None  # range(0, S, 64): chunks
     assert token_loop(_loop_profile(5892, True, phase="build"), 8192) is None  # set-up
-    data = json.loads((FIXTURES / "slow_budget.json").read_text())
+    data = json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
     data["spec"]["seq_len"] = 8192
     data["profile"] = _loop_profile(5892, True)
     data["load"] = _load(6.0, 2, (0, 1000))  # contended: an uncounted SLOW would not stand

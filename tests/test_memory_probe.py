@@ -1,15 +1,13 @@
 """Saved-for-backward accounting per module and per NSA branch."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from nsa.model import NSATransformer
 from nsadiag.probes.memory import SavedTensorLedger, cuda_allocator_stats
-from tests.conftest import tiny_config
+from tests.helpers import nsadiag, tiny_config
 
 
 def _attention_bytes(backend: str, seq: int) -> tuple[int, dict]:
@@ -50,11 +48,9 @@ def test_allocator_stats_degrade_on_cpu():
 
 
 def test_memory_command_reports_branches_as_json():
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "memory", "--layers", "1",
-                           "--seq-len", "256", "--steps", "1", "--json", "--set", "dim=64",
-                           "--set", "n_heads=4", "--set", "n_kv_heads=2",
-                           "--set", "head_dim=16", "--set", "w=64"],
-                          capture_output=True, text=True, timeout=120)
+    done = nsadiag("memory", "--layers", "1", "--seq-len", "256", "--steps", "1", "--json",
+                   "--set", "dim=64", "--set", "n_heads=4", "--set", "n_kv_heads=2",
+                   "--set", "head_dim=16", "--set", "w=64")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["saved_total"] == sum(summary["saved_by_module"].values())

@@ -3,8 +3,6 @@ torch.cuda.memory._snapshot() returns), the A/B comparison helpers, and the CPU 
 of history, per-layer deltas and --ab-expandable-segments."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from nsadiag.probes.snapshot import (
     memory_history,
     summarize_snapshot,
 )
+from tests.helpers import nsadiag
 
 MiB = 2**20
 PROJECT = "/work/proj/model.py"
@@ -149,14 +148,9 @@ def test_compare_ab_reports_ratios():
                          "peak_reserved", "num_alloc_retries", "largest_free_block", "step_s"}
 
 
-def _nsadiag(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
-
-
 def test_ab_expandable_segments_on_cpu_is_one_line_exit_2(tmp_path):
-    done = _nsadiag("memory", "--target", "tests.diag_targets:tiny_lm", "--seq-len", "8",
-                    "--ab-expandable-segments", "--out", str(tmp_path / "run"))
+    done = nsadiag("memory", "--target", "tests.diag_targets:tiny_lm", "--seq-len", "8",
+                   "--ab-expandable-segments", "--out", str(tmp_path / "run"))
     assert done.returncode == 2
     assert done.stderr == ("nsadiag: error: ab-expandable-segments: needs a CUDA device "
                            "(--device cuda); this run's device is cpu\n")
@@ -164,8 +158,8 @@ def test_ab_expandable_segments_on_cpu_is_one_line_exit_2(tmp_path):
 
 
 def test_cpu_memory_report_says_history_is_unavailable(tmp_path):
-    done = _nsadiag("memory", "--target", "tests.diag_targets:tiny_lm", "--seq-len", "8",
-                    "--steps", "1", "--out", str(tmp_path / "run"))
+    done = nsadiag("memory", "--target", "tests.diag_targets:tiny_lm", "--seq-len", "8",
+                   "--steps", "1", "--out", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr
     assert "memory history: not available on this device (cpu)" in done.stdout
     stored = json.loads((tmp_path / "run" / "memory.json").read_text())

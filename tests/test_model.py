@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nsa.model import NSATransformer
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 
 @pytest.mark.parametrize("backend", ["torch", "naive"])

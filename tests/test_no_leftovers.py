@@ -17,9 +17,9 @@ import psutil
 from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
 from tests.diag_targets import ESCAPED_HELPER_MARKER
-from tests.procs import owned_by, running, wait_for
+from tests.helpers import REPO, nsadiag
+from tests.procs import descendants, owned_by, running, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 5.0
 
 
@@ -43,13 +43,6 @@ def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
 def _reaper_of(owner_pid: int) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter():
@@ -66,7 +59,7 @@ def _kill_9_and_count(proc: subprocess.Popen) -> tuple[list[int], float, int]:
     the job's and the reaper, which must end too)."""
     reaper = _reaper_of(proc.pid)
     assert len(reaper) == 1, "nsadiag has no reaper"
-    seen = _descendants(proc.pid) + owned_by(proc.pid) + reaper
+    seen = descendants(proc.pid) + owned_by(proc.pid) + reaper
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     left, waited = _left_after(seen, proc.pid)
@@ -95,8 +88,7 @@ def test_kill_9_during_a_ddp_trial_leaves_no_torchrun_or_rank(tmp_path):
     wait_for(lambda: all((trial / f"rank-{r}" / "events.jsonl").exists() and
                           '"forward"' in (trial / f"rank-{r}" / "events.jsonl").read_text()
                           for r in (0, 1)), 180, "both ranks to train")
-    ranks = [p for p in _descendants(proc.pid) if "nsadiag.harness.child" in
-             " ".join(p.cmdline())]
+    ranks = descendants(proc.pid, "nsadiag.harness.child")
     assert len(ranks) >= 2, "torchrun's ranks were not found"
     left, waited, seen = _kill_9_and_count(proc)
     assert seen >= 4  # torchrun, two ranks, the reaper
@@ -129,7 +121,7 @@ def test_kill_9_during_a_run_leaves_no_escaped_helper(tmp_path):
     # the double fork's grandchild leaves the command's tree (nsadiag, its subreaper,
     # adopts it)
     escaped = [p for p in owned_by(proc.pid) if p.pid != command.pid and
-               p not in _descendants(command.pid)]
+               p not in descendants(command.pid)]
     assert escaped, "no helper left the command's tree: the test would prove nothing"
     left, waited, _ = _kill_9_and_count(proc)
     assert left == [], f"{left} still running {waited:.1f} s after kill -9"
@@ -151,16 +143,12 @@ def test_a_second_nsadiag_on_the_same_out_refuses_and_a_killed_one_does_not_bloc
                     "import time; time.sleep(600)"], tmp_path)
     wait_for(lambda: list((tmp_path / "run").glob("proc-*/events.jsonl")), 60,
               "the first run's command")
-    second = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", "--out",
-                             str(tmp_path / "run"), "--", sys.executable, "-c", "pass"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    second = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass")
     assert second.returncode == 2, second.stderr
     assert second.stderr.count("\n") == 1
     assert f"in use by another nsadiag (pid {first.pid})" in second.stderr
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
-    third = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", "--out",
-                            str(tmp_path / "run"), "--", sys.executable, "-c", "pass"],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    third = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass")
     assert third.returncode == 0, third.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["verdict"] == "OK"

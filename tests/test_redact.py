@@ -3,13 +3,12 @@
 
 import json
 import socket
-import subprocess
-import sys
 
 from nsadiag.report.dispatch import render_run
 from nsadiag.report.redact import redact
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
+from tests.helpers import nsadiag
 
 SECRETS = {
     "host": "gpu-node-7.cluster.internal",
@@ -91,12 +90,10 @@ def test_reports_are_redacted_by_default_and_kept_with_no_redact(tmp_path, monke
 
 def test_report_command_no_redact_option(tmp_path):
     run = _leaky_run(tmp_path)
-    kept = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report", str(run),
-                           "--no-redact"], capture_output=True, text=True, timeout=120)
+    kept = nsadiag("report", str(run), "--no-redact")
     assert kept.returncode == 0, kept.stderr
     assert SECRETS["ipv4"] in (run / "report.md").read_text()
-    hidden = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report", str(run)],
-                            capture_output=True, text=True, timeout=120)
+    hidden = nsadiag("report", str(run))
     assert hidden.returncode == 0, hidden.stderr
     assert SECRETS["ipv4"] not in (run / "report.md").read_text()
 

@@ -6,25 +6,23 @@ nsadiag prints. The raw trial directories keep them (that is where they were wri
 import json
 import os
 import re
-import subprocess
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import nsadiag
 from tests.secret_targets import ENV_SECRET_NAME, ENV_SECRET_VALUE, LEAKS, PLANTED_USER
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET = ["--target", "tests.secret_targets:leaky", "--seq-len", "16", "--steps", "1",
           "--stall-timeout", "30"]
 
 
-def nsadiag(*args, env_extra=None):
+def planted(*args, env_extra=None):
+    """nsadiag ARGS with a secret and a user name planted in its environment; (the
+    process, everything it printed)."""
     env = {**os.environ, ENV_SECRET_NAME: ENV_SECRET_VALUE, "USER": PLANTED_USER,
            **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=REPO)
+    done = nsadiag(*args, env=env, timeout=600)
     return done, done.stdout + done.stderr
 
 
@@ -46,7 +44,7 @@ def test_the_leaks_check_finds_every_planted_kind():
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("planted") / "sweep"
-    done, printed = nsadiag("sweep-layers", "--layers", "1", *TARGET, "--out", str(out))
+    done, printed = planted("sweep-layers", "--layers", "1", *TARGET, "--out", str(out))
     return out, done, printed
 
 
@@ -66,7 +64,7 @@ def test_a_sweep_report_summary_and_terminal_hide_every_secret(sweep_run):
 
 def test_the_bundle_is_redacted_and_report_no_redact_shows_the_raw_values(sweep_run):
     out, _, _ = sweep_run
-    done, printed = nsadiag("report", str(out), "--bundle")
+    done, printed = planted("report", str(out), "--bundle")
     assert done.returncode == 0, printed
     assert leaks(printed) == []
     (bundle,) = out.glob("*-redacted.tar.gz")
@@ -82,7 +80,7 @@ def test_the_bundle_is_redacted_and_report_no_redact_shows_the_raw_values(sweep_
                 continue  # the plots carry axis labels and run names, no record text
             text = tar.extractfile(member).read().decode(errors="replace")
             assert leaks(text) == [], member.name
-    kept, printed = nsadiag("report", str(out), "--no-redact")
+    kept, printed = planted("report", str(out), "--no-redact")
     assert kept.returncode == 0
     assert "hunter2-planted" in (out / "report.md").read_text()
     assert "hunter2-planted" in printed or "10.12.0.7" in (out / "summary.json").read_text()
@@ -91,7 +89,7 @@ def test_the_bundle_is_redacted_and_report_no_redact_shows_the_raw_values(sweep_
 def test_a_triage_in_ci_mode_hides_every_secret(tmp_path):
     out = tmp_path / "triage"
     step_summary = tmp_path / "step-summary.md"
-    done, printed = nsadiag("triage", *TARGET, "--max-layers", "1", "--no-checks",
+    done, printed = planted("triage", *TARGET, "--max-layers", "1", "--no-checks",
                             "--no-isolate", "--no-bisect", "--ci", "--out", str(out),
                             env_extra={"GITHUB_STEP_SUMMARY": str(step_summary)})
     assert done.returncode == 1, printed
@@ -104,7 +102,7 @@ def test_a_triage_in_ci_mode_hides_every_secret(tmp_path):
 
 def test_a_check_prints_and_writes_no_secret(tmp_path):
     out = tmp_path / "check"
-    done, printed = nsadiag("check", "causality", "--target", "tests.secret_targets:leaky",
+    done, printed = planted("check", "causality", "--target", "tests.secret_targets:leaky",
                             "--seq-len", "16", "--out", str(out))
     assert done.returncode == 1, printed
     assert "causality" in printed

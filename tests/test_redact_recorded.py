@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tarfile
 import textwrap
@@ -17,8 +16,8 @@ from nsadiag.report.dispatch import render_run
 from nsadiag.report.redact import argv_secret_values, redact, redact_obj
 from nsadiag.rundir import TrialRecord, append_record, prepare_run_dir, release_run_dir
 from nsadiag.spec import TrialSpec
+from tests.helpers import nsadiag
 
-REPO = Path(__file__).resolve().parents[1]
 WANDB = "wandbkey-5f0c1e9d2b7a"
 TOKEN = "tok-77c0ffee-planted"
 PASSWORD = "pw-S3cret!x"
@@ -100,10 +99,8 @@ def test_a_run_hides_flag_values_everywhere_and_a_later_report_keeps_them_hidden
     script.write_text(SCRIPT)
     out = tmp_path / "run"
     env = {**os.environ, "WANDB_API_KEY": WANDB}
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", "--stall-timeout",
-                           "60", "--out", str(out), "--", sys.executable, str(script),
-                           "--token", TOKEN, "--password", PASSWORD], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = nsadiag("run", "--stall-timeout", "60", "--out", str(out), "--", sys.executable,
+                   str(script), "--token", TOKEN, "--password", PASSWORD, env=env)
     assert done.returncode == 1, done.stderr  # the script raises: ERROR
     planted = (WANDB, TOKEN, PASSWORD, DB_PASSWORD, LOCAL_PASS)
     # the command's own output passes through unchanged; nsadiag's lines hide everything
@@ -117,9 +114,7 @@ def test_a_run_hides_flag_values_everywhere_and_a_later_report_keeps_them_hidden
         text = (out / name).read_text()
         assert [p for p in planted if p in text] == [], name
     clean = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
-    again = subprocess.run([sys.executable, "-m", "nsadiag.cli", "report", str(out),
-                            "--bundle"], cwd=REPO, env=clean, capture_output=True, text=True,
-                           timeout=300)
+    again = nsadiag("report", str(out), "--bundle", env=clean)
     assert again.returncode == 0, again.stderr
     assert [p for p in planted if p in again.stdout + again.stderr] == []
     for name in ("report.md", "summary.json"):

@@ -7,6 +7,7 @@ import torch
 
 from nsa.ops.mix import gated_sum
 from nsa.ops.rope import apply_rope, rope_tables
+from tests.helpers import grads_of
 
 TOL = 1e-5
 
@@ -14,10 +15,6 @@ TOL = 1e-5
 def _reference_rope(x, cos, sin):
     first, second = x.chunk(2, dim=-1)
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-
-
-def _grads(out, grad, leaves):
-    return torch.autograd.grad(out, leaves, grad)
 
 
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided-view"])
@@ -33,7 +30,7 @@ def test_rope_matches_the_formula_forward_and_backward(strided):
     want = _reference_rope(x, cos, sin)
     assert got.is_contiguous()
     assert (got - want).abs().max().item() <= TOL
-    (g_got,), (g_want,) = _grads(got, grad, [leaf]), _grads(want, grad, [leaf])
+    (g_got,), (g_want,) = grads_of(got, grad, leaf), grads_of(want, grad, leaf)
     assert (g_got - g_want).abs().max().item() <= TOL
     assert g_got.abs().sum() > 0
 
@@ -66,7 +63,7 @@ def test_gated_sum_matches_the_formula_forward_and_backward(n_branches):
     want = sum(g.unsqueeze(-1) * o for o, g in zip(outputs, gates, strict=True))
     assert (got - want).abs().max().item() <= TOL
     leaves = outputs + gates
-    for a, b in zip(_grads(got, grad, leaves), _grads(want, grad, leaves), strict=True):
+    for a, b in zip(grads_of(got, grad, *leaves), grads_of(want, grad, *leaves), strict=True):
         assert a.shape == b.shape
         assert (a - b).abs().max().item() <= TOL
 

@@ -10,6 +10,8 @@ import textwrap
 
 import psutil
 
+from tests.helpers import nsadiag
+
 SCRIPT = textwrap.dedent("""
     import sys, threading, time, torch
     from torch import nn
@@ -50,12 +52,13 @@ SCRIPT = textwrap.dedent("""
 
 
 def nsadiag_run(tmp_path, *args, options=(), timeout=200):
+    """`nsadiag run OPTIONS -- python train.py ARGS` (SCRIPT as train.py); (the process,
+    summary.json or None), once no process it started is left."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", *options,
-                           "--out", str(tmp_path / "run"), "--", sys.executable, str(script),
-                           *args], capture_output=True, text=True, timeout=timeout)
+    done = nsadiag("run", *options, "--out", str(tmp_path / "run"), "--", sys.executable,
+                   str(script), *args, timeout=timeout)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     summary_path = tmp_path / "run" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None

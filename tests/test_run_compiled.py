@@ -18,6 +18,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.helpers import nsadiag
+
 SCRIPT = textwrap.dedent("""
     import torch
     import torch._dynamo
@@ -105,9 +107,8 @@ def test_models_compile_as_often_under_nsadiag_as_without(tmp_path):
     # the second block's forward recompiles (a guard on the module) when it graph-breaks
     assert plain.stderr.count("Recompiling function forward") == 1, plain.stderr
     out = tmp_path / "run"
-    watched = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", "--out", str(out),
-                              "--", sys.executable, str(script)], capture_output=True,
-                             text=True, timeout=300, cwd=tmp_path, env=env)
+    watched = nsadiag("run", "--out", str(out), "--", sys.executable, str(script),
+                      cwd=tmp_path, env=env)
     assert watched.returncode == 0, watched.stderr
     watched_lines, watched_frames = _counts((out / "stdout.txt").read_text())
     assert watched_lines == lines

@@ -15,24 +15,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import psutil
 import pytest
 
 from nsadiag.harness import runcmd
+from tests.helpers import REPO, checkout_env, nsadiag
 from tests.procs import wait_for
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def nsadiag(*args, cwd=REPO, **kwargs):
-    """The command line of this checkout, run from ``cwd``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd, env=env, **kwargs)
-
 
 # ---- nothing outlives a diagnosis -----------------------------------------------------------
 
@@ -62,7 +51,7 @@ def test_a_helper_that_drops_the_token_and_double_forks_is_gone_after_ok(tmp_pat
     script.write_text(STRIPPING_HELPER)
     pid_file = tmp_path / "helper.pid"
     done = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script),
-                   str(delay), str(pid_file))
+                   str(delay), str(pid_file), env=checkout_env())
     helper = int(pid_file.read_text())
     try:
         assert done.returncode == 0, done.stderr
@@ -151,7 +140,8 @@ def test_a_full_disk_stops_the_copies_but_the_verdict_and_report_are_written(tmp
 
 def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
     out = tmp_path / "run"
-    first = nsadiag("run", "--out", str(out), "--", sys.executable, "-c", "print('first')")
+    first = nsadiag("run", "--out", str(out), "--", sys.executable, "-c", "print('first')",
+                    env=checkout_env())
     assert first.returncode == 0, first.stderr
     before = {p.name: p.read_bytes() for p in out.iterdir()
               if p.is_file() and p.name != ".nsadiag.lock"}
@@ -174,7 +164,7 @@ def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
              if p.is_file() and p.name != ".nsadiag.lock"}
     assert after == before  # run.json, stdout.txt, record.json, report.md: the first run's
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-    rendered = nsadiag("report", str(out))
+    rendered = nsadiag("report", str(out), env=checkout_env())
     assert rendered.returncode == 0, rendered.stderr
     assert json.loads((out / "summary.json").read_text())["argv"][-1] == "print('first')"
 
@@ -182,9 +172,10 @@ def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
 def test_a_finished_rerun_replaces_the_earlier_run_whole(tmp_path):
     out = tmp_path / "run"
     assert nsadiag("run", "--out", str(out), "--", sys.executable, "-c",
-                   "print('first')").returncode == 0
+                   "print('first')", env=checkout_env()).returncode == 0
     first_procs = {p.name for p in out.glob("proc-*")}
-    done = nsadiag("run", "--out", str(out), "--", sys.executable, "-c", "print('second')")
+    done = nsadiag("run", "--out", str(out), "--", sys.executable, "-c", "print('second')",
+                   env=checkout_env())
     assert done.returncode == 0, done.stderr
     assert (out / "stdout.txt").read_text() == "second\n"
     assert not first_procs & {p.name for p in out.glob("proc-*")}
@@ -207,7 +198,7 @@ def test_a_command_that_cannot_start_is_one_clear_line_and_leaves_no_run_dir(
     (tmp_path / "train.py").chmod(0o644)
     word = {"empty": "", "directory": str(tmp_path / "adir"),
             "not executable": str(tmp_path / "train.py")}[kind]
-    done = nsadiag("run", "--", word, cwd=tmp_path)
+    done = nsadiag("run", "--", word, cwd=tmp_path, env=checkout_env())
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and message in done.stderr, done.stderr
     assert "Permission denied" not in done.stderr
@@ -251,7 +242,7 @@ def test_sigterm_while_nsadiag_starts_is_one_line_and_exit_130(tmp_path):
 def test_a_deadline_before_the_first_heartbeat_is_slow_not_deadlock(tmp_path):
     # the command's Python starts only after a second: no heartbeat can come before then
     done = nsadiag("run", "--deadline", "0.3", "--out", str(tmp_path / "run"), "--", "sh",
-                   "-c", f"sleep 1; exec {sys.executable} -c pass")
+                   "-c", f"sleep 1; exec {sys.executable} -c pass", env=checkout_env())
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "SLOW", done.stdout + done.stderr
     assert "before the first heartbeat: the process was still starting" in \

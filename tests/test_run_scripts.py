@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers import REPO, SCRIPTS
 from tests.procs import owned_by, with_cmdline, with_environ
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "repro" / "scripts"
 RUN_MARK = "TESTS_RUN_MARK"  # not NSADIAG_*: a script that strips those keeps it
 
 

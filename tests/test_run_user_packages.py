@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import nsadiag
+
 TRAIN = textwrap.dedent("""
     import sys
 
@@ -75,8 +77,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
 
 def _watched(out: Path, command: list[str], cwd: Path, env: dict[str, str]
              ) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "nsadiag.cli", "run", "--out", str(out), "--",
-                 *command], cwd, env)
+    return nsadiag("run", "--out", str(out), "--", *command, cwd=cwd, env=env)
 
 
 def _module_events(out: Path) -> int:

@@ -5,19 +5,15 @@ from nsadiag.finding.commands import reproduce
 from nsadiag.harness.jobs import cgroup_oom_kills
 from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
+from tests.helpers import plain_spec, trial_record
 
 
-def _record(n_layers, verdict, trial_dir, **spec):
-    base = dict(target="nsa", n_layers=n_layers, seq_len=64, batch=1, dtype="float32",
-                device="cpu", steps=2, seed=0, stall_timeout_s=5.0, budget_s=60.0,
-                grad_ckpt=False, branches=None, backend=None, memory_cap_bytes=None,
-                overrides={})
-    evidence = {"result": {"step_s": [1.0, float(n_layers)], "forward_s": [0.5, 0.5],
-                           "backward_s": [0.5, 0.5], "steps_done": 2, "peak_rss": 1000},
-                "events": []}
-    return TrialRecord({**base, **spec}, evidence,
-                       {"name": verdict, "reasons": [f"{verdict} because"], "facts": {}},
-                       trial_dir, 1.0)
+def _record(n_layers: int, verdict: str, trial_dir: str, **spec) -> TrialRecord:
+    """A two-step trial whose second step takes ``n_layers`` seconds; ``spec`` changes
+    fields of its spec."""
+    result = {"step_s": [1.0, float(n_layers)], "forward_s": [0.5, 0.5],
+              "backward_s": [0.5, 0.5], "steps_done": 2, "peak_rss": 1000}
+    return trial_record(plain_spec(n_layers, **spec), result, verdict, trial_dir)
 
 
 def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):

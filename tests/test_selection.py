@@ -6,7 +6,7 @@ import torch
 from nsa.config import num_compressed, num_select_blocks
 from nsa.ops import naive, shift
 from nsa.ops.selection import group_block_scores, select_blocks, span_block_weights, top_n_blocks
-from tests.conftest import tiny_config
+from tests.helpers import tiny_config
 
 SPAN_CONFIGS = [
     dict(l=32, d=16, l_sel=64),  # paper

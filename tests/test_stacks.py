@@ -19,14 +19,14 @@ from nsadiag.probes import frames, stacks
 from nsadiag.probes.frames import classify, hot_frame, stacks_change, wait_frame
 from nsadiag.probes.stacks import capture, parse_py_spy_json, process_cpu_seconds
 from nsadiag.verdict import decide
+from tests.helpers import STACK_FIXTURES, VERDICT_FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
-MANIFEST = json.loads((FIXTURES / "samples.json").read_text())
+MANIFEST = json.loads((STACK_FIXTURES / "samples.json").read_text())
 
 
 def samples(case: str, native: bool = False) -> list[StackSample]:
     """The recorded samples of one child, Python-only ones or the native one."""
-    return [parse_py_spy_json((FIXTURES / entry["file"]).read_text(), pid=1000,
+    return [parse_py_spy_json((STACK_FIXTURES / entry["file"]).read_text(), pid=1000,
                               cpu_seconds=entry["cpu_seconds"], t=entry["t"])
             for entry in MANIFEST[case] if entry["native"] == native]
 
@@ -38,8 +38,8 @@ def functions(sample: StackSample) -> list[str]:
 @contextmanager
 def child(script: str) -> Iterator[subprocess.Popen]:
     """A fixture child that has printed "ready"; killed and reaped on the way out."""
-    proc = subprocess.Popen([sys.executable, str(FIXTURES / script)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, str(STACK_FIXTURES / script)],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         yield proc
@@ -138,7 +138,7 @@ def test_recorded_samples_decide_the_stall_verdicts():
 
 
 def test_a_rank_in_all_reduce_reads_as_in_collective():
-    path = Path(__file__).parent / "fixtures" / "verdict" / "collective_all_reduce.json"
+    path = VERDICT_FIXTURES / "collective_all_reduce.json"
     stall = Evidence.from_dict(json.loads(path.read_text())).stall
     assert classify(stall.samples) == "in-collective"
     thread, frame, count = frames.find_collective(stall.samples)
@@ -200,7 +200,7 @@ def test_capture_reports_missing_py_spy_and_refused_ptrace(monkeypatch, tmp_path
 
 
 def test_native_failure_falls_back_to_python_frames_with_a_note(monkeypatch, tmp_path):
-    dump = FIXTURES / "lock_1.json"
+    dump = STACK_FIXTURES / "lock_1.json"
     fake = _fake_py_spy(tmp_path, f'case "$*" in *--native*) echo "Error: Failed to unwind" >&2;'
                                   f' exit 1;; esac\ncat "{dump}"\n')
     monkeypatch.setattr(stacks, "py_spy_path", lambda: fake)

@@ -8,6 +8,9 @@ import time
 
 import psutil
 
+from tests.helpers import nsadiag
+from tests.procs import kill_tree
+
 LAUNCHER = r"""
 import os, subprocess, sys, time
 WAIT = "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n"
@@ -16,18 +19,6 @@ procs = [subprocess.Popen([sys.executable, "-c", SPIN if rank == 2 else WAIT],
                           env={**os.environ, "RANK": str(rank)}) for rank in range(3)]
 time.sleep(600)
 """
-
-
-def nsadiag(*args):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-def _kill_tree(proc):
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        child.kill()
-    proc.kill()
-    proc.wait(timeout=10)
 
 
 def test_ranks_are_clustered_and_the_odd_rank_is_named():
@@ -40,7 +31,7 @@ def test_ranks_are_clustered_and_the_odd_rank_is_named():
         done = nsadiag("stacks", str(launcher.pid), "--ranks", "--samples", "3",
                        "--interval", "0.3", "--json")
     finally:
-        _kill_tree(launcher)
+        kill_tree(launcher)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     by_rank = {p["rank"]: p for p in summary["processes"]}

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from nsadiag.commands.stacks import stacks_command
 from nsadiag.evidence import StackSample
@@ -16,9 +15,7 @@ from nsadiag.probes.frames import classify, wait_frame
 from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, trial_dump_file
 from nsadiag.report.dispatch import render_run
 from nsadiag.spec import JobSpec, TrialSpec
-
-FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
-REPO = Path(__file__).parent.parent
+from tests.helpers import REPO, STACK_FIXTURES
 
 DUMP = """\
 Thread 0x00007f1e8b7fe640 (most recent call first):
@@ -52,8 +49,8 @@ def test_parser_refuses_text_without_a_thread():
 
 
 def _start(*args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(FIXTURES / "faulthandler_child.py"), *args],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, str(STACK_FIXTURES / "faulthandler_child.py"),
+                             *args], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 

@@ -20,48 +20,15 @@ from nsa.ops.torch import (
     window_attention,
     window_attention_with_lse,
 )
-
-TOL = 1e-5
-HEAD_DIM = 8
-
-
-def _inputs(batch: int, seq: int, n_q_heads: int, n_kv_heads: int, n_keys: int | None = None,
-            head_dim: int = HEAD_DIM, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Leaf q, k, v requiring grad and a random upstream gradient for o."""
-    gen = torch.Generator().manual_seed(seed)
-    n_keys = seq if n_keys is None else n_keys
-    q = torch.randn(batch, seq, n_q_heads, head_dim, generator=gen).requires_grad_()
-    k = torch.randn(batch, n_keys, n_kv_heads, head_dim, generator=gen).requires_grad_()
-    v = torch.randn(batch, n_keys, n_kv_heads, head_dim, generator=gen).requires_grad_()
-    grad_o = torch.randn(batch, seq, n_q_heads, head_dim, generator=gen)
-    return q, k, v, grad_o
-
-
-def _grads(out: torch.Tensor, grad_o: torch.Tensor, *leaves: torch.Tensor) -> list[torch.Tensor]:
-    return list(torch.autograd.grad(out, leaves, grad_o))
-
-
-def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], tol: float = TOL) -> None:
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert g.shape == w.shape, (i, g.shape, w.shape)
-        assert torch.isfinite(g).all(), i
-        err = (g.float() - w.float()).abs().max().item() if g.numel() else 0.0
-        assert err <= tol, f"tensor {i}: max abs error {err:.3e}"
-
-
-def _random_indices(batch: int, seq: int, n_kv_heads: int, n_sel: int, n_blocks: int,
-                    seed: int = 1) -> torch.Tensor:
-    """Unique blocks per row, including future ones, with -1 padding and all -1 rows."""
-    gen = torch.Generator().manual_seed(seed)
-    scores = torch.rand(batch, seq, n_kv_heads, n_blocks, generator=gen)
-    idx = scores.argsort(dim=-1)[..., :n_sel]
-    pad = torch.rand(idx.shape, generator=gen) < 0.3
-    idx = idx.masked_fill(pad, -1)
-    idx[:, ::7] = -1  # rows with nothing selected
-    rows = idx[:, 1::7]  # a block every query of these rows can at least partly see
-    rows[rows == 0] = -1
-    rows[..., 0] = 0
-    return idx
+from tests.helpers import (
+    HEAD_DIM,
+    assert_close,
+    attention_inputs,
+    grads_of,
+    has_repeats,
+    random_indices,
+    with_repeats,
+)
 
 
 def _selected_reference(q, k, v, idx, block_size):
@@ -97,9 +64,9 @@ def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, 
                                  dense_factor, exp_shift):
     batch = 2
     n_blocks = -(-seq // block_size)
-    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    q, k, v, grad_o = attention_inputs(batch, seq, n_q_heads, n_kv_heads)
     _check_path(exp_shift, q, k, HEAD_DIM ** -0.5)
-    idx = _random_indices(batch, seq, n_kv_heads, n_sel, n_blocks)
+    idx = random_indices(batch, seq, n_kv_heads, n_sel, n_blocks)
     o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=chunk,
                                          dense_factor=dense_factor)
     o_ref, lse_ref = _selected_reference(q, k, v, idx, block_size)
@@ -107,8 +74,8 @@ def test_selected_matches_oracle(seq, n_q_heads, n_kv_heads, block_size, n_sel, 
     assert empty.any() and (~empty).any()
     assert torch.equal(torch.isinf(lse), empty)
     assert (o.detach()[empty] == 0).all()
-    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 @pytest.mark.parametrize("chunk_floats", [1 << 21, 1 << 12], ids=["one-chunk", "many-chunks"])
@@ -125,9 +92,9 @@ def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, bl
 
     monkeypatch.setattr(selected_blocks, "_CHUNK_FLOATS", chunk_floats)
     batch = 2
-    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, head_dim=16)
+    q, k, v, grad_o = attention_inputs(batch, seq, n_q_heads, n_kv_heads, head_dim=16)
     _check_path(exp_shift, q, k, 16 ** -0.5)
-    idx = _random_indices(batch, seq, n_kv_heads, n_sel, -(-seq // block_size))
+    idx = random_indices(batch, seq, n_kv_heads, n_sel, -(-seq // block_size))
     tiler = selected._Tiler(q, k, idx, block_size, 64, selected.DENSE_FACTOR)
     assert 0 < tiler.sparse_start < seq
     assert len(selected_blocks.tiles(tiler.sparse_start, seq, block_size)) > 1
@@ -135,24 +102,8 @@ def test_selected_long_sequences_cross_both_paths(seq, n_q_heads, n_kv_heads, bl
     o_ref, lse_ref = _selected_reference(q, k, v, idx, block_size)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
-
-
-def _with_repeats(idx: torch.Tensor, seed: int = 3) -> torch.Tensor:
-    """idx with some entries of each row overwritten by a copy of another entry."""
-    gen = torch.Generator().manual_seed(seed)
-    out = idx.clone()
-    n_sel = idx.shape[-1]
-    src = torch.randint(0, n_sel, idx.shape, generator=gen)
-    copy = torch.rand(idx.shape, generator=gen) < 0.4
-    return torch.where(copy, idx.gather(-1, src), out)
-
-
-def _has_repeats(idx: torch.Tensor) -> torch.Tensor:
-    """[..., n] -> [...] bool: some valid block appears twice in the row."""
-    same = (idx.unsqueeze(-1) == idx.unsqueeze(-2)) & (idx >= 0).unsqueeze(-1)
-    return same.sum((-1, -2)) > (idx >= 0).sum(-1)
+    assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def test_unique_block_indices_keeps_first_occurrences():
@@ -160,7 +111,7 @@ def test_unique_block_indices_keeps_first_occurrences():
     want = torch.tensor([[3, 1, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1],
                          [-1, -1, 2, -5, -1, 7]])
     assert torch.equal(unique_block_indices(idx), want)
-    rows = _random_indices(2, 30, 2, 4, 8)  # no repeats: unchanged
+    rows = random_indices(2, 30, 2, 4, 8)  # no repeats: unchanged
     assert torch.equal(unique_block_indices(rows), rows)
 
 
@@ -169,10 +120,10 @@ def test_selected_repeated_indices_count_once(dense_factor):
     """A block listed twice in a row is attended once, on every path (the oracle's mask is a
     set of keys, so it counts a block once by construction)."""
     batch, seq, block_size, n_sel = 2, 300, 16, 5
-    q, k, v, grad_o = _inputs(batch, seq, 4, 2, head_dim=16)
-    unique = _random_indices(batch, seq, 2, n_sel, -(-seq // block_size))
-    idx = _with_repeats(unique)
-    repeats = _has_repeats(idx)
+    q, k, v, grad_o = attention_inputs(batch, seq, 4, 2, head_dim=16)
+    unique = random_indices(batch, seq, 2, n_sel, -(-seq // block_size))
+    idx = with_repeats(unique)
+    repeats = has_repeats(idx)
     assert repeats[:, :128].any() and repeats[:, 128:].any()  # before and after t = 128
     o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=32,
                                          dense_factor=dense_factor)
@@ -180,8 +131,8 @@ def test_selected_repeated_indices_count_once(dense_factor):
     assert torch.equal(selection_mask(idx, seq, block_size),
                        selection_mask(unique_block_indices(idx), seq, block_size))
     seen = torch.isfinite(lse_ref)
-    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["blockwise", "dense"])
@@ -189,25 +140,25 @@ PATHS = pytest.mark.parametrize("dense_factor", [0.0, math.inf], ids=["blockwise
 
 @PATHS
 def test_selected_all_padding_gives_zeros(dense_factor):
-    q, k, v, grad_o = _inputs(1, 20, 4, 2)
+    q, k, v, grad_o = attention_inputs(1, 20, 4, 2)
     idx = torch.full((1, 20, 2, 3), -1, dtype=torch.long)
     o = selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=dense_factor)
     assert (o == 0).all()
-    grads = _grads(o, grad_o, q, k, v)
+    grads = grads_of(o, grad_o, q, k, v)
     assert all((g == 0).all() for g in grads)
 
 
 @PATHS
 def test_selected_future_blocks_are_masked(dense_factor):
     seq, block_size = 24, 8
-    q, k, v, grad_o = _inputs(1, seq, 2, 1)
+    q, k, v, grad_o = attention_inputs(1, seq, 2, 1)
     # every query selects all blocks: identical to causal attention
     idx = torch.arange(3).expand(1, seq, 1, 3).contiguous()
     o = selected_attention(q, k, v, idx, block_size, query_chunk=5, dense_factor=dense_factor)
     causal = torch.ones(seq, seq).tril().bool().view(1, seq, 1, seq)
     o_ref, _ = masked_attention(q, k, v, causal)
-    _assert_close([o], [o_ref])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o], [o_ref])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 @pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,window,chunk", [
@@ -219,12 +170,12 @@ def test_selected_future_blocks_are_masked(dense_factor):
 ])
 def test_window_matches_oracle(seq, n_q_heads, n_kv_heads, window, chunk):
     batch = 2
-    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    q, k, v, grad_o = attention_inputs(batch, seq, n_q_heads, n_kv_heads)
     o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
     mask = window_mask(seq, window).view(1, seq, 1, seq).expand(batch, seq, n_kv_heads, seq)
     o_ref, lse_ref = masked_attention(q, k, v, mask)
-    _assert_close([o, lse], [o_ref, lse_ref])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse], [o_ref, lse_ref])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 @pytest.mark.parametrize("call_floats", [1 << 21, 1 << 12], ids=["one-call", "many-calls"])
@@ -234,12 +185,12 @@ def test_window_long_sequences_match_oracle(seq, window, chunk, call_floats, mon
     from nsa.ops.torch import window as window_module
 
     monkeypatch.setattr(window_module, "_CALL_FLOATS", call_floats)
-    q, k, v, grad_o = _inputs(2, seq, 6, 2, head_dim=16)
+    q, k, v, grad_o = attention_inputs(2, seq, 6, 2, head_dim=16)
     o, lse = window_attention_with_lse(q, k, v, window, query_chunk=chunk)
     mask = window_mask(seq, window).view(1, seq, 1, seq).expand(2, seq, 2, seq)
     o_ref, lse_ref = masked_attention(q, k, v, mask)
-    _assert_close([o, lse], [o_ref, lse_ref])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse], [o_ref, lse_ref])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 @pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_len,stride,chunk", [
@@ -254,7 +205,7 @@ def test_compressed_matches_oracle(seq, n_q_heads, n_kv_heads, block_len, stride
     batch = 2
     cfg = NSAConfig(l=block_len, d=stride)
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
+    q, k, v, grad_o = attention_inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
     o, lse = compressed_attention(q, k, v, block_len, stride, query_chunk=chunk)
     visible = compressed_visibility(seq, cfg)
     mask = visible.view(1, seq, 1, n_cmp).expand(batch, seq, n_kv_heads, n_cmp)
@@ -263,8 +214,8 @@ def test_compressed_matches_oracle(seq, n_q_heads, n_kv_heads, block_len, stride
     assert empty.any() and (~empty).any()
     assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
     assert not lse.requires_grad
-    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 @pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,block_len,stride,l_sel,chunk", [
@@ -281,7 +232,7 @@ def test_compressed_with_selection_matches_oracle_and_select_blocks(
     batch = 2
     cfg = NSAConfig(l=block_len, d=stride, l_sel=l_sel, n_sel=3).validate()
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, grad_o = _inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
+    q, k, v, grad_o = attention_inputs(batch, seq, n_q_heads, n_kv_heads, n_keys=n_cmp)
     if n_cmp:
         _check_path(exp_shift, q, k, HEAD_DIM ** -0.5)
     o, lse, indices = compressed_attention_and_selection(q, k, v, cfg, query_chunk=chunk)
@@ -293,8 +244,8 @@ def test_compressed_with_selection_matches_oracle_and_select_blocks(
     empty = torch.isinf(lse_ref)
     assert empty.any()
     assert torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
-    _assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[~empty]], [o_ref, lse_ref[~empty]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def test_large_logits_take_the_row_maximum_and_match_the_oracle():
@@ -305,7 +256,7 @@ def test_large_logits_take_the_row_maximum_and_match_the_oracle():
     the largest logit)."""
     seq, block_size = 200, 16
     cfg = NSAConfig(l=16, d=8, l_sel=block_size, n_sel=4).validate()
-    q, k, v, grad_o = _inputs(1, seq, 4, 2, head_dim=16)
+    q, k, v, grad_o = attention_inputs(1, seq, 4, 2, head_dim=16)
     q = (q.detach() * 25).requires_grad_()
     logits = torch.einsum("bshd,bnhd->bshn", q, k.repeat_interleave(2, dim=2)) * 0.25
     largest = logits.abs().max().item()
@@ -313,21 +264,21 @@ def test_large_logits_take_the_row_maximum_and_match_the_oracle():
     tol = 1e-6 * largest
 
     def close(got, want):
-        _assert_close([g / w.abs().max().clamp_min(1) for g, w in zip(got, want, strict=True)],
-                      [w / w.abs().max().clamp_min(1) for w in want], tol)
+        assert_close([g / w.abs().max().clamp_min(1) for g, w in zip(got, want, strict=True)],
+                     [w / w.abs().max().clamp_min(1) for w in want], tol)
 
     def oracle(mask, k_part, v_part):
         leaves = [x.detach().double().requires_grad_() for x in (q, k_part, v_part)]
         o_ref, lse_ref = masked_attention(*leaves, mask)
-        return o_ref, lse_ref, _grads(o_ref, grad_o.double(), *leaves)
+        return o_ref, lse_ref, grads_of(o_ref, grad_o.double(), *leaves)
 
-    idx = _random_indices(1, seq, 2, 4, -(-seq // block_size))
+    idx = random_indices(1, seq, 2, 4, -(-seq // block_size))
     o, lse = selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=32,
                                          dense_factor=0.0)
     o_ref, lse_ref, grads_ref = oracle(selection_mask(idx, seq, block_size), k, v)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    close([o, lse[seen], *_grads(o, grad_o, q, k, v)], [o_ref, lse_ref[seen], *grads_ref])
+    close([o, lse[seen], *grads_of(o, grad_o, q, k, v)], [o_ref, lse_ref[seen], *grads_ref])
 
     n_cmp = num_compressed(seq, cfg)
     k_cmp, v_cmp = k[:, :n_cmp], v[:, :n_cmp]
@@ -337,7 +288,7 @@ def test_large_logits_take_the_row_maximum_and_match_the_oracle():
     o_ref, lse_ref, grads_ref = oracle(visible, k_cmp, v_cmp)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    close([o, lse[seen], *_grads(o, grad_o, q, k_cmp, v_cmp)],
+    close([o, lse[seen], *grads_of(o, grad_o, q, k_cmp, v_cmp)],
           [o_ref, lse_ref[seen], *grads_ref])
 
 
@@ -345,17 +296,17 @@ def test_compressed_sequence_shorter_than_block_len():
     seq, block_len, stride = 10, 16, 8
     n_cmp = num_compressed(seq, NSAConfig(l=block_len, d=stride))
     assert n_cmp == 0
-    q, k, v, grad_o = _inputs(2, seq, 4, 2, n_keys=n_cmp)
+    q, k, v, grad_o = attention_inputs(2, seq, 4, 2, n_keys=n_cmp)
     o, lse = compressed_attention(q, k, v, block_len, stride, query_chunk=4)
     assert (o == 0).all() and torch.isneginf(lse).all()
-    dq, dk, dv = _grads(o, grad_o, q, k, v)
+    dq, dk, dv = grads_of(o, grad_o, q, k, v)
     assert (dq == 0).all() and dk.shape == k.shape and dv.shape == v.shape
 
 
 def test_query_chunk_does_not_change_results():
     seq, block_size = 64, 8
-    q, k, v, grad_o = _inputs(2, seq, 4, 2, head_dim=16)
-    idx = _random_indices(2, seq, 2, 4, seq // block_size)
+    q, k, v, grad_o = attention_inputs(2, seq, 4, 2, head_dim=16)
+    idx = random_indices(2, seq, 2, 4, seq // block_size)
     runs = {
         "sel-blockwise": lambda c: selected_attention(q, k, v, idx, block_size, query_chunk=c,
                                                    dense_factor=0.0),
@@ -366,8 +317,8 @@ def test_query_chunk_does_not_change_results():
     }
     for name, run in runs.items():
         one, two = run(64), run(32)
-        got = [two, *_grads(two, grad_o, q, k, v)]
-        want = [one, *_grads(one, grad_o, q, k, v)]
+        got = [two, *grads_of(two, grad_o, q, k, v)]
+        want = [one, *grads_of(one, grad_o, q, k, v)]
         # dK/dV sum over tiles in a different order, so they agree to 1e-6 relative
         for g, w in zip(got, want, strict=True):
             assert (g - w).abs().max().item() <= 1e-6 * max(1.0, w.abs().max().item()), name
@@ -380,8 +331,8 @@ def test_unfused_tile_math_matches_oracle(monkeypatch):
     for module in (_tiles, selected, window):
         monkeypatch.setattr(module, "use_fused_kernel", lambda device: False)
     batch, seq, block_size = 2, 90, 8
-    q, k, v, grad_o = _inputs(batch, seq, 4, 2)
-    idx = _random_indices(batch, seq, 2, 4, -(-seq // block_size))
+    q, k, v, grad_o = attention_inputs(batch, seq, 4, 2)
+    idx = random_indices(batch, seq, 2, 4, -(-seq // block_size))
     cfg = NSAConfig(l=8, d=4)
     n_cmp = num_compressed(seq, cfg)
     cases = {
@@ -399,8 +350,8 @@ def test_unfused_tile_math_matches_oracle(monkeypatch):
     for run, mask, (keys, values) in cases.values():
         o = run()
         o_ref, _ = masked_attention(q, keys, values, mask)
-        _assert_close([o], [o_ref])
-        _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+        assert_close([o], [o_ref])
+        assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def test_sparse_selected_and_window_are_deterministic(monkeypatch):
@@ -410,13 +361,13 @@ def test_sparse_selected_and_window_are_deterministic(monkeypatch):
 
     monkeypatch.setattr(selected_blocks, "_CHUNK_FLOATS", 1 << 12)
     monkeypatch.setattr(window, "_CALL_FLOATS", 1 << 12)
-    q, k, v, grad_o = _inputs(2, 300, 4, 2, head_dim=16)
-    idx = _random_indices(2, 300, 2, 5, -(-300 // 16))
+    q, k, v, grad_o = attention_inputs(2, 300, 4, 2, head_dim=16)
+    idx = random_indices(2, 300, 2, 5, -(-300 // 16))
     for run in (lambda: selected_attention(q, k, v, idx, 16, query_chunk=32, dense_factor=0.0),
                 lambda: window_attention(q, k, v, 40, query_chunk=32)):
         first, second = run(), run()
-        got = [first.detach(), *_grads(first, grad_o, q, k, v)]
-        again = [second.detach(), *_grads(second, grad_o, q, k, v)]
+        got = [first.detach(), *grads_of(first, grad_o, q, k, v)]
+        again = [second.detach(), *grads_of(second, grad_o, q, k, v)]
         assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
@@ -441,10 +392,10 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 @PATHS
 def test_selected_saved_memory_is_bounded(dense_factor):
     batch, seq, n_q_heads, n_kv_heads, block_size = 1, 80, 4, 2, 4
-    q, k, v, _ = _inputs(batch, seq, n_q_heads, n_kv_heads)
+    q, k, v, _ = attention_inputs(batch, seq, n_q_heads, n_kv_heads)
     saved = {}
     for n_sel in (4, 16):
-        idx = _random_indices(batch, seq, n_kv_heads, n_sel, seq // block_size)
+        idx = random_indices(batch, seq, n_kv_heads, n_sel, seq // block_size)
 
         def run(idx=idx):
             return selected_attention_with_lse(q, k, v, idx, block_size, query_chunk=16,
@@ -458,7 +409,7 @@ def test_selected_saved_memory_is_bounded(dense_factor):
 
 @pytest.mark.parametrize("branch", ["win", "cmp"])
 def test_dense_band_saved_memory_is_bounded(branch):
-    q, k, v, _ = _inputs(2, 80, 4, 2)
+    q, k, v, _ = attention_inputs(2, 80, 4, 2)
     if branch == "win":
         def run():
             return window_attention_with_lse(q, k, v, 16, query_chunk=16)
@@ -473,15 +424,15 @@ def test_dense_band_saved_memory_is_bounded(branch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs_keep_their_dtype(dtype):
-    q, k, v, grad_o = (t.detach().to(dtype).requires_grad_() for t in _inputs(1, 24, 4, 2))
-    idx = _random_indices(1, 24, 2, 2, 3)
+    q, k, v, grad_o = (t.detach().to(dtype).requires_grad_() for t in attention_inputs(1, 24, 4, 2))
+    idx = random_indices(1, 24, 2, 2, 3)
     outs = [selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=0.0),
             selected_attention(q, k, v, idx, 8, query_chunk=8, dense_factor=math.inf),
             window_attention(q, k, v, 5, query_chunk=8),
             compressed_attention(q, k[:, :5], v[:, :5], 8, 4, query_chunk=8)[0]]
     for o in outs:
         assert o.dtype == dtype and torch.isfinite(o).all()
-        grads = _grads(o, grad_o.to(dtype), q, k, v)
+        grads = grads_of(o, grad_o.to(dtype), q, k, v)
         assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads)
 
 
@@ -494,7 +445,7 @@ def test_non_contiguous_inputs():
     k, v = kv.unbind(2)
     grad_o = torch.randn(batch, seq, n_q_heads, HEAD_DIM).transpose(1, 2).contiguous()
     grad_o = grad_o.transpose(1, 2)  # a non-contiguous upstream gradient too
-    idx = _random_indices(batch, seq, n_kv_heads, 3, 5)
+    idx = random_indices(batch, seq, n_kv_heads, 3, 5)
     kc, vc = k[:, :7], v[:, :7]
     runs = [
         (lambda a, b, c: selected_attention(a, b, c, idx, 8, query_chunk=16, dense_factor=0.0),
@@ -508,12 +459,12 @@ def test_non_contiguous_inputs():
     for run, mask in runs:
         o = run(q, k, v)
         o_ref, _ = masked_attention(q, k, v, mask)
-        _assert_close([o], [o_ref])
-        _assert_close(_grads(o, grad_o, q, kv), _grads(o_ref, grad_o, q, kv))
+        assert_close([o], [o_ref])
+        assert_close(grads_of(o, grad_o, q, kv), grads_of(o_ref, grad_o, q, kv))
     o, _ = compressed_attention(q, kc, vc, 8, 4, query_chunk=16)
     cfg = NSAConfig(l=8, d=4)
     mask = compressed_visibility(seq, cfg)[:, :7].view(1, seq, 1, 7).expand(batch, seq,
                                                                              n_kv_heads, 7)
     o_ref, _ = masked_attention(q, kc, vc, mask)
-    _assert_close([o], [o_ref])
-    _assert_close(_grads(o, grad_o, q, kv), _grads(o_ref, grad_o, q, kv))
+    assert_close([o], [o_ref])
+    assert_close(grads_of(o, grad_o, q, kv), grads_of(o_ref, grad_o, q, kv))

@@ -7,6 +7,7 @@ from torch import nn
 from nsadiag.commands.trace import trace_command
 from nsadiag.probes.trace import AutogradTracer
 from nsadiag.spec import TrialSpec
+from tests.helpers import nsadiag
 
 
 class WithUnused(nn.Module):
@@ -170,15 +171,10 @@ def test_nsa_timeline_has_blocks_in_order():
 
 
 def test_trace_cli_writes_a_perfetto_trace(tmp_path):
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "trace", "--layers", "1",
-                           "--seq-len", "64", "--set", "dim=32", "--set", "n_heads=4",
-                           "--set", "n_kv_heads=2", "--set", "head_dim=8", "--set", "l=8",
-                           "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
-                           "--set", "w=16", "--out", str(tmp_path), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = nsadiag("trace", "--layers", "1", "--seq-len", "64", "--set", "dim=32", "--set",
+                   "n_heads=4", "--set", "n_kv_heads=2", "--set", "head_dim=8", "--set", "l=8",
+                   "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3", "--set", "w=16",
+                   "--out", str(tmp_path), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["unused_parameters"] == [] and summary["repeated_gradients"] == {}

@@ -7,20 +7,21 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from nsa.data import ByteTextData, SyntheticData, default_text_path
 from nsa.train import TrainArgs, UsageError, lr_factor, main, parse_set_value, train
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_ATTENTION = {"l": 8, "d": 4, "l_sel": 16, "n_sel": 3, "w": 32}
 # ln(256) for an untrained byte model; the corpus' unigram entropy is 3.01 nats and its
 # bigram conditional entropy 2.22 nats, so a loss under 2.6 needs context.
 UNTRAINED_LOSS = math.log(256)
 LEARNED_LOSS = 2.6
+
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def tiny_args(**changes) -> TrainArgs:
@@ -29,13 +30,6 @@ def tiny_args(**changes) -> TrainArgs:
                 lr=3e-3, min_lr=3e-4, warmup=10, device="cpu", log_every=0, threads=1,
                 overrides=dict(TINY_ATTENTION))
     return TrainArgs(**{**base, **changes})
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

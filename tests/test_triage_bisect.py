@@ -2,17 +2,15 @@
 pass at the baseline's 64, so delta debugging names seq_len as the minimal failing change."""
 
 import json
-import subprocess
-import sys
+
+from tests.helpers import nsadiag
 
 
 def test_dense_masks_bisect_to_the_sequence_length(tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "nsadiag.cli", "triage", "--target", "repro.dense_masks:make",
-         "--seq-len", "4096", "--memory-cap-mb", "1280", "--max-layers", "1",
-         "--max-minutes", "10", "--stall-timeout", "60", "--no-checks", "--out", str(out)],
-        capture_output=True, text=True, timeout=400)
+    done = nsadiag("triage", "--target", "repro.dense_masks:make", "--seq-len", "4096",
+                   "--memory-cap-mb", "1280", "--max-layers", "1", "--max-minutes", "10",
+                   "--stall-timeout", "60", "--no-checks", "--out", str(out), timeout=400)
     assert done.returncode == 1, (done.stdout, done.stderr)
     summary = json.loads((out / "summary.json").read_text())
     failure = summary["failure"]

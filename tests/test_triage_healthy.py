@@ -2,10 +2,9 @@
 same run against a faster baseline is a regression, exit 3 (the rerun resumes its trials)."""
 
 import json
-import subprocess
-import sys
 
 from nsadiag.finding import Finding
+from tests.helpers import nsadiag
 from tests.readable import assert_readable
 
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
@@ -15,8 +14,8 @@ TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set
 
 
 def triage(*args):
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", "triage", *TINY, *args],
-                          capture_output=True, text=True, timeout=500)
+    """nsadiag triage of the built-in target at TINY's settings."""
+    return nsadiag("triage", *TINY, *args, timeout=500)
 
 
 def test_builtin_target_is_healthy_then_regressed_against_a_faster_baseline(tmp_path):
@@ -66,10 +65,9 @@ def test_builtin_target_with_more_steps_than_its_budget_is_slow_by_size_and_heal
     # 2000 steps cannot finish in 10 s on any machine: SLOW; the NSA model does its work
     # without per-token reads or loops of per-token ops, so slow by size: no failure, exit 0
     out = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "nsadiag.cli", "triage", *TINY[:-6], "--steps", "2000",
-         "--stall-timeout", "60", "--budget", "10", "--max-minutes", "3", "--max-layers", "1",
-         "--no-checks", "--out", str(out)], capture_output=True, text=True, timeout=400)
+    done = nsadiag("triage", *TINY[:-6], "--steps", "2000", "--stall-timeout", "60",
+                   "--budget", "10", "--max-minutes", "3", "--max-layers", "1", "--no-checks",
+                   "--out", str(out), timeout=400)
     assert done.returncode == 0, (done.stdout, done.stderr)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "healthy" and summary["failure"] is None

@@ -11,28 +11,7 @@ from nsadiag.finding import Finding
 from nsadiag.report.triage import build_triage_report
 from nsadiag.triage.finding import decide_triage
 from nsadiag.triage.state import TriageState
-
-BASE_SPEC = {"target": "repro.late_bound_ckpt:make", "seq_len": 16, "batch": 1, "device": "cpu",
-             "stall_timeout_s": 60.0, "seed": 0, "backend": None, "overrides": {"dim": 8}}
-
-
-def _state(**changes):
-    state = {"target": BASE_SPEC["target"], "argv": ["nsadiag", "triage"], "max_layers": 2,
-             "max_minutes": 10, "trial_budget_s": 40.0, "user_budget_s": 600.0,
-             "stages_done": ["env", "checks", "sweep"], "stopped": None,
-             "base_spec": BASE_SPEC, "world_size": 1, "elapsed_s": 50.0,
-             "env": {}, "env_problems": [],
-             "sweep": {"probed": [{"trial": "trial-0", "verdict": "OK", "n_layers": 1,
-                                   "reason": "ok"}],
-                       "threshold": None, "deepest_ok": 1, "failing": None, "complete": True}}
-    state.update(changes)
-    return TriageState.from_dict(state)
-
-
-def _check(name, verdict, module=None, summary="fine"):
-    return {"name": name, "passed": verdict == "OK", "module": module, "summary": summary,
-            "table": [], "finished": True,
-            "verdict": {"name": verdict, "reasons": [summary], "facts": {}}}
+from tests.helpers import check_result, triage_state
 
 
 def _failing(state, verdict, agreeing, verdicts, reproduced=True):
@@ -47,7 +26,7 @@ def _failing(state, verdict, agreeing, verdicts, reproduced=True):
 
 
 def test_the_state_round_trips_through_triage_json():
-    state = _failing(_state(), "DEADLOCK", 2, ["DEADLOCK", "OK", "DEADLOCK"])
+    state = _failing(triage_state(), "DEADLOCK", 2, ["DEADLOCK", "OK", "DEADLOCK"])
     again = TriageState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert again == state and again.failing.trial == "trial-1"
     assert again.labels() == {"trial-0": "sweep"}
@@ -55,9 +34,10 @@ def test_the_state_round_trips_through_triage_json():
 
 def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
     checks = {"n_layers": 2, "results": [
-        _check("causality", "OK", summary="nothing before t moved"),
-        _check("ckpt", "WRONG", "blocks.0", "recompute of blocks.0 ran blocks.1's parameters")]}
-    result = decide_triage(_state(checks=checks), {})
+        check_result("causality", "OK", summary="nothing before t moved"),
+        check_result("ckpt", "WRONG", "blocks.0",
+                     "recompute of blocks.0 ran blocks.1's parameters")]}
+    result = decide_triage(triage_state(checks=checks), {})
     finding = result.finding
     assert (finding.verdict, finding.kind, finding.status) == ("WRONG", "wrong", "failure")
     assert finding.culprit.module == "blocks.0" and "blocks.1's parameters" in finding.proof
@@ -70,7 +50,7 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
         "Wrong results of the kind the causality check looks for: nothing before t moved."]
     assert [i.mark for i in finding.implicated] == ["fail"]
     # the layout: the top block names verdict and kind first, then the module
-    text, summary = build_triage_report(tmp_path, _state(checks=checks))
+    text, summary = build_triage_report(tmp_path, triage_state(checks=checks))
     assert text.startswith("# nsadiag triage: ❌ WRONG (wrong): the ckpt check fails in "
                            "blocks.0\n- **Run:**")
     assert exit_code(summary) == 1 and Finding.from_dict(summary["finding"]) == finding
@@ -78,17 +58,17 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
 
 
 def test_a_check_that_errors_is_a_failure():
-    error = _check("ckpt", "ERROR", summary="CheckpointError: recomputed tensors differ")
-    finding = decide_triage(_state(checks={"n_layers": 2, "results": [error]}), {}).finding
+    error = check_result("ckpt", "ERROR", summary="CheckpointError: recomputed tensors differ")
+    finding = decide_triage(triage_state(checks={"n_layers": 2, "results": [error]}), {}).finding
     assert (finding.verdict, finding.kind, finding.status) == ("ERROR", "crashed", "failure")
     assert finding.headline == "ERROR (crashed): the ckpt check fails"
 
 
 def test_a_check_that_ran_out_of_time_is_inconclusive_for_it_and_names_no_module(tmp_path):
     for verdict in ("SLOW", "INCONCLUSIVE"):
-        unfinished = _check("parity", verdict, module="blocks.1",
-                            summary=f"the parity check did not finish: {verdict}")
-        state = _state(checks={"n_layers": 2, "results": [unfinished]})
+        unfinished = check_result("parity", verdict, module="blocks.1",
+                                  summary=f"the parity check did not finish: {verdict}")
+        state = triage_state(checks={"n_layers": 2, "results": [unfinished]})
         result = decide_triage(state, {})
         assert result.finding.status == "healthy" and result.failure is None
         assert result.check_status == {"parity": "INCONCLUSIVE"}
@@ -103,7 +83,7 @@ def test_a_check_that_ran_out_of_time_is_inconclusive_for_it_and_names_no_module
 
 def test_a_stopped_triage_says_what_it_did_not_reach():
     stopped = "stopped in the sweep stage: 12 s left, a trial needs at least 30 s"
-    state = _state(stopped=stopped, stages_done=["env", "checks"])
+    state = triage_state(stopped=stopped, stages_done=["env", "checks"])
     state.sweep.complete = False
     result = decide_triage(state, {})
     assert result.finding.status == "healthy", "running out of time is not a failure"
@@ -116,7 +96,7 @@ def test_a_stopped_triage_says_what_it_did_not_reach():
 
 
 def test_a_flaky_failure_is_reported_as_k_of_n():
-    state = _failing(_state(), "DEADLOCK", 2, ["DEADLOCK", "OK", "DEADLOCK"])
+    state = _failing(triage_state(), "DEADLOCK", 2, ["DEADLOCK", "OK", "DEADLOCK"])
     result = decide_triage(state, {})
     finding = result.finding
     assert (finding.verdict, finding.kind) == ("DEADLOCK", "stuck")
@@ -131,7 +111,7 @@ def test_a_flaky_failure_is_reported_as_k_of_n():
 
 def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure(tmp_path):
     # a loaded machine: the sweep's run read SLOW, both repeats OK
-    state = _failing(_state(), "SLOW", 2, ["SLOW", "OK", "OK"], reproduced=False)
+    state = _failing(triage_state(), "SLOW", 2, ["SLOW", "OK", "OK"], reproduced=False)
     result = decide_triage(state, {})
     assert result.failure is None
     assert (result.finding.verdict, result.finding.status) == ("INCONCLUSIVE", "inconclusive")
@@ -144,7 +124,7 @@ def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure
 
 def test_a_failure_prints_how_many_runs_gave_its_own_verdict():
     # the repeats confirm a failure, but not the first run's verdict in every run
-    state = _failing(_state(), "STALL-BUSY", 1, ["STALL-BUSY", "DEADLOCK", "DEADLOCK"])
+    state = _failing(triage_state(), "STALL-BUSY", 1, ["STALL-BUSY", "DEADLOCK", "DEADLOCK"])
     finding = decide_triage(state, {}).finding
     assert finding.status == "failure"
     assert "with STALL-BUSY in 1 of 3 runs" in finding.summary[0]
@@ -152,8 +132,8 @@ def test_a_failure_prints_how_many_runs_gave_its_own_verdict():
 
 def test_a_failed_check_is_not_named_a_cause_of_a_slowness_measured_without_it():
     checks = {"n_layers": 2, "results": [
-        _check("causality", "WRONG", "blocks.0", "blocks.0 sees the future")]}
-    state = _failing(_state(checks=checks), "SLOW", 2, ["SLOW", "SLOW"])
+        check_result("causality", "WRONG", "blocks.0", "blocks.0 sees the future")]}
+    state = _failing(triage_state(checks=checks), "SLOW", 2, ["SLOW", "SLOW"])
     result = decide_triage(state, {})
     assert result.finding.verdict == "SLOW"
     assert [i.text for i in result.separately] == [

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from nsadiag.spec import JobSpec, TrialSpec
+from tests.helpers import REPO
 from tests.procs import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
 TINY_NSA = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "l": 8, "d": 4,
             "l_sel": 16, "n_sel": 3, "w": 16, "query_chunk": 16, "compress_hidden": 16,

@@ -17,14 +17,14 @@ pytest.importorskip("triton", reason="triton is not installed (pip install -e '.
 
 from nsa.ops.triton import ops, selected  # noqa: E402
 from nsa.ops.triton._common import unsupported_reason
-from tests.conftest import tiny_config
-from tests.test_torch_ops import (
-    _assert_close,
-    _grads,
-    _has_repeats,
-    _inputs,
-    _random_indices,
-    _with_repeats,
+from tests.helpers import (
+    assert_close,
+    attention_inputs,
+    grads_of,
+    has_repeats,
+    random_indices,
+    tiny_config,
+    with_repeats,
 )
 
 pytestmark = pytest.mark.skipif(not ops.INTERPRETED,
@@ -36,8 +36,8 @@ SCALE = 0.25
 
 
 def _selected_case(seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim, dtype=torch.float32):
-    q, k, v, grad_o = _inputs(1, seq, n_q_heads, n_kv_heads, head_dim=head_dim)
-    idx = _random_indices(1, seq, n_kv_heads, n_sel, -(-seq // block_size))
+    q, k, v, grad_o = attention_inputs(1, seq, n_q_heads, n_kv_heads, head_dim=head_dim)
+    idx = random_indices(1, seq, n_kv_heads, n_sel, -(-seq // block_size))
     mask = selection_mask(idx, seq, block_size)
     want = masked_attention(q, k, v, mask, SCALE)
     low = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
@@ -63,52 +63,52 @@ def _assert_fp16_close(got, want):
 def test_selected_matches_oracle_fp32(seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim):
     (o, lse), (o_ref, lse_ref), low, leaves, grad_o = _selected_case(
         seq, n_q_heads, n_kv_heads, block_size, n_sel, head_dim)
-    _assert_close([o], [o_ref])
+    assert_close([o], [o_ref])
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    _assert_close([lse[seen]], [lse_ref[seen]])
-    _assert_close(_grads(o, grad_o, *low), _grads(o_ref, grad_o, *leaves))
+    assert_close([lse[seen]], [lse_ref[seen]])
+    assert_close(grads_of(o, grad_o, *low), grads_of(o_ref, grad_o, *leaves))
 
 
 def test_selected_matches_oracle_fp16():
     (o, _), (o_ref, _), low, leaves, grad_o = _selected_case(40, 4, 2, 16, 3, 32, torch.float16)
     assert o.dtype == torch.float16
-    _assert_fp16_close([o, *_grads(o, grad_o.half(), *low)],
-                       [o_ref, *_grads(o_ref, grad_o, *leaves)])
+    _assert_fp16_close([o, *grads_of(o, grad_o.half(), *low)],
+                       [o_ref, *grads_of(o_ref, grad_o, *leaves)])
 
 
 def test_selected_backward_is_deterministic_and_splits_long_query_lists(monkeypatch):
     (o, _), (o_ref, _), low, leaves, grad_o = _selected_case(40, 4, 2, 16, 3, 16)
-    first = _grads(o, grad_o, *low)
+    first = grads_of(o, grad_o, *low)
     monkeypatch.setattr(selected, "ITEM_QUERIES", 3)  # every block's list spans several items
-    o2, _ = ops.selected_attention_with_lse(*low, _random_indices(1, 40, 2, 3, 3), 16, SCALE)
+    o2, _ = ops.selected_attention_with_lse(*low, random_indices(1, 40, 2, 3, 3), 16, SCALE)
     split = list(torch.autograd.grad(o2, low, grad_o, retain_graph=True))
-    again = _grads(o2, grad_o, *low)
+    again = grads_of(o2, grad_o, *low)
     assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
-    _assert_close(split, first)
-    _assert_close(split, _grads(o_ref, grad_o, *leaves))
+    assert_close(split, first)
+    assert_close(split, grads_of(o_ref, grad_o, *leaves))
 
 
 def test_selected_repeated_indices_count_once():
     """A block listed twice in a row is attended once, as on the torch backend."""
-    q, k, v, grad_o = _inputs(1, 40, 4, 2, head_dim=16)
-    idx = _with_repeats(_random_indices(1, 40, 2, 3, 3))
-    assert _has_repeats(idx).any()
+    q, k, v, grad_o = attention_inputs(1, 40, 4, 2, head_dim=16)
+    idx = with_repeats(random_indices(1, 40, 2, 3, 3))
+    assert has_repeats(idx).any()
     o, lse = ops.selected_attention_with_lse(q, k, v, idx, 16, SCALE)
     o_ref, lse_ref = masked_attention(q, k, v, selection_mask(idx, 40, 16), SCALE)
     seen = torch.isfinite(lse_ref)
-    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def test_selected_rows_without_visible_keys_give_zeros():
-    q, k, v, grad_o = _inputs(1, 20, 2, 1, head_dim=16)
+    q, k, v, grad_o = attention_inputs(1, 20, 2, 1, head_dim=16)
     idx = torch.full((1, 20, 1, 2), -1, dtype=torch.long)
     idx[:, :, :, 0] = 1  # block 1 starts at 16: in the future of queries 0..15
     o, lse = ops.selected_attention_with_lse(q, k, v, idx, 16, SCALE)
     assert torch.equal(o[:, :16], torch.zeros_like(o[:, :16]))
     assert torch.isinf(lse[:, :16]).all() and torch.isfinite(lse[:, 16:]).all()
-    dq, dk, dv = _grads(o, grad_o, q, k, v)
+    dq, dk, dv = grads_of(o, grad_o, q, k, v)
     assert torch.equal(dq[:, :16], torch.zeros_like(dq[:, :16]))
     assert torch.equal(dk[:, :16], torch.zeros_like(dk[:, :16]))
 
@@ -122,11 +122,11 @@ def _window_reference(q, k, v, window):
 @pytest.mark.parametrize("seq,n_q_heads,n_kv_heads,window", [
     (50, 4, 2, 1), (50, 4, 2, 12), (70, 3, 1, 64), (30, 2, 2, 100)])
 def test_window_matches_oracle_fp32(seq, n_q_heads, n_kv_heads, window):
-    q, k, v, grad_o = _inputs(2, seq, n_q_heads, n_kv_heads, head_dim=16)
+    q, k, v, grad_o = attention_inputs(2, seq, n_q_heads, n_kv_heads, head_dim=16)
     o, lse = ops.window_attention_with_lse(q, k, v, window, SCALE)
     o_ref, lse_ref = _window_reference(q, k, v, window)
-    _assert_close([o, lse], [o_ref, lse_ref])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse], [o_ref, lse_ref])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def _compressed_reference(q, k_cmp, v_cmp, cfg):
@@ -141,13 +141,13 @@ def _compressed_reference(q, k_cmp, v_cmp, cfg):
 def test_compressed_matches_oracle_fp32(seq, block_len, stride):
     cfg = tiny_config(l=block_len, d=stride, l_sel=max(16, block_len))
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, grad_o = _inputs(2, seq, 4, 2, n_keys=n_cmp, head_dim=16)
+    q, k, v, grad_o = attention_inputs(2, seq, 4, 2, n_keys=n_cmp, head_dim=16)
     o, lse = ops.compressed_attention(q, k, v, block_len, stride, SCALE)
     o_ref, lse_ref = _compressed_reference(q, k, v, cfg)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
-    _assert_close(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v))
+    assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    assert_close(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v))
 
 
 def test_band_kernels_with_unmasked_tiles_and_dkdv_items_match_oracle(monkeypatch):
@@ -160,19 +160,19 @@ def test_band_kernels_with_unmasked_tiles_and_dkdv_items_match_oracle(monkeypatc
     cfg = tiny_config(l=8, d=4, l_sel=16)
     seq = 400
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, grad_o = _inputs(1, seq, 4, 2, n_keys=n_cmp, head_dim=16)
+    q, k, v, grad_o = attention_inputs(1, seq, 4, 2, n_keys=n_cmp, head_dim=16)
     assert band.key_items(band.COMPRESSED, seq) == 4
     o, _ = ops.compressed_attention(q, k, v, 8, 4, SCALE)
     o_ref, _ = _compressed_reference(q, k, v, cfg)
-    split = _grads(o, grad_o, q, k, v)
-    _assert_close([o, *split], [o_ref, *_grads(o_ref, grad_o, q, k, v)])
-    again = _grads(ops.compressed_attention(q, k, v, 8, 4, SCALE)[0], grad_o, q, k, v)
+    split = grads_of(o, grad_o, q, k, v)
+    assert_close([o, *split], [o_ref, *grads_of(o_ref, grad_o, q, k, v)])
+    again = grads_of(ops.compressed_attention(q, k, v, 8, 4, SCALE)[0], grad_o, q, k, v)
     assert all(torch.equal(a, b) for a, b in zip(split, again, strict=True))
-    q, k, v, grad_o = _inputs(1, seq, 4, 2, head_dim=16)
+    q, k, v, grad_o = attention_inputs(1, seq, 4, 2, head_dim=16)
     o, lse = ops.window_attention_with_lse(q, k, v, 200, SCALE)
     o_ref, lse_ref = _window_reference(q, k, v, 200)
-    _assert_close([o, lse, *_grads(o, grad_o, q, k, v)],
-                  [o_ref, lse_ref, *_grads(o_ref, grad_o, q, k, v)])
+    assert_close([o, lse, *grads_of(o, grad_o, q, k, v)],
+                 [o_ref, lse_ref, *grads_of(o_ref, grad_o, q, k, v)])
 
 
 def test_key_items_cut_compressed_keys_and_never_the_window():
@@ -195,7 +195,7 @@ def test_block_score_kernel_selects_what_the_torch_selection_selects(n_q_heads, 
     cfg = tiny_config(n_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=16, l=l, d=d,
                       l_sel=l_sel, n_sel=4, w=32)
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, _ = _inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
+    q, k, v, _ = attention_inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
     _, lse = compressed_attention(q, k, v, l, d, SCALE)
     n_blocks = -(-seq // l_sel)
     group = n_q_heads // n_kv_heads
@@ -205,9 +205,9 @@ def test_block_score_kernel_selects_what_the_torch_selection_selects(n_q_heads, 
     want = group_block_scores(torch.softmax(logits, -1).nan_to_num(0.0).sum(3), n_blocks, cfg)
     for given_lse in (lse, None):  # from the compressed branch, or computed by the kernel
         got = ops.block_scores(q, k, given_lse, 0, seq, n_blocks, l, d, l_sel, SCALE)
-        _assert_close([got], [want])
+        assert_close([got], [want])
         tail = ops.block_scores(q, k, given_lse, 7, seq - 7, n_blocks, l, d, l_sel, SCALE)
-        _assert_close([tail], [want[:, 7:]])
+        assert_close([tail], [want[:, 7:]])
         assert torch.equal(ops.select_blocks(q, k, given_lse, cfg, SCALE),
                            select_blocks(q, k, cfg, SCALE))
 
@@ -225,30 +225,30 @@ def test_compressed_and_selection_kernel_matches_oracle_and_torch_selection(
     cfg = tiny_config(n_heads=n_q_heads, n_kv_heads=n_kv_heads, head_dim=16, l=l, d=d,
                       l_sel=l_sel, n_sel=n_sel, w=32)
     n_cmp = num_compressed(seq, cfg)
-    q, k, v, grad_o = _inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
+    q, k, v, grad_o = attention_inputs(2, seq, n_q_heads, n_kv_heads, n_keys=n_cmp, head_dim=16)
     o, lse, indices = ops.compressed_attention_and_selection(q, k, v, cfg, SCALE)
     o_ref, lse_ref = _compressed_reference(q, k, v, cfg)
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), seen)
-    _assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
+    assert_close([o, lse[seen]], [o_ref, lse_ref[seen]])
     # dK/dV sum over G heads and every later query (up to ~40 for G = 16 here): 1e-5 of the
     # gradient's largest entry, at least 1e-5
-    for got, want in zip(_grads(o, grad_o, q, k, v), _grads(o_ref, grad_o, q, k, v),
+    for got, want in zip(grads_of(o, grad_o, q, k, v), grads_of(o_ref, grad_o, q, k, v),
                          strict=True):
-        _assert_close([got], [want], tol=TOL * max(1.0, want.abs().amax().item()
-                                                   if want.numel() else 1.0))
+        assert_close([got], [want], tol=TOL * max(1.0, want.abs().amax().item()
+                                                  if want.numel() else 1.0))
     assert torch.equal(indices, select_blocks(q, k, cfg, SCALE))
     assert indices.requires_grad is False
 
 
 def test_band_kernels_fp16_and_deterministic():
-    q, k, v, grad_o = _inputs(1, 60, 4, 2, head_dim=32)
+    q, k, v, grad_o = attention_inputs(1, 60, 4, 2, head_dim=32)
     low = [t.detach().half().requires_grad_() for t in (q, k, v)]
     o, _ = ops.window_attention_with_lse(*low, 20, SCALE)
     o_ref, _ = _window_reference(q, k, v, 20)
     first = list(torch.autograd.grad(o, low, grad_o.half(), retain_graph=True))
-    _assert_fp16_close([o, *first], [o_ref, *_grads(o_ref, grad_o, q, k, v)])
-    again = _grads(o, grad_o.half(), *low)
+    _assert_fp16_close([o, *first], [o_ref, *grads_of(o_ref, grad_o, q, k, v)])
+    again = grads_of(o, grad_o.half(), *low)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
@@ -265,12 +265,12 @@ def test_layer_on_triton_matches_naive_backend(branches):
     out.backward(grad)
     out_ref.backward(grad)
     assert fast.backend_used == "triton"
-    _assert_close([out, x.grad], [out_ref, x2.grad])
+    assert_close([out, x.grad], [out_ref, x2.grad])
     for (name, p), (_, p_ref) in zip(fast.named_parameters(), slow.named_parameters(),
                                      strict=True):
         assert (p.grad is None) == (p_ref.grad is None), name
         if p.grad is not None:
-            _assert_close([p.grad], [p_ref.grad])
+            assert_close([p.grad], [p_ref.grad])
 
 
 @pytest.mark.parametrize("n_branches", [1, 2, 3])
@@ -282,8 +282,8 @@ def test_gated_sum_kernel_matches_the_torch_gated_sum(n_branches):
     want = gated_sum(outputs, gates)
     grad = torch.randn_like(want)
     got = ops.gated_sum(outputs, torch.stack(gates, -1))
-    _assert_close([got, *torch.autograd.grad(got, outputs + gates, grad)],
-                  [want, *torch.autograd.grad(want, outputs + gates, grad)])
+    assert_close([got, *torch.autograd.grad(got, outputs + gates, grad)],
+                 [want, *torch.autograd.grad(want, outputs + gates, grad)])
     with pytest.raises(ValueError, match="gated_sum: need 1 to 3 outputs"):
         ops.gated_sum(outputs, torch.stack(gates, -1)[..., :1].expand(2, 37, 3, 5))
 

@@ -4,9 +4,9 @@ and the built-in target says in one line why it cannot run."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
+
+from tests.helpers import nsadiag
 
 USER_NSA = {
     "nsa/__init__.py": "raise ImportError('the user nsa package breaks on import')\n",
@@ -49,25 +49,25 @@ def _user_tree(tmp_path):
     return tmp_path / "user"
 
 
-def _nsadiag(tmp_path, *args):
-    env = {**os.environ, "PYTHONPATH": str(_user_tree(tmp_path))}
-    return subprocess.run([sys.executable, "-m", "nsadiag.cli", *args], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)
+def _beside_user_nsa(tmp_path, *args):
+    """nsadiag ARGS run from tmp_path with the user's tree (its own ``nsa``) on PYTHONPATH."""
+    return nsadiag(*args, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(_user_tree(tmp_path))})
 
 
 def test_a_foreign_target_is_diagnosed_beside_a_user_package_named_nsa(tmp_path):
     out = tmp_path / "run"
-    done = _nsadiag(tmp_path, "sweep-layers", "--target", "usermodel:make", "--layers", "1,2",
-                    "--seq-len", "16", "--steps", "2", "--stall-timeout", "30",
-                    "--out", str(out))
+    done = _beside_user_nsa(tmp_path, "sweep-layers", "--target", "usermodel:make",
+                            "--layers", "1,2", "--seq-len", "16", "--steps", "2",
+                            "--stall-timeout", "30", "--out", str(out))
     assert done.returncode == 0, (done.stdout, done.stderr)
     summary = json.loads((out / "summary.json").read_text())
     assert [v["verdict"] for v in summary["verdicts"]] == ["OK", "OK"]
 
 
 def test_the_built_in_target_says_the_nsa_package_is_not_ours(tmp_path):
-    done = _nsadiag(tmp_path, "sweep-layers", "--layers", "1", "--seq-len", "16",
-                    "--out", str(tmp_path / "run"))
+    done = _beside_user_nsa(tmp_path, "sweep-layers", "--layers", "1", "--seq-len", "16",
+                            "--out", str(tmp_path / "run"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,20 +12,20 @@ from nsadiag.evidence import Evidence, StackFrame, StackSample, ThreadStack
 from nsadiag.probes.frames import hot_frame
 from nsadiag.verdict import decide
 from nsadiag.verdict.progress import progress
+from tests.helpers import VERDICT_FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "verdict"
 GiB = 2**30
 
 
 def raw(name: str) -> dict:
-    return json.loads((FIXTURES / name).read_text())
+    return json.loads((VERDICT_FIXTURES / name).read_text())
 
 
 def load(name: str) -> Evidence:
     return Evidence.from_dict(raw(name))
 
 
-@pytest.mark.parametrize("name", sorted(path.name for path in FIXTURES.glob("*.json")))
+@pytest.mark.parametrize("name", sorted(path.name for path in VERDICT_FIXTURES.glob("*.json")))
 def test_evidence_round_trips_through_json(name):
     evidence = load(name)
     again = Evidence.from_dict(json.loads(json.dumps(evidence.to_dict())))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys, threading, time

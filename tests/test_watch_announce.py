@@ -9,9 +9,8 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 SCRIPT = textwrap.dedent("""
     import json, sys, threading, time

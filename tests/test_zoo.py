@@ -11,6 +11,7 @@ from nsadiag.harness.jobs import run_trial
 from nsadiag.report.sweep import build_report
 from nsadiag.spec import TrialSpec
 from repro import ZOO
+from tests.helpers import REPRO
 from tests.readable import assert_readable
 
 QUICK = dict(seq_len=64, batch=2, steps=2, stall_timeout_s=3.0, budget_s=60.0)
@@ -65,7 +66,7 @@ def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect
     assert record.verdict_name == "SLOW", record.verdict
     facts, reasons = record.verdict["facts"], record.verdict["reasons"]
     assert facts["slow_by"] == "defect"
-    source = Path(__file__).resolve().parents[1] / "repro" / "sequential_prefill.py"
+    source = REPRO / "sequential_prefill.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1)
                 if text.strip().startswith("for t in range(S)"))
     assert any(r.startswith(f"slow by defect: a per-token loop at repro/sequential_prefill.py:"
