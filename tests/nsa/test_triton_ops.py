@@ -1,7 +1,7 @@
 """The Triton kernels under the CPU interpreter against the dense oracle: forward and every
 gradient in fp32 (<= 1e-5) and fp16 (<= 2e-2 of the output scale), determinism, the dK/dV
 work-item split, routing and shape limits. Skipped where the kernels are compiled for a GPU
-(tests/test_triton_gpu.py covers that case)."""
+(tests/nsa/test_triton_gpu.py covers that case)."""
 
 import subprocess
 import sys
