@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -93,22 +94,44 @@ def descendants(pid: int, cmdline_has: str = "") -> list[psutil.Process]:
     return found
 
 
-def blocked(pid: int) -> Callable[[], bool]:
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of each thread of process ``pid`` (R runs or waits for
+    a core, S sleeps in a wait, ...), from /proc/PID/task/*/stat."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+    return states
+
+
+def blocked(pid: int, threads: int = 0) -> Callable[[], bool]:
     """A condition for wait_for: true once the main thread of process ``pid`` sleeps in a
     wait and used no CPU since the condition's previous call (a thread that waits a moment
-    for the GIL, a core or a pipe between two pieces of work reads as not blocked)."""
+    for the GIL, a core or a pipe between two pieces of work reads as not blocked). With
+    ``threads``, the process must run that many threads, every one of them asleep, and none
+    used CPU since the previous call."""
     last: list[float | None] = [None]
 
-    def check() -> bool:
+    def reading() -> tuple[float, bool] | None:
+        """(CPU seconds used so far, asleep now) of the threads that count."""
         try:
             process = psutil.Process(pid)
+            if threads:
+                states, times = _thread_states(pid), process.cpu_times()
+                return times.user + times.system, len(states) == threads and \
+                    set(states) == {"S"}
             main = next(t for t in process.threads() if t.id == pid)
-            asleep = process.status() == psutil.STATUS_SLEEPING
-        except (psutil.Error, StopIteration):
-            return False
-        cpu = main.user_time + main.system_time
-        previous, last[0] = last[0], cpu
-        return asleep and previous == cpu
+            return main.user_time + main.system_time, \
+                process.status() == psutil.STATUS_SLEEPING
+        except (OSError, psutil.Error, StopIteration):
+            return None
+
+    def check() -> bool:
+        now = reading()
+        previous, last[0] = last[0], None if now is None else now[0]
+        return now is not None and now[1] and previous == now[0]
     return check
 
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 
 from nsa.train import TrainArgs, train
 from tests.helpers import REPO, TESTS, checkout_env, read_jsonl
+from tests.procs import wait_for
 
 WORKER = TESTS / "ddp_grad_worker.py"
 TIMEOUT_S = 120
@@ -57,15 +57,18 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 def assert_group_gone(pgid: int, wait_s: float = 10.0) -> None:
     """No process of session/group `pgid` may survive (kill stragglers, then fail)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.killpg(pgid, signal.SIGKILL)
-    pytest.fail(f"processes of group {pgid} survived torchrun")
+            return True
+        return False
+
+    try:
+        wait_for(gone, wait_s, f"process group {pgid} to end")
+    except AssertionError:
+        os.killpg(pgid, signal.SIGKILL)
+        pytest.fail(f"processes of group {pgid} survived torchrun")
 
 
 def test_ddp_gradients_equal_single_process_on_concatenated_batch(tmp_path):

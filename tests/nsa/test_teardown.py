@@ -8,6 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from nsa import ddp
+from tests.procs import wait_for
 
 
 class _Store:
@@ -35,8 +36,7 @@ def test_a_rank_waits_until_its_peer_has_left_the_barrier(store):
     waiter = threading.Thread(target=lambda: (ddp.leave_together(2, timeout_s=60.0),
                                               done.set()))
     waiter.start()
-    while not store.counts:  # the waiting rank has counted itself
-        threading.Event().wait(0.01)
+    wait_for(lambda: store.counts, 60, "the waiting rank to count itself")
     (key,) = store.counts
     assert not done.wait(0.3), "returned before the peer left the barrier"
     store.add(key, 1)  # the peer leaves

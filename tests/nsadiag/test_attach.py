@@ -18,7 +18,7 @@ import pytest
 
 from nsadiag.harness.runcmd import command_env
 from tests.helpers import SCRIPTS, nsadiag
-from tests.procs import kill_tree
+from tests.procs import blocked, descendants, kill_tree, wait_for
 
 TRAINING = textwrap.dedent("""
     import torch
@@ -65,24 +65,22 @@ SPIN = textwrap.dedent("""
 
 def wait_for_idle_pulses(run_dir: Path, count: int, timeout_s: float) -> None:
     """Until the last `count` pulses of the heartbeat under run_dir report no progress."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def idle() -> bool:
         pulses = [event for path in run_dir.glob("proc-*/events.jsonl")
                   for line in path.read_text().splitlines()[:-1]  # the last may be torn
                   for event in [json.loads(line)] if event.get("kind") == "pulse"]
-        if len(pulses) >= count and not any(p["progress"] for p in pulses[-count:]):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no {count} idle pulses in a row under {run_dir} in {timeout_s} s")
+        return len(pulses) >= count and not any(p["progress"] for p in pulses[-count:])
+
+    wait_for(idle, timeout_s, f"{count} idle pulses in a row under {run_dir}", every_s=0.5)
 
 
 def start(tmp_path: Path, code: str, env: dict | None = None) -> subprocess.Popen:
+    """The target script `code` in a session of its own, once it printed "training"."""
     script = tmp_path / "target.py"
     script.write_text(code)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     assert proc.stdout.readline().strip() == "training"
-    time.sleep(1.0)
     return proc
 
 
@@ -113,6 +111,7 @@ def test_a_training_loop_is_progressing_and_left_running(tmp_path):
 def test_a_process_waiting_on_a_lock_is_stuck_idle_naming_the_line(tmp_path):
     proc = start(tmp_path, LOCKED)
     try:
+        wait_for(blocked(proc.pid), 60, "the target to wait on its lock")
         done, summary = attach(tmp_path, str(proc.pid), "--duration", "3")
         assert done.returncode == 1, done.stderr
         assert summary["verdict"] == "DEADLOCK" and summary["state"] == "stuck (idle)"
@@ -194,7 +193,11 @@ def test_ranks_of_a_torchrun_job_waiting_in_collectives(tmp_path):
     try:
         # both ranks stop at step 2
         _wait_for_output(proc, {("0", "1"), ("1", "1")}, timeout_s=180.0)
-        time.sleep(2.0)
+        ranks = descendants(proc.pid, "ddp_extra_allreduce.py")
+        assert len(ranks) == 2, [p.cmdline() for p in ranks]
+        waiting = [blocked(rank.pid) for rank in ranks]
+        wait_for(lambda: all([rank_waits() for rank_waits in waiting]), 120,
+                 "both ranks to wait in their collective")
         done, summary = attach(tmp_path, str(proc.pid), "--ranks", "--duration", "3")
         assert done.returncode == 1, done.stderr
         assert summary["verdict"] == "STALL-COLLECTIVE", summary["headline"]

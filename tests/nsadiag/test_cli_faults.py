@@ -9,13 +9,13 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from nsadiag.rundir import append_record, load_records
 from tests.helpers import REPO, nsadiag, one_step_record
+from tests.procs import wait_for
 
 
 @pytest.mark.parametrize("args", [
@@ -144,7 +144,8 @@ def test_interrupting_a_run_directory_command_is_one_line(tmp_path):
                              "import time; time.sleep(60)"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO)
-    time.sleep(4)
+    wait_for(lambda: list((tmp_path / "r").glob("proc-*/events.jsonl")), 120,
+             "the command's heartbeat")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130

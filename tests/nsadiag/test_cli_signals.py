@@ -11,7 +11,7 @@ import pytest
 
 from nsadiag.harness import jobs, stop
 from nsadiag.spec import TrialSpec
-from tests.procs import descendants
+from tests.procs import descendants, wait_for
 
 
 def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
@@ -20,13 +20,10 @@ def test_sigterm_to_nsadiag_leaves_no_trial_child(tmp_path):
          "repro.lock_deadlock:make", "--layers", "1", "--seq-len", "64", "--stall-timeout",
          "120", "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    children = []
-    while time.monotonic() < deadline and not children:
-        children = descendants(proc.pid, "nsadiag.harness.child")
-        time.sleep(0.2)
-    assert children, "the trial child never started"
-    time.sleep(1.0)
+    children = wait_for(lambda: descendants(proc.pid, "nsadiag.harness.child"), 90,
+                        "the trial child")
+    events = tmp_path / "run" / "trial-0" / "events.jsonl"
+    wait_for(lambda: events.exists() and events.read_text(), 90, "the trial's heartbeat")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -50,11 +47,12 @@ def test_a_swallowed_interrupt_still_stops_the_trial(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs, "Launched", remember)
 
     def request_once_running():
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not (launched and launched[0].proc.poll() is None):
-            time.sleep(0.1)
-        time.sleep(1.0)
-        stop.request()  # what the handler does; its own raise is taken as lost
+        events = tmp_path / "trial" / "events.jsonl"
+        try:
+            wait_for(lambda: launched and launched[0].proc.poll() is None, 90, "the trial child")
+            wait_for(lambda: events.exists() and events.read_text(), 90, "its heartbeat")
+        finally:
+            stop.request()  # what the handler does; its own raise is taken as lost
 
     requester = threading.Thread(target=request_once_running, daemon=True)
     requester.start()

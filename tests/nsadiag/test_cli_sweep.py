@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.helpers import nsadiag
+from tests.procs import wait_for
 
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
         "head_dim=8", "--set", "l=8", "--set", "d=4", "--set", "l_sel=16", "--set", "n_sel=3",
@@ -112,7 +113,6 @@ def test_unwritable_output_directory_is_one_line(tmp_path):
 def test_ctrl_c_kills_the_trial_and_keeps_finished_trials(tmp_path):
     import os
     import signal
-    import time
 
     import psutil
 
@@ -122,10 +122,9 @@ def test_ctrl_c_kills_the_trial_and_keeps_finished_trials(tmp_path):
                              "--steps", "200", "--stall-timeout", "60", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        while not list(out.glob("trial-0/events.jsonl")) and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(2.0)  # the child is training now
+        events = out / "trial-0" / "events.jsonl"
+        wait_for(lambda: events.exists() and '"kind":"module"' in events.read_text(), 120,
+                 "the trial child to train")
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "the trial child should be running"
         os.kill(proc.pid, signal.SIGINT)

@@ -25,6 +25,7 @@ from nsadiag.verdict.load import contention, contention_sentence, stretch_limit
 from nsadiag.verdict.progress import progress
 from nsadiag.verdict.rules import decide
 from tests.helpers import VERDICT_FIXTURES
+from tests.procs import wait_for
 
 SOURCE = '''
 def _forward_prefill_sequential(self, q, k, v):
@@ -380,20 +381,25 @@ def _hold_the_gil(seconds: float) -> None:
 
 def test_seconds_in_which_native_code_held_the_gil_are_counted_by_phase(tmp_path):
     phase = ["forward"]
-    done = threading.Event()
+    sampling, done = threading.Event(), threading.Event()
 
     def work() -> None:
-        time.sleep(0.5)
+        # the sampler samples this thread: it holds the GIL once sampled, and stays until
+        # a sample after the hold has counted the gap
+        sampling.wait(60)
+        wait_for(lambda: sampler.book.samples, 60, "the sampler's first sample")
         phase[0] = "backward"
         _hold_the_gil(3.0)
         done.set()
-        time.sleep(0.5)
+        held = sampler.book.samples
+        wait_for(lambda: sampler.book.samples > held, 60, "a sample after the hold")
 
     worker = threading.Thread(target=work)
     worker.start()
     sampler = Sampler(lambda event: None, tmp_path / "profile.json", interval_s=0.05,
                       main=worker, context=lambda: (phase[0], None))
     sampler.start()
+    sampling.set()
     worker.join()
     sampler.stop()
     assert done.is_set()

@@ -20,6 +20,7 @@ from nsadiag.probes.frames import classify, hot_frame, stacks_change, wait_frame
 from nsadiag.probes.stacks import capture, parse_py_spy_json, process_cpu_seconds
 from nsadiag.verdict import decide
 from tests.helpers import STACK_FIXTURES, VERDICT_FIXTURES
+from tests.procs import blocked, wait_for
 
 MANIFEST = json.loads((STACK_FIXTURES / "samples.json").read_text())
 
@@ -150,7 +151,7 @@ def test_a_rank_in_all_reduce_reads_as_in_collective():
 
 def test_capture_of_a_live_lock_child_with_and_without_native_frames():
     with child("lock_child.py") as proc:
-        time.sleep(0.2)
+        wait_for(blocked(proc.pid), 60, "the child to wait on its lock")
         python = capture(proc.pid, native=False, timeout_s=20)
         native = capture(proc.pid, native=True, timeout_s=20)
     assert isinstance(python, StackSample), python
@@ -218,10 +219,12 @@ def test_process_cpu_seconds_of_a_spinning_child_rises():
     # time to rise by 0.3 s (a generous deadline), and never longer than the wall time
     with child("spin_child.py") as proc:
         before, t0 = process_cpu_seconds(proc.pid), time.monotonic()
-        after = before
-        while after - before <= 0.3 and time.monotonic() - t0 < 60:
-            time.sleep(0.1)
-            after = process_cpu_seconds(proc.pid)
+
+        def risen() -> float | None:
+            now = process_cpu_seconds(proc.pid)
+            return now if now - before > 0.3 else None
+
+        after = wait_for(risen, 60, "the spinning child's CPU time to rise by 0.3 s")
         t1 = time.monotonic()
     assert after - before > 0.3
     assert after - before <= (t1 - t0) * 1.05 + 0.05  # one thread: at most one core

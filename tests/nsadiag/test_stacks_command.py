@@ -4,30 +4,32 @@ one rank doing something else."""
 import json
 import subprocess
 import sys
-import time
-
-import psutil
 
 from tests.helpers import nsadiag
-from tests.procs import kill_tree
+from tests.procs import blocked, kill_tree, wait_for
 
 LAUNCHER = r"""
 import os, subprocess, sys, time
-WAIT = "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n"
-SPIN = "def spin():\n    while True:\n        pass\nspin()\n"
-procs = [subprocess.Popen([sys.executable, "-c", SPIN if rank == 2 else WAIT],
+# each rank writes its pid into READY/rank-R just before it waits or spins
+READY = "import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+WAIT = READY + "import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n"
+SPIN = READY + "def spin():\n    while True:\n        pass\nspin()\n"
+procs = [subprocess.Popen([sys.executable, "-c", SPIN if rank == 2 else WAIT,
+                           os.path.join(sys.argv[1], f"rank-{rank}")],
                           env={**os.environ, "RANK": str(rank)}) for rank in range(3)]
 time.sleep(600)
 """
 
 
-def test_ranks_are_clustered_and_the_odd_rank_is_named():
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER])
+def test_ranks_are_clustered_and_the_odd_rank_is_named(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
+    ready = [tmp_path / f"rank-{rank}" for rank in range(3)]
     try:
-        deadline = time.time() + 30
-        while len(psutil.Process(launcher.pid).children()) < 3 and time.time() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # let the children reach their lock or loop
+        wait_for(lambda: all(path.exists() and path.read_text() for path in ready), 60,
+                 "the three ranks to start")
+        waiting = [blocked(int(path.read_text())) for path in ready[:2]]
+        wait_for(lambda: all([rank_waits() for rank_waits in waiting]), 60,
+                 "ranks 0 and 1 to wait on their lock")
         done = nsadiag("stacks", str(launcher.pid), "--ranks", "--samples", "3",
                        "--interval", "0.3", "--json")
     finally:
@@ -74,7 +76,8 @@ def test_the_console_shows_a_thread_blocked_on_a_lock(tmp_path):
     script.write_text(BLOCKED)
     proc = subprocess.Popen([sys.executable, str(script)])
     try:
-        time.sleep(1.5)
+        wait_for(blocked(proc.pid, threads=2), 60,
+                 "the loader to wait on the lock and the main thread to sleep")
         done = nsadiag("stacks", str(proc.pid), "--samples", "2", "--interval", "0.3",
                        "--out", str(tmp_path / "run"))
     finally:

@@ -16,6 +16,7 @@ from nsadiag.probes.stacks import capture, catches_sigusr1, parse_faulthandler, 
 from nsadiag.report.dispatch import render_run
 from nsadiag.spec import JobSpec, TrialSpec
 from tests.helpers import REPO, STACK_FIXTURES
+from tests.procs import blocked, wait_for
 
 DUMP = """\
 Thread 0x00007f1e8b7fe640 (most recent call first):
@@ -117,11 +118,9 @@ def test_stacks_command_falls_back_for_a_trial_child_when_ptrace_is_refused(
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         events = trial_dir / "events.jsonl"
-        deadline = time.time() + 60
-        while time.time() < deadline and '"phase":"backward"' not in (
-                events.read_text() if events.exists() else ""):
-            time.sleep(0.1)
-        time.sleep(0.5)  # into the backward hook that waits for the lock
+        wait_for(lambda: events.exists() and '"phase":"backward"' in events.read_text(), 120,
+                 "the trial's backward")
+        wait_for(blocked(proc.pid), 60, "the backward hook to wait for the lock")
         assert trial_dump_file(proc.pid) == trial_dir / "faulthandler.txt"
         summary = stacks_command(proc.pid, ranks=False, count=3, interval_s=0.3, native=False)
         alive = proc.poll() is None

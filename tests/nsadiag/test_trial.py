@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from nsadiag.probes.stacks import catches_sigusr1
 from nsadiag.spec import JobSpec, TrialSpec
 from tests.helpers import REPO
 from tests.procs import wait_for
@@ -223,7 +223,7 @@ def test_memory_cap_python_allocation_raises_memory_error(tmp_path):
 
 
 def test_sigusr1_dumps_all_threads(tmp_path):
-    """One SIGUSR1 as soon as the dump file exists (the child is still importing torch),
+    """One SIGUSR1 as soon as the child armed faulthandler (it is still importing torch),
     one while the block sleeps in forward: both dump, neither stops the child."""
     spec = write_spec(tmp_path, target="tests.diag_targets:sleepy",
                       overrides={"sleep_s": 60.0}, seq_len=8, steps=1)
@@ -232,16 +232,17 @@ def test_sigusr1_dumps_all_threads(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "nsadiag.harness.child", str(spec)], cwd=REPO,
                             env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(dump.exists, TIMEOUT_S, "the child to arm faulthandler")
-        time.sleep(0.1)
+        wait_for(lambda: catches_sigusr1(proc.pid), TIMEOUT_S, "the child to arm faulthandler")
         os.kill(proc.pid, signal.SIGUSR1)
         wait_for(lambda: "Current thread 0x" in dump.read_text(), 30, "the early dump")
         early = dump.read_text()
         wait_for(lambda: events.exists() and '"edge":"enter"' in events.read_text(),
                  TIMEOUT_S, "the child to enter the sleeping forward")
         os.kill(proc.pid, signal.SIGUSR1)
-        wait_for(lambda: "in forward" in dump.read_text(), 30, "the dump in forward")
-        time.sleep(0.2)
+        # threads are dumped newest first: the main thread's outermost frame ends the dump
+        wait_for(lambda: "in _run_module_as_main" in
+                 dump.read_text()[len(early):].partition("in forward")[2], 30,
+                 "the whole dump in forward")
         text = dump.read_text()[len(early):]
         assert proc.poll() is None  # neither dump stopped the child
     finally:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.helpers import REPO, SCRIPTS
-from tests.procs import owned_by, with_cmdline, with_environ
+from tests.procs import owned_by, wait_for, with_cmdline, with_environ
 
 RUN_MARK = "TESTS_RUN_MARK"  # not NSADIAG_*: a script that strips those keeps it
 
@@ -28,10 +28,9 @@ def nsadiag_run(tmp_path: Path, options: list[str], command: list[str],
     exited = time.time()
     assert owned_by(proc.pid) == [], "a process of the command outlived nsadiag"
     # nsadiag's reaper ends a moment after nsadiag; anything of the command must be gone
-    deadline = time.monotonic() + 15
-    while (left := with_environ(RUN_MARK, mark)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], f"a process outlived nsadiag: {[p.cmdline() for p in left]}"
+    wait_for(lambda: not with_environ(RUN_MARK, mark), 15,
+             lambda: "every process of the command to end: outlived nsadiag: "
+                     f"{[p.cmdline() for p in with_environ(RUN_MARK, mark)]}", every_s=0.2)
     run = tmp_path / "run"
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return (done, json.loads((run / "summary.json").read_text()),
