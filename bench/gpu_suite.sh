@@ -30,8 +30,9 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$out/env.txt" ;;
       # on the CPU, so it carries no gpu mark); kernels compile in parallel workers
       timeout 420 $py -m pytest -q -p no:cacheprovider -n 6 -m gpu tests/ 2>&1 \
         | tee "$out/tests.log" | tail -25
-      timeout 120 $py -m pytest -q -p no:cacheprovider tests/test_bench_triton.py \
-        tests/test_cli_env.py tests/test_checks.py -k "bench or env or triton_backend" 2>&1 \
+      timeout 120 $py -m pytest -q -p no:cacheprovider tests/nsa/test_bench_triton.py \
+        tests/nsadiag/test_cli_env.py tests/nsadiag/test_checks.py \
+        -k "bench or env or triton_backend" 2>&1 \
         | tee -a "$out/tests.log" | tail -8 ;;
     bench)
       # shellcheck disable=SC2086

@@ -1,5 +1,6 @@
-"""A healthy target whose work grows as S^3, for tests/test_check_budget.py: at S=2048 a
-correctness check outlasts any short budget, at S=512 it takes a fraction of a second.
+"""A healthy target whose work grows as S^3, for tests/nsadiag/test_check_budget.py: at
+S=2048 a correctness check outlasts any short budget, at S=512 it takes a fraction of a
+second.
 
     size_bound   embed -> n_layers x SizeBoundBlock (checkpointed with grad_ckpt) -> head;
                  each block is one causal attention; above S=512 it also computes, on the

@@ -7,8 +7,6 @@ if not torch.cuda.is_available():
     # Triton kernels run under its CPU interpreter here; it must be on before they are built
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from nsa.config import NSAConfig
-
 
 @pytest.fixture(autouse=True)
 def _deterministic():
@@ -16,9 +14,9 @@ def _deterministic():
     yield
 
 
-def tiny_config(**changes) -> NSAConfig:
-    """Small shapes that exercise every rule: l=8, d=4, l_sel=16, w=12."""
-    base = NSAConfig(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, l=8, d=4, l_sel=16,
-                     n_sel=3, w=12, query_chunk=16, compress_hidden=16, n_layers=2,
-                     vocab_size=64)
-    return base.replace(**changes)
+@pytest.fixture
+def restore_threads():
+    """Torch's intra-op thread count as it was before the test (training sets its own)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -1,4 +1,4 @@
-"""torchrun worker of tests/test_ddp.py: one DDP forward/backward on this rank's shard.
+"""torchrun worker of tests/nsa/test_ddp.py: one DDP forward/backward on this rank's shard.
 
     python -m torch.distributed.run --standalone --nproc_per_node W ddp_grad_worker.py OUT
 

@@ -1,0 +1,234 @@
+"""The plain-script zoo (repro/scripts/) through `nsadiag run`: each script gets the
+verdict its docstring states, and no process is left once nsadiag exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import REPO, SCRIPTS
+from tests.procs import owned_by, wait_for, with_cmdline, with_environ
+
+RUN_MARK = "TESTS_RUN_MARK"  # not NSADIAG_*: a script that strips those keeps it
+
+
+def nsadiag_run(tmp_path: Path, options: list[str], command: list[str],
+                timeout: float = 400) -> tuple[subprocess.CompletedProcess, dict, dict, float]:
+    """Run `nsadiag run OPTIONS -- COMMAND`; (process, summary, record, exit time)."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"  # inherited by all the command starts
+    proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "run", *options, "--out",
+                             str(tmp_path / "run"), "--", *command], cwd=REPO,
+                            env={**os.environ, RUN_MARK: mark},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=timeout)
+    exited = time.time()
+    assert owned_by(proc.pid) == [], "a process of the command outlived nsadiag"
+    # nsadiag's reaper ends a moment after nsadiag; anything of the command must be gone
+    wait_for(lambda: not with_environ(RUN_MARK, mark), 15,
+             lambda: "every process of the command to end: outlived nsadiag: "
+                     f"{[p.cmdline() for p in with_environ(RUN_MARK, mark)]}", every_s=0.2)
+    run = tmp_path / "run"
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return (done, json.loads((run / "summary.json").read_text()),
+            json.loads((run / "record.json").read_text()), exited)
+
+
+def test_per_token_loop_is_slow_at_the_deadline(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--deadline", "15", "--stall-timeout", "30"],
+        [sys.executable, str(SCRIPTS / "slow_token_loop.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "SLOW", summary["headline"]
+    reasons = " ".join(record["verdict"]["reasons"])
+    assert "still progressing" in reasons
+    assert "loop variable `t` in forward (slow_token_loop.py:" in reasons
+    assert record["verdict"]["facts"]["steps_done"] >= 1
+    # a user's run has no step count: no ETA for the run, so the advice names none
+    assert "ETA unknown" in reasons or "ETA of the whole run unknown" in reasons
+    assert record["verdict"]["facts"]["eta_s"] is None
+    advice = (tmp_path / "run" / "report.md").read_text().split("## Recommendations")[1]
+    assert "than the ETA" not in advice and "above the ETA" not in advice
+
+
+TINY_BLOCKS_SLOW_METRIC = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(16))  # cheap blocks
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+model = Model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(100):
+    x = model(torch.randn(1, 262144, 8))
+    with torch.no_grad():  # a metric for the log, one position at a time
+        worst = [max(x[:, t, i].abs().max().item() for i in range(8))
+                 for t in range(x.shape[1])]
+    loss = x.pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} worst {max(worst):.3f}", flush=True)
+"""
+
+
+def test_a_burst_of_module_events_before_a_long_silence_gives_no_rate_over_no_time(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TINY_BLOCKS_SLOW_METRIC)
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--deadline", "12", "--stall-timeout", "30"], [sys.executable, str(script)])
+    assert summary["verdict"] == "SLOW", summary["headline"]
+    facts = record["verdict"]["facts"]
+    # 32 module events within milliseconds, then many seconds of the metric loop: the pace
+    # runs to the kill, never over the burst's 0.0 s
+    assert facts["rate_window_s"] >= 1.0 or facts["rate"] is None, facts
+    assert not any("over the last 0.0 s" in r for r in record["verdict"]["reasons"])
+
+
+def test_lock_taken_in_a_gradient_hook_is_a_deadlock_naming_the_line(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--stall-timeout", "5"],
+        [sys.executable, str(SCRIPTS / "grad_hook_deadlock.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "DEADLOCK", summary["headline"]
+    facts = record["verdict"]["facts"]
+    assert facts["wait_frame"].startswith("record_norm (grad_hook_deadlock.py:")
+    assert "with stats_lock:" in " ".join(record["verdict"]["reasons"])
+
+
+def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
+    stall_timeout = 10.0
+    done, summary, record, exited = nsadiag_run(
+        tmp_path, ["--stall-timeout", str(stall_timeout)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "2", str(SCRIPTS / "ddp_extra_allreduce.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "STALL-COLLECTIVE", summary["headline"]
+    facts = record["verdict"]["facts"]
+    assert facts["odd_ranks"] == [1]
+    rows = {row["rank"]: row for row in facts["ranks"]}
+    line = next(i for i, text in enumerate((SCRIPTS / "ddp_extra_allreduce.py").read_text()
+                                            .splitlines(), 1)
+                if text.strip().startswith("dist.all_reduce(overflow"))
+    assert rows[1]["waiting"].endswith(f"from main (ddp_extra_allreduce.py:{line}))")
+    assert rows[0]["waiting"].startswith("all_reduce #3 (DDP bucket 0")
+    assert summary["failing"]["reasons"][0].startswith("rank 1 waits in all_reduce #3")
+    # the line blamed is the collective only rank 1 issues
+    assert summary["finding"]["culprit"]["where"] == f"ddp_extra_allreduce.py:{line}"
+    # the verdict came within the stall timeout + 30 s of the ranks' last progress
+    last = max(json.loads(line)["t"] for path in (tmp_path / "run").glob("proc-*/events.jsonl")
+               for line in path.read_text().splitlines()
+               if '"kind":"pulse"' not in line and line.strip())
+    assert exited - last < stall_timeout + 30, exited - last
+
+
+def test_helpers_in_new_sessions_are_gone_after_an_ok_verdict(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, [], [sys.executable, str(SCRIPTS / "new_session_helper.py")])
+    assert done.returncode == 0, done.stderr
+    assert summary["verdict"] == "OK", summary["headline"]
+    assert record["verdict"]["reasons"][0].startswith("the command finished 3 of 3 steps")
+    helpers = [p for p in json.loads((tmp_path / "run" / "evidence.json").read_text())
+               ["processes"] if p["events"].get("start")]
+    assert len(helpers) >= 3, "the script and both helpers were watched"
+    assert with_cmdline("nsadiag repro: log shipper") == []
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["command_name"] == "run" and meta["argv"][-1].endswith("new_session_helper.py")
+
+
+def _line(script: str, starts: str) -> int:
+    """The number of the first line of repro/scripts/`script` that is `starts` or starts
+    with it followed by a space (a call, a comment)."""
+    return next(i for i, text in enumerate((SCRIPTS / script).read_text().splitlines(), 1)
+                if text.strip() == starts or text.strip().startswith(starts + " ") or
+                (starts.endswith("(") and text.strip().startswith(starts)))
+
+
+def test_a_dataloader_worker_that_waits_is_named_with_its_frame(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--stall-timeout", "5"],
+        [sys.executable, str(SCRIPTS / "dataloader_worker_hang.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "DEADLOCK", summary["headline"]
+    facts = record["verdict"]["facts"]
+    held_by = facts["held_by"]
+    assert held_by["role"] == "DataLoader worker 0 of the main process"
+    line = next(i for i, text in enumerate((SCRIPTS / "dataloader_worker_hang.py").read_text()
+                                           .splitlines(), 1)
+                if text.strip() == "with self.lock:")  # __getitem__'s, uncommented
+    assert held_by["where"] == f"TokenDataset.__getitem__ (dataloader_worker_hang.py:{line})"
+    assert held_by["code"] == "with self.lock:" and held_by["state"] == "waits"
+    assert sorted(other["role"] for other in facts["others"]) == [
+        "DataLoader worker 0 of the main process", "DataLoader worker 1 of the main process"]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"| DataLoader worker 1 of the main process | - | waiting | waits in " \
+           f"TokenDataset.__getitem__ (dataloader_worker_hang.py:{line})" in report
+    assert "(stopped by nsadiag at a stall)" in report and "exit code None" not in report
+
+
+def test_a_rank_aborted_by_a_collective_mismatch_is_explained_by_what_it_left(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--stall-timeout", "10"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "2", str(SCRIPTS / "ddp_collective_mismatch.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "CRASH", summary["headline"]
+    facts, reasons = record["verdict"]["facts"], record["verdict"]["reasons"]
+    assert facts["rank"] == 1 and facts["signal_name"] == "SIGABRT"
+    line = _line("ddp_collective_mismatch.py", "dist.all_reduce(total)")
+    assert reasons[0].startswith("rank 1 died of SIGABRT (its faulthandler dump: \"Fatal "
+                                 "Python error: Aborted\") while its main thread was in "
+                                 "all_reduce (distributed_c10d.py:")
+    assert reasons[0].endswith(f"called from debug_stat (ddp_collective_mismatch.py:{line}); "
+                               f"the runner did not kill it")
+    assert any("Received data size doesn't match expected size" in r for r in reasons)
+    n = facts["diverged_at"]
+    mismatch = next(r for r in reasons if " met " in r)
+    assert mismatch.startswith(f"rank 1's all_reduce #{n} (4 bytes) from debug_stat "
+                               f"(ddp_collective_mismatch.py:{line}) met rank 0's DDP gradient "
+                               f"all_reduce #{n} (37,408 bytes, bucket 0)")
+    assert "killed by a signal or the OOM killer" not in " ".join(reasons)
+
+
+def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--stall-timeout", "5"],
+        [sys.executable, str(SCRIPTS / "producer_thread_dies.py")])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "DEADLOCK", summary["headline"]
+    reasons = record["verdict"]["reasons"]
+    get = _line("producer_thread_dies.py", "batch = batches.get()")
+    assert reasons[1].startswith("an exception ended another thread: thread producer died of "
+                                 "ValueError: invalid literal for int() with base 10: "
+                                 "'corrupt' at ")
+    assert f"called from main (producer_thread_dies.py:{get})" in reasons[-1]
+    # the main thread sat in get() without the CPU: that line is a wait, never "hottest"
+    assert not any(r.startswith("hottest line of user code: main (producer_thread_dies.py:"
+                                f"{get})") for r in reasons)
+    assert any(r.startswith("most samples") and f"producer_thread_dies.py:{get})" in r
+               for r in reasons)
+
+
+def test_a_loop_that_keeps_each_steps_graph_dies_of_memory_naming_the_line(tmp_path):
+    script = SCRIPTS / "loss_history_leak.py"
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, [], ["bash", "-c", f"ulimit -v 2000000; exec {sys.executable} {script}"])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "OOM", summary["headline"]
+    facts = record["verdict"]["facts"]
+    assert facts["rss_growth_per_step"] > 16 * 2**20  # 1024 x 512 activations x 5 tensors
+    line = _line("loss_history_leak.py", "val_losses.append(")
+    assert facts["rss_holder"] == f"main (loss_history_leak.py:{line})"
