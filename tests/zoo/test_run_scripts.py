@@ -111,7 +111,7 @@ def test_lock_taken_in_a_gradient_hook_is_a_deadlock_naming_the_line(tmp_path):
 
 def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
     stall_timeout = 10.0
-    done, summary, record, exited = nsadiag_run(
+    done, summary, record, _ = nsadiag_run(
         tmp_path, ["--stall-timeout", str(stall_timeout)],
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          "2", str(SCRIPTS / "ddp_extra_allreduce.py")])
@@ -128,11 +128,11 @@ def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
     assert summary["failing"]["reasons"][0].startswith("rank 1 waits in all_reduce #3")
     # the line blamed is the collective only rank 1 issues
     assert summary["finding"]["culprit"]["where"] == f"ddp_extra_allreduce.py:{line}"
-    # the verdict came within the stall timeout + 30 s of the ranks' last progress
-    last = max(json.loads(line)["t"] for path in (tmp_path / "run").glob("proc-*/events.jsonl")
-               for line in path.read_text().splitlines()
-               if '"kind":"pulse"' not in line and line.strip())
-    assert exited - last < stall_timeout + 30, exited - last
+    # the verdict came from nsadiag's stall clock while both ranks still waited, not from the
+    # collective giving up: the ranks were stopped at the stall, no rank timed out
+    assert record["evidence"]["outcome"]["kill_reason"] == "stall"
+    assert facts["pg_timeout"] is False
+    assert all(rank["stall"] and rank["stall"]["samples"] for rank in record["evidence"]["ranks"])
 
 
 def test_helpers_in_new_sessions_are_gone_after_an_ok_verdict(tmp_path):
