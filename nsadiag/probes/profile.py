@@ -349,6 +349,13 @@ HOLDER_SHARE = 0.1
 """A frame holding less than this share of what the most holding frame holds is noise."""
 CLOSE = 0.9
 """Scores within this factor of the best count as equal."""
+MAJORITY = 0.5
+"""A deeper frame holding more than this share of what the most holding frame holds is
+named instead of it. The outermost frames hold everything, as they are on every stack; a
+rise is given to the frames on the stack at both readings around it, so where readings are
+sparse (a loaded machine) part of a line's memory falls to the frames around it only, and
+the line may hold well under all of it. More than half can be held by one line of a
+function only, so the frame named is still one."""
 
 
 def _memory(ledger: dict[str, Any]) -> dict[str, Any]:
@@ -356,7 +363,8 @@ def _memory(ledger: dict[str, Any]) -> dict[str, Any]:
     keeps the most of it across steps: among the frames that took memory in two steps or
     more and hold a real share of it, the one that gave back the least of what rose under
     it (held over risen: the outermost frames, on every stack, also saw everything that was
-    given back), then the one holding most, then the innermost."""
+    given back), then the innermost of those holding more than MAJORITY of what the most
+    holding one holds."""
     holders = [h for h in ledger.get("holders") or [] if int(h.get("steps", 0)) >= 2]
     holder = None
     if holders:
@@ -369,8 +377,8 @@ def _memory(ledger: dict[str, Any]) -> dict[str, Any]:
         best = max(kept(h) for h in real)
         close = [h for h in real if kept(h) >= CLOSE * best]
         largest = max(int(h["held"]) for h in close)
-        chosen = max((h for h in close if int(h["held"]) >= CLOSE * largest),
-                     key=lambda h: int(h.get("depth", 0)))
+        chosen = max((h for h in close if int(h["held"]) > MAJORITY * largest),
+                     key=lambda h: (int(h.get("depth", 0)), int(h["held"])))
         function, file, line = chosen["frame"]
         holder = {"where": _where(function, file, line), "file": file, "line": line,
                   "code": linecache.getline(file, line).strip() or None,

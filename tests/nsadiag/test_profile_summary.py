@@ -210,3 +210,34 @@ def test_the_sampler_profile_of_a_running_loop_names_the_loop(tmp_path: Path):
     assert loop["advanced"] > 0 and loop["rate_per_s"] > 0 and loop["restarts"] <= 1
     assert any(pulse["progress"] for pulse in pulses)
     assert not sampler.is_alive()
+
+
+def _ledger(holders: list[tuple[list, int, int, int, int]]) -> dict:
+    return {"version": PROFILE_VERSION, "pid": 1, "interval_s": 0.1, "samples": 0,
+            "stacks": [], "memory": {"rss": {
+                "first": 0, "last": 1 << 30, "peak": 1 << 30, "held": 1 << 30,
+                "holders": [{"frame": frame, "held": held, "steps": steps, "rose": rose,
+                             "depth": depth} for frame, held, steps, rose, depth in holders]}}}
+
+
+SCRIPT = "/home/user/proj/leak.py"
+
+
+def test_the_line_holding_most_memory_is_named_when_sparse_readings_gave_part_to_its_caller():
+    # a ledger of a loaded machine: readings far apart gave a third of what the validation
+    # line kept to the module-level call around it only (the frames on both stacks)
+    profile = _ledger([(["<module>", SCRIPT, 38], 1137627136, 24, 1316872192, 0),
+                       (["main", SCRIPT, 32], 672546816, 22, 701775872, 1),
+                       (["main", SCRIPT, 23], 173645824, 1, 173645824, 1),
+                       (["main", SCRIPT, 28], 67784704, 16, 67784704, 1)])
+    holder = summarize(profile)["memory"]["rss"]["holder"]
+    assert (holder["where"], holder["held"]) == ("main (leak.py:32)", 672546816)
+
+
+def test_no_line_holding_half_names_the_frame_around_them():
+    # two lines of one loop each keep a part: neither holds the majority, the loop's caller
+    # holding both is named
+    profile = _ledger([(["train", SCRIPT, 50], 1000, 10, 1000, 0),
+                       (["step", SCRIPT, 20], 450, 10, 450, 1),
+                       (["step", SCRIPT, 21], 450, 10, 450, 1)])
+    assert summarize(profile)["memory"]["rss"]["holder"]["where"] == "train (leak.py:50)"
