@@ -91,16 +91,13 @@ class _JobTree(Tree):
     end, and with NCCL each rank's Flight Recorder dumped at a stall."""
 
     def __init__(self, job: JobSpec, launched: Launched, streams: list[Stream]):
-        self.launched, self.streams = launched, streams
+        super().__init__(streams)
+        self.launched = launched
         self.rank_dirs = [stream.path.parent for stream in streams]
         self.nccl = job.world_size > 1 and job.ddp_backend == "nccl"
 
     def running(self) -> bool:
         return self.launched.poll() is None
-
-    def new_streams(self) -> list[Stream]:
-        new, self.streams = self.streams, []
-        return new
 
     def unwatched(self, watched: set[int]) -> list[psutil.Process]:
         return unwatched(self.launched, watched)

@@ -185,6 +185,7 @@ class _CommandTree(Tree):
     end."""
 
     def __init__(self, command: _Command, run_dir: Path):
+        super().__init__([])
         self.command, self.run_dir = command, run_dir
         self.known: set[str] = set()
 

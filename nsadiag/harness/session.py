@@ -19,6 +19,7 @@ is built from (nsadiag.harness.record).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,34 +37,44 @@ from nsadiag.probes.gpu import gpu_state
 OnEvents = Callable[[list[dict]], None]
 
 
-class Tree:
-    """A process tree to watch. The defaults suit a tree whose streams are all known at the
-    start and that nsadiag does not stop; each kind of watch overrides what differs."""
+class Tree(ABC):
+    """A process tree to watch, with the heartbeat streams known when it starts (more may
+    join: ``new_streams``). The defaults suit a tree nsadiag does not stop; each kind of
+    watch overrides what differs."""
 
+    def __init__(self, streams: list[Stream]):
+        self.pending = list(streams)
+
+    @abstractmethod
     def running(self) -> bool:
         """Whether the tree still runs."""
-        raise NotImplementedError
 
     def wait(self, seconds: float) -> None:
         """Wait about ``seconds`` before the next read (less when the tree ends)."""
         time.sleep(seconds)
 
     def new_streams(self) -> list[Stream]:
-        """Heartbeat streams that appeared since the last call."""
-        return []
+        """Heartbeat streams that appeared since the last call (at first: those given)."""
+        new, self.pending = self.pending, []
+        return new
 
     def unwatched(self, watched: set[int]) -> list[psutil.Process]:
         """The tree's live Python processes that write no heartbeat (sampled at a stall)."""
         return []
 
     def before_capture(self, due: Due) -> None:
-        """Called once the clock says stop, before the processes are sampled."""
+        """Called once the clock says stop, before the processes are sampled; by default
+        nothing is done."""
+        return None
 
     def after_capture(self, due: Due) -> None:
-        """Called after the processes were sampled."""
+        """Called after the processes were sampled; by default nothing is done."""
+        return None
 
     def stop(self) -> None:
-        """End the tree's processes (called on every way out of the loop)."""
+        """End the tree's processes (called on every way out of the loop); by default
+        nothing is stopped (a tree nsadiag only watches)."""
+        return None
 
 
 @dataclass

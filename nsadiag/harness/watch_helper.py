@@ -65,10 +65,9 @@ class _BlockTree(Tree):
     never stopped."""
 
     def __init__(self, pid: int, run_dir: Path, pipe_fd: int):
+        super().__init__([Stream(f"proc-{pid}", run_dir / f"proc-{pid}" / "events.jsonl",
+                                 UNBOUNDED_STEPS)])
         self.pid, self.pipe_fd = pid, pipe_fd
-        self.stream: Stream | None = Stream(f"proc-{pid}",
-                                            run_dir / f"proc-{pid}" / "events.jsonl",
-                                            UNBOUNDED_STEPS)
         self.closed = False
 
     def running(self) -> bool:
@@ -78,10 +77,6 @@ class _BlockTree(Tree):
         readable, _, _ = select.select([self.pipe_fd], [], [], seconds)
         if readable and not os.read(self.pipe_fd, 4096):
             self.closed = True  # the block ended, or the watched process is gone
-
-    def new_streams(self) -> list[Stream]:
-        new, self.stream = [self.stream] if self.stream else [], None
-        return new
 
 
 def _outcome(end: SessionEnd, block_ok: bool) -> ProcessOutcome:

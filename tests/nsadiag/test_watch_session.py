@@ -34,15 +34,12 @@ class _OneProcess(Tree):
     """A child the test started, with one heartbeat stream, killed at the end."""
 
     def __init__(self, stream: Stream, proc: subprocess.Popen):
-        self.pending, self.proc = [stream], proc
+        super().__init__([stream])
+        self.proc = proc
         self.stopped = 0
 
     def running(self) -> bool:
         return self.proc.poll() is None
-
-    def new_streams(self) -> list[Stream]:
-        new, self.pending = self.pending, []
-        return new
 
     def stop(self) -> None:
         self.stopped += 1

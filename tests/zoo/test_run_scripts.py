@@ -120,9 +120,7 @@ def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
     facts = record["verdict"]["facts"]
     assert facts["odd_ranks"] == [1]
     rows = {row["rank"]: row for row in facts["ranks"]}
-    line = next(i for i, text in enumerate((SCRIPTS / "ddp_extra_allreduce.py").read_text()
-                                            .splitlines(), 1)
-                if text.strip().startswith("dist.all_reduce(overflow"))
+    line = _line("ddp_extra_allreduce.py", "dist.all_reduce(overflow,")
     assert rows[1]["waiting"].endswith(f"from main (ddp_extra_allreduce.py:{line}))")
     assert rows[0]["waiting"].startswith("all_reduce #3 (DDP bucket 0")
     assert summary["failing"]["reasons"][0].startswith("rank 1 waits in all_reduce #3")
@@ -149,12 +147,13 @@ def test_helpers_in_new_sessions_are_gone_after_an_ok_verdict(tmp_path):
     assert meta["command_name"] == "run" and meta["argv"][-1].endswith("new_session_helper.py")
 
 
-def _line(script: str, starts: str) -> int:
-    """The number of the first line of repro/scripts/`script` that is `starts` or starts
-    with it followed by a space (a call, a comment)."""
+def _line(script: str, starts: str, exact: bool = False) -> int:
+    """The number of the first line of repro/scripts/`script` that is `starts` or, unless
+    `exact`, starts with it followed by a space (a call, a comment)."""
     return next(i for i, text in enumerate((SCRIPTS / script).read_text().splitlines(), 1)
-                if text.strip() == starts or text.strip().startswith(starts + " ") or
-                (starts.endswith("(") and text.strip().startswith(starts)))
+                if text.strip() == starts or not exact and (
+                    text.strip().startswith(starts + " ") or
+                    (starts.endswith("(") and text.strip().startswith(starts))))
 
 
 def test_a_dataloader_worker_that_waits_is_named_with_its_frame(tmp_path):
@@ -166,9 +165,7 @@ def test_a_dataloader_worker_that_waits_is_named_with_its_frame(tmp_path):
     facts = record["verdict"]["facts"]
     held_by = facts["held_by"]
     assert held_by["role"] == "DataLoader worker 0 of the main process"
-    line = next(i for i, text in enumerate((SCRIPTS / "dataloader_worker_hang.py").read_text()
-                                           .splitlines(), 1)
-                if text.strip() == "with self.lock:")  # __getitem__'s, uncommented
+    line = _line("dataloader_worker_hang.py", "with self.lock:", exact=True)  # __getitem__'s
     assert held_by["where"] == f"TokenDataset.__getitem__ (dataloader_worker_hang.py:{line})"
     assert held_by["code"] == "with self.lock:" and held_by["state"] == "waits"
     assert sorted(other["role"] for other in facts["others"]) == [
