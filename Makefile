@@ -36,12 +36,12 @@ endif
 # for torch only, the long step (a wheel of about 190 MB for the CPU build; several GB with
 # a CUDA build's libraries).
 define INSTALL_BASE
-@echo "== $(VENV): creating the virtual environment and upgrading pip"
+@echo "== $(VENV): creating the virtual environment and upgrading pip (under a minute)"
 test -x $(PY) || $(PYTHON) -m venv $(VENV)
 $(PY) -m pip install --quiet --upgrade pip
-@echo "== $(VENV): installing numpy"
+@echo "== $(VENV): installing numpy (under a minute)"
 $(PY) -m pip install --quiet "numpy>=1.24"
-@echo "== $(VENV): installing torch, the long step (pip's output follows)"
+@echo "== $(VENV): installing torch, the long step: about a minute plus the download (pip's output follows)"
 $(INSTALL_TORCH)
 $(PY) -c "import torch; print('installed torch', torch.__version__, '(CUDA ' + torch.version.cuda + ' build)' if torch.version.cuda else '(CPU build)')"
 endef
@@ -50,7 +50,7 @@ endef
 
 $(STAMP): pyproject.toml
 	$(INSTALL_BASE)
-	@echo "== $(VENV): installing nsa-diag (editable) with its dependencies, test tools and triton"
+	@echo "== $(VENV): installing nsa-diag (editable) with its dependencies, test tools and triton (about a minute)"
 	$(PY) -m pip install --quiet -e ".[test,triton]"
 	touch $(STAMP)
 	@echo "== $(VENV): ready; nsadiag is $(VENV)/bin/nsadiag (or: source $(VENV)/bin/activate)"
@@ -61,7 +61,7 @@ $(STAMP): pyproject.toml
 install-tool: VENV = $(TOOL_VENV)
 install-tool:
 	$(INSTALL_BASE)
-	@echo "== $(VENV): installing nsa-diag with its dependencies and triton"
+	@echo "== $(VENV): installing nsa-diag with its dependencies and triton (about a minute)"
 	$(PY) -m pip install --quiet ".[triton]"
 	mkdir -p $(TOOL_BIN)
 	ln -sfn $(abspath $(VENV))/bin/nsadiag $(TOOL_BIN)/nsadiag
