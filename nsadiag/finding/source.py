@@ -5,8 +5,8 @@ Paths in a record are data, never pointers. The code a report shows comes from t
 itself: ``capture(data)``, called where the record is made (on the machine that ran the
 program, whose files these are), finds every FILE:LINE the record names (stack frames,
 profile lines, tracebacks, faulthandler dumps), reads each file once (a regular file of at
-most MAX_FILE_BYTES that parses as Python) and keeps a window of lines around each named
-line, the loops that hold it and the ``if`` it sits under. The record carries that as
+most MAX_FILE_BYTES that parses as Python) and keeps each named line, the loops that hold
+it and the ``if`` it sits under, with their headers. The record carries that as
 ``"source"``; ``sources_of(data)`` reads it back. A record without it (made by an older
 nsadiag, or assembled in a test) reads the files themselves only outside a render of a
 received directory (nsadiag.runfiles.confined); a received one names its lines without
@@ -29,8 +29,10 @@ from typing import Any
 from nsadiag import runfiles
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
-WINDOW = 2
-"""Lines kept on each side of a line a record names."""
+WINDOW = 0
+"""Lines kept on each side of a line a record names: none. A report shows the named line,
+the loop's header and the condition, each kept; a neighbour would be shared with every
+bundle for nothing (a key hard-coded two lines above a raise would travel with it)."""
 MAX_FILE_BYTES = 2 * 2**20
 """A source file larger than this is not read (no user module is; a generated one may be)."""
 MAX_FILES = 64
@@ -150,13 +152,17 @@ class Sources:
     """The source a finding may show (see the module docstring): ``stored`` files by path,
     and, when ``live``, this machine's files read on demand."""
 
-    def __init__(self, stored: dict[str, SourceFile] | None = None, live: bool = False):
+    def __init__(self, stored: dict[str, SourceFile] | None = None, live: bool = False,
+                 carried: bool = True):
         self.files: dict[str, SourceFile | None] = dict(stored or {})
-        self.live = live
+        self.live, self.carried = live, carried
 
     def file(self, path: str) -> SourceFile | None:
         if path not in self.files:
             self.files[path] = read_source(path) if self.live else None
+            if not self.live and not self.carried:
+                runfiles.note("the record carries no source lines (written by an older "
+                              "nsadiag): its lines are named without their code")
         return self.files[path]
 
     def display_path(self, path: str) -> str:
@@ -200,10 +206,7 @@ def sources_of(data: dict[str, Any]) -> Sources:
     one reads this machine's files unless a received directory is being rendered."""
     stored = data.get("source") if isinstance(data, dict) else None
     if not isinstance(stored, dict):
-        if runfiles.confined():
-            runfiles.note("the record carries no source lines (written by an older "
-                          "nsadiag): lines are named without their code")
-        return Sources(live=not runfiles.confined())
+        return Sources(live=not runfiles.confined(), carried=False)
     files = {}
     for path, entry in list((stored.get("files") or {}).items())[:MAX_FILES]:
         parsed = SourceFile.from_dict(entry)

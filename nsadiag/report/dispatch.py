@@ -199,8 +199,8 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
         text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
         summary["skipped_records"] = skipped
     if not_read:
-        text += ("\n## Files not read\n\nNamed by a record, but outside this directory, "
-                 "not a regular file, or too large:\n\n" +
+        text += ("\n## Files not read\n\nWhat a record names is read only from inside this "
+                 "directory, as a regular file of a bounded size; here it was not:\n\n" +
                  "".join(f"- {line}\n" for line in not_read))
         summary["files_not_read"] = not_read
     # what a record holds is shown, never obeyed: no escape sequence reaches a terminal

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from nsadiag import runfiles
 from nsadiag.finding.culprit import culprit_of
 from nsadiag.finding.source import capture, sources_of
 from nsadiag.report.bundle import bundle_path
@@ -80,6 +81,17 @@ def _error_naming(file: str, line: int) -> TrialRecord:
                            "traceback": traceback}})
 
 
+def _busy_in(places: list[tuple[str, int]]) -> TrialRecord:
+    """A STALL-BUSY record whose samples' running frames sit in ``places`` (each file's
+    loops and lines were looked up)."""
+    samples = [{"t": float(i), "pid": 7, "threads": [
+        {"thread_id": 1, "name": "MainThread", "active": True,
+         "frames": [{"function": "f", "file": file, "line": line}]}]}
+        for i, (file, line) in enumerate(places)]
+    return _run_record("/", "STALL-BUSY", {"stacks_class": "busy-python"},
+                       stall={"samples": samples, "stacks_class": "busy-python"})
+
+
 RENDER_ALL = """
 import sys
 from pathlib import Path
@@ -129,6 +141,7 @@ def test_a_record_naming_the_receivers_files_renders_none_of_them(tmp_path, home
              "zero": ("/dev/zero", 1), "passwd": ("/etc/passwd", 1)}
     dirs = {name: _plant_run(tmp_path / name, _error_naming(*where))
             for name, where in named.items()}
+    dirs["frames"] = _plant_run(tmp_path / "frames", _busy_in(list(named.values())))
     _render_all(list(dirs.values()), home)
     shadow, passwd = _first_line("/etc/shadow"), _first_line("/etc/passwd")
     for name, run in dirs.items():
@@ -141,7 +154,8 @@ def test_a_record_naming_the_receivers_files_renders_none_of_them(tmp_path, home
         assert "\x00" * 8 not in shared  # nothing of /dev/zero
         summary = json.loads((run / "summary.json").read_text())
         culprit = summary["finding"]["culprit"]
-        assert culprit["where"] == f"{Path(named[name][0]).name}:{named[name][1]}"
+        if name in named:
+            assert culprit["where"] == f"{Path(named[name][0]).name}:{named[name][1]}"
         assert culprit["code"] is None
         assert "record.json names its directory '/': read as this directory" in \
             summary["files_not_read"]
@@ -198,7 +212,7 @@ def test_the_culprits_code_comes_from_what_the_record_stored(tmp_path):
     record.evidence["source"] = capture(record.evidence)
     stored = record.evidence["source"]["files"][loop_file]
     assert stored["shown"] == "repro/per_token_loop.py" and [26, 30, ["t"]] in stored["loops"]
-    assert len(stored["lines"]) < 20  # a window, not the file
+    assert sorted(stored["lines"]) == ["26", "28"]  # the line and its loop's header only
     moved = TrialRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     culprit = culprit_of(moved)
     assert culprit.where() == "repro/per_token_loop.py:26-30"
@@ -257,3 +271,39 @@ def test_escape_sequences_in_a_record_reach_neither_the_terminal_nor_the_files(t
     assert shown.returncode == 0, shown.output[-2000:]
     assert "boom OK (healthy)" in shown.output
     assert not [s for s in PLANTED if s in shown.output], shown.output[-2000:]
+
+
+def test_a_moved_directorys_trials_are_found_and_a_planted_ones_refused(tmp_path, home):
+    root = tmp_path / "received"
+    (root / "trial-1").mkdir(parents=True)
+    (root / "trial-7").symlink_to(home, target_is_directory=True)
+    with runfiles.rendering(root) as not_read:
+        assert runfiles.trial_dir(str(root / "trial-1")) == (root / "trial-1").resolve()
+        assert runfiles.trial_dir("/elsewhere/runs/sweep/trial-1") == root / "trial-1"
+        assert runfiles.trial_dir("/") is None
+        assert runfiles.trial_dir(str(home)) is None
+        assert runfiles.trial_dir("/elsewhere/trial-7") is None  # a link out of the directory
+        assert runfiles.read_bytes(home / ".ssh" / "id_rsa", 2**20, "dump") is None
+    assert not_read == ["trial_dir '/': outside the run directory, ignored",
+                        f"trial_dir {str(home)!r}: outside the run directory, ignored",
+                        "trial_dir '/elsewhere/trial-7': outside the run directory, ignored",
+                        f"dump {str(home / '.ssh' / 'id_rsa')!r}: outside the run directory, "
+                        f"not read"]
+    assert runfiles.trial_dir("/") == Path("/")  # outside a render: the path as written
+
+
+def test_the_watched_programs_own_output_passes_through_as_it_wrote_it(tmp_path):
+    """Only nsadiag's renderings are cleaned: the program's escapes reach the terminal,
+    nsadiag's own lines about its argv carry none, nor do report.md and summary.json."""
+    red = "\x1b[31mred\x1b[0m"
+    done = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c",
+                   "import sys; print(sys.argv[1]); raise SystemExit(sys.argv[1])", red,
+                   timeout=RENDER_TIMEOUT_S)
+    assert done.returncode == 1, done.stderr
+    program = [line for line in (done.stdout + done.stderr).splitlines() if red in line]
+    assert len(program) == 2  # printed, and the exit message
+    ours = [line for line in (done.stdout + done.stderr).splitlines() if red not in line]
+    assert any("watching" in line for line in ours) and any("ERROR" in line for line in ours)
+    assert not [line for line in ours if "\x1b" in line], ours
+    for name in ("report.md", "summary.json"):
+        assert "\x1b" not in (tmp_path / "run" / name).read_text(), name
