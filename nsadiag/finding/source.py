@@ -3,14 +3,14 @@ line, the loop around a line, the condition a line sits under.
 
 Paths in a record are data, never pointers. The code a report shows comes from the record
 itself: ``capture(data)``, called where the record is made (on the machine that ran the
-program, whose files these are), finds every FILE:LINE the record names (stack frames,
-profile lines, tracebacks, faulthandler dumps), reads each file once (a regular file of at
-most MAX_FILE_BYTES that parses as Python) and keeps each named line, the loops that hold
-it and the ``if`` it sits under, with their headers. The record carries that as
-``"source"``; ``sources_of(data)`` reads it back. A record without it (made by an older
-nsadiag, or assembled in a test) reads the files themselves only outside a render of a
-received directory (nsadiag.runfiles.confined); a received one names its lines without
-their code.
+program, whose files these are), finds every FILE:LINE of the user's own code the record
+names (stack frames, profile lines, tracebacks, faulthandler dumps), reads each file once
+(a regular file of at most MAX_FILE_BYTES that parses as Python) and keeps each named
+line, the loops that hold it and the ``if`` it sits under, with their headers. The record
+carries that as ``"source"``; ``sources_of(data)`` reads it back. A record without it
+(made by an older nsadiag, or assembled in a test) reads the files themselves only outside
+a render of a received directory (nsadiag.runfiles.confined); a received one names its
+lines without their code.
 
 A file that cannot be read or parsed gives None, never an error.
 """
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag import runfiles
+from nsadiag.evidence import StackFrame
+from nsadiag.probes.frames import own_code
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 WINDOW = 0
@@ -219,14 +221,15 @@ def sources_of(data: dict[str, Any]) -> Sources:
 
 
 def _places(data: Any, texts: Iterable[str] = ()) -> list[tuple[str, int]]:
-    """Every FILE:LINE ``data`` names (frames as {"file", "line"}, traceback and dump
+    """Every FILE:LINE of the user's own code (nsadiag.probes.frames.own_code: the only
+    lines a finding blames) ``data`` names (frames as {"file", "line"}, traceback and dump
     text, ``where`` facts), then in ``texts``; profile loops that name a file only by its
     name are resolved among the files named elsewhere."""
     found: dict[tuple[str, int], None] = {}
     by_name: list[tuple[str, int]] = []
 
     def add(file: str, line: int) -> None:
-        if len(found) < MAX_PLACES and file and line > 0 and not file.startswith("<"):
+        if len(found) < MAX_PLACES and line > 0 and own_code(StackFrame("", file, line)):
             found[(file, line)] = None
 
     def scan(text: str) -> None:

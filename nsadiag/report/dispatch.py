@@ -160,6 +160,15 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
 
 
+def build_confined(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+                   ) -> tuple[str, dict[str, Any], list[str]]:
+    """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
+    the lines saying what it did not read."""
+    with runfiles.rendering(run_dir) as not_read:
+        text, summary = build(run_dir, kind, meta, skipped)
+    return text, summary, not_read
+
+
 def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
     """``render_run`` holding the run directory's lock (`nsadiag report`): waits up to
     LOCK_WAIT_S while another nsadiag holds it, then ValueError (one line) naming it."""
@@ -186,15 +195,14 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
-    with runfiles.rendering(run_dir) as not_read:
-        try:
-            text, summary = build(run_dir, kind, meta, skipped)
-        except (KeyError, TypeError, IndexError, AttributeError) as err:
-            raise ValueError(f"report: a stored record of {run_dir} is malformed "
-                             f"({type(err).__name__}: {err})") from None
-        except RecursionError:
-            raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
-                             f"read") from None
+    try:
+        text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+        raise ValueError(f"report: a stored record of {run_dir} is malformed "
+                         f"({type(err).__name__}: {err})") from None
+    except RecursionError:
+        raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
+                         f"read") from None
     if skipped:
         text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
         summary["skipped_records"] = skipped
