@@ -5,7 +5,8 @@ given --no-redact, so a secret in an exception message, a host name or an addres
 reaches the terminal. A closed stream (``| head -n 1``) is ``OutputClosed``, one line on
 stderr and a non-zero exit, not a traceback. Progress: a live bar or spinner on a terminal,
 one plain line per step elsewhere (CI logs, pipes). Rich is imported when something is
-printed, not before.
+printed, not before. What is printed is stripped of control characters first
+(nsadiag.textsafe): a record's text cannot move the cursor, set the title or the clipboard.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from nsadiag.textsafe import clean, clean_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,15 +120,15 @@ class Terminal:
 
     def print(self, text: str = "", style: str | None = None) -> None:
         """One line of results on stdout."""
-        self.out.print(text, style=style, markup=False, soft_wrap=True)
+        self.out.print(clean(text), style=style, markup=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
         """One plain line of progress on stderr."""
-        self.err.print(text, markup=False, soft_wrap=True, highlight=False)
+        self.err.print(clean(text), markup=False, soft_wrap=True, highlight=False)
 
     def error(self, message: str) -> None:
         """``nsadiag: error: <message>`` as one line on stderr."""
-        line = " ".join(message.split())
+        line = " ".join(clean(message).split())
         self.err.print(f"nsadiag: error: {line}", markup=False, soft_wrap=True)
 
     def json(self, data: Any) -> None:
@@ -164,7 +167,7 @@ class Terminal:
 
         table = Table(*columns, show_header=not plain, box=None) if plain else Table(*columns)
         for i, row in enumerate(rows):
-            table.add_row(*(Text("-" if v is None else str(v)) for v in row),
+            table.add_row(*(Text("-" if v is None else clean_line(str(v))) for v in row),
                           style=(styles[i] if styles else None))
         self.out.print(table)
 
@@ -248,7 +251,7 @@ class Follow:
         if self.progress is None:
             self.term.note(line)
         else:
-            self.progress.console.print(line, markup=False, highlight=False)
+            self.progress.console.print(clean(line), markup=False, highlight=False)
             self.progress.advance(self.task)
 
     def on_stage(self, stage: str) -> None:

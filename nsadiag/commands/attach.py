@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from nsadiag.envinfo import ptrace_permission
+from nsadiag.finding.source import capture
 from nsadiag.harness.window import SAMPLES, WindowObservation, sample_all
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run
@@ -75,7 +76,8 @@ def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
     write_run_meta(run_dir, "attach", list(argv), pid=pid, duration_s=duration_s,
                    ranks=ranks)
     verdict, observations = sample_all(targets, duration_s)
-    write_json(run_dir / "attach.json",
-               {"verdict": verdict.to_dict(), "state": state_of(verdict.name),
-                "processes": [o.to_dict() for o in observations]})
+    stored = {"verdict": verdict.to_dict(), "state": state_of(verdict.name),
+              "processes": [o.to_dict() for o in observations]}
+    stored["source"] = capture(stored)  # this machine's code of the lines it names
+    write_json(run_dir / "attach.json", stored)
     return render_run(run_dir, no_redact)

@@ -14,6 +14,7 @@ from nsadiag.evidence import StackSample
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import busy_culprit, wait_culprit
 from nsadiag.finding.numbers import share
+from nsadiag.finding.source import Sources, sources_of
 from nsadiag.finding.trial import next_action, stall_proof, status_of
 
 NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
@@ -36,17 +37,17 @@ def blamed(stored: dict[str, Any]) -> dict[str, Any] | None:
                  (None, "OK")), None)
 
 
-def _culprit(process: dict[str, Any] | None) -> Culprit | None:
+def _culprit(process: dict[str, Any] | None, sources: Sources) -> Culprit | None:
     if process is None:
         return None
     samples = [StackSample.from_dict(s) for s in (process.get("stall") or {}).get("samples")
                or []]
     name = (process.get("verdict") or {}).get("name")
     if name == "DEADLOCK":
-        return wait_culprit(samples)
+        return wait_culprit(samples, sources)
     if name in ("STALL-BUSY", "STALL-COLLECTIVE") or process.get("collective_frame"):
         native = (process.get("stall") or {}).get("stacks_class") != "busy-python"
-        return busy_culprit(samples, native=native)
+        return busy_culprit(samples, sources, native=native)
     return None
 
 
@@ -55,7 +56,7 @@ def attach_finding(stored: dict[str, Any], meta: dict[str, Any]) -> Finding:
     verdict = stored["verdict"]
     name, facts = verdict["name"], verdict.get("facts") or {}
     process = blamed(stored)
-    culprit = _culprit(process)
+    culprit = _culprit(process, sources_of(stored))
     own_facts = ((process or {}).get("verdict") or {}).get("facts") or facts
     kind = kind_of(name, facts.get("slow_by"))
     target = f"the ranks under pid {meta['pid']}" if meta.get("ranks") else \

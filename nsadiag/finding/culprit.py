@@ -18,7 +18,10 @@ Each verdict has its own witness, and the line comes from it:
     ERROR, OOM   the innermost frame of the user's code in the traceback
     CRASH        the innermost frame of the user's code in the faulthandler dump
 
-``culprit_of(record)`` gives a ``Culprit`` or None (OK, slow by size, no evidence).
+``culprit_of(record)`` gives a ``Culprit`` or None (OK, slow by size, no evidence). The code
+of the line comes from what the record stored (nsadiag.finding.source), and the trial's
+files (its profile, its faulthandler dumps) are read only from inside the run directory
+being rendered (nsadiag.runfiles).
 """
 
 from __future__ import annotations
@@ -28,16 +31,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag import runfiles
 from nsadiag.evidence import StackFrame, StackSample
 from nsadiag.finding import Culprit
 from nsadiag.finding.numbers import count, sig
-from nsadiag.finding.source import (
-    code_at,
-    condition_above,
-    display_path,
-    loop_around,
-    loop_at,
-)
+from nsadiag.finding.source import DUMP_NAME, MAX_DUMP_BYTES, Sources, sources_of
 from nsadiag.probes.frames import busy_threads, own_code, user_frame, wait_frame
 from nsadiag.rundir import TrialRecord
 
@@ -52,21 +50,22 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     names none."""
     name = record.verdict_name
     facts = record.verdict.get("facts") or {}
+    sources = sources_of(record.evidence)
     if name == "SLOW" and facts.get("slow_by") == "defect":
-        return slow_culprit(record)
+        return slow_culprit(record, sources)
     if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
-        return slow_culprit(record, hot_lines=False)
+        return slow_culprit(record, sources, hot_lines=False)
     if name == "STALL-BUSY":
-        return busy_culprit(_samples(record.evidence), native=(
+        return busy_culprit(_samples(record.evidence), sources, native=(
             (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
     if name == "DEADLOCK":
-        return wait_culprit(_samples(record.evidence))
+        return wait_culprit(_samples(record.evidence), sources)
     if name == "STALL-COLLECTIVE":
-        return collective_culprit(record)
+        return collective_culprit(record, sources)
     if name in ("ERROR", "OOM"):
-        return error_culprit(record)
+        return error_culprit(record, sources)
     if name == "CRASH":
-        return crash_culprit(record)
+        return crash_culprit(record, sources)
     return None
 
 
@@ -75,11 +74,11 @@ def _samples(evidence: dict[str, Any]) -> list[StackSample]:
             or []]
 
 
-def _culprit(path: str, line: int, why: str, span: tuple[int, int] | None = None,
-             code: str | None = None) -> Culprit:
+def _culprit(sources: Sources, path: str, line: int, why: str,
+             span: tuple[int, int] | None = None, code: str | None = None) -> Culprit:
     first, last = span or (line, line)
-    return Culprit(display_path(path), first, why, last if last > first else None,
-                   code_at(path, first) or (code if first == line else None))
+    return Culprit(sources.display_path(path), first, why, last if last > first else None,
+                   sources.code_at(path, first) or (code if first == line else None))
 
 
 # ---- SLOW: the loop that iterated ----------------------------------------------------------
@@ -102,33 +101,44 @@ def _full_path(record: TrialRecord, function: str, name: str) -> str | None:
         if file and Path(file).name == name and (row.get("function") in (None, function) or
                                                  row.get("where", "").startswith(function)):
             return file
-    raw = _read_json(profile_path(record)) if profile_path(record) else None
+    raw = read_profile_json(record)
     for loop in (raw or {}).get("loops") or []:
         if Path(loop.get("file", "")).name == name and loop.get("function") == function:
             return loop["file"]
     return None
 
 
+MAX_PROFILE_BYTES = 64 * 2**20
+"""A raw profile.json larger than this is not read (a long run's is a few MiB)."""
+
+
 def profile_path(record: TrialRecord) -> Path | None:
     """The sampler's raw profile.json of the trial's training process: the trial
-    directory's, the main process's of `nsadiag run`, else rank 0's."""
-    base = Path(record.trial_dir)
+    directory's, the main process's of `nsadiag run`, else rank 0's; None when there is
+    none, or the trial directory lies outside the run directory being rendered."""
+    base = runfiles.trial_dir(record.trial_dir)
+    if base is None:
+        return None
     main = record.evidence.get("main_process")
     for candidate in (base / "profile.json", base / str(main or "-") / "profile.json",
                       base / "rank-0" / "profile.json"):
-        if candidate.is_file():
+        if candidate.is_symlink() or candidate.is_file():
             return candidate
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_profile_json(record: TrialRecord) -> dict[str, Any] | None:
+    """The raw profile.json of ``profile_path``, when it may be read (nsadiag.runfiles:
+    inside the run directory, a regular file, at most MAX_PROFILE_BYTES)."""
     import json
 
+    path = profile_path(record)
+    data = runfiles.read_bytes(path, MAX_PROFILE_BYTES, "profile.json") if path else None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        parsed = json.loads(data) if data else None
+    except (ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
@@ -141,7 +151,8 @@ def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
     return found
 
 
-def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
+def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
+                 ) -> Culprit | None:
     """The loop of a SLOW by defect: the counter that advanced most in a function the
     forward or backward ran (stepping by one first), else (with ``hot_lines``) the loop
     around the hottest forward or backward line that sits in a loop."""
@@ -158,13 +169,14 @@ def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
         rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
         why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
                f"iterations{rate} while sampled)")
-        return _culprit(path, line, why, loop_around(path, line, loop["variable"]))
+        return _culprit(sources, path, line, why,
+                        sources.loop_around(path, line, loop["variable"]))
     for hot in profile.get("hot_lines") or [] if hot_lines else []:
         if hot.get("phase") not in ("forward", "backward") or not hot.get("file"):
             continue
-        span = loop_around(hot["file"], int(hot["line"]))
+        span = sources.loop_around(hot["file"], int(hot["line"]))
         if span is not None:
-            return _culprit(hot["file"], int(hot["line"]),
+            return _culprit(sources, hot["file"], int(hot["line"]),
                             f"the loop around the hottest line of the {hot['phase']} "
                             f"({hot['fraction']:.0%} of the samples)", span, hot.get("code"))
     return None
@@ -178,24 +190,26 @@ OUTER_FRAMES = 3
 condition of ``while not ready():`` calls ``ready``, where the samples sit)."""
 
 
-def _spin_loop(frames: Sequence[StackFrame]) -> tuple[StackFrame, tuple[int, int]] | None:
+def _spin_loop(frames: Sequence[StackFrame], sources: Sources
+               ) -> tuple[StackFrame, tuple[int, int]] | None:
     """The loop a busy Python thread spins in, from its user frames (innermost first): the
     loop around the innermost frame's line, else the nearest outer frame whose line is a
     loop's header."""
     own = [f for f in frames if own_code(f)]
     if not own:
         return None
-    span = loop_around(own[0].file, own[0].line)
+    span = sources.loop_around(own[0].file, own[0].line)
     if span is not None:
         return own[0], span
     for frame in own[1:1 + OUTER_FRAMES]:
-        span = loop_at(frame.file, frame.line)
+        span = sources.loop_at(frame.file, frame.line)
         if span is not None:
             return frame, span
     return None
 
 
-def busy_culprit(samples: Sequence[StackSample], native: bool = False) -> Culprit | None:
+def busy_culprit(samples: Sequence[StackSample], sources: Sources, native: bool = False
+                 ) -> Culprit | None:
     """The user line a busy process is stuck on: inside one native call (``native``), the
     user frame that made it; running Python, the loop it spins in, else the user frame
     the samples sat in most."""
@@ -206,14 +220,15 @@ def busy_culprit(samples: Sequence[StackSample], native: bool = False) -> Culpri
     why = f"every busy sample sat here ({hits} of {len(samples)})" if hits >= len(samples) \
         else f"{hits} of {len(samples)} busy samples sat here"
     if not native:
-        loops = [_spin_loop(thread.frames) for sample in samples
+        loops = [_spin_loop(thread.frames, sources) for sample in samples
                  for thread in busy_threads(sample)]
         loops = [loop for loop in loops if loop is not None]
         if loops and 2 * len(loops) >= len(samples):
             spin, span = loops[-1]
-            return _culprit(spin.file, span[0], f"the loop the busy samples spin in "
+            return _culprit(sources, spin.file, span[0], f"the loop the busy samples spin in "
                             f"({len(loops)} of {len(samples)})", span)
-    return _culprit(frame.file, frame.line, why, loop_at(frame.file, frame.line), frame.code)
+    return _culprit(sources, frame.file, frame.line, why,
+                    sources.loop_at(frame.file, frame.line), frame.code)
 
 
 def _waiting_frame(samples: Sequence[StackSample]) -> StackFrame | None:
@@ -235,16 +250,16 @@ def _waiting_frame(samples: Sequence[StackSample]) -> StackFrame | None:
     return None
 
 
-def wait_culprit(samples: Sequence[StackSample]) -> Culprit | None:
+def wait_culprit(samples: Sequence[StackSample], sources: Sources) -> Culprit | None:
     """The line a deadlocked thread blocks in."""
     frame = _waiting_frame(samples)
     if frame is None:
         return None
-    return _culprit(frame.file, frame.line, f"the thread waits here in all {len(samples)} "
+    return _culprit(sources, frame.file, frame.line, f"the thread waits here in all {len(samples)} "
                     f"samples, using no CPU", code=frame.code)
 
 
-def collective_culprit(record: TrialRecord) -> Culprit | None:
+def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line of the odd rank's collective (the one the other ranks never joined),
     with the condition it is issued under."""
     facts = record.verdict.get("facts") or {}
@@ -261,12 +276,12 @@ def collective_culprit(record: TrialRecord) -> Culprit | None:
                         if row.get("rank") == rank.get("rank")), None)
         what = waiting.split(" (")[0] if waiting else "a collective"
         why = f"rank {rank.get('rank')} issued {what} here"
-        condition = condition_above(frame.file, frame.line)
+        condition = sources.condition_above(frame.file, frame.line)
         if condition is not None:
             why += f", under `{condition[1]}` (line {condition[0]})"
         if odd and rank.get("rank") in odd:
             why += "; the other ranks never issued it"
-        return _culprit(frame.file, frame.line, why, code=frame.code)
+        return _culprit(sources, frame.file, frame.line, why, code=frame.code)
     return None
 
 
@@ -282,35 +297,36 @@ def innermost_user_frame(text: str) -> tuple[str, int, str] | None:
     return own[-1] if own else None
 
 
-def error_culprit(record: TrialRecord) -> Culprit | None:
+def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The line that raised: the verdict's ``where`` when it is the user's, else the
     innermost user frame of the traceback."""
     facts = record.verdict.get("facts") or {}
     message = f"raised {facts.get('exception_type') or 'an exception'}"
     match = WHERE.match(str(facts.get("where") or ""))
     if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
-        return _culprit(match["file"], int(match["line"]), message)
+        return _culprit(sources, match["file"], int(match["line"]), message)
     exception = (record.evidence.get("result") or {}).get("exception") or {}
     found = innermost_user_frame(str(exception.get("traceback") or ""))
     if found is None:
         return None
-    return _culprit(found[0], found[1], message)
+    return _culprit(sources, found[0], found[1], message)
 
 
-def crash_culprit(record: TrialRecord) -> Culprit | None:
+def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The innermost user frame of the crashing thread in a faulthandler dump of the trial
-    (or of a rank's directory)."""
+    (or of a rank's or process's directory)."""
     facts = record.verdict.get("facts") or {}
     signal = facts.get("signal_name") or "the signal"
-    for dump in sorted(Path(record.trial_dir).glob("**/faulthandler.txt")):
-        try:
-            text = dump.read_text(errors="replace")
-        except OSError:
+    base = runfiles.trial_dir(record.trial_dir)
+    for dump in runfiles.find(base, DUMP_NAME) if base is not None else []:
+        data = runfiles.read_bytes(dump, MAX_DUMP_BYTES, DUMP_NAME)
+        if data is None:
             continue
+        text = data.decode(errors="replace")
         current = text.split("Current thread", 1)[-1].split("\n\n", 1)[0]
         lines = current.splitlines()
         found = innermost_user_frame("\n".join(reversed(lines)))
         if found is not None:
-            return _culprit(found[0], found[1], f"the last line of the user's code before "
+            return _culprit(sources, found[0], found[1], f"the last line of the user's code before "
                             f"{signal}")
     return None

@@ -1,22 +1,124 @@
-"""The user's source, read where a finding names a line: how to show its file, the code of
-a line, the loop around a line, the condition a line sits under.
+"""The user's source, where a finding names a line: how to show its file, the code of a
+line, the loop around a line, the condition a line sits under.
 
-Everything here reads files through ``linecache`` and parses them with ``ast``; a file
-that cannot be read or parsed gives None, never an error (a report re-rendered on another
-machine names the line without its code).
+Paths in a record are data, never pointers. The code a report shows comes from the record
+itself: ``capture(data)``, called where the record is made (on the machine that ran the
+program, whose files these are), finds every FILE:LINE of the user's own code the record
+names (stack frames, profile lines, tracebacks, faulthandler dumps), reads each file once
+(a regular file of at most MAX_FILE_BYTES that parses as Python) and keeps each named
+line, the loops that hold it and the ``if`` it sits under, with their headers. The record
+carries that as ``"source"``; ``sources_of(data)`` reads it back. A record without it
+(made by an older nsadiag, or assembled in a test) reads the files themselves only outside
+a render of a received directory (nsadiag.runfiles.confined); a received one names its
+lines without their code.
+
+A file that cannot be read or parsed gives None, never an error.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
-import linecache
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from nsadiag import runfiles
+from nsadiag.evidence import StackFrame
+from nsadiag.probes.frames import own_code
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
+WINDOW = 0
+"""Lines kept on each side of a line a record names: none. A report shows the named line,
+the loop's header and the condition, each kept; a neighbour would be shared with every
+bundle for nothing (a key hard-coded two lines above a raise would travel with it)."""
+MAX_FILE_BYTES = 2 * 2**20
+"""A source file larger than this is not read (no user module is; a generated one may be)."""
+MAX_FILES = 64
+MAX_PLACES = 512
+"""At most this many files, and FILE:LINE places, are captured for one record."""
+MAX_LINE_CHARS = 400
+MAX_NODES = 200_000
+"""How much of a record ``capture`` walks looking for places (its events are many)."""
+MAX_TEXT_CHARS = 2**20
+"""How much of one string (a traceback, a dump) is searched for frames."""
+
+FRAME_LINE = re.compile(r'File "(?P<file>[^"\n]+)", line (?P<line>\d+)')
+"""A frame of a Python traceback or a faulthandler dump."""
+WHERE = re.compile(r"^(?P<file>[^\n]+):(?P<line>\d+) in \S+$")
+"""An ERROR verdict's ``where`` fact: "/path/model.py:21 in backward"."""
+PROFILE_WHERE = re.compile(r"^\S.* \((?P<name>[^()/]+):(?P<line>\d+)\)$")
+"""A profile loop's ``where``: "forward (model.py:42)" (the file's name only)."""
+DUMP_NAME = "faulthandler.txt"
+MAX_DUMP_BYTES = 8 * 2**20
 
 
-def display_path(path: str) -> str:
+@dataclass
+class SourceFile:
+    """What is known of one source file: how it is shown, its lines (all, or a window),
+    its loops (first, last, the names its ``for`` target or ``while`` test reads) and its
+    ``if`` statements (line, first and last line of the body)."""
+
+    shown: str
+    lines: dict[int, str]
+    loops: list[tuple[int, int, frozenset[str]]] = field(default_factory=list)
+    ifs: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, shown: str, text: str) -> SourceFile | None:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        lines = {n: code[:MAX_LINE_CHARS] for n, code in enumerate(text.splitlines(), 1)}
+        loops, ifs = [], []
+        for node in ast.walk(tree):
+            if isinstance(node, LOOPS):
+                read = node.target if isinstance(node, (ast.For, ast.AsyncFor)) else node.test
+                names = frozenset(n.id for n in ast.walk(read) if isinstance(n, ast.Name))
+                loops.append((node.lineno, node.end_lineno or node.lineno, names))
+            elif isinstance(node, ast.If) and node.body:
+                ifs.append((node.lineno, node.body[0].lineno,
+                            node.body[-1].end_lineno or node.body[-1].lineno))
+        return cls(shown, lines, loops, ifs)
+
+    def window(self, places: Iterable[int]) -> SourceFile:
+        """What a record keeps of the file for lines ``places``: the loops holding them or
+        starting on them, the ``if`` whose body holds them, and WINDOW lines around each
+        of them and each of those headers."""
+        places = set(places)
+        loops = [loop for loop in self.loops
+                 if any(loop[0] <= p <= loop[1] for p in places)]
+        ifs = [i for i in self.ifs if any(i[0] < p and i[1] <= p <= i[2] for p in places)]
+        keep: set[int] = set()
+        for line in places | {loop[0] for loop in loops} | {i[0] for i in ifs}:
+            keep.update(range(line - WINDOW, line + WINDOW + 1))
+        return SourceFile(self.shown, {n: self.lines[n] for n in sorted(keep)
+                                       if n in self.lines}, loops, ifs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shown": self.shown, "lines": {str(n): code for n, code in self.lines.items()},
+                "loops": [[first, last, sorted(names)] for first, last, names in self.loops],
+                "ifs": [list(i) for i in self.ifs]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SourceFile | None:
+        """A stored file, None when it is not the shape ``to_dict`` writes."""
+        try:
+            lines = {int(n): str(code)[:MAX_LINE_CHARS]
+                     for n, code in dict(data["lines"]).items()}
+            loops = [(int(a), int(b), frozenset(str(n) for n in names))
+                     for a, b, names in data.get("loops") or []]
+            ifs = [(int(a), int(b), int(c)) for a, b, c in data.get("ifs") or []]
+            return cls(str(data["shown"]), lines, loops, ifs)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _display_path(path: str) -> str:
     """How a finding shows a file: its path from the top of its package
     ("repro/per_token_loop.py"), or the file's name when it is no package's (a script)."""
     file = Path(path)
@@ -28,76 +130,157 @@ def display_path(path: str) -> str:
     return "/".join(parts)
 
 
-def code_at(path: str, line: int) -> str | None:
-    """The stripped source of ``line`` of ``path``; None when it cannot be read."""
-    return linecache.getline(path, line).strip() or None
-
-
-@functools.lru_cache(maxsize=64)
-def _tree(path: str) -> ast.Module | None:
-    source = "".join(linecache.getlines(path))
-    if not source:
+def read_source(path: str) -> SourceFile | None:
+    """The file at ``path`` of this machine, whole: None unless it is a regular file of at
+    most MAX_FILE_BYTES that parses as Python (a frame named "/proc/self/environ" or
+    "/dev/zero" is not read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
         return None
     try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= MAX_FILE_BYTES:
+            return None  # /proc files say 0 bytes and hold more
+        data = os.read(fd, MAX_FILE_BYTES)
+    except OSError:
         return None
+    finally:
+        os.close(fd)
+    return SourceFile.parse(_display_path(path), data.decode(errors="replace"))
 
 
-def _names(target: ast.AST) -> set[str]:
-    return {node.id for node in ast.walk(target) if isinstance(node, ast.Name)}
+class Sources:
+    """The source a finding may show (see the module docstring): ``stored`` files by path,
+    and, when ``live``, this machine's files read on demand."""
+
+    def __init__(self, stored: dict[str, SourceFile] | None = None, live: bool = False,
+                 carried: bool = True):
+        self.files: dict[str, SourceFile | None] = dict(stored or {})
+        self.live, self.carried = live, carried
+
+    def file(self, path: str) -> SourceFile | None:
+        if path not in self.files:
+            self.files[path] = read_source(path) if self.live else None
+            if not self.live and not self.carried:
+                runfiles.note("the record carries no source lines (written by an older "
+                              "nsadiag): its lines are named without their code")
+        return self.files[path]
+
+    def display_path(self, path: str) -> str:
+        found = self.file(path)
+        return found.shown if found is not None else Path(path).name
+
+    def code_at(self, path: str, line: int) -> str | None:
+        """The stripped source of ``line`` of ``path``; None when it is not known."""
+        found = self.file(path)
+        return (found.lines.get(line) or "").strip() or None if found is not None else None
+
+    def loop_around(self, path: str, line: int, variable: str | None = None
+                    ) -> tuple[int, int] | None:
+        """(first, last) line of the innermost loop that holds ``line``: with ``variable``,
+        the ``for`` whose target names it (or a ``while`` whose test reads it), else any
+        loop; None when no such loop is known."""
+        found = self.file(path)
+        inner = max((loop for loop in (found.loops if found else [])
+                     if loop[0] <= line <= loop[1] and
+                     (variable is None or variable in loop[2])),
+                    key=lambda loop: loop[0], default=None)
+        return (inner[0], inner[1]) if inner else None
+
+    def loop_at(self, path: str, line: int) -> tuple[int, int] | None:
+        """(first, last) line of the loop whose header is ``line`` (a ``while`` a process
+        spins in), None when ``line`` starts no known loop."""
+        found = self.file(path)
+        return next(((a, b) for a, b, _ in (found.loops if found else []) if a == line), None)
+
+    def condition_above(self, path: str, line: int) -> tuple[int, str] | None:
+        """(line, code) of the innermost ``if`` whose body holds ``line`` (the condition
+        a collective was issued under), None when there is none."""
+        found = self.file(path)
+        inner = max((i for i in (found.ifs if found else []) if i[0] < line and
+                     i[1] <= line <= i[2]), key=lambda i: i[0], default=None)
+        return (inner[0], self.code_at(path, inner[0]) or "") if inner else None
 
 
-def _contains(node: ast.AST, line: int) -> bool:
-    end = getattr(node, "end_lineno", None) or node.lineno
-    return node.lineno <= line <= end
+def sources_of(data: dict[str, Any]) -> Sources:
+    """The source a record (a trial's evidence, attach.json) carries; a record without
+    one reads this machine's files unless a received directory is being rendered."""
+    stored = data.get("source") if isinstance(data, dict) else None
+    if not isinstance(stored, dict):
+        return Sources(live=not runfiles.confined(), carried=False)
+    files = {}
+    for path, entry in list((stored.get("files") or {}).items())[:MAX_FILES]:
+        parsed = SourceFile.from_dict(entry)
+        if parsed is not None:
+            files[str(path)] = parsed
+    return Sources(files)
 
 
-def loop_around(path: str, line: int, variable: str | None = None) -> tuple[int, int] | None:
-    """(first, last) line of the innermost loop that holds ``line``: with ``variable``,
-    the ``for`` whose target names it (or a ``while`` whose test reads it), else any
-    loop; None when no such loop is found or the source cannot be parsed."""
-    tree = _tree(path)
-    if tree is None:
-        return None
-    found: ast.AST | None = None
-    for node in ast.walk(tree):
-        if not isinstance(node, LOOPS) or not _contains(node, line):
-            continue
-        if variable is not None:
-            names = _names(node.target) if isinstance(node, (ast.For, ast.AsyncFor)) else \
-                _names(node.test)
-            if variable not in names:
-                continue
-        if found is None or node.lineno > found.lineno:
-            found = node
-    return (found.lineno, found.end_lineno or found.lineno) if found is not None else None
+# ---- capture, where the record is made ----------------------------------------------------------
 
 
-def loop_at(path: str, line: int) -> tuple[int, int] | None:
-    """(first, last) line of the loop whose header is ``line`` (a ``while`` a process
-    spins in), None when ``line`` starts no loop."""
-    tree = _tree(path)
-    if tree is None:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, LOOPS) and node.lineno == line:
-            return node.lineno, node.end_lineno or node.lineno
-    return None
+def _places(data: Any, texts: Iterable[str] = ()) -> list[tuple[str, int]]:
+    """Every FILE:LINE of the user's own code (nsadiag.probes.frames.own_code: the only
+    lines a finding blames) ``data`` names (frames as {"file", "line"}, traceback and dump
+    text, ``where`` facts), then in ``texts``; profile loops that name a file only by its
+    name are resolved among the files named elsewhere."""
+    found: dict[tuple[str, int], None] = {}
+    by_name: list[tuple[str, int]] = []
+
+    def add(file: str, line: int) -> None:
+        if len(found) < MAX_PLACES and line > 0 and own_code(StackFrame("", file, line)):
+            found[(file, line)] = None
+
+    def scan(text: str) -> None:
+        text = text[:MAX_TEXT_CHARS]
+        for match in FRAME_LINE.finditer(text):
+            add(match["file"], int(match["line"]))
+        match = WHERE.match(text) if len(text) < 4096 else None
+        if match:
+            add(match["file"], int(match["line"]))
+        match = PROFILE_WHERE.match(text) if len(text) < 4096 else None
+        if match:
+            by_name.append((match["name"], int(match["line"])))
+
+    stack, seen = [data], 0
+    while stack and seen < MAX_NODES:
+        value = stack.pop()
+        seen += 1
+        if isinstance(value, dict):
+            file, line = value.get("file"), value.get("line")
+            if isinstance(file, str) and isinstance(line, int) and not isinstance(line, bool):
+                add(file, line)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            scan(value)
+    for text in texts:
+        scan(text)
+    files = {file for file, _ in found}
+    for name, line in by_name:
+        for file in files:
+            if Path(file).name == name:
+                add(file, line)
+    return list(found)
 
 
-def condition_above(path: str, line: int) -> tuple[int, str] | None:
-    """(line, code) of the innermost ``if`` whose body holds ``line`` (the condition a
-    collective was issued under), None when there is none."""
-    tree = _tree(path)
-    if tree is None:
-        return None
-    found: ast.If | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and node.lineno < line and \
-                any(_contains(child, line) for child in node.body):
-            if found is None or node.lineno > found.lineno:
-                found = node
-    if found is None:
-        return None
-    return found.lineno, code_at(path, found.lineno) or ""
+def capture(data: Any, directory: Path | None = None) -> dict[str, Any]:
+    """What a record keeps of the source it names (see the module docstring): {"files":
+    {path: SourceFile.to_dict()}}, read from this machine's files now. ``directory``: the
+    trial's directory, whose faulthandler dumps name frames too."""
+    dumps = []
+    for dump in runfiles.find(directory, DUMP_NAME) if directory is not None else []:
+        text = runfiles.read_bytes(dump, MAX_DUMP_BYTES, DUMP_NAME)
+        if text:
+            dumps.append(text.decode(errors="replace"))
+    places: dict[str, list[int]] = {}
+    for file, line in _places(data, dumps):
+        places.setdefault(file, []).append(line)
+    files = {}
+    for file, lines in list(places.items())[:MAX_FILES]:
+        whole = read_source(file)
+        if whole is not None:
+            files[file] = whole.window(lines).to_dict()
+    return {"files": files}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.finding.source import capture
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.session import SessionEnd
@@ -213,6 +214,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         verdict = decide(evidence)
         data = evidence.to_dict()
     data.update(extra or {})
+    data["source"] = capture(data, run_dir)  # the code of the lines it names, from this machine
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", data, reserve=False)
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nsadiag import runfiles
 from nsadiag.redact import Redactor
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
@@ -33,6 +34,7 @@ from nsadiag.rundir import (
     write_json,
     write_text,
 )
+from nsadiag.textsafe import clean, clean_obj
 
 PLOTS = ("sweep.png", "memory.png", "flame.png")
 LOCK_WAIT_S = 10.0
@@ -94,6 +96,18 @@ def _records(run_dir: Path, skipped: list[str]) -> list[TrialRecord]:
     return records
 
 
+def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
+    """A run's record.json with its trial directory where it lies: the directory holding
+    it (the record names the path it was written at; a run directory moved or received
+    lies elsewhere, and a planted one may name "/")."""
+    named = Path(record.trial_dir)
+    if named.is_absolute() and not named.resolve().is_relative_to(run_dir.resolve()):
+        runfiles.note(f"record.json names its directory {str(named)[:200]!r}: read as "
+                      f"this directory")
+    record.trial_dir = str(run_dir)
+    return record
+
+
 def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
@@ -121,8 +135,8 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
-        record = read_json(run_dir / "record.json", "record.json")
-        return build_run_report(TrialRecord.from_dict(record), run_dir)
+        record = TrialRecord.from_dict(read_json(run_dir / "record.json", "record.json"))
+        return build_run_report(located(record, run_dir), run_dir)
     if kind == "check":
         from nsadiag.checks import CheckResult
         from nsadiag.report.check import build_check_report
@@ -144,6 +158,15 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     from nsadiag.report.stacks import build_stacks_report
 
     return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
+
+
+def build_confined(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+                   ) -> tuple[str, dict[str, Any], list[str]]:
+    """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
+    the lines saying what it did not read."""
+    with runfiles.rendering(run_dir) as not_read:
+        text, summary = build(run_dir, kind, meta, skipped)
+    return text, summary, not_read
 
 
 def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
@@ -173,7 +196,7 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
     try:
-        text, summary = build(run_dir, kind, meta, skipped)
+        text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
     except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise ValueError(f"report: a stored record of {run_dir} is malformed "
                          f"({type(err).__name__}: {err})") from None
@@ -183,6 +206,14 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     if skipped:
         text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
         summary["skipped_records"] = skipped
+    if not_read:
+        text += ("\n## Files not read\n\nWhat a record names is read only from inside this "
+                 "directory, as a regular file of a bounded size; here it was not:\n\n" +
+                 "".join(f"- {line}\n" for line in not_read))
+        summary["files_not_read"] = not_read
+    # what a record holds is shown, never obeyed: no escape sequence reaches a terminal
+    # that shows report.md or summary.json (nsadiag.textsafe)
+    text, summary = clean(text), clean_obj(summary)
     if not no_redact:
         redactor = Redactor.with_recorded(stored_redaction(run_dir))
         text, summary = redactor.text(text), redactor.obj(summary)

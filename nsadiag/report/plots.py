@@ -281,16 +281,11 @@ def flame_section(record: Any, finding: Any, run_dir: Path, name: str = "flame.p
     """Markdown lines embedding a flame graph of a trial record's sampled profile (written
     to run_dir/``name``, the finding's culprit in red) and naming the folded stacks for
     speedscope; [] when the trial left no profile of training."""
-    import json
-
-    from nsadiag.finding.culprit import profile_path
+    from nsadiag.finding.culprit import profile_path, read_profile_json
 
     source = profile_path(record)
-    if source is None:
-        return []
-    try:
-        profile = json.loads(source.read_text())
-    except (OSError, ValueError):
+    profile = read_profile_json(record) if source is not None else None
+    if profile is None:
         return []
     culprit = getattr(finding, "culprit", None)
     mark = (Path(culprit.file).name, culprit.line, culprit.end_line or culprit.line) \
