@@ -374,13 +374,15 @@ def run_cmd(
         no_redact: NoRedact = False, out: Out = None) -> None:
     """Run your own command unchanged and watch every Python process it starts:
     nsadiag run -- python train.py (or torchrun ... train.py)."""
+    from nsadiag.cli.live import live_status
     from nsadiag.commands.run import run_user_command
 
     redaction(no_redact)
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
-                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note)
+                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note,
+                    live=live_status(term, path, stall_timeout))
     raise typer.Exit(wrote(term, rendered))
 
 
