@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import sys
 import termios
@@ -260,8 +261,9 @@ def check_command(argv: list[str]) -> str:
 def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                 deadline_s: float, live: LiveStatus | None = None) -> TrialRecord:
     """Run ``argv`` to its verdict (see the module docstring); ValueError (one line) when it
-    cannot be started. ``live``: a status line kept below the command's output on the
-    terminal, fed the watch's events."""
+    cannot be started, or when it is an interpreter that could not open its script (no
+    verdict: nothing of the user's ran). ``live``: a status line kept below the command's
+    output on the terminal, fed the watch's events."""
     check_command(argv)
     times = WatchTimes(stall_timeout_s, deadline_s)
     prepare_run_dir(run_dir)
@@ -278,6 +280,16 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     end = watch_session(_CommandTree(command, run_dir), times,
                         live.on_events if live is not None else None)
     returncode = command.proc.returncode
+    never_ran = unopened_script(returncode, read_tail(run_dir / "stderr.txt",
+                                                      STDERR_TAIL_BYTES)) \
+        if end.due is None else None
+    if never_ran is not None:  # a refused command: it leaves nothing of this run behind
+        for made in ("stdout.txt", "stderr.txt", "run.json", *(p.name for p in
+                                                               run_dir.glob("proc-*"))):
+            shutil.rmtree(run_dir / made, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (run_dir / made).unlink()
+        raise ValueError(f"command: {never_ran}")
     outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
@@ -293,6 +305,26 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     if command.not_shown():
         record.evidence["output_not_shown"] = command.not_shown()
     return record
+
+
+CANNOT_OPEN = re.compile(r"^(?P<program>\S+): can't open file (?P<path>'.*'|\".*\"): "
+                         r"\[Errno \d+\] (?P<why>.+)$")
+"""CPython's one line when the script it is given cannot be opened (it exits with 2)."""
+CANNOT_OPEN_EXIT = 2
+
+
+def unopened_script(returncode: int | None, stderr: str) -> str | None:
+    """Why the command never ran, when it is an interpreter that could not open its script
+    (``python missing.py``: exit code 2 and CPython's one line, alone on stderr), as one
+    line; None otherwise."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if returncode != CANNOT_OPEN_EXIT or len(lines) != 1:
+        return None
+    found = CANNOT_OPEN.match(lines[0].strip())
+    if found is None:
+        return None
+    program = Path(found["program"]).name
+    return f"{program} cannot open the script {found['path']}: {found['why']}"
 
 
 def last_traceback(stderr: str) -> dict[str, Any] | None:
