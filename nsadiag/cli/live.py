@@ -7,13 +7,14 @@ draws it below the command's output at most twice a second. Every part of the li
 read from the events or from the processes' sampled profiles (``profile.json``,
 nsadiag.probes.profile) and left out while it has not been measured:
 
-    nsadiag: 1 process, 0:42 | step 14, 1.3 s/step | loop `t` in attend (model.py:88)
-    512/4096 at 31/s, pass ETA 1:55 | progressing
+    nsadiag: 1 process, 0:42 | progressing | step 14, 1.3 s/step | loop `t` in attend
+    (model.py:88): 512/4096, 31/s, pass ETA 1:55
 
-The stall part repeats the watch's own rule (nsadiag.harness.streams): a stall is
-declared after ``stall_timeout_s`` without progress once a forward pass was seen, after
-the start-up grace before that. It counts from the parent's reading of the events, as
-the watch does.
+The stall part repeats the watch's own rule (nsadiag.harness.streams): the stall check
+comes after ``stall_timeout_s`` without progress once a forward pass was seen, after the
+start-up grace before that, counted from the parent's reading of the events as the watch
+counts it; past it the line says the watch is checking (on a loaded machine the watch
+does not count the time the program waited for a CPU, so its decision can come later).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class RunStatus:
         now = self.now()
         self._read_loop(now)
         with self._lock:
-            parts = [self._watching(now), self._steps(), self._where(), self._stall(now)]
+            # the stall part second: a narrow terminal cuts the line's end
+            parts = [self._watching(now), self._stall(now), self._steps(), self._where()]
         return self.redact(" | ".join(part for part in parts if part))
 
     # ---- the parts -------------------------------------------------------------------
@@ -121,11 +123,11 @@ class RunStatus:
         if loop is None:
             return f"in {self.frame}" if self.frame else None
         done = f"{loop['last']}/{loop['end']}" if isinstance(loop.get("end"), int) \
-            else f"at {loop['last']}"
+            else f"{loop['variable']}={loop['last']}"
         rate = loop.get("pass_rate_per_s") or loop.get("rate_per_s")
-        text = f"loop `{loop['variable']}` in {loop['where']} {done}"
+        text = f"loop `{loop['variable']}` in {loop['where']}: {done}"
         if rate:
-            text += f" at {rate:.1f}/s"
+            text += f", {rate:.0f}/s" if rate >= 10 else f", {rate:.1f}/s"
         if loop.get("eta_s") is not None:
             text += f", pass ETA {clock(loop['eta_s'])}"
         return text
@@ -137,8 +139,10 @@ class RunStatus:
         if quiet < QUIET_SHOWN_S:
             return "progressing"
         if quiet < limit:
-            return f"no progress for {quiet:.0f} s, stall decision in {limit - quiet:.0f} s"
-        return f"no progress for {quiet:.0f} s: taking the evidence"
+            return f"no progress for {quiet:.0f} s, stall check in {limit - quiet:.0f} s"
+        # the watch waits longer on a loaded machine (time spent waiting for a CPU is not
+        # counted), then samples the stacks: the decision comes after the timeout
+        return f"no progress for {quiet:.0f} s, past the {limit:.0f} s stall timeout: checking"
 
     def _read_loop(self, now: float) -> None:
         """The loop of the processes' profiles to show, read every PROFILE_READ_S."""

@@ -28,8 +28,8 @@ SLOW = textwrap.dedent("""
     work(240)
 """)
 DEADLINE_S = 300  # only stops a run that never ends
-STATUS = re.compile(r"nsadiag: 1 process, \d+:\d\d \| loop `t` in work \(slow\.py:\d+\) "
-                    r"\d+/240 at [\d.]+/s, pass ETA \d+:\d\d")
+STATUS = re.compile(r"nsadiag: 1 process, \d+:\d\d \| [^|]+ \| loop `t` in work "
+                    r"\(slow\.py:\d+\): \d+/240, [\d.]+/s, pass ETA \d+:\d\d")
 
 
 def test_a_slow_script_in_a_terminal_shows_its_pace_before_the_verdict(tmp_path):
@@ -64,19 +64,20 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
                      [{"kind": "step", "phase": "optimizer", "step": i, "t": 2.0 + 2.5 * i}
                       for i in range(5)])
     now[0] += 12
-    assert status.line() == ("nsadiag: 1 process, 0:12 | step 5, 2.5 s/step | no progress "
-                             "for 12 s, stall decision in 48 s")
+    assert status.line() == ("nsadiag: 1 process, 0:12 | no progress for 12 s, stall check "
+                             "in 48 s | step 5, 2.5 s/step")
     status.on_events([{"kind": "pulse", "progress": False, "frame": "wait (train.py:9)"}])
     now[0] += 50
-    assert status.line() == ("nsadiag: 1 process, 1:02 | step 5, 2.5 s/step | in wait "
-                             "(train.py:9) | no progress for 62 s: taking the evidence")
+    assert status.line() == ("nsadiag: 1 process, 1:02 | no progress for 62 s, past the 60 s "
+                             "stall timeout: checking | step 5, 2.5 s/step | in wait "
+                             "(train.py:9)")
 
 
 def test_before_training_the_stall_decision_waits_for_the_start_up_grace(tmp_path):
     now = [0.0]
     status = RunStatus(tmp_path, stall_timeout_s=10, startup_grace_s=30, now=lambda: now[0])
     now[0] = 12
-    assert status.line().endswith("no progress for 12 s, stall decision in 18 s")
+    assert status.line().endswith("no progress for 12 s, stall check in 18 s")
 
 
 def test_times_and_paces_read_as_a_person_says_them():
