@@ -37,17 +37,24 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-ECHO_BUFFER_BYTES = 4 << 20
-"""Output held for a terminal that does not keep up, at most: minutes of a chatty training
-log; beyond it the echo drops chunks (the run directory keeps them all)."""
+ECHO_BUFFER_BYTES = 16 << 20
+"""Output held for a terminal that does not keep up, at most: hours of a chatty training
+log, or a burst of a few seconds of a program that floods its output; beyond it the echo
+drops chunks (the run directory keeps them all)."""
 FINISH_WAIT_S = 3.0
-"""How long the end of a run waits for the terminal to take what is still held."""
+"""At the end of a run, what is still held is shown while the terminal takes some of it
+at least every this many seconds; a terminal that takes nothing for that long gets no
+more."""
 STATUS_REDRAW_S = 0.5
 """The status line is redrawn at most twice a second."""
 WRITE_POLL_S = 0.1
 """How long the writer waits for a destination to become writable between checks."""
+PIPE_WAIT_S = 0.001
+"""How long the writer first waits before it looks again at a pipe that has no room to
+spare; the wait doubles, up to WRITE_POLL_S, while the pipe is not read (a reader that
+keeps up makes room within a millisecond)."""
 WRITE_CHUNK = 4096
-"""Bytes per write: no more than a pipe's atomic write."""
+"""Bytes per write to a terminal: a stopped terminal holds a write that is under way."""
 PIPE_RESERVE_SHARE = 0.25
 """The share of a pipe the echo leaves free for nsadiag's own lines."""
 
@@ -75,16 +82,24 @@ def _same_file(a: int, b: int) -> bool:
     return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
 
 
-def _pipe_room(fd: int) -> int | None:
-    """Bytes that can go into the pipe ``fd`` now while PIPE_RESERVE_SHARE of it stays free;
-    None when ``fd`` is not a pipe (or the kernel does not say)."""
+def _pipe_capacity(fd: int) -> int | None:
+    """The capacity of the pipe ``fd`` in bytes; None when ``fd`` is not a pipe (or the
+    kernel does not say)."""
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return None
-        capacity = fcntl.fcntl(fd, F_GETPIPE_SZ)
-        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+        return int(fcntl.fcntl(fd, F_GETPIPE_SZ))
     except OSError:
         return None
+
+
+def _pipe_room(fd: int, capacity: int) -> int:
+    """Bytes that can go into the pipe ``fd`` of ``capacity`` now while
+    PIPE_RESERVE_SHARE of it stays free."""
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        queued = 0
     return int(capacity * (1 - PIPE_RESERVE_SHARE)) - queued
 
 
@@ -132,11 +147,15 @@ class Echo:
         # (written at once: a write to a file never waits for a reader)
         self._shares = [status_fd is not None and _same_file(fd, status_fd) for fd in targets]
         self._files = [_is_file(fd) for fd in targets]
+        self._terminals = [os.isatty(fd) for fd in targets]
+        self._capacity = [_pipe_capacity(fd) for fd in targets]
         # targets that are one file (stdout and stderr on one terminal) share one entry of
         # ``_partial``: whether the last byte shown there was not a newline
         self._group = [next(j for j in range(i + 1) if j == i or _same_file(fd, targets[j]))
                        for i, fd in enumerate(targets)]
         self._partial = [False] * len(targets)
+        self._shown = 0  # bytes written by the thread, so the end can tell it still moves
+        self._pipe_wait = PIPE_WAIT_S
         self._drawn: bytes | None = None  # the status line as shown, None: not shown
         self._drawn_at = 0.0
         self._thread = threading.Thread(target=self._run, name="nsadiag-echo", daemon=True)
@@ -173,7 +192,10 @@ class Echo:
         with self._cond:
             self._finishing = True
             self._cond.notify()
-        self._thread.join(wait_s)
+        shown = -1
+        while self._thread.is_alive() and self._shown != shown:
+            shown = self._shown
+            self._thread.join(wait_s)
         with self._cond:
             while self._queue:
                 index, chunk = self._queue.popleft()
@@ -223,13 +245,18 @@ class Echo:
         fd = self.targets[index]
         if not _writable(fd, WRITE_POLL_S):
             return 0
-        room = _pipe_room(fd)
-        size = min(len(view), WRITE_CHUNK, room if room is not None else WRITE_CHUNK)
-        if size <= 0:
-            time.sleep(WRITE_POLL_S)
+        capacity = self._capacity[index]
+        size = min(len(view), _pipe_room(fd, capacity) if capacity is not None else
+                   WRITE_CHUNK if self._terminals[index] else len(view))
+        if size <= 0:  # a pipe that keeps its reserve: it is read again in a moment or never
+            time.sleep(self._pipe_wait)
+            self._pipe_wait = min(2 * self._pipe_wait, WRITE_POLL_S)
             return 0
         try:
-            return os.write(fd, view[:size])
+            written = os.write(fd, view[:size])
+            self._shown += written
+            self._pipe_wait = PIPE_WAIT_S
+            return written
         except InterruptedError:
             return 0
         except OSError:
