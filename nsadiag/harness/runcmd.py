@@ -8,9 +8,12 @@ into ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout a
 pass through to nsadiag's own (through a pseudo-terminal when that is a terminal, so the
 command sees one, as it would without nsadiag) and are kept in ``stdout.txt`` and
 ``stderr.txt``; ``run.json`` names the command. The copies never hold the command up: its
-output is passed to the terminal first and always drained, so a disk that fills stops the
-copies (where and why is kept in the evidence, ``output_copies``), never the command; the
-verdict is still written (nsadiag.rundir's reserve).
+output is always drained, into the files first, and shown on the terminal from a bounded
+buffer by a thread of its own (nsadiag.harness.echo), so a terminal that stops reading
+(Ctrl-S, a pipe nobody reads) delays or drops what is shown (how much is kept in the
+evidence, ``output_not_shown``), and a disk that fills stops the copies (where and why:
+``output_copies``), never the command; the verdict is still written (nsadiag.rundir's
+reserve). On a terminal, ``live`` keeps a status line below the output.
 
 The one parent loop (nsadiag.harness.session) follows every process's stream as it
 appears, with the stall clock on progress of any of them. On a stall every watched
