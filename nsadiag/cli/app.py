@@ -379,7 +379,7 @@ def run_cmd(
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
                     on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note,
-                    live=live_status(term, path, stall_timeout))
+                    live=live_status(term, path, stall_timeout, deadline))
     raise typer.Exit(wrote(term, rendered))
 
 

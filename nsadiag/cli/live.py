@@ -10,7 +10,9 @@ nsadiag.probes.profile) and left out while it has not been measured:
     nsadiag: 1 process, 0:42 | progressing | step 14, 1.3 s/step | loop `t` in attend
     (model.py:88): 512/4096, 31/s, pass ETA 1:55
 
-The stall part repeats the watch's own rule (nsadiag.harness.streams): the stall check
+At ``--deadline`` the line says the watch is checking (it samples the stacks, then stops
+the run: SLOW while it progressed); in the deadline's last ten minutes it shows the time
+left. The stall part repeats the watch's own rule (nsadiag.harness.streams): the stall check
 comes after ``stall_timeout_s`` without progress once a forward pass was seen, after the
 start-up grace before that, counted from the parent's reading of the events as the watch
 counts it; past it the line says the watch is checking (on a loaded machine the watch
@@ -19,6 +21,7 @@ does not count the time the program waited for a CPU, so its decision can come l
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -41,6 +44,8 @@ PROFILE_READ_S = 2.0
 PROFILES_READ = 4
 """The most recently written profiles read at each refresh: the training process is among
 them; a job with dozens of data workers is not read whole twice a second."""
+DEADLINE_SHOWN_S = 600.0
+"""The time left to --deadline is shown in its last ten minutes."""
 QUIET_SHOWN_S = 2.0
 """A silence shorter than this is shown as progressing (pulses come every second)."""
 
@@ -63,10 +68,11 @@ class RunStatus:
     functions of the user's code)."""
 
     def __init__(self, run_dir: Path, stall_timeout_s: float, startup_grace_s: float,
-                 redact: Callable[[str], str] = str,
+                 deadline_s: float = math.inf, redact: Callable[[str], str] = str,
                  now: Callable[[], float] = time.monotonic):
         self.run_dir, self.redact, self.now = run_dir, redact, now
         self.stall_timeout_s, self.startup_grace_s = stall_timeout_s, startup_grace_s
+        self.deadline_s = deadline_s
         self.started = self.last_progress = now()
         self._lock = threading.Lock()
         self.processes: set[int] = set()
@@ -133,6 +139,13 @@ class RunStatus:
         return text
 
     def _stall(self, now: float) -> str:
+        left = self.deadline_s - (now - self.started)
+        if left <= 0:  # the watch samples the stacks now, then stops the run: SLOW or stuck
+            return "at the deadline: checking"
+        deadline = f", deadline in {clock(left)}" if left <= DEADLINE_SHOWN_S else ""
+        return self._silence(now) + deadline
+
+    def _silence(self, now: float) -> str:
         quiet = now - self.last_progress
         limit = self.stall_timeout_s if self.training else \
             max(self.stall_timeout_s, self.startup_grace_s)
@@ -172,9 +185,10 @@ def _modified(path: Path) -> float:
         return 0.0
 
 
-def live_status(term: Terminal, run_dir: Path, stall_timeout_s: float) -> RunStatus | None:
+def live_status(term: Terminal, run_dir: Path, stall_timeout_s: float, deadline_s: float
+                ) -> RunStatus | None:
     """The status line for a run shown on a terminal; None when stderr is a pipe, a file
     or a CI log (a line redrawn twice a second would be noise there)."""
     if not term.live:
         return None
-    return RunStatus(run_dir, stall_timeout_s, STARTUP_GRACE_S, term.redacted)
+    return RunStatus(run_dir, stall_timeout_s, STARTUP_GRACE_S, deadline_s, term.redacted)

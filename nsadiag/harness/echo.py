@@ -15,8 +15,9 @@ while more than a quarter of the pipe stays free, which keeps room for nsadiag's
 lines (the verdict) in a pipe nobody reads, so nsadiag ends when its run ends.
 
 On a terminal, ``Echo`` also keeps one status line of nsadiag's own below the command's
-output (the text comes from ``status``, redrawn every ``STATUS_REDRAW_S``): the line is
-cleared before the command's output is written and drawn again after it. After a complete
+output (its text comes from ``status``, asked for at most every ``STATUS_REDRAW_S``): the
+line is cleared before the command's output is written and drawn again after it, once per
+batch of output. After a complete
 line of output it is drawn on the next line; after a partial one (a progress bar redrawn
 with carriage returns) on the row below, with the cursor put back where the command left
 it.
@@ -55,6 +56,8 @@ spare; the wait doubles, up to WRITE_POLL_S, while the pipe is not read (a reade
 keeps up makes room within a millisecond)."""
 WRITE_CHUNK = 4096
 """Bytes per write to a terminal: a stopped terminal holds a write that is under way."""
+BATCH_BYTES = 1 << 20
+"""Output written between two redraws of the status line, at most."""
 PIPE_RESERVE_SHARE = 0.25
 """The share of a pipe the echo leaves free for nsadiag's own lines."""
 
@@ -158,6 +161,8 @@ class Echo:
         self._pipe_wait = PIPE_WAIT_S
         self._drawn: bytes | None = None  # the status line as shown, None: not shown
         self._drawn_at = 0.0
+        self._text: str | None = None  # the status text, asked for at most every
+        self._text_at = 0.0  # STATUS_REDRAW_S and drawn again after the command's output
         self._thread = threading.Thread(target=self._run, name="nsadiag-echo", daemon=True)
         self._thread.start()
 
@@ -217,10 +222,11 @@ class Echo:
                     self._cond.wait(STATUS_REDRAW_S if self._status else None)
                 if not self._queue and self._finishing:
                     return
-                item = self._queue.popleft() if self._queue else None
-                if item is not None:
-                    self._held -= len(item[1])
-            if item is not None:
+                batch = []  # what came meanwhile, shown with one clear and one redraw
+                while self._queue and sum(len(chunk) for _, chunk in batch) < BATCH_BYTES:
+                    batch.append(self._queue.popleft())
+                    self._held -= len(batch[-1][1])
+            for item in batch:
                 self._show(*item)
             self._redraw()
 
@@ -294,13 +300,14 @@ class Echo:
         now = time.monotonic()
         if self._drawn is not None and now - self._drawn_at < STATUS_REDRAW_S:
             return
-        try:
-            text = self._status()
-        except Exception:  # the status line is a courtesy: it never ends the echo
-            text = None
-        if not text:
+        if self._text is None or now - self._text_at >= STATUS_REDRAW_S:
+            try:
+                self._text, self._text_at = self._status(), now
+            except Exception:  # the status line is a courtesy: it never ends the echo
+                self._text = None
+        if not self._text:
             return
-        line = text[:max(10, _columns(self._status_fd) - 1)].encode(errors="replace")
+        line = self._text[:max(10, _columns(self._status_fd) - 1)].encode(errors="replace")
         if self._drawn == line:
             return
         if self._at_line_start():

@@ -73,6 +73,18 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
                              "(train.py:9)")
 
 
+def test_the_deadline_is_shown_in_its_last_minutes_and_when_it_is_reached(tmp_path):
+    now = [0.0]
+    status = RunStatus(tmp_path, stall_timeout_s=60, startup_grace_s=30, deadline_s=900,
+                       now=lambda: now[0])
+    now[0] = 100
+    assert "deadline" not in status.line()
+    now[0] = 400
+    assert status.line().endswith("stall timeout: checking, deadline in 8:20")
+    now[0] = 900
+    assert status.line() == "nsadiag: starting, 15:00 | at the deadline: checking"
+
+
 def test_before_training_the_stall_decision_waits_for_the_start_up_grace(tmp_path):
     now = [0.0]
     status = RunStatus(tmp_path, stall_timeout_s=10, startup_grace_s=30, now=lambda: now[0])
