@@ -78,6 +78,7 @@ class RunStatus:
         self.processes: set[int] = set()
         self.step_times: deque[float] = deque(maxlen=RATE_STEPS)
         self.steps = 0
+        self.last_step_at = self.started
         self.training = False
         self.frame: str | None = None
         self.loop: dict[str, Any] | None = None
@@ -97,6 +98,7 @@ class RunStatus:
                 if kind == "step" and isinstance(event.get("t"), (int, float)):
                     self.steps = max(self.steps, int(event.get("step", 0)) + 1)
                     self.step_times.append(float(event["t"]))
+                    self.last_step_at = self.now()
                 if kind == "pulse" and event.get("frame"):
                     self.frame = str(event["frame"])
 
@@ -106,7 +108,7 @@ class RunStatus:
         self._read_loop(now)
         with self._lock:
             # the stall part second: a narrow terminal cuts the line's end
-            parts = [self._watching(now), self._stall(now), self._steps(), self._where()]
+            parts = [self._watching(now), self._stall(now), self._steps(now), self._where()]
         return self.redact(" | ".join(part for part in parts if part))
 
     # ---- the parts -------------------------------------------------------------------
@@ -116,13 +118,18 @@ class RunStatus:
         what = f"{count} process{'es' if count != 1 else ''}" if count else "starting"
         return f"nsadiag: {what}, {clock(now - self.started)}"
 
-    def _steps(self) -> str | None:
+    def _steps(self, now: float) -> str | None:
+        """Steps done and their pace over the last RATE_STEPS steps; once no step came for
+        three of their intervals (and QUIET_SHOWN_S), how long ago the last one came."""
         if not self.steps:
             return None
-        times = self.step_times
-        if len(times) < 2 or times[-1] <= times[0]:
+        times, since = self.step_times, now - self.last_step_at
+        interval = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        if since >= QUIET_SHOWN_S and (interval is None or since > 3 * interval):
+            return f"step {self.steps}, the last {since:.0f} s ago"
+        if not interval:
             return f"step {self.steps}"
-        return f"step {self.steps}, {pace((len(times) - 1) / (times[-1] - times[0]), 'step')}"
+        return f"step {self.steps}, {pace(1 / interval, 'step')}"
 
     def _where(self) -> str | None:
         loop = self.loop

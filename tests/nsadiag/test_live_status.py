@@ -63,13 +63,15 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
     status.on_events([{"kind": "start", "phase": "forward", "step": 0, "t": 2.0}] +
                      [{"kind": "step", "phase": "optimizer", "step": i, "t": 2.0 + 2.5 * i}
                       for i in range(5)])
-    now[0] += 12
+    now[0] += 1
+    assert status.line() == "nsadiag: 1 process, 0:01 | progressing | step 5, 2.5 s/step"
+    now[0] += 11
     assert status.line() == ("nsadiag: 1 process, 0:12 | no progress for 12 s, stall check "
-                             "in 48 s | step 5, 2.5 s/step")
+                             "in 48 s | step 5, the last 12 s ago")
     status.on_events([{"kind": "pulse", "progress": False, "frame": "wait (train.py:9)"}])
     now[0] += 50
     assert status.line() == ("nsadiag: 1 process, 1:02 | no progress for 62 s, past the 60 s "
-                             "stall timeout: checking | step 5, 2.5 s/step | in wait "
+                             "stall timeout: checking | step 5, the last 62 s ago | in wait "
                              "(train.py:9)")
 
 
