@@ -95,8 +95,10 @@ class RunStatus:
                     self.processes.add(int(event["pid"]))
                 if event.get("phase") == "forward":
                     self.training = True
-                if kind == "step" and isinstance(event.get("t"), (int, float)):
-                    self.steps = max(self.steps, int(event.get("step", 0)) + 1)
+                if kind == "step" and isinstance(event.get("t"), (int, float)) and \
+                        int(event.get("step", 0)) + 1 > self.steps:
+                    # a step counts once, when the first process (of several ranks) ends it
+                    self.steps = int(event.get("step", 0)) + 1
                     self.step_times.append(float(event["t"]))
                     self.last_step_at = self.now()
                 if kind == "pulse" and event.get("frame"):

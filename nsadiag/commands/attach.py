@@ -59,16 +59,17 @@ def _check_python(pid: int) -> None:
     says what it finds."""
     try:
         process = psutil.Process(pid)
+        name = process.name()
         names = [Path(process.exe()).name, *(Path(word).name for word in process.cmdline()[:1])]
-        if any(PYTHON_NAME.match(name) for name in names):
+        if any(PYTHON_NAME.match(word) for word in names):
             return
         mapped = Path(f"/proc/{pid}/maps").read_text()
     except (psutil.Error, OSError):
         return
     if "libpython" in mapped:
         return
-    raise ValueError(f"pid: process {pid} ({process.name()}) is not a Python process; "
-                     f"attach watches Python programs (give the PID of the python process)")
+    raise ValueError(f"pid: process {pid} ({name}) is not a Python process; attach watches "
+                     f"Python programs (give the PID of the python process)")
 
 
 def attach(pid: int, duration_s: float, ranks: bool = False, samples: int = SAMPLES
