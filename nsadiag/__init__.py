@@ -1,4 +1,4 @@
-"""nsadiag: tells slow from stuck and wrong from fast in NSA training runs.
+"""nsadiag: tells slow from stuck and wrong from fast in PyTorch training runs.
 
 ``nsadiag.watch(...)`` watches a block of the caller's own code (nsadiag.commands.watch).
 ``nsadiag.load_trials(run_dir)`` reads a run directory's trials as a pandas DataFrame

@@ -41,6 +41,7 @@ from nsadiag.cli.render import (
     Follow,
     OutputClosed,
     Terminal,
+    activity,
     check_table,
     compare_tables,
     env_table,
@@ -78,7 +79,7 @@ class _Commands(TyperGroup):
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   rich_markup_mode="markdown", pretty_exceptions_enable=False,
-                  help="Tell slow from stuck and wrong from fast in NSA training runs.")
+                  help="Tell slow from stuck and wrong from fast in PyTorch training runs.")
 term = Terminal()
 T = TypeVar("T")
 
@@ -131,7 +132,7 @@ def _version(value: bool) -> None:
 def _root(version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True,
         help="Print the version and exit.")] = False) -> None:
-    """nsadiag: diagnostics for NSA training runs: slow or stuck, wrong or fast."""
+    """nsadiag: diagnostics for PyTorch training runs: slow or stuck, wrong or fast."""
 
 
 # ---- env ------------------------------------------------------------------------------------
@@ -168,8 +169,8 @@ def env(as_json: AsJson = False,
 
 
 def _sweep(function: Callable[..., Any], *args: Any, out: Path, total: int | None,
-           plan_note: str | None = None, **kwargs: Any) -> NoReturn:
-    with Follow(term, total) as follow:
+           plan_note: str | None = None, by_branch: bool = False, **kwargs: Any) -> NoReturn:
+    with Follow(term, total, by_branch=by_branch) as follow:
         from nsadiag.sweep import Callbacks
 
         callbacks = Callbacks(on_trial=follow.on_trial, on_events=follow.on_events,
@@ -236,8 +237,8 @@ def isolate_branch_cmd(trial: TrialOptions, branch: Branch, layers: LayerRange =
     base = call(trial.spec)
     path = call(run_dir, out, "isolate-branch")
     _sweep(isolate_branch, base, branch, counts, path, argv(), out=path,
-           total=2 * len(counts), plan_note=plan.sweep_plan("isolate-branch", 2 * len(counts),
-                                                            base))
+           total=2 * len(counts), by_branch=True,
+           plan_note=plan.sweep_plan("isolate-branch", 2 * len(counts), base))
 
 
 # ---- triage ---------------------------------------------------------------------------------
@@ -342,13 +343,9 @@ def ddp_cmd(
     path = call(run_dir, out, "ddp")
     note = plan.announce("ddp", 1, base, "--budget")
     with term.status("ddp") as update:
-        events = [0]
-
         def on_events(batch: list[dict]) -> None:
-            events[0] += len(batch)
-            where = batch[-1].get("module") or batch[-1].get("kind") if batch else ""
-            if term.live:
-                update(f"{world_size} ranks ({ddp_backend}): {where}, {events[0]} events")
+            if term.live and batch:
+                update(f"{world_size} ranks ({ddp_backend}): {activity(batch[-1])}")
 
         def on_start(text: str) -> None:
             _announce(note)
@@ -374,13 +371,15 @@ def run_cmd(
         no_redact: NoRedact = False, out: Out = None) -> None:
     """Run your own command unchanged and watch every Python process it starts:
     nsadiag run -- python train.py (or torchrun ... train.py)."""
+    from nsadiag.cli.live import live_status
     from nsadiag.commands.run import run_user_command
 
     redaction(no_redact)
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
-                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note)
+                    on_start=lambda text: term.note(f"nsadiag run: {text}"), on_note=term.note,
+                    live=live_status(term, path, stall_timeout, deadline))
     raise typer.Exit(wrote(term, rendered))
 
 

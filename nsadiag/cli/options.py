@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from typer.core import TyperOption
 
 from nsadiag import limits
 from nsadiag.rundir import check_out, default_run_dir
@@ -42,6 +43,19 @@ SPEC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialSpec)
                  if f.default is not dataclasses.MISSING}
 TRIAL = "Trial options"
 OUTPUT = "Output"
+
+# ---- how --help shows an option's type ----------------------------------------------------
+
+_typer_display_type = TyperOption.display_type_rich
+
+
+def _display_type(option: TyperOption, ctx: Any) -> str | None:
+    """The type column of --help: none for a flag (typer shows ``<bool>`` there, as if
+    the flag took a value)."""
+    return None if option.is_flag else _typer_display_type(option, ctx)
+
+
+TyperOption.display_type_rich = _display_type  # type: ignore[method-assign]
 
 # ---- shared option types -------------------------------------------------------------------
 

@@ -203,14 +203,50 @@ def wrote(term: Terminal, rendered: Rendered, extra: Sequence[Path] = (),
 # ---- progress of trials -------------------------------------------------------------------
 
 
+PHASE_WORDS = {"build": "building the model", "forward": "forward", "backward": "backward",
+               "optimizer": "optimizer step"}
+
+
+def activity(event: Mapping[str, Any]) -> str:
+    """What the latest heartbeat event (nsadiag.harness.heartbeat) says the run is doing,
+    in words: "forward of layers.3 (step 2)", "step 2 done", "waiting in f (x.py:9)"."""
+    kind, phase = event.get("kind"), event.get("phase")
+    step = f" (step {event['step'] + 1})" if isinstance(event.get("step"), int) else ""
+    if kind == "module" and event.get("module"):
+        return f"{phase or 'running'} of {event['module']}{step}"
+    if kind == "start":
+        return PHASE_WORDS.get(phase or "", "starting") + ("" if phase == "build" else step)
+    if kind == "step" and isinstance(event.get("step"), int):
+        return f"step {event['step'] + 1} done"
+    if kind == "end":
+        return "finished" if event.get("status") != "error" else "ended with an error"
+    if kind == "collective":
+        number = f" #{event['n']}" if event.get("n") is not None else ""
+        return f"{event.get('op') or 'collective'}{number}{step}"
+    if kind == "pulse":
+        where = f" in {event['frame']}" if event.get("frame") else ""
+        return f"running{where}" if event.get("progress") else f"no progress{where}"
+    return "running"
+
+
+def branch_label(spec: Mapping[str, Any]) -> str:
+    """Which branches a trial ran, for a sweep that compares branches: "all branches", or
+    "sel only" for a trial that ran only some."""
+    branches = spec.get("branches")
+    return f"{','.join(branches)} only" if branches else "all branches"
+
+
 class Follow:
     """Follows trials: a live bar with the running trial's heartbeats on a terminal, one
-    line per trial and stage elsewhere."""
+    line per trial and stage elsewhere. ``by_branch``: each line says which branches the
+    trial ran (isolate-branch runs every layer count twice)."""
 
-    def __init__(self, term: Terminal, total: int | None, plain: bool = False):
-        self.term, self.total = term, total
+    def __init__(self, term: Terminal, total: int | None, plain: bool = False,
+                 by_branch: bool = False):
+        self.term, self.total, self.by_branch = term, total, by_branch
         self.plain = plain or not term.live
-        self.events, self.progress, self.task = 0, None, None
+        self.progress, self.task = None, None
+        self.trial = "starting"
 
     def __enter__(self) -> Follow:
         if not self.plain:
@@ -230,23 +266,22 @@ class Follow:
             self.progress.__exit__(*exc)
 
     def on_trial(self, point: int, spec: TrialSpec) -> None:
-        self.events = 0
-        label = f" {','.join(spec.branches)}" if spec.branches else ""
+        label = f", {branch_label({'branches': spec.branches})}" if self.by_branch else ""
         text = f"{spec.n_layers or '-'} layers, S={spec.seq_len}{label}"
+        self.trial = text
         if self.progress is None:
             self.term.note(f"  running {text}")
         else:
             self.progress.update(self.task, description=text)
 
     def on_events(self, events: list[dict]) -> None:
-        self.events += len(events)
         if self.progress is not None and events:
-            where = events[-1].get("module") or events[-1].get("kind")
-            self.progress.update(self.task, description=f"{where} ({self.events} events)")
+            self.progress.update(self.task, description=f"{self.trial}: {activity(events[-1])}")
 
     def on_record(self, record: TrialRecord) -> None:
+        label = f"{branch_label(record.spec):<14} " if self.by_branch else ""
         line = (f"  {record.spec.get('n_layers') or '-':>3} layers  "
-                f"S={record.spec.get('seq_len')!s:<6} {record.verdict_name:<16} "
+                f"S={record.spec.get('seq_len')!s:<6} {label}{record.verdict_name:<16} "
                 f"{record.wall_s:6.1f} s  {Path(record.trial_dir).name}")
         if self.progress is None:
             self.term.note(line)

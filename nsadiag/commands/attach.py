@@ -16,6 +16,7 @@ verdict as for every command (nsadiag.ci).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -43,8 +44,33 @@ def targets_of(pid: int, ranks: bool) -> list[tuple[int, int | None]]:
         targets = [(p, r) for p, r in targets if r is not None]
     permission = ptrace_permission()
     for target, _ in targets:
+        _check_python(target)
         can_attach(target, permission)
     return targets
+
+
+PYTHON_NAME = re.compile(r"^(python|pypy)[\d.]*[dmu]?$")
+"""The names of a Python interpreter's executable: python, python3, python3.11, pypy3."""
+
+
+def _check_python(pid: int) -> None:
+    """ValueError (one line) when ``pid`` is known not to run Python: neither its program
+    nor its command's first word is an interpreter, and no libpython is mapped into it (a
+    program that embeds Python). A process whose memory map cannot be read passes: py-spy
+    says what it finds."""
+    try:
+        process = psutil.Process(pid)
+        name = process.name()
+        names = [Path(process.exe()).name, *(Path(word).name for word in process.cmdline()[:1])]
+        if any(PYTHON_NAME.match(word) for word in names):
+            return
+        mapped = Path(f"/proc/{pid}/maps").read_text()
+    except (psutil.Error, OSError):
+        return
+    if "libpython" in mapped:
+        return
+    raise ValueError(f"pid: process {pid} ({name}) is not a Python process; attach watches "
+                     f"Python programs (give the PID of the python process)")
 
 
 def attach(pid: int, duration_s: float, ranks: bool = False, samples: int = SAMPLES

@@ -19,6 +19,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nsadiag.harness.echo import LiveStatus
 from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.redact import Redactor
 from nsadiag.report.dispatch import Rendered, render_run
@@ -38,11 +39,13 @@ from nsadiag.rundir import (
 def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
                      stall_timeout_s: float, deadline_s: float, no_redact: bool = False,
                      on_start: Callable[[str], None] | None = None,
-                     on_note: Callable[[str], None] | None = None) -> Rendered:
+                     on_note: Callable[[str], None] | None = None,
+                     live: LiveStatus | None = None) -> Rendered:
     """Watch ``command`` (see nsadiag.harness.runcmd) in ``run_dir``; returns what the
     report wrote. ValueError (one line) for a refused command or limit; ``on_start``
     hears what is watched once the command is accepted, ``on_note`` what went missing
-    (copies of the output a full disk cut short)."""
+    (copies of the output a full disk cut short, output the terminal did not show);
+    ``live`` is the status line kept below the command's output on a terminal."""
     for name, value in (("stall-timeout", stall_timeout_s), ("deadline", deadline_s)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}: must be a positive number of seconds, got {value:g}")
@@ -53,13 +56,15 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         try:
             if on_start:
                 on_start(f"watching {shlex.join(command)}")
-            record = run_command(list(command), run_dir, stall_timeout_s, deadline_s)
+            record = run_command(list(command), run_dir, stall_timeout_s, deadline_s, live)
             _keep_record(record, run_dir, argv)
         except BaseException:
             restore_earlier(run_dir, earlier)
             raise
     drop_earlier(earlier)
-    for line in record.evidence.get("output_copies") or []:
+    copies = record.evidence.get("output_copies") or []
+    for line in [*copies, *_not_shown(record.evidence.get("output_not_shown") or {},
+                                      run_dir, copies)]:
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
@@ -68,6 +73,15 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "
                          f"{run_dir / 'report.md'})") from None
+
+
+def _not_shown(counts: dict[str, int], run_dir: Path, copies: list[str]) -> list[str]:
+    """One line per output the terminal did not keep up with (``copies``: the lines that
+    say a kept copy is incomplete, each starting with its file's name)."""
+    cut = {line.split(":", 1)[0] for line in copies}
+    return [f"{count} bytes of the command's output were not shown in the terminal (it "
+            f"did not keep up); {'what was kept' if name in cut else 'all of it'} is in "
+            f"{run_dir / name}" for name, count in counts.items()]
 
 
 def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str]) -> None:

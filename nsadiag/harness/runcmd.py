@@ -8,9 +8,12 @@ into ``<run_dir>/proc-<pid>/`` (nsadiag.harness.watched). The command's stdout a
 pass through to nsadiag's own (through a pseudo-terminal when that is a terminal, so the
 command sees one, as it would without nsadiag) and are kept in ``stdout.txt`` and
 ``stderr.txt``; ``run.json`` names the command. The copies never hold the command up: its
-output is passed to the terminal first and always drained, so a disk that fills stops the
-copies (where and why is kept in the evidence, ``output_copies``), never the command; the
-verdict is still written (nsadiag.rundir's reserve).
+output is always drained, into the files first, and shown on the terminal from a bounded
+buffer by a thread of its own (nsadiag.harness.echo), so a terminal that stops reading
+(Ctrl-S, a pipe nobody reads) delays or drops what is shown (how much is kept in the
+evidence, ``output_not_shown``), and a disk that fills stops the copies (where and why:
+``output_copies``), never the command; the verdict is still written (nsadiag.rundir's
+reserve). On a terminal, ``live`` keeps a status line below the output.
 
 The one parent loop (nsadiag.harness.session) follows every process's stream as it
 appears, with the stall clock on progress of any of them. On a stall every watched
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import sys
 import termios
@@ -45,6 +49,7 @@ from typing import IO, Any
 import psutil
 
 from nsadiag.harness.capture import unwatched
+from nsadiag.harness.echo import Echo, LiveStatus
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.record import (
     build_record,
@@ -74,14 +79,16 @@ def command_env(run_dir: Path) -> dict[str, str]:
 
 
 class _Tee(threading.Thread):
-    """Copies one output of the command (a pipe, or a pseudo-terminal's master side) to the
-    terminal and to a file, as it comes: the terminal first, and the output is drained to
-    its end whatever happens to the file. A file that cannot be written (a full disk) ends
-    the copy, and ``lost`` says where."""
+    """Copies one output of the command (a pipe, or a pseudo-terminal's master side) to a
+    file and on to the terminal (``echo``), as it comes, and drains it to its end whatever
+    happens to either: the file first, and the terminal's share is handed to the echo,
+    which never blocks (nsadiag.harness.echo), so a terminal that stops reading never
+    holds the command up. A file that cannot be written (a full disk) ends the copy, and
+    ``lost`` says where."""
 
-    def __init__(self, fd: int, terminal: IO[bytes], path: Path):
+    def __init__(self, fd: int, echo: Echo, index: int, path: Path):
         super().__init__(daemon=True)
-        self.fd, self.terminal, self.path = fd, terminal, path
+        self.fd, self.echo, self.index, self.path = fd, echo, index, path
         self.copied = 0
         self.lost: str | None = None
 
@@ -94,13 +101,9 @@ class _Tee(threading.Thread):
                 break
             if not chunk:
                 break
-            try:
-                self.terminal.write(chunk)
-                self.terminal.flush()
-            except (OSError, ValueError):
-                pass  # a closed terminal must not stop the copy to the file
             if kept is not None:
                 kept = self._keep(kept, chunk)
+            self.echo.offer(self.index, chunk)
         if kept is not None:
             with contextlib.suppress(OSError):
                 kept.close()
@@ -130,7 +133,7 @@ class _Tee(threading.Thread):
             return None
 
 
-def _output_for(terminal: IO[bytes]) -> tuple[int, int]:
+def _output_for(terminal: IO[str]) -> tuple[int, int]:
     """(read end, write end) for one output of the command: a pseudo-terminal of the same
     size when nsadiag's own output is a terminal (the command sees a terminal, as it would
     without nsadiag: colours, progress bars, line buffering), else a pipe. The terminal
@@ -150,11 +153,21 @@ def _output_for(terminal: IO[bytes]) -> tuple[int, int]:
     return master, slave
 
 
-class _Command(Launched):
-    """The user's command with its output passed through and kept."""
+def _fd_of(stream: IO[str], default: int) -> int:
+    """The file descriptor under ``stream`` (the process's own ``default`` when it has none:
+    a stand-in a test put there)."""
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return default
 
-    def __init__(self, argv: list[str], env: dict[str, str], run_dir: Path):
-        terminals = (sys.stdout.buffer, sys.stderr.buffer)
+
+class _Command(Launched):
+    """The user's command with its output kept and shown (nsadiag.harness.echo)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], run_dir: Path,
+                 live: LiveStatus | None = None):
+        terminals = (sys.stdout, sys.stderr)
         out, err = _output_for(terminals[0]), _output_for(terminals[1])
         try:
             super().__init__(argv, env, out[1], err[1])
@@ -165,18 +178,29 @@ class _Command(Launched):
         finally:
             os.close(out[1])
             os.close(err[1])
-        self.tees = [_Tee(out[0], terminals[0], run_dir / "stdout.txt"),
-                     _Tee(err[0], terminals[1], run_dir / "stderr.txt")]
+        fds = [_fd_of(terminal, default) for terminal, default in zip(terminals, (1, 2),
+                                                                          strict=True)]
+        self.echo = Echo(fds, live.line if live is not None else None,
+                         fds[1] if live is not None else None)
+        self.tees = [_Tee(out[0], self.echo, 0, run_dir / "stdout.txt"),
+                     _Tee(err[0], self.echo, 1, run_dir / "stderr.txt")]
         for tee in self.tees:
             tee.start()
 
     def finish(self) -> None:
         for tee in self.tees:
             tee.join(timeout=5)
+        self.echo.finish()
 
     def lost(self) -> list[str]:
         """Why a copy of the output is incomplete, one line per copy (none: both whole)."""
         return [tee.lost for tee in self.tees if tee.lost]
+
+    def not_shown(self) -> dict[str, int]:
+        """Bytes of each output the terminal did not show (it did not keep up), by the
+        name of the file that keeps them; empty when it showed everything."""
+        return {tee.path.name: count for tee, count in zip(self.tees, self.echo.not_shown,
+                                                          strict=True) if count}
 
 
 class _CommandTree(Tree):
@@ -238,24 +262,37 @@ def check_command(argv: list[str]) -> str:
 
 
 def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
-                deadline_s: float) -> TrialRecord:
+                deadline_s: float, live: LiveStatus | None = None) -> TrialRecord:
     """Run ``argv`` to its verdict (see the module docstring); ValueError (one line) when it
-    cannot be started."""
+    cannot be started, or when it is an interpreter that could not open its script (no
+    verdict: nothing of the user's ran). ``live``: a status line kept below the command's
+    output on the terminal, fed the watch's events."""
     check_command(argv)
     times = WatchTimes(stall_timeout_s, deadline_s)
     prepare_run_dir(run_dir)
     for earlier in run_dir.glob("proc-*"):  # an earlier run's processes are not this one's
         shutil.rmtree(earlier, ignore_errors=True)
     try:
-        command = _Command(argv, command_env(run_dir), run_dir)
+        command = _Command(argv, command_env(run_dir), run_dir, live)
     except OSError as err:  # e.g. a script whose #! names no interpreter here
         raise ValueError(f"command: cannot start {argv[0]!r}: {err.strerror or err}") \
             from None
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
-    end = watch_session(_CommandTree(command, run_dir), times)
+    end = watch_session(_CommandTree(command, run_dir), times,
+                        live.on_events if live is not None else None)
     returncode = command.proc.returncode
+    never_ran = unopened_script(returncode, read_tail(run_dir / "stderr.txt",
+                                                      STDERR_TAIL_BYTES)) \
+        if end.due is None else None
+    if never_ran is not None:  # a refused command: it leaves nothing of this run behind
+        for made in ("stdout.txt", "stderr.txt", "run.json", *(p.name for p in
+                                                               run_dir.glob("proc-*"))):
+            shutil.rmtree(run_dir / made, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (run_dir / made).unlink()
+        raise ValueError(f"command: {never_ran}")
     outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
@@ -268,7 +305,29 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           extra=command_facts(end, main, outcome))
     if command.lost():
         record.evidence["output_copies"] = command.lost()
+    if command.not_shown():
+        record.evidence["output_not_shown"] = command.not_shown()
     return record
+
+
+CANNOT_OPEN = re.compile(r"^(?P<program>\S+): can't open file (?P<path>'.*'|\".*\"): "
+                         r"\[Errno \d+\] (?P<why>.+)$")
+"""CPython's one line when the script it is given cannot be opened (it exits with 2)."""
+CANNOT_OPEN_EXIT = 2
+
+
+def unopened_script(returncode: int | None, stderr: str) -> str | None:
+    """Why the command never ran, when it is an interpreter that could not open its script
+    (``python missing.py``: exit code 2 and CPython's one line, alone on stderr), as one
+    line; None otherwise."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if returncode != CANNOT_OPEN_EXIT or len(lines) != 1:
+        return None
+    found = CANNOT_OPEN.match(lines[0].strip())
+    if found is None:
+        return None
+    program = Path(found["program"]).name
+    return f"{program} cannot open the script {found['path']}: {found['why']}"
 
 
 def last_traceback(stderr: str) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from nsadiag.finding import Item
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_layer_sweep
 from nsadiag.report.markdown import (
@@ -89,6 +90,20 @@ def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> li
                             "peak (branch)": fmt_bytes})
 
 
+def labelled_results(results: Sequence[Item], rows: Sequence[SweepRow]) -> list[str]:
+    """The results list (one item per row, in the rows' order); with more than one label
+    (isolate-branch runs every layer count with all branches, then with the branch alone)
+    each label's items come under a line naming it."""
+    labels = list(dict.fromkeys(row.label for row in rows))
+    if len(labels) < 2 or len(results) != len(rows):
+        return items(results)
+    md: list[str] = []
+    for label in labels:
+        mine = [item for item, row in zip(results, rows, strict=True) if row.label == label]
+        md += [*([""] if md else []), f"**{label}**", "", *items(mine)]
+    return md
+
+
 def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: Mapping[str, Any]
                  ) -> dict[str, str]:
     """Legend text per label: the label and what ran (target, sequence length)."""
@@ -112,7 +127,8 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     first = records[0].spec if records else {}
     png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
                      memory=memory, cliff=facts.cliff)
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md = [*head(finding), "", "## Results", ""] + labelled_results(finding.results,
+                                                                    all_rows)
     md += ["", "## Configuration", ""] + config_table(first, CONFIG_KEYS,
                                                      env_rows(meta.get("env") or {}))
     md += ["", "## Measurements", ""] + results_table(all_rows)

@@ -1,6 +1,7 @@
 """nsadiag sweep-layers / isolate-branch / report end to end, and every usage error."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -81,7 +82,12 @@ def test_isolate_branch_attributes_time_to_the_branch(tmp_path):
     rows = {(r["label"], r["n_layers"]): r for r in summary["rows"]}
     # the window branch alone saves less for backward than all three branches
     assert rows["win only", 2]["saved_bytes"] < rows["all branches", 2]["saved_bytes"]
-    assert "What the win branch costs" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "What the win branch costs" in report
+    # each layer count runs twice: the lines and the results say which run is which
+    for label in ("all branches", "win only"):
+        assert re.search(rf"^ +2 layers +S=64 +{label} +OK ", done.stderr, re.M), done.stderr
+        assert f"**{label}**\n\n- ✅ 1 layer: OK" in report
 
 
 @pytest.mark.parametrize("args,message", [

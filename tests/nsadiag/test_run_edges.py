@@ -6,7 +6,6 @@ line, and a deadline shorter than Python's start-up is not a DEADLOCK."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import psutil
 import pytest
 
 from nsadiag.harness import runcmd
+from nsadiag.harness.echo import Echo
 from tests.helpers import REPO, checkout_env, nsadiag
 from tests.procs import wait_for
 
@@ -74,8 +74,10 @@ def test_a_copy_that_cannot_be_written_never_stops_the_output(tmp_path, monkeypa
     monkeypatch.setattr(runcmd, "create_file", lambda path: open("/dev/full", "wb",
                                                                  buffering=0), raising=False)
     read, write = os.pipe()
-    terminal = io.BytesIO()
-    tee = runcmd._Tee(read, terminal, kept)  # the read end of the pipe, as the command has it
+    terminal = tmp_path / "terminal.txt"
+    shown = open(terminal, "wb")
+    echo = Echo([shown.fileno()])
+    tee = runcmd._Tee(read, echo, 0, kept)  # the read end of the pipe, as the command has it
     tee.start()
     data = b"".join(b"line %d\n" % i for i in range(200_000))  # > a pipe's buffer
 
@@ -89,7 +91,9 @@ def test_a_copy_that_cannot_be_written_never_stops_the_output(tmp_path, monkeypa
     assert not command.is_alive(), "the command's output was not drained"
     tee.join(timeout=60)
     assert not tee.is_alive()
-    assert terminal.getvalue() == data
+    echo.finish()
+    shown.close()
+    assert terminal.read_bytes() == data
     assert "No space left on device" in tee.lost
 
 
