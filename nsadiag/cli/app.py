@@ -1,10 +1,11 @@
 """nsadiag's commands: parse the options, call one library function, print the result.
 
 Every command ends by printing what it wrote. Every error a user can cause is one line on
-stderr and exit code 2, and leaves no run directory behind; Ctrl-C (and SIGTERM) kill
-the children and exit 130 with where the finished trials are. Exit codes: 0 healthy, 1
-failure found, 2 usage or I/O error (a bad option, an unwritable --out or full disk, a
-closed stdout), 3 regression, 4 inconclusive, 70 internal error.
+stderr and exit code 2, and leaves no run directory behind; Ctrl-C (and SIGTERM, SIGHUP)
+kill the children, write what was found so far where the command can (nsadiag run), and
+exit 128 + the signal (130, 143, 129) with where the finished trials are. Exit codes: 0
+healthy, 1 failure found, 2 usage or I/O error (a bad option, an unwritable --out or full
+disk, a closed stdout), 3 regression, 4 inconclusive, 70 internal error.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from nsadiag.harness import stop
 from nsadiag.rundir import discard_on_refusal
 from nsadiag.spec import STALL_TIMEOUT_S
 
-EXIT_USAGE, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 130, 70
+EXIT_USAGE, EXIT_INTERNAL = 2, 70
 ClickError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 """click's ClickException (typer vendors click and names only BadParameter, a subclass):
 every parser error — bad value, missing argument, unknown option or command."""
@@ -92,18 +93,24 @@ def fail(message: str) -> NoReturn:
 def call(function: Callable[..., T], *args: Any, out: Path | None = None,
          **kwargs: Any) -> T:
     """Run one library function: a ValueError is one line and exit 2 (a run directory it
-    created is removed again); Ctrl-C is one line and exit 130."""
+    created is removed again); Ctrl-C is one line and exit 130 (143 for SIGTERM, 129 for
+    SIGHUP), after what an interrupted command wrote (``stop.Kept``) is shown."""
     try:
         with discard_on_refusal(out):
             return function(*args, **kwargs)
     except ValueError as err:
         fail((str(err) or type(err).__name__).splitlines()[0])
+    except stop.Kept as stopped:
+        wrote(term, stopped.kept)
+        term.note(f"nsadiag: interrupted by {stop.cause()}: children killed; what was "
+                  f"found so far is written")
+        raise typer.Exit(stop.exit_code()) from None
     except KeyboardInterrupt:
         kept = out is not None and (out / "trials.jsonl").exists()
         hint = (f"; finished trials are kept in {out}/trials.jsonl; rerun with --out {out} "
                 f"to resume" if kept else "")
         term.note(f"nsadiag: interrupted: children killed{hint}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(stop.exit_code()) from None
 
 
 def _announce(sentence: str | None) -> None:
@@ -544,7 +551,7 @@ def report_cmd(
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    stop.request()  # the wait loops raise again should this one be swallowed
+    stop.request(signum)  # the wait loops raise again should this one be swallowed
     raise KeyboardInterrupt  # so a cancelled job unwinds through the runners' kill paths
 
 
@@ -579,7 +586,7 @@ def _exit_code(invoke: Callable[[], Any]) -> int:
         return code if isinstance(code, int) else 0
     except typer.Abort:
         term.note("nsadiag: interrupted")
-        return EXIT_INTERRUPTED
+        return stop.exit_code()
     except ClickError as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # the help is printed already
             return 0
@@ -595,7 +602,7 @@ def _exit_code(invoke: Callable[[], Any]) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         term.note("nsadiag: interrupted")
-        return EXIT_INTERRUPTED
+        return stop.exit_code()
     except OSError as err:
         where = f"{err.filename}: " if err.filename else ""
         term.error(f"{where}{err.strerror or err}")

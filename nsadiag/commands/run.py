@@ -10,6 +10,12 @@ earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once
 new one is written; a run that ends without a verdict (interrupted, refused at start) puts
 it back. When the full report cannot be written (a full disk even after the reserve), a
 short one with the verdict is, and the error says the verdict.
+
+A run the user interrupts (Ctrl-C, SIGTERM, SIGHUP) is kept like a finished one: its
+record (INCONCLUSIVE with when it was stopped, or the verdict already decided), run.json,
+report.md and summary.json are written, then ``stop.Kept`` carries the report to the
+command line, which shows it and exits 128 + the signal. A second signal while that is
+written ends it, and the earlier run is put back.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nsadiag.harness import stop
 from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.redact import Redactor
 from nsadiag.report.dispatch import Rendered, render_run
@@ -63,11 +70,14 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
-        return render_run(run_dir, no_redact)
+        rendered = render_run(run_dir, no_redact)
     except ValueError as err:
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "
                          f"{run_dir / 'report.md'})") from None
+    if record.evidence.get("interrupted"):
+        raise stop.Kept(rendered)
+    return rendered
 
 
 def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str]) -> None:

@@ -21,7 +21,9 @@ forked without the injected hook, a launcher: nsadiag.harness.tree), is sampled 
 at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
 OK for exit code 0, else the verdict of the exception a process recorded (or the last
-traceback on its stderr), else the exit code's verdict.
+traceback on its stderr), else the exit code's verdict. A run the user interrupts
+(Ctrl-C, SIGTERM, SIGHUP) is recorded too, with what was known then
+(nsadiag.harness.interrupted); ``record.evidence["interrupted"]`` says so.
 
 The record (nsadiag.harness.record) names the training process (the one with the most
 heartbeat events) and the evidence of every process. A torchrun job of two or more ranks
@@ -45,6 +47,7 @@ from typing import IO, Any
 import psutil
 
 from nsadiag.harness.capture import unwatched
+from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.record import (
     build_record,
@@ -53,7 +56,7 @@ from nsadiag.harness.record import (
     rank_streams,
     training_stream,
 )
-from nsadiag.harness.session import Tree, watch_session
+from nsadiag.harness.session import Interrupted, Tree, watch_session
 from nsadiag.harness.streams import UNBOUNDED_STEPS, Stream
 from nsadiag.harness.times import WatchTimes
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
@@ -254,9 +257,13 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
-    end = watch_session(_CommandTree(command, run_dir), times)
+    try:
+        end = watch_session(_CommandTree(command, run_dir), times)
+    except Interrupted as stopped:  # the diagnosis so far is kept (nsadiag.harness.interrupted)
+        end = stopped.end
     returncode = command.proc.returncode
-    outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at)
+    reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
+    outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
     main = training_stream(end.streams)
@@ -268,6 +275,9 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           extra=command_facts(end, main, outcome))
     if command.lost():
         record.evidence["output_copies"] = command.lost()
+    if end.interrupted_at is not None:
+        record.verdict = interrupted_verdict(record.verdict, end, main)
+        record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
     return record
 
 
