@@ -166,11 +166,11 @@ def parse_layers(text: str) -> list[int]:
         if first < 1 or last < first or stride < 1:
             raise ValueError(f"layers: counts must be positive and ranges ascending, got "
                              f"{part!r}")
-        span_counts = range(first, last + 1, stride)
-        if len(counts) + len(span_counts) > MAX_PARSED_LAYER_COUNTS:
+        # counted in Python integers: len() of a range past 2**63 raises OverflowError
+        if len(counts) + (last - first) // stride + 1 > MAX_PARSED_LAYER_COUNTS:
             raise ValueError(f"layers: {text!r} names more than {MAX_PARSED_LAYER_COUNTS} "
                              f"layer counts")
-        counts.update(span_counts)
+        counts.update(range(first, last + 1, stride))
     if not counts:
         raise ValueError(f"layers: no layer count in {text!r}")
     return sorted(counts)

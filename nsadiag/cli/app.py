@@ -57,6 +57,7 @@ from nsadiag.spec import STALL_TIMEOUT_S
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 70
 ClickError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 """click's ClickException (typer vendors click and names only BadParameter, a subclass):
 every parser error — bad value, missing argument, unknown option or command."""
 NOT_TRIAL = ("memory_cap_mb",)
@@ -70,8 +71,9 @@ class _Commands(TyperGroup):
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:
-        code = _exit_code(lambda: super(_Commands, self).main(
-            args, prog_name or "nsadiag", complete_var, standalone_mode=False, **extra))
+        words = [str(word) for word in (sys.argv[1:] if args is None else args)]
+        code = _exit_code(lambda: (_version_alone(words), super(_Commands, self).main(
+            args, prog_name or "nsadiag", complete_var, standalone_mode=False, **extra))[1])
         if standalone_mode:
             sys.exit(code)
         return code
@@ -132,6 +134,14 @@ def _version(value: bool) -> None:
     if value:
         term.print(f"nsadiag {__version__}")
         raise typer.Exit(0)
+
+
+def _version_alone(args: list[str]) -> None:
+    """``--version`` exits at once (an eager option), before the words after it are read:
+    refuse any (``nsadiag --version extra``) as the parser refuses an extra argument."""
+    if args[:1] == ["--version"] and args[1:]:
+        raise _UsageError(f"version: --version takes no other arguments, got "
+                          f"{' '.join(args[1:])!r} (see nsadiag --help)")
 
 
 @app.callback()
@@ -384,6 +394,9 @@ def run_cmd(
     from nsadiag.commands.run import run_user_command
 
     redaction(no_redact)
+    if ctx.args and ctx.args[0].startswith("-"):  # an option of run's the parser passed on
+        fail(f"No such option: {ctx.args[0]} (see nsadiag run --help); the command to "
+             f"watch goes after --: nsadiag run [OPTIONS] -- python train.py")
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
@@ -492,6 +505,7 @@ def stacks_cmd(
     from nsadiag.commands.stacks import stacks_run
 
     redaction(no_redact)
+    call(limits.check_stack_sampling, samples, interval)
     path = call(run_dir, out, "stacks")
     with term.status("stacks") as update:
         rendered = call(stacks_run, pid, ranks, samples, interval, native, path, argv(),
@@ -515,6 +529,7 @@ def attach_cmd(
     from nsadiag.commands.attach import attach_command
 
     redaction(no_redact)
+    call(limits.check_watch_seconds, duration, "duration")
     path = call(run_dir, out, "attach")
     with term.status(f"attach to {'the ranks under ' if ranks else ''}pid {pid}") as update:
         rendered = call(attach_command, pid, duration, ranks, path, argv(), no_redact,
@@ -542,6 +557,11 @@ def report_cmd(
     if bundle and no_redact:
         fail("bundle: a bundle is always redacted; drop --no-redact")
     redaction(no_redact)
+    from nsadiag.rundir import left_aside
+
+    for stale in left_aside(run_dir_):
+        term.note(f"nsadiag report: an earlier run of {run_dir_}, set aside by an nsadiag "
+                  f"that was killed during a rerun, is in {stale}")
     rendered = call(render_locked, run_dir_, no_redact)
     extra = [call(write_bundle, run_dir_)] if bundle else []
     wrote(term, rendered, extra)

@@ -8,7 +8,9 @@ directory, not executable, bad limits) leaves no run directory behind.
 A --out that holds an earlier run is not touched until the new run has its verdict: the
 earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once record.json of the
 new one is written; a run that ends without a verdict (interrupted, refused at start) puts
-it back. When the full report cannot be written (a full disk even after the reserve), a
+it back. An earlier run that an nsadiag killed with SIGKILL left set aside
+(``.<name>.nsadiag-*`` beside the directory) is named at the start and removed with the
+earlier run. When the full report cannot be written (a full disk even after the reserve), a
 short one with the verdict is, and the error says the verdict.
 
 A run the user interrupts (Ctrl-C, SIGTERM, SIGHUP) is kept like a finished one: its
@@ -33,6 +35,8 @@ from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,
     drop_earlier,
+    drop_left_aside,
+    left_aside,
     prepare_fresh_run_dir,
     restore_earlier,
     stored_redaction,
@@ -54,6 +58,11 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}: must be a positive number of seconds, got {value:g}")
     check_command(list(command))
+    for stale in left_aside(run_dir):
+        if on_note:
+            on_note(f"nsadiag run: an earlier run of {run_dir}, set aside by an nsadiag "
+                    f"that was killed, is in {stale}; it is removed once this run has its "
+                    f"verdict")
     with discard_on_refusal(run_dir):
         # refuses while another nsadiag holds the directory; sets an earlier run aside
         earlier = prepare_fresh_run_dir(run_dir)
@@ -66,6 +75,7 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
             restore_earlier(run_dir, earlier)
             raise
     drop_earlier(earlier)
+    drop_left_aside(run_dir)
     for line in record.evidence.get("output_copies") or []:
         if on_note:
             on_note(f"nsadiag run: {line}")
