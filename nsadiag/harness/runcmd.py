@@ -275,6 +275,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           extra=command_facts(end, main, outcome))
     if command.lost():
         record.evidence["output_copies"] = command.lost()
+    record.evidence["containment"] = command.containment
     if end.interrupted_at is not None:
         record.verdict = interrupted_verdict(record.verdict, end, main)
         record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
