@@ -805,7 +805,8 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
     """The records of trials.jsonl, read line by line (see the module docstring). A line
     that is not a whole trial record (torn by a killed writer, malformed, of a newer
     schema, too long) is skipped; with ``skipped`` each is reported there as
-    "trials.jsonl line N: why"."""
+    "trials.jsonl line N: why". An interrupted trial run again on a resume is left out
+    (the rerun's record stands for it)."""
     if not os.path.lexists(path):
         return []
     records: list[TrialRecord] = []
@@ -828,7 +829,15 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
                     continue
             if skipped is not None:
                 skipped.append(f"{path.name} line {number}: {why}")
-    return records
+    return _without_superseded(records)
+
+
+def _without_superseded(records: list[TrialRecord]) -> list[TrialRecord]:
+    """``records`` less each interrupted trial (``evidence["interrupted"]``) that a resume
+    ran again: a later record of the same spec replaces it."""
+    last = {spec_key(r.spec): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records)
+            if not (r.evidence.get("interrupted") and last[spec_key(r.spec)] > i)]
 
 
 def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:

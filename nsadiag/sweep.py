@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsadiag.harness.jobs import run_trial
+from nsadiag.harness.jobs import TrialInterrupted, run_trial
 from nsadiag.probes.efficiency import step_cost
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
 from nsadiag.spec import TrialSpec
@@ -256,7 +256,9 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
     """Run (or resume) one trial per point of the ``vary`` field (layer counts, or
     sequence lengths with vary="seq_len"); returns the records in the order run."""
     trials_path = run_dir / "trials.jsonl"
-    done = {spec_key(r.spec): r for r in load_records(trials_path)}
+    # an interrupted trial is kept for its report, and run again on a resume
+    done = {spec_key(r.spec): r for r in load_records(trials_path)
+            if not r.evidence.get("interrupted")}
     records = []
     for point in points:
         trial_dir = run_dir / f"trial-{next_trial_index(run_dir)}"
@@ -267,7 +269,11 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
         else:
             if on_trial:
                 on_trial(point, spec)
-            record = run_trial(spec, on_events=on_events)
+            try:
+                record = run_trial(spec, on_events=on_events)
+            except TrialInterrupted as stopped:
+                append_record(trials_path, stopped.record)
+                raise
             append_record(trials_path, record)
         records.append(record)
         if on_record:

@@ -104,8 +104,10 @@ def call(function: Callable[..., T], *args: Any, out: Path | None = None,
         fail((str(err) or type(err).__name__).splitlines()[0])
     except stop.Kept as stopped:
         wrote(term, stopped.kept)
+        resume = (f"; rerun with --out {out} to resume" if out is not None and
+                  (out / "trials.jsonl").exists() else "")
         term.note(f"nsadiag: interrupted by {stop.cause()}: children killed; what was "
-                  f"found so far is written")
+                  f"found so far is written{resume}")
         raise typer.Exit(stop.exit_code()) from None
     except KeyboardInterrupt:
         kept = out is not None and (out / "trials.jsonl").exists()

@@ -2,7 +2,9 @@
 pseudo-terminal, SIGTERM, SIGHUP) writes what it knew — the record, "interrupted by ... at
 T (after N s)", report.md, summary.json — exits 128 + the signal, and leaves no process of
 the command; a verdict decided before the interrupt (a deadlock whose stacks were being
-sampled) is shown and kept; `nsadiag report` re-renders the interrupted directory."""
+sampled) is shown and kept; `nsadiag report` re-renders the interrupted directory. A
+sweep's interrupted trial is recorded too (tests/nsadiag/test_cli_sweep.py), and run again
+on a resume, whose record then stands for it."""
 
 from __future__ import annotations
 
@@ -125,3 +127,22 @@ def test_sighup_keeps_the_diagnosis_and_exits_129(tmp_path):
     assert record["evidence"]["interrupted"]["signal"] == name
     assert f"interrupted by {name}" in (run / "report.md").read_text()
     assert _left(run) == []
+
+
+def test_an_interrupted_trial_is_run_again_on_a_resume_and_its_rerun_stands_for_it(tmp_path):
+    from nsadiag.rundir import append_record, load_records
+    from tests.helpers import one_step_record
+
+    trials = tmp_path / "trials.jsonl"
+    interrupted = one_step_record(1, "trial-0")
+    interrupted.verdict = {"name": "INCONCLUSIVE", "reasons": ["interrupted by the user"],
+                           "facts": {"interrupted": {"signal": "SIGINT"}}}
+    interrupted.evidence["interrupted"] = {"signal": "SIGINT"}
+    append_record(trials, interrupted)
+    assert [r.verdict_name for r in load_records(trials)] == ["INCONCLUSIVE"]  # reported
+    append_record(trials, one_step_record(2, "trial-1"))
+    assert [r.verdict_name for r in load_records(trials)] == ["INCONCLUSIVE", "OK"]
+    rerun = one_step_record(1, "trial-2")  # the same spec but its directory: the resume
+    append_record(trials, rerun)
+    assert [(r.verdict_name, r.trial_dir) for r in load_records(trials)] == [
+        ("OK", "trial-1"), ("OK", "trial-2")]
