@@ -2,7 +2,7 @@
 
 ``redact(text)`` hides, in this order:
 
-- secrets (nsadiag.secrets): values stored under a name that says secret, matched across
+- secrets (nsadiag.secret_patterns): values stored under a name that says secret, matched across
   camelCase, snake_case and kebab-case (``HF_TOKEN=V``, ``accessToken: V``, ``"api_key":
   "V"``, ``\\"password\\": \\"V\\"``, ``token: str = 'V'``, ``PGPASSWORD=V``,
   ``token%3DV``; ``pass`` only where a value is stored under it: ``{'pass': ...}``, not
@@ -42,7 +42,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from nsadiag.secrets import REDACTED, hide_secrets, is_secret_flag, is_secret_name
+from nsadiag.secret_patterns import REDACTED, hide_secrets, is_secret_flag, is_secret_name
 
 GENERIC_ACCOUNTS = frozenset({"root", "user", "admin", "nobody", "runner", "ubuntu"})
 """Account names shared by countless machines: they identify no one, and "root" or "user"
@@ -53,7 +53,7 @@ MIN_ENV_SECRET = 6
 MAX_RECORDED = 1024
 """Entries read from each list of a stored record (a received one may be hostile)."""
 
-# every pattern starts only where its kind of word starts (nsadiag.secrets says why)
+# every pattern starts only where its kind of word starts (nsadiag.secret_patterns says why)
 _USER_HOST = re.compile(r"(?<![\w.-])[\w.-]++@[\w-]+(?:\.[\w-]+)*+")
 _IP = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
 _H = r"[0-9a-fA-F]{1,4}"

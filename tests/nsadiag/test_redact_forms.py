@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from nsadiag.redact import redact, redact_obj
-from nsadiag.secrets import is_secret_name
+from nsadiag.secret_patterns import is_secret_name
 from tests.helpers import nsadiag
 from tests.secret_forms import FORMS, KEPT, PRINTER
 
