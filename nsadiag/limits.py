@@ -107,11 +107,11 @@ def _days(seconds: float) -> str:
     return f"{seconds:.3g} s ({seconds / 86400:.3g} days)"
 
 
-def check_watch_seconds(seconds: float, option: str) -> None:
-    """ValueError (one line) for a time to watch that is not a positive number of seconds
-    or is longer than MAX_WATCH_S."""
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{option}: must be a positive number of seconds, got {seconds:g}")
+def check_watch_seconds(seconds: float, option: str, least: float = 1.0) -> None:
+    """ValueError (one line) for a time to watch below ``least`` seconds (or not a number)
+    or longer than MAX_WATCH_S (infinity included)."""
+    if not seconds >= least:
+        raise ValueError(f"{option}: must be >= {least:g} seconds, got {seconds:g}")
     if seconds > MAX_WATCH_S:
         raise ValueError(f"{option}: {_days(seconds)} is longer than the longest watch, "
                          f"{_days(MAX_WATCH_S)}")

@@ -26,7 +26,8 @@ from tests.procs import wait_for
      "layers: '1-99999999999999999999999999999' names more than 1000000 layer counts"),
     (["attach", "1", "--duration", "1e12"],
      "duration: 1e+12 s (1.16e+07 days) is longer than the longest watch"),
-    (["attach", "1", "--duration", "nan"], "duration: must be a positive number of seconds"),
+    (["attach", "1", "--duration", "nan"], "duration: must be >= 1 seconds, got nan"),
+    (["attach", "1", "--duration", "inf"], "duration: inf s (inf days) is longer than"),
     (["stacks", "1", "--samples", "100000000", "--interval", "1e9"],
      "samples: 100000000 samples 1e+09 s apart take 1e+17 s (1.16e+12 days) per process; "
      "the limits are 10000 samples and"),
