@@ -12,11 +12,16 @@ how to go past it (``--no-limits``: the limits are refused sizes, not measured c
 - layers (``--layers``, ``--max-layers``): at most MAX_LAYERS;
 - tokens (``--seq-len`` x ``--batch``): at most this machine's memory at
   BYTES_PER_TOKEN a token, a floor no model gets under (its int64 token ids and one
-  float32 activation 14 values wide).
+  float32 activation 14 values wide);
+- time a command plans to watch or sample a live process (``attach --duration``,
+  ``stacks --samples`` x ``--interval``): at most MAX_WATCH_S, and at most
+  MAX_STACK_SAMPLES samples per process. These are not overridden: past them lies a typo
+  (and, near 300 years, clocks that overflow), not a bigger job.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +31,11 @@ MAX_SWEEP_POINTS = 64
 MAX_LAYERS = 1024
 BYTES_PER_TOKEN = 64
 OVERRIDE = "--no-limits runs it anyway"
+MAX_WATCH_S = 30 * 86400
+"""30 days: the longest a command watches or samples one live process."""
+MAX_STACK_SAMPLES = 10_000
+"""Stack samples per process: each is a py-spy run of a second or so (three are the
+default; a thousand already show every thread that matters)."""
 
 
 def usable_cpus() -> int:
@@ -91,3 +101,32 @@ def check_layer_counts(counts: Sequence[int], option: str = "layers") -> None:
     """A layer sweep: at most MAX_SWEEP_POINTS counts, none above MAX_LAYERS."""
     check_sweep(counts, option)
     check_layers(max(counts, default=None), option)
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds:.3g} s ({seconds / 86400:.3g} days)"
+
+
+def check_watch_seconds(seconds: float, option: str, least: float = 1.0) -> None:
+    """ValueError (one line) for a time to watch below ``least`` seconds (or not a number)
+    or longer than MAX_WATCH_S (infinity included)."""
+    if not seconds >= least:
+        raise ValueError(f"{option}: must be >= {least:g} seconds, got {seconds:g}")
+    if seconds > MAX_WATCH_S:
+        raise ValueError(f"{option}: {_days(seconds)} is longer than the longest watch, "
+                         f"{_days(MAX_WATCH_S)}")
+
+
+def check_stack_sampling(samples: int, interval_s: float) -> None:
+    """ValueError (one line) for a sampling plan (``samples`` samples ``interval_s`` apart)
+    beyond MAX_STACK_SAMPLES or MAX_WATCH_S, saying the plan."""
+    if samples < 1:
+        raise ValueError(f"samples: must be >= 1, got {samples}")
+    if not (math.isfinite(interval_s) and interval_s >= 0):
+        raise ValueError(f"interval: must be >= 0 seconds, got {interval_s:g}")
+    planned = (samples - 1) * interval_s
+    if samples > MAX_STACK_SAMPLES or planned > MAX_WATCH_S:
+        option = "samples" if samples > MAX_STACK_SAMPLES else "interval"
+        raise ValueError(f"{option}: {samples} samples {interval_s:g} s apart take "
+                         f"{_days(planned)} per process; the limits are "
+                         f"{MAX_STACK_SAMPLES} samples and {_days(MAX_WATCH_S)}")

@@ -2,21 +2,17 @@
 
 ``redact(text)`` hides, in this order:
 
-- secret values by name: ``NAME=value``, ``NAME: value`` (a space after the colon:
-  ``pkg.per_token_loop:make`` is a factory, not a secret), ``NAME = 'value'``, JSON and
-  Python-repr pairs (``"NAME": "value"``, ``'NAME': 'value'``, also with JSON-escaped
-  quotes ``\\"NAME\\": \\"value\\"``) whose name has a part (split at ``_`` and ``-``)
-  that says token, secret, password, passwd, key, apikey, credential(s), auth,
-  authorization or cookie (``aws_secret_access_key``, ``HF_TOKEN``, ``db_password``;
-  not ``KeyError``); a key or an assignment with ``=`` also when a part says pass or
-  passphrase (``{'pass': ...}`` among a traceback's locals, ``pass=...``);
-- the value after a credential-like flag (``--token VALUE``, ``--db-password=VALUE``, and
-  ``"--token", "VALUE"`` in a JSON or Python list), and the user information of a URL
-  (``postgres://admin:S3cret-db!pass@host``, also without the scheme);
-- ``Authorization: Bearer|Basic|Token ...`` headers and any ``Bearer <token>``;
-- well-known token formats (``ghp_…``, ``github_pat_…``, ``hf_…``, ``sk-…``, ``AKIA…``,
-  ``xox?-…``) and the values of this process's secret-looking environment variables
-  wherever they appear (at least 6 characters);
+- secrets (nsadiag.secret_patterns): values stored under a name that says secret, matched across
+  camelCase, snake_case and kebab-case (``HF_TOKEN=V``, ``accessToken: V``, ``"api_key":
+  "V"``, ``\\"password\\": \\"V\\"``, ``token: str = 'V'``, ``PGPASSWORD=V``,
+  ``token%3DV``; ``pass`` only where a value is stored under it: ``{'pass': ...}``, not
+  "forward pass: 3.2 s"), the value after a credential-like flag (``--token VALUE``,
+  ``"--token", "VALUE"`` in a list), the user information of a URL (also without the
+  scheme), ``Bearer`` tokens, PEM private key blocks, JWTs, Slack and Discord webhook
+  URLs and the well-known token shapes (``ghp_…``, ``github_pat_…``, ``hf_…``, ``sk-…``,
+  ``AKIA…``, ``xox?-…``, ``glpat-…``, ``AIza…``, ...);
+- the values of this process's secret-looking environment variables wherever they appear
+  (at least 6 characters);
 - ``user@host``; IPv4 addresses; IPv6 addresses in full and compressed forms, short ones
   too (``fe80::1``, ``2001:db8::7``, ``::1`` like ``127.0.0.1``) but not C++ names
   (``c10::add``, ``at::Tensor``);
@@ -46,57 +42,31 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-REDACTED = "<redacted>"
+from nsadiag.secret_patterns import REDACTED, hide_secrets, is_secret_flag, is_secret_name
+
 GENERIC_ACCOUNTS = frozenset({"root", "user", "admin", "nobody", "runner", "ubuntu"})
 """Account names shared by countless machines: they identify no one, and "root" or "user"
 also occur as ordinary words, so they are not hidden as whole words."""
 GENERIC_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-SECRET_WORDS = ("token", "secret", "password", "passwd", "key", "apikey", "credential",
-                "credentials", "auth", "authorization", "cookie")
-"""Parts of a name that say secret ("pwd" is not one: $PWD is the working directory)."""
-KEY_WORDS = (*SECRET_WORDS, "pass", "passphrase")
-"""Parts of a key (or of a name assigned with "=") that say secret: "pass" also names an
-ordinary "forward pass: ...", so it counts only where a value is stored under it."""
 MIN_ENV_SECRET = 6
 """Shorter environment values ("1", "true", "cpu") would hide ordinary words."""
 MAX_RECORDED = 1024
 """Entries read from each list of a stored record (a received one may be hostile)."""
 
-_PART = rf"(?:{'|'.join(SECRET_WORDS)})"
-# a name one of whose _/- separated parts is a secret word (case-insensitive)
-_NAME = rf"(?:[A-Za-z0-9]+[_-])*{_PART}(?:[_-][A-Za-z0-9]+)*"
-_KEY_PART = rf"(?:{'|'.join(KEY_WORDS)})"
-_KEY = rf"(?:[A-Za-z0-9]+[_-])*{_KEY_PART}(?:[_-][A-Za-z0-9]+)*"
-_Q = r"(?:\\?[\"'])"  # a quote, possibly JSON-escaped
-_VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|(?:(?:bearer|basic|token)\s+)?[^\s\"'`,;}\])]+)"
-_SECRET_QUOTED = re.compile(rf"(?i)({_Q}{_KEY}{_Q}\s*[:=]\s*)({_Q})((?:(?!\2).)*)\2")
-_SECRET_ASSIGN = re.compile(
-    rf"(?i)(?<![\w-])({_NAME})(\s*=\s*|\s*:\s+)(?!<redacted>|value\b|<\w+>){_VALUE}")
-_KEY_ASSIGN = re.compile(rf"(?i)(?<![\w-])({_KEY})(\s*=\s*)(?!<redacted>|value\b|<\w+>){_VALUE}")
-_FLAG = rf"--?{_KEY}"
-_SECRET_FLAG = re.compile(rf"(?i)(?<![\w-])({_FLAG})(\s+|=)(?!-|<redacted>){_VALUE}")
-_SECRET_FLAG_ITEM = re.compile(rf"(?i)({_Q}{_FLAG}{_Q}\s*,\s*)({_Q})((?:(?!\2).)*)\2")
-_FLAG_WORD = re.compile(rf"(?i)^{_FLAG}$")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#\"'`<>]+@")
-_BARE_USERINFO = re.compile(r"(?<![\w.:/@-])[\w.-]+:[^\s/@\"'`<>]+@(?=[\w-])")
-_BEARER = re.compile(r"(?i)\b(bearer)\s+(?!<redacted>)[A-Za-z0-9._~+/=-]{8,}")
-_TOKEN_VALUE = re.compile(
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|hf_[A-Za-z0-9]{20,}|"
-    r"sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})")
-_USER_HOST = re.compile(r"\b[\w.-]+@[\w-]+(?:\.[\w-]+)*\b")
+# every pattern starts only where its kind of word starts (nsadiag.secret_patterns says why)
+_USER_HOST = re.compile(r"(?<![\w.-])[\w.-]++@[\w-]+(?:\.[\w-]+)*+")
 _IP = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")
 _H = r"[0-9a-fA-F]{1,4}"
 # full IPv6; compressed forms with a leading group (fe80::1, 2001:db8::); ::1 and ::ffff:.
 # C++ scopes are excluded by what may surround an address (no identifier character, colon,
 # "(" or "<" beside it) and by c10's own names; a Python slice (x[::2]) has no leading group
 _IPV6 = re.compile(
-    rf"(?<![\w:.])(?!c10d?::)(?:(?:{_H}:){{7}}{_H}|{_H}(?::{_H})*::(?:{_H}(?::{_H})*)?|"
+    rf"(?<![\w:.])(?!c10d?::)(?:(?:{_H}:){{7}}{_H}|{_H}(?::{_H})*+::(?:{_H}(?::{_H})*+)?|"
     rf"::1|::ffff(?::{_H}){{1,2}})(?:%[\w.]+)?(?![\w:(<])")
 _HOME = re.compile(r"/(home|Users)/[^/\s\"'`]+")
 _PYTEST_USER = re.compile(r"pytest-of-[^/\s\"'`]+")
-_INTERNAL_HOST = re.compile(r"\b(?:[a-zA-Z0-9-]+\.)+"
-                            r"(?:internal|local|lan|corp|intra|localdomain)\b")
-_SECRET_KEY = re.compile(rf"(?i)^{_KEY}$")
+_INTERNAL_HOST = re.compile(r"(?<![\w.-])(?:[a-zA-Z0-9-]++\.)+"
+                            r"(?:internal|local|lan|corp|intra|localdomain)(?![\w-])")
 
 
 def machine_names() -> tuple[set[str], set[str]]:
@@ -123,22 +93,11 @@ def machine_names() -> tuple[set[str], set[str]]:
     return hosts, users
 
 
-def is_secret_name(name: str) -> bool:
-    """Whether a variable or key name says it holds a secret (see the module docstring)."""
-    return bool(_SECRET_KEY.match(name))
-
-
 def secret_env_values(environ: dict[str, str] | None = None) -> set[str]:
     """Values of this process's environment variables whose names say secret."""
     environ = os.environ if environ is None else environ
     return {value for name, value in environ.items()
             if is_secret_name(name) and len(value) >= MIN_ENV_SECRET}
-
-
-def is_secret_flag(word: str) -> bool:
-    """Whether a command-line word is a flag that takes a credential (``--token``,
-    ``--db-password``, ``-api-key``), without any ``=value``."""
-    return bool(_FLAG_WORD.match(word))
 
 
 def argv_secret_values(argv: Sequence[str]) -> set[str]:
@@ -187,16 +146,6 @@ def _whole_word(name: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
 
 
-def _quoted(match: re.Match[str]) -> str:
-    return f"{match.group(1)}{match.group(2)}{REDACTED}{match.group(2)}"
-
-
-def _assign(match: re.Match[str]) -> str:
-    name, sep, value = match.group(1), match.group(2), match.group(3)
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return f"{name}{sep}{quote}{REDACTED}{quote}"
-
-
 class Redactor:
     """The redaction of one machine and process (names and secret values read once)."""
 
@@ -224,15 +173,7 @@ class Redactor:
         """``text`` with everything the module docstring lists hidden."""
         for value in self.secrets:
             text = text.replace(value, REDACTED)
-        text = _SECRET_QUOTED.sub(_quoted, text)
-        text = _SECRET_FLAG_ITEM.sub(_quoted, text)
-        text = _SECRET_FLAG.sub(_assign, text)
-        text = _SECRET_ASSIGN.sub(_assign, text)
-        text = _KEY_ASSIGN.sub(_assign, text)
-        text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
-        text = _BARE_USERINFO.sub(f"{REDACTED}@", text)
-        text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
-        text = _TOKEN_VALUE.sub(REDACTED, text)
+        text = hide_secrets(text)
         text = _USER_HOST.sub("<user>@<host>", text)
         text = _IP.sub("<ip>", text)
         text = _IPV6.sub("<ip>", text)

@@ -192,24 +192,54 @@ def check_out(path: Path | str) -> Path:
 def prepare_run_dir(path: Path) -> Path:
     """Create the run directory (or reuse it to resume), prove it is writable, hold its
     lock (see the module docstring), set the disk reserve aside and record what its
-    reports will hide (``record_redaction``)."""
+    reports will hide (``record_redaction``). ValueError (one line, naming ``path``) when
+    it cannot, with no lock file of this process left behind (``_undone_on_failure``)."""
     _writable(path)
-    lock_run_dir(path)
-    reserve_space(path)
-    record_redaction(path, sys.argv)
+    with _undone_on_failure(path):
+        lock_run_dir(path)
+        reserve_space(path)
+        record_redaction(path, sys.argv)
     return path
 
 
 def prepare_fresh_run_dir(path: Path) -> Path | None:
     """``prepare_run_dir`` for a command that does not resume: an earlier run in ``path``
     is set aside first (``set_aside``; where it went is returned, None when there was
-    none), so the new run starts in an empty directory."""
+    none), so the new run starts in an empty directory; it is put back when the rest
+    fails."""
     _writable(path)
-    lock_run_dir(path)
-    earlier = set_aside(path)
-    reserve_space(path)
-    record_redaction(path, sys.argv)
+    earlier = None
+    with _undone_on_failure(path):
+        lock_run_dir(path)
+        earlier = set_aside(path)
+        try:
+            reserve_space(path)
+            record_redaction(path, sys.argv)
+        except BaseException:
+            restore_earlier(path, earlier)
+            raise
     return earlier
+
+
+@contextlib.contextmanager
+def _undone_on_failure(path: Path) -> Iterator[None]:
+    """When the body fails (a full disk while the lock's pid or redaction.json is
+    written): the lock is given up, its file removed when this process created it, and
+    the failure is a ValueError (one line) that names ``path``."""
+    lock = path / LOCK_NAME
+    existed = os.path.lexists(lock)
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        if holds(path):
+            release_run_dir(path)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock)
+        if isinstance(err, ValueError) and str(path) in str(err):
+            raise
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ValueError(f"out: cannot write to {path}: {why}") from None
 
 
 def _writable(path: Path) -> None:
@@ -270,9 +300,9 @@ def lock_run_dir(path: Path, wait_s: float = 0.0) -> None:
             os.close(fd)
             raise ValueError(f"out: {path} is in use by another nsadiag (pid {holder}); wait "
                              f"for it to finish or choose another --out") from None
+        _held[key] = fd  # held from here: a failure below gives it up (_undone_on_failure)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _held[key] = fd
 
 
 def release_run_dir(path: Path) -> None:
@@ -504,15 +534,39 @@ def open_regular(path: Path, what: str) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
+MAX_JSON_DEPTH = 100
+"""Levels of nesting a stored record may have: nsadiag's own nest 12 deep at most (a run's
+record.json with its stacks' frames); a deeper one would be walked by recursive code
+(redaction, rendering) into a RecursionError."""
+
+
 def parse_json(data: bytes | str, what: str, where: Path | str) -> Any:
-    """JSON text as a value; ValueError (one line) when it is not JSON or nests too
-    deeply for this interpreter."""
+    """JSON text as a value; ValueError (one line) when it is not JSON or nests deeper
+    than MAX_JSON_DEPTH (or too deeply for this interpreter to parse)."""
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{what}: {where} is not valid JSON ({err})") from None
     except RecursionError:
         raise ValueError(f"{what}: {where} nests too deeply to read") from None
+    if _deeper_than(value, MAX_JSON_DEPTH):
+        raise ValueError(f"{what}: {where} nests too deeply to read (more than "
+                         f"{MAX_JSON_DEPTH} levels)")
+    return value
+
+
+def _deeper_than(value: Any, levels: int) -> bool:
+    """Whether a JSON value nests more than ``levels`` deep (walked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            if depth > levels:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children
+                           if isinstance(child, (dict, list)))
+    return False
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -609,6 +663,49 @@ def set_aside(path: Path) -> Path | None:
                          f"{err.strerror or err}") from None
     _swap_locks(fresh, path)
     return fresh
+
+
+def left_aside(path: Path) -> list[Path]:
+    """Earlier runs of ``path`` that an nsadiag set aside and could not put back or remove
+    (it was killed with SIGKILL during a rerun): the ``.<name>.nsadiag-*`` directories
+    beside it whose lock no process holds, oldest first."""
+    try:
+        beside = [entry for entry in os.scandir(path.parent)
+                  if entry.name.startswith(f".{path.name}.nsadiag-") and
+                  entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    found = [Path(entry.path) for entry in beside
+             if not holds(Path(entry.path)) and not _lock_held(Path(entry.path))]
+    return sorted(found, key=lambda p: p.lstat().st_mtime)
+
+
+def _lock_held(directory: Path) -> bool:
+    """Whether another process holds the lock of ``directory`` (a regular lock file only;
+    one that cannot be opened counts as held: nothing is removed on a guess)."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                     os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # the lock, when taken, goes with the descriptor
+
+
+def drop_left_aside(path: Path) -> list[Path]:
+    """Remove the earlier runs ``left_aside`` finds (once a new run in ``path`` has its
+    verdict); those removed."""
+    gone = left_aside(path)
+    for earlier in gone:
+        shutil.rmtree(earlier, ignore_errors=True)
+    return gone
 
 
 def drop_earlier(earlier: Path | None) -> None:
@@ -708,7 +805,8 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
     """The records of trials.jsonl, read line by line (see the module docstring). A line
     that is not a whole trial record (torn by a killed writer, malformed, of a newer
     schema, too long) is skipped; with ``skipped`` each is reported there as
-    "trials.jsonl line N: why"."""
+    "trials.jsonl line N: why". An interrupted trial run again on a resume is left out
+    (the rerun's record stands for it)."""
     if not os.path.lexists(path):
         return []
     records: list[TrialRecord] = []
@@ -731,7 +829,15 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
                     continue
             if skipped is not None:
                 skipped.append(f"{path.name} line {number}: {why}")
-    return records
+    return _without_superseded(records)
+
+
+def _without_superseded(records: list[TrialRecord]) -> list[TrialRecord]:
+    """``records`` less each interrupted trial (``evidence["interrupted"]``) that a resume
+    ran again: a later record of the same spec replaces it."""
+    last = {spec_key(r.spec): i for i, r in enumerate(records)}
+    return [r for i, r in enumerate(records)
+            if not (r.evidence.get("interrupted") and last[spec_key(r.spec)] > i)]
 
 
 def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:
@@ -742,6 +848,8 @@ def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:
         return "torn or not JSON"
     except RecursionError:
         return "nested too deeply to read"
+    if _deeper_than(data, MAX_JSON_DEPTH):
+        return f"nested more than {MAX_JSON_DEPTH} levels deep"
     try:
         records.append(TrialRecord.from_dict(data))
     except (ValueError, TypeError, AttributeError) as err:

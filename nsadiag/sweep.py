@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nsadiag.harness.jobs import run_trial
+from nsadiag.harness.jobs import TrialInterrupted, run_trial
 from nsadiag.probes.efficiency import step_cost
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
 from nsadiag.spec import TrialSpec
@@ -166,11 +166,11 @@ def parse_layers(text: str) -> list[int]:
         if first < 1 or last < first or stride < 1:
             raise ValueError(f"layers: counts must be positive and ranges ascending, got "
                              f"{part!r}")
-        span_counts = range(first, last + 1, stride)
-        if len(counts) + len(span_counts) > MAX_PARSED_LAYER_COUNTS:
+        # counted in Python integers: len() of a range past 2**63 raises OverflowError
+        if len(counts) + (last - first) // stride + 1 > MAX_PARSED_LAYER_COUNTS:
             raise ValueError(f"layers: {text!r} names more than {MAX_PARSED_LAYER_COUNTS} "
                              f"layer counts")
-        counts.update(span_counts)
+        counts.update(range(first, last + 1, stride))
     if not counts:
         raise ValueError(f"layers: no layer count in {text!r}")
     return sorted(counts)
@@ -256,7 +256,9 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
     """Run (or resume) one trial per point of the ``vary`` field (layer counts, or
     sequence lengths with vary="seq_len"); returns the records in the order run."""
     trials_path = run_dir / "trials.jsonl"
-    done = {spec_key(r.spec): r for r in load_records(trials_path)}
+    # an interrupted trial is kept for its report, and run again on a resume
+    done = {spec_key(r.spec): r for r in load_records(trials_path)
+            if not r.evidence.get("interrupted")}
     records = []
     for point in points:
         trial_dir = run_dir / f"trial-{next_trial_index(run_dir)}"
@@ -267,7 +269,11 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
         else:
             if on_trial:
                 on_trial(point, spec)
-            record = run_trial(spec, on_events=on_events)
+            try:
+                record = run_trial(spec, on_events=on_events)
+            except TrialInterrupted as stopped:
+                append_record(trials_path, stopped.record)
+                raise
             append_record(trials_path, record)
         records.append(record)
         if on_record:

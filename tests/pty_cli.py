@@ -1,7 +1,9 @@
 """Run a command in a pseudo-terminal, as a person at a terminal runs it: stdin, stdout and
 stderr all on the pty's slave side (so rich shows its live bars and spinners), the output
 read from the master side until the command ends or a deadline passes (then its process
-group is killed and the run is reported as not ended)."""
+group is killed and the run is reported as not ended). With ``answer`` the pty is the
+command's controlling terminal and what ``answer`` returns is typed into it (``\x03``:
+Ctrl-C, which the terminal turns into SIGINT for the command's process group)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +38,17 @@ class PtyRun:
         return HIDE_CURSOR in self.output and SHOW_CURSOR in self.output
 
 
+def _controlling_terminal() -> None:
+    """In the child, after its setsid(): take the pty (its stdin) as controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def in_pty(argv: list[str], deadline_s: float, cwd: Path | None = None,
-           env: dict[str, str] | None = None) -> PtyRun:
-    """Run ``argv`` on a fresh pty of ROWS x COLUMNS with TERM=xterm-256color."""
+           env: dict[str, str] | None = None,
+           answer: Callable[[str], bytes | None] | None = None) -> PtyRun:
+    """Run ``argv`` on a fresh pty of ROWS x COLUMNS with TERM=xterm-256color; ``answer``
+    hears the output so far after each read (and every half second) and returns what to
+    type, or None."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
     environ = {**(os.environ if env is None else env), "TERM": "xterm-256color"}
@@ -45,7 +56,8 @@ def in_pty(argv: list[str], deadline_s: float, cwd: Path | None = None,
         environ.pop(name, None)  # rich would take these over the terminal itself
     try:
         proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
-                                env=environ, start_new_session=True)
+                                env=environ, start_new_session=True,
+                                preexec_fn=_controlling_terminal if answer else None)
     finally:
         os.close(slave)
     chunks: list[bytes] = []
@@ -53,6 +65,9 @@ def in_pty(argv: list[str], deadline_s: float, cwd: Path | None = None,
     try:
         while time.monotonic() < end:
             ready, _, _ = select.select([master], [], [], 0.5)
+            typed = answer(b"".join(chunks).decode(errors="replace")) if answer else None
+            if typed:
+                os.write(master, typed)
             if not ready:
                 if proc.poll() is not None:
                     break  # ended, and a process it left holds the slave side open

@@ -7,8 +7,9 @@
 
 The command line parses and prints; everything else is the library's. This package itself
 is light: ``main`` takes SIGTERM, SIGINT and SIGHUP before it loads the command line
-(typer, rich), so a stop that comes while nsadiag is still starting is one line and exit
-130 too; ``app`` and ``run`` load it on first use.
+(typer, rich), so a stop that comes while nsadiag is still starting is one line and the
+signal's exit code too (130, 143, 129: nsadiag.harness.stop); ``app`` and ``run`` load it
+on first use.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import types
 from typing import Any
 
 from nsadiag.harness import stop
-
-EXIT_INTERRUPTED = 130
 
 
 def main() -> None:
@@ -38,18 +37,18 @@ def main() -> None:
 
 
 def _while_starting(signum: int, frame: Any) -> None:
-    stop.request()
+    stop.request(signum)
     raise KeyboardInterrupt
 
 
 def _stopped_while_starting() -> None:
-    """One line and exit 130, at once (nothing was started that needs stopping)."""
+    """One line and the signal's exit code, at once (nothing was started that needs stopping)."""
     try:
         sys.stderr.write("nsadiag: interrupted while starting; nothing was run\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    os._exit(EXIT_INTERRUPTED)
+    os._exit(stop.exit_code())
 
 
 def _load() -> Any:

@@ -1,10 +1,11 @@
 """nsadiag's commands: parse the options, call one library function, print the result.
 
 Every command ends by printing what it wrote. Every error a user can cause is one line on
-stderr and exit code 2, and leaves no run directory behind; Ctrl-C (and SIGTERM) kill
-the children and exit 130 with where the finished trials are. Exit codes: 0 healthy, 1
-failure found, 2 usage or I/O error (a bad option, an unwritable --out or full disk, a
-closed stdout), 3 regression, 4 inconclusive, 70 internal error.
+stderr and exit code 2, and leaves no run directory behind; Ctrl-C (and SIGTERM, SIGHUP)
+kill the children, write what was found so far where the command can (nsadiag run), and
+exit 128 + the signal (130, 143, 129) with where the finished trials are. Exit codes: 0
+healthy, 1 failure found, 2 usage or I/O error (a bad option, an unwritable --out or full
+disk, a closed stdout), 3 regression, 4 inconclusive, 70 internal error.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ from nsadiag.harness import stop
 from nsadiag.rundir import discard_on_refusal
 from nsadiag.spec import STALL_TIMEOUT_S
 
-EXIT_USAGE, EXIT_INTERRUPTED, EXIT_INTERNAL = 2, 130, 70
+EXIT_USAGE, EXIT_INTERNAL = 2, 70
 ClickError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 """click's ClickException (typer vendors click and names only BadParameter, a subclass):
 every parser error — bad value, missing argument, unknown option or command."""
 NOT_TRIAL = ("memory_cap_mb",)
@@ -70,8 +72,9 @@ class _Commands(TyperGroup):
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:
-        code = _exit_code(lambda: super(_Commands, self).main(
-            args, prog_name or "nsadiag", complete_var, standalone_mode=False, **extra))
+        words = [str(word) for word in (sys.argv[1:] if args is None else args)]
+        code = _exit_code(lambda: (_version_alone(words), super(_Commands, self).main(
+            args, prog_name or "nsadiag", complete_var, standalone_mode=False, **extra))[1])
         if standalone_mode:
             sys.exit(code)
         return code
@@ -93,18 +96,26 @@ def fail(message: str) -> NoReturn:
 def call(function: Callable[..., T], *args: Any, out: Path | None = None,
          **kwargs: Any) -> T:
     """Run one library function: a ValueError is one line and exit 2 (a run directory it
-    created is removed again); Ctrl-C is one line and exit 130."""
+    created is removed again); Ctrl-C is one line and exit 130 (143 for SIGTERM, 129 for
+    SIGHUP), after what an interrupted command wrote (``stop.Kept``) is shown."""
     try:
         with discard_on_refusal(out):
             return function(*args, **kwargs)
     except ValueError as err:
         fail((str(err) or type(err).__name__).splitlines()[0])
+    except stop.Kept as stopped:
+        wrote(term, stopped.kept)
+        resume = (f"; rerun with --out {out} to resume" if out is not None and
+                  (out / "trials.jsonl").exists() else "")
+        term.note(f"nsadiag: interrupted by {stop.cause()}: children killed; what was "
+                  f"found so far is written{resume}")
+        raise typer.Exit(stop.exit_code()) from None
     except KeyboardInterrupt:
         kept = out is not None and (out / "trials.jsonl").exists()
         hint = (f"; finished trials are kept in {out}/trials.jsonl; rerun with --out {out} "
                 f"to resume" if kept else "")
         term.note(f"nsadiag: interrupted: children killed{hint}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(stop.exit_code()) from None
 
 
 def _announce(sentence: str | None) -> None:
@@ -126,6 +137,14 @@ def _version(value: bool) -> None:
     if value:
         term.print(f"nsadiag {__version__}")
         raise typer.Exit(0)
+
+
+def _version_alone(args: list[str]) -> None:
+    """``--version`` exits at once (an eager option), before the words after it are read:
+    refuse any (``nsadiag --version extra``) as the parser refuses an extra argument."""
+    if args[:1] == ["--version"] and args[1:]:
+        raise _UsageError(f"version: --version takes no other arguments, got "
+                          f"{' '.join(args[1:])!r} (see nsadiag --help)")
 
 
 @app.callback()
@@ -375,6 +394,9 @@ def run_cmd(
     from nsadiag.commands.run import run_user_command
 
     redaction(no_redact)
+    if ctx.args and ctx.args[0].startswith("-"):  # an option of run's the parser passed on
+        fail(f"No such option: {ctx.args[0]} (see nsadiag run --help); the command to "
+             f"watch goes after --: nsadiag run [OPTIONS] -- python train.py")
     path = call(run_dir, out, "run")
     rendered = call(run_user_command, list(ctx.args), path, argv(), stall_timeout, deadline,
                     no_redact=no_redact, out=path,
@@ -484,6 +506,7 @@ def stacks_cmd(
     from nsadiag.commands.stacks import stacks_run
 
     redaction(no_redact)
+    call(limits.check_stack_sampling, samples, interval)
     path = call(run_dir, out, "stacks")
     with term.status("stacks") as update:
         rendered = call(stacks_run, pid, ranks, samples, interval, native, path, argv(),
@@ -507,6 +530,7 @@ def attach_cmd(
     from nsadiag.commands.attach import attach_command
 
     redaction(no_redact)
+    call(limits.check_watch_seconds, duration, "duration")
     path = call(run_dir, out, "attach")
     with term.status(f"attach to {'the ranks under ' if ranks else ''}pid {pid}") as update:
         rendered = call(attach_command, pid, duration, ranks, path, argv(), no_redact,
@@ -534,6 +558,11 @@ def report_cmd(
     if bundle and no_redact:
         fail("bundle: a bundle is always redacted; drop --no-redact")
     redaction(no_redact)
+    from nsadiag.rundir import left_aside
+
+    for stale in left_aside(run_dir_):
+        term.note(f"nsadiag report: an earlier run of {run_dir_}, set aside by an nsadiag "
+                  f"that was killed during a rerun, is in {stale}")
     rendered = call(render_locked, run_dir_, no_redact)
     extra = [call(write_bundle, run_dir_)] if bundle else []
     wrote(term, rendered, extra)
@@ -543,7 +572,7 @@ def report_cmd(
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    stop.request()  # the wait loops raise again should this one be swallowed
+    stop.request(signum)  # the wait loops raise again should this one be swallowed
     raise KeyboardInterrupt  # so a cancelled job unwinds through the runners' kill paths
 
 
@@ -578,7 +607,7 @@ def _exit_code(invoke: Callable[[], Any]) -> int:
         return code if isinstance(code, int) else 0
     except typer.Abort:
         term.note("nsadiag: interrupted")
-        return EXIT_INTERRUPTED
+        return stop.exit_code()
     except ClickError as err:
         if type(err).__name__ == "NoArgsIsHelpError":  # the help is printed already
             return 0
@@ -594,7 +623,7 @@ def _exit_code(invoke: Callable[[], Any]) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         term.note("nsadiag: interrupted")
-        return EXIT_INTERRUPTED
+        return stop.exit_code()
     except OSError as err:
         where = f"{err.filename}: " if err.filename else ""
         term.error(f"{where}{err.strerror or err}")

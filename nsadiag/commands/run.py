@@ -8,8 +8,16 @@ directory, not executable, bad limits) leaves no run directory behind.
 A --out that holds an earlier run is not touched until the new run has its verdict: the
 earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once record.json of the
 new one is written; a run that ends without a verdict (interrupted, refused at start) puts
-it back. When the full report cannot be written (a full disk even after the reserve), a
+it back. An earlier run that an nsadiag killed with SIGKILL left set aside
+(``.<name>.nsadiag-*`` beside the directory) is named at the start and removed with the
+earlier run. When the full report cannot be written (a full disk even after the reserve), a
 short one with the verdict is, and the error says the verdict.
+
+A run the user interrupts (Ctrl-C, SIGTERM, SIGHUP) is kept like a finished one: its
+record (INCONCLUSIVE with when it was stopped, or the verdict already decided), run.json,
+report.md and summary.json are written, then ``stop.Kept`` carries the report to the
+command line, which shows it and exits 128 + the signal. A second signal while that is
+written ends it, and the earlier run is put back.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nsadiag.harness import stop
 from nsadiag.harness.echo import LiveStatus
 from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.redact import Redactor
@@ -27,6 +36,8 @@ from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,
     drop_earlier,
+    drop_left_aside,
+    left_aside,
     prepare_fresh_run_dir,
     restore_earlier,
     stored_redaction,
@@ -50,6 +61,11 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name}: must be a positive number of seconds, got {value:g}")
     check_command(list(command))
+    for stale in left_aside(run_dir):
+        if on_note:
+            on_note(f"nsadiag run: an earlier run of {run_dir}, set aside by an nsadiag "
+                    f"that was killed, is in {stale}; it is removed once this run has its "
+                    f"verdict")
     with discard_on_refusal(run_dir):
         # refuses while another nsadiag holds the directory; sets an earlier run aside
         earlier = prepare_fresh_run_dir(run_dir)
@@ -62,17 +78,21 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
             restore_earlier(run_dir, earlier)
             raise
     drop_earlier(earlier)
+    drop_left_aside(run_dir)
     copies = record.evidence.get("output_copies") or []
     for line in [*copies, *_not_shown(record.evidence.get("output_not_shown") or {},
                                       run_dir, copies)]:
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
-        return render_run(run_dir, no_redact)
+        rendered = render_run(run_dir, no_redact)
     except ValueError as err:
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "
                          f"{run_dir / 'report.md'})") from None
+    if record.evidence.get("interrupted"):
+        raise stop.Kept(rendered)
+    return rendered
 
 
 def _not_shown(counts: dict[str, int], run_dir: Path, copies: list[str]) -> list[str]:

@@ -2,17 +2,21 @@
 
 Both commands check everything a user can get wrong before any trial starts (target,
 factory knobs, layer range, limits, output directory) and raise ValueError with one line;
-nothing is written to the run directory until those checks pass.
+nothing is written to the run directory until those checks pass. A sweep the user
+interrupts (Ctrl-C, SIGTERM, SIGHUP) renders its report from the trials it finished and
+the one it interrupted before the command exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from nsadiag.envinfo import collect_env
+from nsadiag.harness import stop
 from nsadiag.preflight import check_target
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import (
@@ -42,6 +46,23 @@ def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, An
                 env=collect_env().as_dict())
     meta.setdefault("labels", {})
     return meta
+
+
+@contextlib.contextmanager
+def _kept_when_interrupted(run_dir: Path) -> Iterator[None]:
+    """A sweep the user interrupts keeps what it found: its finished trials and the
+    interrupted one (nsadiag.sweep.run_sweep records it) are rendered into report.md
+    and summary.json, and ``stop.Kept`` carries them to the command line."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not (run_dir / "trials.jsonl").exists():
+            raise
+        try:
+            rendered = render_run(run_dir)
+        except ValueError:
+            raise KeyboardInterrupt from None
+        raise stop.Kept(rendered) from None
 
 
 def _planned(callbacks: Callbacks | None) -> None:
@@ -74,7 +95,8 @@ def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Se
     meta = _meta(run_dir, "sweep-layers", argv)
     _write_meta(run_dir, meta)
     write_text(run_dir / "spec.json", base.to_json())
-    _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks(), keep_going)
+    with _kept_when_interrupted(run_dir):
+        _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks(), keep_going)
     return render_run(run_dir)
 
 
@@ -88,8 +110,9 @@ def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Seq
     meta = _meta(run_dir, "sweep-seq", argv)
     _write_meta(run_dir, meta)
     write_text(run_dir / "spec.json", base.to_json())
-    _labelled_sweep(base, seq_lens, run_dir, "", meta, callbacks or Callbacks(), keep_going,
-                    vary="seq_len")
+    with _kept_when_interrupted(run_dir):
+        _labelled_sweep(base, seq_lens, run_dir, "", meta, callbacks or Callbacks(),
+                        keep_going, vary="seq_len")
     return render_run(run_dir)
 
 
@@ -108,7 +131,8 @@ def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir:
     _write_meta(run_dir, meta)
     write_text(run_dir / "spec.json", base.to_json())
     callbacks = callbacks or Callbacks()
-    _labelled_sweep(base.replace(branches=None), layers, run_dir, "all branches", meta,
-                    callbacks)
-    _labelled_sweep(only, layers, run_dir, f"{branch} only", meta, callbacks)
+    with _kept_when_interrupted(run_dir):
+        _labelled_sweep(base.replace(branches=None), layers, run_dir, "all branches", meta,
+                        callbacks)
+        _labelled_sweep(only, layers, run_dir, f"{branch} only", meta, callbacks)
     return render_run(run_dir)

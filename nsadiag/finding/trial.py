@@ -10,6 +10,7 @@ supports (nsadiag.finding.numbers).
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
@@ -24,7 +25,7 @@ LOCK_NAME = re.compile(r"with\s+([\w.]+)|([\w.]+)\.(?:acquire|wait)\(")
 def subject_of(spec: dict[str, Any]) -> str:
     """What one trial ran, in a few words: "repro.per_token_loop:make, 1 layer, S=256"."""
     if spec.get("command"):
-        return f"`{' '.join(spec['command'])}`"
+        return f"`{shlex.join(str(word) for word in spec['command'])}`"
     layers = spec.get("n_layers")
     parts = [spec.get("target") or "nsa"]
     if layers is not None:
@@ -149,6 +150,8 @@ def proof_of(record: TrialRecord) -> str | None:
         cap = facts.get("memory_cap_bytes")
         return (f"peak {size(peak)}" if peak else "the allocation failed") + \
             (f" against the {size(cap)} cap" if cap else "")
+    if name == "INCONCLUSIVE" and facts.get("interrupted"):
+        return (record.verdict.get("reasons") or ["interrupted before a verdict"])[0]
     if name == "INCONCLUSIVE":
         load = facts.get("load") or {}
         got = f", the main thread got {share(load['got'])} of the CPU it asked for" \
@@ -218,6 +221,8 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
     if name == "OOM":
         return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
                 "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")
+    if name == "INCONCLUSIVE" and facts.get("interrupted"):
+        return "Run it again and let it reach a verdict: it was stopped before one."
     if name == "INCONCLUSIVE":
         return "Run it again on a quieter machine, or with a larger --budget, to settle it."
     return "Nothing to fix: it finished."

@@ -24,10 +24,11 @@ from pathlib import Path
 import psutil
 
 from nsadiag.harness.capture import unwatched
+from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.machine import cgroup_oom_kills
 from nsadiag.harness.record import build_record, outcome_of
-from nsadiag.harness.session import OnEvents, SessionEnd, Tree, watch_session
+from nsadiag.harness.session import Interrupted, OnEvents, SessionEnd, Tree, watch_session
 from nsadiag.harness.streams import Due, Stream
 from nsadiag.harness.times import WatchTimes
 from nsadiag.probes import flight_recorder
@@ -133,9 +134,24 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WAT
             create_file(trial_dir / "stderr.txt") as err:
         launched = Launched(child_command(job, job_path), child_env(job, trial_dir, env),
                             out, err)
-    end = watch_session(_JobTree(job, launched, streams), times, on_events)
+    try:
+        end = watch_session(_JobTree(job, launched, streams), times, on_events)
+    except Interrupted as stopped:  # the trial so far, for the sweep to keep
+        record = _record(job, times, trial_dir, stopped.end, launched.proc.returncode, False)
+        record.verdict = interrupted_verdict(record.verdict, stopped.end, stopped.end.streams[0])
+        record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
+        raise TrialInterrupted(record) from None
     return _record(job, times, trial_dir, end, launched.proc.returncode,
                    _oom(oom_kills_before, cgroup_oom_kills()))
+
+
+class TrialInterrupted(KeyboardInterrupt):
+    """A job the user interrupted: ``record`` is what it had found (its verdict
+    INCONCLUSIVE, or the one decided before the stop; nsadiag.harness.interrupted)."""
+
+    def __init__(self, record: TrialRecord):
+        super().__init__()
+        self.record = record
 
 
 def _oom(before: int | None, after: int | None) -> bool:
@@ -145,7 +161,8 @@ def _oom(before: int | None, after: int | None) -> bool:
 def _record(job: JobSpec, times: WatchTimes, trial_dir: Path, end: SessionEnd,
             returncode: int | None, oom_killer: bool) -> TrialRecord:
     spec = job.spec
-    outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at,
+    reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
+    outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at,
                          spec.memory_cap_bytes, oom_killer)
     extra = {"job": {"kind": job.kind, "check": job.check, "world_size": job.world_size}}
     if job.world_size > 1:

@@ -38,9 +38,15 @@ every process carrying a token and every recorded process still alive (same pid 
 time), until a look finds none, and exits. On a normal exit of nsadiag it finds nothing to
 kill.
 
-Not found by any: in a process that did not call ``adopt_orphans`` (a library caller's own
-program), a descendant that removed NSADIAG_OWNER from its environment and left the tree
-within one poll (0.2 s) of its start.
+Where the machine lets nsadiag make a cgroup (v2, with ``cgroup.kill``), every job also
+runs in one of its own (nsadiag.harness.cgroup): ``kill_all`` and the reaper first kill
+the whole group at once, which no fork, exit of a parent, setsid() or stripped
+environment escapes. Elsewhere the containment above is best effort
+(``Launched.containment`` says which, and why).
+
+Not found by any (without a cgroup): in a process that did not call ``adopt_orphans`` (a
+library caller's own program), a descendant that removed NSADIAG_OWNER from its
+environment and left the tree within one poll (0.2 s) of its start.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from nsadiag.harness.cgroup import JobGroup, why_not
 
 OWNER_ENV = "NSADIAG_OWNER"
 FREEZE_ROUNDS = 20
@@ -245,10 +253,22 @@ class Launched:
         self.token = new_token()
         _REAPER.tell(f"token {self.token}")  # known to the reaper before anything starts
         _become_subreaper()
+        self.group = JobGroup.make(self.token)
+        self.containment: dict[str, Any] = {"cgroup": self.group is not None,
+                                            "why_not": why_not()}
+        if self.group is not None:
+            _REAPER.tell(f"cgroup {self.group.path}")
         self.started = time.time()
-        self.proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr,
-                                     env={**env, OWNER_ENV: self.token},
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr,
+                                         env={**env, OWNER_ENV: self.token},
+                                         start_new_session=True,
+                                         preexec_fn=self.group.entering() if self.group
+                                         else None)
+        except BaseException:
+            if self.group is not None:
+                self.group.remove()
+            raise
         self.pid = self.proc.pid
         _launchers.add(self.pid)
         _REAPER.tell(f"tree {self.pid}")
@@ -299,6 +319,8 @@ class Launched:
                     continue
             return members
 
+        if self.group is not None:
+            self.group.kill()  # all at once, however fast they fork
         signalled = freeze_and_kill(found)
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -307,5 +329,7 @@ class Launched:
         self.proc.wait()
         _launchers.discard(self.pid)
         wait_gone(signalled)
+        if self.group is not None:
+            self.group.remove()
         _REAPER.tell(f"done {self.token}")
         return [p.pid for p in signalled]

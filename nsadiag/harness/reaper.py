@@ -9,6 +9,7 @@ process). Lines on it:
                     NSADIAG_OWNER=<token> belongs to the owner
     tree <pid>      a job's launcher: its descendants are recorded every WATCH_POLL_S
     done <token>    that job's processes were killed by the owner: forget it
+    cgroup <path>   a job's cgroup (nsadiag.harness.cgroup): killed whole, then removed
 
 End of file means the owner has exited or died (``kill -9`` included). Then every
 process carrying a token not yet done and every recorded process still alive (same pid,
@@ -21,9 +22,11 @@ from __future__ import annotations
 import os
 import select
 import sys
+from pathlib import Path
 
 import psutil
 
+from nsadiag.harness.cgroup import JobGroup
 from nsadiag.harness.launch import alive, freeze_and_kill, token_carriers, wait_gone
 from nsadiag.spec import WATCH_POLL_S
 
@@ -35,13 +38,17 @@ class Reaper:
         self.tokens: set[str] = set()
         self.trees: dict[int, psutil.Process] = {}
         self.recorded: dict[int, psutil.Process] = {}
+        self.groups: set[str] = set()
 
     def take(self, line: str) -> None:
         word, _, value = line.strip().partition(" ")
         if word == "token" and value:
             self.tokens.add(value)
+        elif word == "cgroup" and value:
+            self.groups.add(value)
         elif word == "done":
             self.tokens.discard(value)
+            self.groups = {g for g in self.groups if os.path.isdir(g)}
             self.trees = {pid: p for pid, p in self.trees.items() if alive(p)}
             self.recorded = {pid: p for pid, p in self.recorded.items() if alive(p)}
         elif word == "tree" and value.isdigit():
@@ -80,7 +87,12 @@ class Reaper:
         return [p for p in found.values() if alive(p)]
 
     def reap(self) -> None:
+        groups = [JobGroup(Path(g)) for g in self.groups]
+        for group in groups:
+            group.kill()
         wait_gone(freeze_and_kill(self.victims), timeout_s=3.0)
+        for group in groups:
+            group.remove()
 
 
 def main(argv: list[str]) -> int:

@@ -57,7 +57,8 @@ def how_it_ended(outcome: ProcessOutcome) -> str:
     command ended, in words (a signal leaves no exit code)."""
     if outcome.killed_by_runner:
         return {"stall": "stopped by nsadiag at a stall",
-                "budget": "stopped by nsadiag at the deadline"}.get(
+                "budget": "stopped by nsadiag at the deadline",
+                "interrupted": "stopped by nsadiag when it was interrupted"}.get(
             outcome.kill_reason or "", "stopped by nsadiag")
     if outcome.signal is not None:
         return f"killed by {outcome.signal_name or f'signal {outcome.signal}'}"

@@ -24,7 +24,9 @@ forked without the injected hook, a launcher: nsadiag.harness.tree), is sampled 
 at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
 OK for exit code 0, else the verdict of the exception a process recorded (or the last
-traceback on its stderr), else the exit code's verdict.
+traceback on its stderr), else the exit code's verdict. A run the user interrupts
+(Ctrl-C, SIGTERM, SIGHUP) is recorded too, with what was known then
+(nsadiag.harness.interrupted); ``record.evidence["interrupted"]`` says so.
 
 The record (nsadiag.harness.record) names the training process (the one with the most
 heartbeat events) and the evidence of every process. A torchrun job of two or more ranks
@@ -50,6 +52,7 @@ import psutil
 
 from nsadiag.harness.capture import unwatched
 from nsadiag.harness.echo import Echo, LiveStatus
+from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.record import (
     build_record,
@@ -58,7 +61,7 @@ from nsadiag.harness.record import (
     rank_streams,
     training_stream,
 )
-from nsadiag.harness.session import Tree, watch_session
+from nsadiag.harness.session import Interrupted, Tree, watch_session
 from nsadiag.harness.streams import UNBOUNDED_STEPS, Stream
 from nsadiag.harness.times import WatchTimes
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
@@ -280,12 +283,15 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
-    end = watch_session(_CommandTree(command, run_dir), times,
-                        live.on_events if live is not None else None)
+    try:
+        end = watch_session(_CommandTree(command, run_dir), times,
+                            live.on_events if live is not None else None)
+    except Interrupted as stopped:  # the diagnosis so far is kept (nsadiag.harness.interrupted)
+        end = stopped.end
     returncode = command.proc.returncode
     never_ran = unopened_script(returncode, read_tail(run_dir / "stderr.txt",
                                                       STDERR_TAIL_BYTES)) \
-        if end.due is None else None
+        if end.due is None and end.interrupted_at is None else None
     if never_ran is not None:  # a refused command: it leaves nothing of this run behind
         for made in ("stdout.txt", "stderr.txt", "run.json", *(p.name for p in
                                                                run_dir.glob("proc-*"))):
@@ -293,7 +299,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
             with contextlib.suppress(OSError):
                 (run_dir / made).unlink()
         raise ValueError(f"command: {never_ran}")
-    outcome = outcome_of(returncode, end.reason, end.wall_s, end.ended_at)
+    reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
+    outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
     main = training_stream(end.streams)
@@ -307,6 +314,10 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         record.evidence["output_copies"] = command.lost()
     if command.not_shown():
         record.evidence["output_not_shown"] = command.not_shown()
+    record.evidence["containment"] = command.containment
+    if end.interrupted_at is not None:
+        record.verdict = interrupted_verdict(record.verdict, end, main)
+        record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
     return record
 
 

@@ -13,7 +13,9 @@ stall, or the budget while it progresses) every process is captured at once
 (nsadiag.harness.capture) and the loop ends; it also ends when the tree does. The tree is
 stopped on every way out, Ctrl-C included (``Tree.stop``: every process killed for a tree
 nsadiag started, nothing for one it only watches). ``SessionEnd`` holds what the record
-is built from (nsadiag.harness.record).
+is built from (nsadiag.harness.record); a session the user interrupts raises
+``Interrupted`` (a KeyboardInterrupt) with what was seen up to then, a stop already
+decided included, so that a caller can keep the diagnosis so far.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class SessionEnd:
     stalls: dict[str, StallEvidence] = field(default_factory=dict)
     gpu: Any = None
     others: list[dict[str, Any]] = field(default_factory=list)
+    interrupted_at: float | None = None
+    """When the user interrupted the session (time.time()), None when they did not."""
 
     @property
     def reason(self) -> str | None:
@@ -102,6 +106,15 @@ class SessionEnd:
     @property
     def wall_s(self) -> float:
         return self.ended_at - self.started
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a session (Ctrl-C, SIGTERM, SIGHUP): ``end`` is what it had seen,
+    its processes stopped and its streams read to their end."""
+
+    def __init__(self, end: SessionEnd):
+        super().__init__()
+        self.end = end
 
 
 def _join_new(tree: Tree, clock: StallClock) -> None:
@@ -122,7 +135,7 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
     stalls: dict[str, StallEvidence] = {}
     gpu: Any = None
     others: list[psutil.Process] = []
-    decided_at = None
+    decided_at = interrupted_at = None
     try:
         while tree.running():
             stop.check()
@@ -144,11 +157,16 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
                 tree.after_capture(due)
                 break
             tree.wait(times.poll_s)
+    except KeyboardInterrupt:
+        interrupted_at = stop.requested_at() or time.time()
     finally:
-        ended_at = decided_at or time.time()
+        ended_at = decided_at or interrupted_at or time.time()
         clocks.read({s.name: s.pid for s in clock.streams})
         tree.stop()
     _join_new(tree, clock)
     clock.read()  # what was written up to the end: the record reads every stream whole
-    return SessionEnd(due, started, ended_at, clock.streams, clocks.load(load_before),
-                      stalls, gpu, others_evidence(others, stalls))
+    end = SessionEnd(due, started, ended_at, clock.streams, clocks.load(load_before),
+                     stalls, gpu, others_evidence(others, stalls), interrupted_at)
+    if interrupted_at is not None:
+        raise Interrupted(end)
+    return end

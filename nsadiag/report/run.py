@@ -42,6 +42,21 @@ def run_finding(record: TrialRecord) -> Finding:
     return trial_finding(record, kind, rerun)
 
 
+def containment_lines(containment: Any) -> list[str]:
+    """How the command's processes were kept from outliving it (nsadiag.harness.launch):
+    a cgroup killed whole, or best effort and why."""
+    if not isinstance(containment, dict):
+        return []
+    if containment.get("cgroup"):
+        return ["", "Containment: the command and every process it started ran in a cgroup "
+                "of their own, killed whole at the end."]
+    why = str(containment.get("why_not") or "no cgroup could be made")
+    return ["", f"Containment was best effort ({why}): the processes were found by the "
+            f"token in their environment, the process tree and the adoption of orphans; "
+            f"one that dropped its environment and left the tree between two looks (0.2 s) "
+            f"could outlive the run."]
+
+
 def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of one `nsadiag run`; writes flame.png when the training
     process was profiled."""
@@ -60,6 +75,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         md.append(f"| {process['name']}{main} | {process['pid']} | "
                   f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
                   f"{(process.get('place') or '-').replace('|', '/')} |")
+    md += containment_lines(evidence.get("containment"))
     md += ["", "## Evidence", ""] + evidence_section(record)
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)

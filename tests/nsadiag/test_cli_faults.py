@@ -138,7 +138,7 @@ def test_a_closed_stdout_is_one_line_and_a_non_zero_exit(tmp_path):
     assert (run / "report.md").exists()
 
 
-def test_interrupting_a_run_directory_command_is_one_line(tmp_path):
+def test_sigterm_to_a_run_keeps_what_it_found_and_exits_143(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "nsadiag.cli", "run", "--out",
                              str(tmp_path / "r"), "--", sys.executable, "-c",
                              "import time; time.sleep(60)"],
@@ -148,5 +148,8 @@ def test_interrupting_a_run_directory_command_is_one_line(tmp_path):
              "the command's heartbeat")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert "Traceback" not in stderr and "nsadiag: interrupted" in stderr
+    assert proc.returncode == 143
+    assert "Traceback" not in stderr and "nsadiag: interrupted by SIGTERM" in stderr
+    record = json.loads((tmp_path / "r" / "record.json").read_text())
+    assert record["evidence"]["interrupted"]["signal"] == "SIGTERM"
+    assert "interrupted by SIGTERM" in (tmp_path / "r" / "report.md").read_text()

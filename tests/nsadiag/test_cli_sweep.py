@@ -148,7 +148,11 @@ def test_ctrl_c_kills_the_trial_and_keeps_finished_trials(tmp_path):
     assert proc.returncode == 130
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
-    assert not (out / "trials.jsonl").exists()  # nothing had finished
+    # nothing had finished: the interrupted trial is recorded as such, and reported
+    (record,) = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert record["verdict"]["name"] == "INCONCLUSIVE"
+    assert record["evidence"]["interrupted"]["signal"] == "SIGINT"
+    assert "interrupted by the user (Ctrl-C) at " in (out / "report.md").read_text()
 
 
 def test_sweep_seq_reports_time_and_memory_against_the_sequence_length(tmp_path):

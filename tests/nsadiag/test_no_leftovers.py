@@ -1,11 +1,16 @@
 """Nothing outlives nsadiag (nsadiag.harness.launch, nsadiag.harness.reaper): after a
 verdict every process a job started is gone, those that left its session included; after
 `kill -9` of nsadiag itself, its reaper ends every child, torchrun, rank and escaped
-helper within 5 s. One nsadiag at a time per run directory (nsadiag.rundir)."""
+helper within 5 s; where a cgroup can be made, a process that forks every few
+milliseconds, its parent gone, in a new session and with an empty environment, is gone
+after the verdict and after `kill -9` too, and elsewhere the report says containment was
+best effort. One nsadiag at a time per run directory (nsadiag.rundir)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +18,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from nsadiag.harness.jobs import run_trial
 from nsadiag.spec import TrialSpec
@@ -152,3 +158,88 @@ def test_a_second_nsadiag_on_the_same_out_refuses_and_a_killed_one_does_not_bloc
     third = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass")
     assert third.returncode == 0, third.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["verdict"] == "OK"
+
+
+HOPPING_SCRIPT = """
+import os, random, subprocess, sys, time
+if sys.argv[1:] == ["hop"]:
+    while True:  # every 5-20 ms a new process, its parent gone, in a session of its own
+        time.sleep(random.uniform(0.005, 0.02))
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+# the hopper starts with an empty environment: no NSADIAG_OWNER token to be found by
+subprocess.Popen([sys.executable, __file__, "hop"], env={}, start_new_session=True)
+print("hopping", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def _hoppers(script: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.cmdline()[-2:] == [str(script), "hop"] and running(process):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _hoppers_left(script: Path, limit_s: float = GONE_WITHIN_S) -> list[int]:
+    """The hopping processes still running once none is (or after ``limit_s``)."""
+    end = time.monotonic() + limit_s
+    while (left := _hoppers(script)) and time.monotonic() < end:
+        time.sleep(0.1)
+    return [p.pid for p in left]
+
+
+def _cgroups_here() -> bool:
+    from nsadiag.harness.cgroup import JobGroup
+
+    group = JobGroup.make("probe-" + str(time.monotonic_ns()))
+    if group is not None:
+        group.remove()
+    return group is not None
+
+
+needs_cgroups = pytest.mark.skipif(not _cgroups_here(),
+                                   reason="no writable cgroup v2 hierarchy with cgroup.kill")
+
+
+@needs_cgroups
+def test_a_process_hopping_every_few_ms_does_not_outlive_the_verdict(tmp_path):
+    script = tmp_path / "hopping.py"
+    script.write_text(HOPPING_SCRIPT)
+    done = nsadiag("run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script),
+                   "2")
+    assert done.returncode == 0, done.stderr
+    assert _hoppers_left(script) == []
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Containment: the command and every process it started ran in a cgroup" in report
+    assert not list(Path("/sys/fs/cgroup").rglob("nsadiag-*"))  # the group is removed
+
+
+@needs_cgroups
+def test_a_process_hopping_every_few_ms_does_not_outlive_kill_9(tmp_path):
+    script = tmp_path / "hopping.py"
+    script.write_text(HOPPING_SCRIPT)
+    proc = _start(["run", "--stall-timeout", "600", "--", sys.executable, str(script), "600"],
+                  tmp_path)
+    wait_for(lambda: _hoppers(script), 60, "the hopping process")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _hoppers_left(script) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="hides the cgroup mounts in a mount namespace of its own (root)")
+def test_without_cgroups_the_report_says_containment_was_best_effort(tmp_path):
+    out = tmp_path / "run"
+    unmount = "for m in $(awk '$3 == \"cgroup2\" {print $2}' /proc/mounts); do umount -l $m; done"
+    script = (f"{unmount}; cd {REPO} && {sys.executable} -m nsadiag.cli run --out {out} -- "
+              f"{sys.executable} -c pass")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], timeout=300, check=True,
+                   capture_output=True)
+    report = (out / "report.md").read_text()
+    assert "Containment was best effort (this machine has no cgroup v2 hierarchy)" in report

@@ -142,7 +142,8 @@ def test_a_full_disk_stops_the_copies_but_the_verdict_and_report_are_written(tmp
 # ---- a reused --out -------------------------------------------------------------------------
 
 
-def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
+def test_a_stopped_rerun_on_a_reused_out_keeps_what_it_found_in_place_of_the_earlier(
+        tmp_path):
     out = tmp_path / "run"
     first = nsadiag("run", "--out", str(out), "--", sys.executable, "-c", "print('first')",
                     env=checkout_env())
@@ -163,14 +164,14 @@ def test_a_stopped_rerun_on_a_reused_out_leaves_the_earlier_run_whole(tmp_path):
         _, err = second.communicate(timeout=120)
     finally:
         second.kill()
-    assert second.returncode == 130, err
-    after = {p.name: p.read_bytes() for p in out.iterdir()
-             if p.is_file() and p.name != ".nsadiag.lock"}
-    assert after == before  # run.json, stdout.txt, record.json, report.md: the first run's
+    assert second.returncode == 143, err
+    # the interrupted run is recorded whole, in place of the first: nothing of both
+    assert (out / "stdout.txt").read_bytes() != before["stdout.txt"]
+    assert "interrupted by SIGTERM" in (out / "report.md").read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     rendered = nsadiag("report", str(out), env=checkout_env())
     assert rendered.returncode == 0, rendered.stderr
-    assert json.loads((out / "summary.json").read_text())["argv"][-1] == "print('first')"
+    assert "time.sleep(120)" in json.loads((out / "summary.json").read_text())["argv"][-1]
 
 
 def test_a_finished_rerun_replaces_the_earlier_run_whole(tmp_path):
@@ -223,7 +224,7 @@ SLOW_START = textwrap.dedent("""
 """)
 
 
-def test_sigterm_while_nsadiag_starts_is_one_line_and_exit_130(tmp_path):
+def test_sigterm_while_nsadiag_starts_is_one_line_and_exit_143(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SLOW_START)
     mark = tmp_path / "importing"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}",
@@ -236,7 +237,7 @@ def test_sigterm_while_nsadiag_starts_is_one_line_and_exit_130(tmp_path):
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, (proc.returncode, err)
+    assert proc.returncode == 143, (proc.returncode, err)
     assert err == "nsadiag: interrupted while starting; nothing was run\n"
 
 
