@@ -256,6 +256,8 @@ class Launched:
         self.group = JobGroup.make(self.token)
         self.containment: dict[str, Any] = {"cgroup": self.group is not None,
                                             "why_not": why_not()}
+        if self.group is not None:  # its name, so a check can tell it was removed
+            self.containment["group"] = self.group.path.name
         if self.group is not None:
             _REAPER.tell(f"cgroup {self.group.path}")
         self.started = time.time()
