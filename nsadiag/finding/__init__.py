@@ -120,7 +120,8 @@ def warn(text: str) -> Item:
 class Finding:
     """What one run found (see the module docstring). ``subject`` says what ran ("nsa, 4
     layers, S=2048"); ``headline`` is the one line a terminal prints; ``status`` is
-    summary.json's (STATUSES); ``results`` the systematic results, one item each."""
+    summary.json's (STATUSES); ``results`` the systematic results, one item each;
+    ``chain`` a stuck run's wait chain as printed (nsadiag.verdict.chain), None otherwise."""
 
     command: str
     verdict: str
@@ -136,6 +137,7 @@ class Finding:
     ruled_out: list[Item] = field(default_factory=list)
     implicated: list[Item] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
+    chain: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -163,7 +165,8 @@ class Finding:
         return cls(data["command"], data["verdict"], data["kind"], data["status"],
                    data["headline"], data["subject"], data["next_action"], culprit,
                    data.get("proof"), list(data.get("summary") or []), **lists,
-                   recommendations=list(data.get("recommendations") or []))
+                   recommendations=list(data.get("recommendations") or []),
+                   chain=data.get("chain"))
 
 
 def words(text: str) -> int:

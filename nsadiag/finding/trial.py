@@ -14,11 +14,11 @@ from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import culprit_of
+from nsadiag.finding.next_step import chain_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
-
-LOCK_NAME = re.compile(r"with\s+([\w.]+)|([\w.]+)\.(?:acquire|wait)\(")
+from nsadiag.verdict.chain import WaitChain
 
 
 def subject_of(spec: dict[str, Any]) -> str:
@@ -162,9 +162,11 @@ def proof_of(record: TrialRecord) -> str | None:
 # ---- what to do next -----------------------------------------------------------------------------
 
 
-def _lock_name(code: str | None) -> str:
-    match = LOCK_NAME.search(code or "")
-    return f"`{match[1] or match[2]}`" if match else "the lock"
+def _chain_next(name: str, facts: dict[str, Any]) -> str | None:
+    """The next step from the end of a stuck run's wait chain, when it names one."""
+    if name not in ("DEADLOCK", "STALL-BUSY") or not facts.get("wait_chain"):
+        return None
+    return chain_next(WaitChain.from_dict(facts["wait_chain"]))
 
 
 def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
@@ -194,6 +196,9 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         eta = f" (ETA {duration(facts['eta_s'])})" if facts.get("eta_s") else ""
         return (f"Nothing is broken: give the run more time{eta} or fewer steps; the time "
                 f"goes into the model's own work.")
+    chained = _chain_next(name, facts)
+    if chained is not None:
+        return chained
     if name == "STALL-BUSY":
         if facts.get("stacks_class") == "busy-native":
             return (f"One native call{where} outlasts the stall timeout: make it smaller, or "
@@ -201,9 +206,8 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Make the loop{where} end: what it waits for never changes; bound it or fix "
                 f"what should end it.")
     if name == "DEADLOCK":
-        lock = _lock_name(culprit.code if culprit else None)
-        return (f"Release {lock} on every path: the thread waits for it{where}, and no "
-                f"other thread runs, so it was taken earlier and never released.")
+        return (f"Find what should end the wait{where}: the evidence names no holder or "
+                f"producer for it; give the wait a timeout so it fails where it hangs.")
     if name == "STALL-COLLECTIVE":
         return (f"Make every rank issue the same collectives: the one{where} runs on some "
                 f"ranks only; issue it on all of them or on none.")
@@ -330,4 +334,5 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
                    headline=f"{name} ({kind}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
-                   implicated=implicated, recommendations=fixes)
+                   implicated=implicated, recommendations=fixes,
+                   chain=(facts.get("wait_chain") or {}).get("printed"))

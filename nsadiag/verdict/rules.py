@@ -35,6 +35,7 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
+from nsadiag.verdict.chain import wait_chain
 from nsadiag.verdict.facts import (
     add_load,
     position_facts,
@@ -331,6 +332,7 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
                              evidence.load)
     _add_others(evidence, verdict)
     _add_thread_exceptions(evidence, verdict)
+    _add_wait_chain(evidence, verdict)
     if stall.stretched:
         return contended(stall, verdict)
     return verdict
@@ -357,6 +359,18 @@ def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
         for record in died]
     verdict.reasons.insert(1, f"an exception ended another thread: {'; '.join(sentences)} "
                               f"(a thread that waits for its work waits forever)")
+
+
+def _add_wait_chain(evidence: Evidence, verdict: Verdict) -> None:
+    """The wait chain of a stuck process (nsadiag.verdict.chain), into facts "wait_chain"
+    and a sentence second among the reasons."""
+    if verdict.name not in ("DEADLOCK", "STALL-BUSY"):
+        return
+    chain = wait_chain(evidence)
+    if chain is None:
+        return
+    verdict.facts["wait_chain"] = chain.to_dict()
+    verdict.reasons.insert(1, f"wait chain: {chain.printed()}")
 
 
 def _add_others(evidence: Evidence, verdict: Verdict) -> None:
