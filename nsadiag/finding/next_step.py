@@ -24,20 +24,26 @@ def chain_next(chain: WaitChain) -> str | None:
     subject = chain.subject or "it"
     end = chain.end
     if end == "lock-cycle":
-        return (f"Take `{subject}` in the same order in every thread (or hold one at a time): "
-                f"each of the two threads holds one and waits for the other"
+        return (f"Take the locks `{subject}` in the same order in every thread (or hold one "
+                f"at a time): each of the two threads holds one and waits for the other"
                 f"{_where(chain, 0)}{_where(chain, -1).replace(' at ', ' and ')}.")
+    if end == "lock-self":
+        return (f"Do not take the lock `{subject}` again while the same thread holds it"
+                f"{_where(chain, -1)}: release it before the call that leads to"
+                f"{_where(chain, 0)}, or make it a `threading.RLock`.")
     if end == "queue-full":
-        return (f"Do not hold `{subject}` across a blocking `put`{_where(chain, -1)}: put the "
-                f"item after releasing it (or `put(timeout=...)`), since the thread that "
-                f"empties the queue first waits for `{subject}`{_where(chain, 0)}.")
+        return (f"Do not hold the lock `{subject}` across a blocking `put`"
+                f"{_where(chain, -1)}: put the item after releasing it (or "
+                f"`put(timeout=...)`), since the thread that empties the queue first waits "
+                f"for `{subject}`{_where(chain, 0)}.")
     if end == "lock-held":
-        return (f"`{subject}` stays held while its holder does what the chain's last hop "
+        return (f"The lock `{subject}` stays held while its holder does what the chain's last hop "
                 f"shows{_where(chain, -1)}: release it before that, or do not wait for it"
                 f"{_where(chain, 0)}.")
     if end == "lock-lost":
-        return (f"Release `{subject}` on every path (a `with` block, or `try`/`finally`): it "
-                f"is locked and no live thread holds it{_where(chain, 0)}.")
+        return (f"Release the lock `{subject}` on every path (a `with` block, or "
+                f"`try`/`finally`): it is locked and no live thread holds it"
+                f"{_where(chain, 0)}.")
     if end == "lock-lost-fork":
         return (f"Do not fork while a thread holds `{subject}`: start the DataLoader workers "
                 f"with `multiprocessing_context=\"spawn\"` (or \"forkserver\"), or create the "

@@ -5,7 +5,8 @@ it, and what that one is doing, each hop from evidence.
 main thread first), a few hops:
 
 lock        ``with X:`` / ``X.acquire()``: the thread of the same process inside a ``with
-            X:`` block (nsadiag.probes.scopes, read at the stall) holds it; that thread's
+            X:`` block (nsadiag.probes.scopes, read at the stall) holds it (the waiting
+            thread itself, in an outer frame: a lock taken twice); that thread's
             own wait is the next hop (a cycle when it waits for a lock the first one
             holds). No live thread inside such a block: in a process forked from another
             (a DataLoader worker) the holder was a thread that did not survive the fork;
@@ -40,10 +41,11 @@ from nsadiag.probes.waits import ProcessWaits, Scope
 
 HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
         "worker", "poll", "frame", "unknown")
-ENDS = ("lock-cycle", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
+ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
+lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
 holds it; lock-lost-fork: the same in a forked process (the holder did not survive the
 fork); queue-full: the holder waits in Queue.put; producer-died: the thread that fed a
@@ -172,6 +174,14 @@ def _lock_chain(process: _Process, thread: ThreadStack, frame: StackFrame, lock:
     scopes = process.waits.scopes if process.waits else ()
     first = Hop("lock", f"{_label(thread)} waits for `{lock}` at {at(frame)}", at(frame),
                 frame.code)
+    itself = _holds(scopes, thread, lock)
+    if itself is not None:
+        line = next(n for text, n in itself.withs if text == lock)
+        return WaitChain((first, Hop("holder", f"`{lock}` is held by the same thread, in "
+                                               f"{itself.function} (inside `with {lock}:` at "
+                                               f"{_at_scope(itself.file, line)}): a lock that "
+                                               f"is not reentrant, taken twice",
+                                     _at_scope(itself.file, line))), "lock-self", lock)
     holders = [(other, scope) for other in user_threads(process.sample)
                if other is not thread and (scope := _holds(scopes, other, lock))]
     if not holders:
@@ -349,7 +359,7 @@ def _worker_chain(process: _Process, thread: ThreadStack, own: StackFrame | None
         return WaitChain((first, Hop("unknown", f"where {worker.role} stands is unknown")),
                          "unknown")
     inner = _thread_chain(worker, main, ())
-    hops = (first, Hop("worker", f"{worker.role} (pid {worker.sample.pid}) "
+    hops = (first, Hop(inner.hops[0].kind, f"{worker.role} (pid {worker.sample.pid}) "
                                  f"{_strip(inner.hops[0].text, main)}", inner.hops[0].where,
                        inner.hops[0].code), *inner.hops[1:])
     return WaitChain(hops, inner.end if inner.end != "unknown" else "worker", inner.subject)
