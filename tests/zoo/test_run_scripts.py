@@ -107,6 +107,11 @@ def test_lock_taken_in_a_gradient_hook_is_a_deadlock_naming_the_line(tmp_path):
     facts = record["verdict"]["facts"]
     assert facts["wait_frame"].startswith("record_norm (grad_hook_deadlock.py:")
     assert "with stats_lock:" in " ".join(record["verdict"]["reasons"])
+    chain = facts["wait_chain"]
+    assert chain["end"] == "lock-self"
+    assert "`stats_lock` is held by the same thread" in chain["printed"]
+    assert summary["finding"]["next_action"].startswith(
+        "Do not take the lock `stats_lock` again while the same thread holds it")
 
 
 def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
@@ -168,6 +173,14 @@ def test_a_dataloader_worker_that_waits_is_named_with_its_frame(tmp_path):
     line = _line("dataloader_worker_hang.py", "with self.lock:", exact=True)  # __getitem__'s
     assert held_by["where"] == f"TokenDataset.__getitem__ (dataloader_worker_hang.py:{line})"
     assert held_by["code"] == "with self.lock:" and held_by["state"] == "waits"
+    chain = facts["wait_chain"]
+    assert chain["end"] == "lock-lost-fork"
+    assert (f"-> DataLoader worker 0 of the main process (pid {held_by['pid']}) waits for "
+            f"`self.lock` at dataloader_worker_hang.py:{line} -> `self.lock` is held by no "
+            f"thread of DataLoader worker 0 of the main process: it was locked when the "
+            f"process was forked") in chain["printed"]
+    assert summary["finding"]["next_action"].startswith(
+        "Do not fork while a thread holds `self.lock`")
     assert sorted(other["role"] for other in facts["others"]) == [
         "DataLoader worker 0 of the main process", "DataLoader worker 1 of the main process"]
     report = (tmp_path / "run" / "report.md").read_text()
@@ -208,9 +221,18 @@ def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
     assert summary["verdict"] == "DEADLOCK", summary["headline"]
     reasons = record["verdict"]["reasons"]
     get = _line("producer_thread_dies.py", "batch = batches.get()")
-    assert reasons[1].startswith("an exception ended another thread: thread producer died of "
+    chain = record["verdict"]["facts"]["wait_chain"]
+    assert chain["end"] == "producer-died"
+    assert chain["printed"].startswith(
+        f"the main thread waits for an item from `batches` at producer_thread_dies.py:{get} "
+        f"-> thread producer died of ValueError: invalid literal for int() with base 10: "
+        f"'corrupt' at ")
+    assert reasons[1] == f"wait chain: {chain['printed']}"
+    assert reasons[2].startswith("an exception ended another thread: thread producer died of "
                                  "ValueError: invalid literal for int() with base 10: "
                                  "'corrupt' at ")
+    assert summary["finding"]["next_action"].startswith(
+        "Fix the exception that ended the thread feeding `batches`")
     assert f"called from main (producer_thread_dies.py:{get})" in reasons[-1]
     # the main thread sat in get() without the CPU: that line is a wait, never "hottest"
     assert not any(r.startswith("hottest line of user code: main (producer_thread_dies.py:"
