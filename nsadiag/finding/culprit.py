@@ -259,7 +259,13 @@ def collective_culprit(record: TrialRecord) -> Culprit | None:
         frame = found[0]
         waiting = next((row.get("waiting") for row in facts.get("ranks") or []
                         if row.get("rank") == rank.get("rank")), None)
-        what = waiting.split(" (")[0] if waiting else "a collective"
+        n = facts.get("diverged_at")
+        if waiting is None:  # a rank that never issued the collective: it stands here
+            why = f"rank {rank.get('rank')} stands here" + (
+                f" and never issued collective #{n}, which the other ranks wait in"
+                if n and odd and rank.get("rank") in odd else "")
+            return _culprit(frame.file, frame.line, why, code=frame.code)
+        what = waiting.split(" (")[0]
         why = f"rank {rank.get('rank')} issued {what} here"
         condition = condition_above(frame.file, frame.line)
         if condition is not None:

@@ -70,6 +70,11 @@ def chain_next(chain: WaitChain) -> str | None:
         return (f"The DataLoader worker stands{_where(chain, -1)} and never returns a batch: "
                 f"make that line return (run the dataset with `num_workers=0` to see it "
                 f"alone), or set the DataLoader's `timeout`.")
+    if end == "uneven-steps":
+        return (f"Give every rank the same number of steps (a `DistributedSampler` with "
+                f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
+                f"({subject}), so a rank waits after its last step while another waits in "
+                f"the gradient collective of a step it never began.")
     if end == "poll":
         return (f"Add a timeout to the polling loop{_where(chain, 0)} (raise once "
                 f"`{subject}` has held past a deadline), and make sure what should end it "

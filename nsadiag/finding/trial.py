@@ -163,9 +163,15 @@ def proof_of(record: TrialRecord) -> str | None:
 
 
 def _chain_next(name: str, facts: dict[str, Any]) -> str | None:
-    """The next step from the end of a stuck run's wait chain, when it names one."""
-    if name not in ("DEADLOCK", "STALL-BUSY") or not facts.get("wait_chain"):
+    """The next step from the end of a stuck run's wait chain, when it names one: for a
+    rank that never issued the collective the others wait in, from that rank's own chain."""
+    if name not in ("DEADLOCK", "STALL-BUSY", "STALL-COLLECTIVE") or \
+            not facts.get("wait_chain"):
         return None
+    own = facts.get("rank_chain")
+    if name == "STALL-COLLECTIVE" and own:
+        said = chain_next(WaitChain.from_dict(own["chain"]))
+        return f"On rank {own['rank']}: {said[:1].lower()}{said[1:]}" if said else None
     return chain_next(WaitChain.from_dict(facts["wait_chain"]))
 
 

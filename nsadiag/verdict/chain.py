@@ -40,10 +40,10 @@ from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.probes.waits import ProcessWaits, Scope
 
 HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
-        "worker", "poll", "frame", "unknown")
+        "worker", "poll", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
-        "poll", "unknown")
+        "poll", "uneven-steps", "collective-differs", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -52,7 +52,11 @@ fork); queue-full: the holder waits in Queue.put; producer-died: the thread that
 queue died; no-producer: no thread is known to feed it; pipe-eof: a child reads a pipe
 whose write end the waiting process holds; child-waits: a child blocked elsewhere;
 file-lock: another process holds a file lock; worker: a DataLoader worker stands at its
-frame; poll: a loop polls a condition; unknown: the evidence names no next hop."""
+frame; poll: a loop polls a condition; uneven-steps: ranks that ran fewer steps wait in a
+collective after their loop while the others wait in a step's gradient collective;
+collective-differs: the ranks issued different collectives at the same number; unknown: the
+evidence names no next hop. A rank that never issued the collective the others wait in is
+followed as a process of its own, and the chain ends where its own chain ends."""
 
 LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s*)?:|"
                        r"([\w.\[\]]+)\.acquire\(")
