@@ -319,4 +319,15 @@ def crash_culprit(record: TrialRecord) -> Culprit | None:
         if found is not None:
             return _culprit(found[0], found[1], f"the last line of the user's code before "
                             f"{signal}")
-    return None
+    # a native thread took the signal: the dump has no current thread, and the crash
+    # record names the main thread's frame (nsadiag.harness.crash)
+    crash = facts.get("crash") or {}
+    split = _split_where(crash.get("where") or "")
+    if split is None:
+        return None
+    function, name, line = split
+    path = _full_path(record, function, name) or next(
+        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), name)
+    inside = f", in {crash['call']}" if crash.get("call") else ""
+    return _culprit(path, line, f"the main thread's last line of the user's code before "
+                    f"{signal}{inside}")

@@ -10,6 +10,7 @@ supports (nsadiag.finding.numbers).
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
@@ -124,6 +125,31 @@ def collective_proof(facts: dict[str, Any]) -> str:
     return head + ("; ".join(parts) or "the ranks wait in different collectives")
 
 
+def _signal_number(facts: dict[str, Any]) -> int | None:
+    if facts.get("signal") is not None:
+        return int(facts["signal"])
+    try:
+        return int(signal.Signals[str(facts.get("signal_name"))])
+    except KeyError:
+        return None
+
+
+def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
+    """Which signal ended which process after how long, and where the ranks' collectives
+    diverged when they did (the mismatch a rank died of)."""
+    number = _signal_number(facts)
+    name = facts.get("signal_name") or (f"signal {number}" if number else "a signal")
+    numbered = f" (signal {number})" if number is not None and facts.get("signal_name") \
+        else ""
+    who = f"rank {facts['rank']} " if facts.get("rank") is not None else ""
+    wall = facts.get("wall_s") or record.wall_s
+    when = f"after {sig(wall)} s" if facts.get("rank") is None else \
+        f"in a job that ran {sig(wall)} s"
+    proof = f"{who}killed by {name}{numbered} {when}, without a Python exception"
+    met = next((r for r in record.verdict.get("reasons") or [] if " met " in r), None)
+    return f"{proof}; {met}" if met and facts.get("diverged_at") else proof
+
+
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
@@ -141,9 +167,7 @@ def proof_of(record: TrialRecord) -> str | None:
             facts.get("message") else ""
         return f"{facts.get('exception_type', 'an exception')}: {message}".rstrip(": ")
     if name == "CRASH":
-        return (f"killed by {facts.get('signal_name') or 'a signal'} "
-                f"(signal {facts.get('signal')}) after {sig(facts.get('wall_s') or 0)} s, "
-                f"without a Python exception")
+        return crash_proof(record, facts)
     if name == "OOM":
         peak = facts.get("peak_cuda") or facts.get("peak_rss")
         cap = facts.get("memory_cap_bytes")
@@ -221,6 +245,10 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         if facts.get("fixes"):
             return f"{facts['fixes'][0][:1].upper()}{facts['fixes'][0][1:]}."
         return f"Fix the {facts.get('exception_type') or 'exception'} raised{where}."
+    if name == "CRASH" and facts.get("diverged_at"):
+        return (f"Make every rank issue the same collectives in the same order{where}: "
+                f"the ranks' collectives diverged at #{facts['diverged_at']} and rank "
+                f"{facts.get('rank')} died of {facts.get('signal_name') or 'a signal'} there.")
     if name == "CRASH":
         return (f"Look at the native call{where}: the process died of "
                 f"{facts.get('signal_name') or 'a signal'}; rerun it under gdb to see the "

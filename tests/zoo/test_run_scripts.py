@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from nsadiag.finding.numbers import sig
 from tests.helpers import REPO, SCRIPTS
 from tests.procs import owned_by, wait_for, with_cmdline, with_environ
 
@@ -211,6 +212,19 @@ def test_a_rank_aborted_by_a_collective_mismatch_is_explained_by_what_it_left(tm
                                f"(ddp_collective_mismatch.py:{line}) met rank 0's DDP gradient "
                                f"all_reduce #{n} (37,408 bytes, bucket 0)")
     assert "killed by a signal or the OOM killer" not in " ".join(reasons)
+    finding = summary["finding"]
+    assert finding["proof"].startswith(f"rank 1 killed by SIGABRT (signal 6) in a job that ran "
+                                       f"{sig(record['wall_s'])} s, without a Python exception")
+    assert "signal None" not in finding["proof"] and "after 0 s" not in finding["proof"]
+    assert finding["proof"].endswith(f"the ranks' collectives diverged at #{n} (their sizes and "
+                                     f"kinds differ)")
+    assert finding["culprit"]["where"] == f"ddp_collective_mismatch.py:{line}"
+    assert finding["next_action"].startswith("Make every rank issue the same collectives in "
+                                             "the same order")
+    assert "gdb" not in finding["next_action"]
+    roles = {p["role"] for p in json.loads((tmp_path / "run" / "evidence.json").read_text())
+             ["processes"]}
+    assert "the torchrun launcher" in roles and "a watched process" not in roles
 
 
 def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
