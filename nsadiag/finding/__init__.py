@@ -66,6 +66,9 @@ class Culprit:
     code       the source of ``line`` (stripped), None when it could not be read
     why        what the evidence says about it: "the loop over `t` ran 2,143 times"
     module     the module (e.g. "blocks.0") when a check names a module and no line
+    host_read  a loop's first line that reads a tensor's value on the host (``.item()``,
+               ``.tolist()``, ``.cpu()``, ``.numpy()``) in its body, as "25 `x.item()`";
+               None when the body has none or is not a loop
     """
 
     file: str | None
@@ -74,6 +77,7 @@ class Culprit:
     end_line: int | None = None
     code: str | None = None
     module: str | None = None
+    host_read: str | None = None
 
     def where(self) -> str:
         """FILE:LINE or FILE:FIRST-LAST; the module when there is no line."""
@@ -89,7 +93,7 @@ class Culprit:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Culprit:
         return cls(data["file"], data["line"], data["why"], data.get("end_line"),
-                   data.get("code"), data.get("module"))
+                   data.get("code"), data.get("module"), data.get("host_read"))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,21 @@ def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
     return found
 
 
+HOST_READ = re.compile(r"\.(?:item|tolist|cpu|numpy)\(\)")
+"""A call that copies a tensor's value to the host: a device sync on a GPU, a Python
+object per element on any device."""
+
+
+def host_read_in(path: str, span: tuple[int, int]) -> str | None:
+    """"25 `token = targets[count].item()`": the first line of the loop body ``span``
+    (its header excluded) that reads a tensor's value on the host; None without one."""
+    for line in range(span[0] + 1, span[1] + 1):
+        code = code_at(path, line)
+        if code and HOST_READ.search(code.split("#")[0]):
+            return f"{line} `{code}`"
+    return None
+
+
 def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
     """The loop of a SLOW by defect: the counter that advanced most in a function the
     forward or backward ran (stepping by one first), else (with ``hot_lines``) the loop
@@ -158,7 +174,10 @@ def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
         rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
         why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
                f"iterations{rate} while sampled)")
-        return _culprit(path, line, why, loop_around(path, line, loop["variable"]))
+        span = loop_around(path, line, loop["variable"])
+        found = _culprit(path, line, why, span)
+        read = host_read_in(path, span) if span else None
+        return replace(found, host_read=read) if read else found
     for hot in profile.get("hot_lines") or [] if hot_lines else []:
         if hot.get("phase") not in ("forward", "backward") or not hot.get("file"):
             continue

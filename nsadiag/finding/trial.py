@@ -214,10 +214,14 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
                 f"once, with no `.item()` inside it; then run the same command again.")
     if name == "SLOW" and facts.get("slow_by") is None:
+        if culprit is not None and culprit.host_read:
+            line, code = culprit.host_read.split(" ", 1)
+            return (f"Replace the loop{where} with tensor ops over all its iterations at "
+                    f"once: its body reads a value on the host once per iteration (line "
+                    f"{line} {code}); then run the same command again.")
         if culprit is not None:
-            return (f"The time goes to the loop{where}: if it runs once per token, replace it "
-                    f"with tensor ops over all tokens at once; otherwise give the run more "
-                    f"time.")
+            return (f"The time goes to the loop{where}: make its body cheaper or run it "
+                    f"fewer times, or give the run more time.")
         more = (f"more than its ETA ({duration(facts['eta_s'])})" if facts.get("eta_s")
                 else "more time")
         return (f"Give the run {more}, or count its work with `nsadiag sweep-layers "

@@ -17,7 +17,8 @@ LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)
 FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "put(timeout=...)", "get(timeout=...)", "wait(timeout=...)", "finally", "with",
             "try", "threading.RLock", "multiprocessing_context=\"spawn\"", "worker_init_fn",
-            "LOCK_NB", "timeout", "num_workers=0", "put"}
+            "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
+            "drop_last=True", "join"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -74,6 +75,15 @@ CHAINS = [
     WaitChain((Hop("poll", "the main thread polls `not os.path.exists(m)` in a sleep loop at "
                            "t.py:23, still looping at the stall", "t.py:23"),),
               "poll", "not os.path.exists(m)"),
+    WaitChain((Hop("collective", "rank 0 waits in all_reduce #5 (DDP bucket 0, 4 tensors), the "
+                                 "gradients of step 4 at t.py:44 (rank 0: 4 steps done)",
+                   "t.py:44"),
+               Hop("collective", "rank 1 never began step 4: it ran 4 steps and waits in "
+                                 "barrier #5 at t.py:49")),
+              "uneven-steps", "rank 0 began 5, rank 1 ran 4"),
+    WaitChain((Hop("collective", "rank 1 waits in all_reduce #3 (4 bytes) at t.py:20"),
+               Hop("collective", "rank 0 waits in all_reduce #3 (DDP bucket 0) at t.py:30")),
+              "collective-differs", "all_reduce #3 (4 bytes)"),
     WaitChain((Hop("frame", "the main thread waits at t.py:12 `f.result()`", "t.py:12"),
                Hop("unknown", "what would release it is not named by the evidence")),
               "unknown"),
@@ -90,10 +100,16 @@ def test_each_next_claim_follows_from_its_chain(chain):
     if chain.end == "unknown":
         assert said is None  # no cause is named where the chain names none
         said = next_action("DEADLOCK", {"wait_chain": chain.to_dict()}, None)
+    if chain.end == "collective-differs":
+        assert said is None  # the collective verdict's own sentence: an extra collective
+        said = next_action("STALL-COLLECTIVE", {"wait_chain": chain.to_dict()}, None)
+    if chain.end == "uneven-steps":
+        assert "same number of steps" in said and chain.subject in said
+        assert "some ranks only" not in said
     assert bool(LOCK_WORDS.search(said)) == (chain.has("lock") or chain.has("file-lock")), said
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
-        chain.end in ("pipe-eof",), said
+        chain.end in ("pipe-eof", "uneven-steps", "collective-differs"), said
     if chain.end == "poll":
         assert "timeout" in said and chain.subject in said
     if chain.end == "lock-lost-fork":
