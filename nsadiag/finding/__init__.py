@@ -69,6 +69,8 @@ class Culprit:
     host_read  a loop's first line that reads a tensor's value on the host (``.item()``,
                ``.tolist()``, ``.cpu()``, ``.numpy()``) in its body, as "25 `x.item()`";
                None when the body has none or is not a loop
+    retains    the container a loop keeps appending tensors to ("history"), when memory
+               grew per step and this line is what keeps it; None otherwise
     """
 
     file: str | None
@@ -78,6 +80,7 @@ class Culprit:
     code: str | None = None
     module: str | None = None
     host_read: str | None = None
+    retains: str | None = None
 
     def where(self) -> str:
         """FILE:LINE or FILE:FIRST-LAST; the module when there is no line."""
@@ -93,7 +96,8 @@ class Culprit:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Culprit:
         return cls(data["file"], data["line"], data["why"], data.get("end_line"),
-                   data.get("code"), data.get("module"), data.get("host_read"))
+                   data.get("code"), data.get("module"), data.get("host_read"),
+                   data.get("retains"))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 from nsadiag.evidence import StackFrame, StackSample
 from nsadiag.finding import Culprit
-from nsadiag.finding.numbers import count, sig
+from nsadiag.finding.numbers import count, sig, size
 from nsadiag.finding.source import (
     code_at,
     condition_above,
@@ -64,7 +64,9 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
         return wait_culprit(_samples(record.evidence))
     if name == "STALL-COLLECTIVE":
         return collective_culprit(record)
-    if name in ("ERROR", "OOM"):
+    if name == "OOM":
+        return retain_culprit(record) or error_culprit(record)
+    if name == "ERROR":
         return error_culprit(record)
     if name == "CRASH":
         return crash_culprit(record)
@@ -320,6 +322,42 @@ def error_culprit(record: TrialRecord) -> Culprit | None:
     if found is None:
         return None
     return _culprit(found[0], found[1], message)
+
+
+APPEND = re.compile(r"^\s*([\w.]+)\.(?:append|extend|add)\((.+)\)\s*(?:#.*)?$")
+KEPT_AS_VALUE = re.compile(r"\.item\(\)|\.detach\(\)|\.tolist\(\)|\bfloat\(|\bint\(")
+"""What a loop appends when it keeps a value, not a tensor with its autograd history."""
+
+
+def retain_culprit(record: TrialRecord) -> Culprit | None:
+    """For memory that grew per step: the line of the loop around the frame that keeps
+    allocating (the profile's memory holder) that appends a tensor, not its value, to a
+    container the loop does not create: what keeps every step's memory, rather than what
+    allocates it. None when the growth, the holder or such a line is missing."""
+    facts = record.verdict.get("facts") or {}
+    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+    split = _split_where(str(facts.get("rss_holder") or facts.get("cuda_holder") or ""))
+    if not growth or growth <= 0 or split is None:
+        return None
+    function, name, line = split
+    path = _full_path(record, function, name) or next(
+        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), None)
+    span = loop_around(path, line) if path else None
+    if path is None or span is None:
+        return None
+    codes = {n: code_at(path, n) or "" for n in range(span[0] + 1, span[1] + 1)}
+    for number, code in codes.items():
+        match = APPEND.match(code)
+        if match is None or KEPT_AS_VALUE.search(match[2]):
+            continue
+        container = match[1]
+        if any(re.match(rf"^\s*{re.escape(container)}\s*=", c) for c in codes.values()):
+            continue  # made anew in every pass: it keeps nothing across steps
+        found = _culprit(path, number, f"appends to `{container}` in every pass of the loop "
+                         f"at line {span[0]}, which keeps what each step's tensor holds: "
+                         f"memory grew {size(growth)} per step")
+        return replace(found, retains=container)
+    return None
 
 
 def crash_culprit(record: TrialRecord) -> Culprit | None:

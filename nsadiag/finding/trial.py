@@ -171,8 +171,10 @@ def proof_of(record: TrialRecord) -> str | None:
     if name == "OOM":
         peak = facts.get("peak_cuda") or facts.get("peak_rss")
         cap = facts.get("memory_cap_bytes")
+        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
         return (f"peak {size(peak)}" if peak else "the allocation failed") + \
-            (f" against the {size(cap)} cap" if cap else "")
+            (f" against the {size(cap)} cap" if cap else "") + \
+            (f"; memory grew {size(growth)} per step" if growth and growth > 0 else "")
     if name == "INCONCLUSIVE":
         load = facts.get("load") or {}
         got = f", the main thread got {share(load['got'])} of the CPU it asked for" \
@@ -257,6 +259,11 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Look at the native call{where}: the process died of "
                 f"{facts.get('signal_name') or 'a signal'}; rerun it under gdb to see the "
                 f"native frame.")
+    if name == "OOM" and culprit is not None and culprit.retains:
+        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+        return (f"Keep the value, not the tensor, in `{culprit.retains}`{where}: append "
+                f"`.item()` (or a `.detach()`ed tensor), so no step's graph and activations "
+                f"outlive the step; memory grew {size(growth)} per step.")
     if name == "OOM":
         return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
                 "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from nsadiag.evidence import StackFrame
 from nsadiag.finding import Culprit
-from nsadiag.finding.culprit import host_read_in
+from nsadiag.finding.culprit import host_read_in, retain_culprit
 from nsadiag.finding.trial import next_action, proof_of
 from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
@@ -74,3 +74,42 @@ def test_a_ranks_crash_names_its_signal_number_the_jobs_time_and_the_mismatch():
     assert proof_of(single) == "killed by SIGSEGV (signal 11) after 3.0 s, without a Python " \
                                "exception"
     assert "gdb" in next_action("CRASH", single.verdict["facts"], None)
+
+
+LEAK = """import torch
+
+
+def main(model, val_x):
+    history = []
+    for step in range(100):
+        losses = []
+        val_loss = model(val_x).mean()
+        losses.append(val_loss)
+        history.append(val_loss)
+        print(sum(v.item() for v in history))
+"""
+
+
+def _oom(script, facts: dict) -> TrialRecord:
+    return TrialRecord(spec={"command": ["python", str(script)]}, evidence={},
+                       verdict={"name": "OOM", "reasons": ["the command raised MemoryError"],
+                                "facts": facts}, trial_dir="/nonexistent", wall_s=20.0)
+
+
+def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tensor(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LEAK)
+    facts = {"rss_growth_per_step": 18 * 2**20, "rss_holder": "main (train.py:8)"}
+    culprit = retain_culprit(_oom(script, facts))
+    # the list made anew in every pass keeps nothing across steps; `history` does
+    assert culprit is not None and culprit.line == 10 and culprit.retains == "history"
+    assert culprit.why.endswith("memory grew 18.0 MiB per step")
+    said = next_action("OOM", facts, culprit)
+    assert said.startswith("Keep the value, not the tensor, in `history` at ")
+    assert said.endswith("memory grew 18.0 MiB per step.")
+    values = tmp_path / "values.py"  # the source is read once per file: another file
+    values.write_text(LEAK.replace("history.append(val_loss)",
+                                   "history.append(val_loss.item())"))
+    kept = {**facts, "rss_holder": "main (values.py:8)"}
+    assert retain_culprit(_oom(values, kept)) is None  # keeps values: nothing to blame
+    assert retain_culprit(_oom(script, {"rss_holder": "main (train.py:8)"})) is None

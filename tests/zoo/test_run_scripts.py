@@ -265,3 +265,11 @@ def test_a_loop_that_keeps_each_steps_graph_dies_of_memory_naming_the_line(tmp_p
     assert facts["rss_growth_per_step"] > 16 * 2**20  # 1024 x 512 activations x 5 tensors
     line = _line("loss_history_leak.py", "val_losses.append(")
     assert facts["rss_holder"] == f"main (loss_history_leak.py:{line})"
+    # blamed on what keeps it: the container the loop appends each step's tensor to
+    culprit = summary["finding"]["culprit"]
+    assert culprit["where"] == f"loss_history_leak.py:{line}"
+    assert culprit["retains"] == "val_losses"
+    assert summary["finding"]["next_action"].startswith(
+        f"Keep the value, not the tensor, in `val_losses` at loss_history_leak.py:{line}: "
+        f"append `.item()`")
+    assert "checkpointing" not in summary["finding"]["next_action"]
