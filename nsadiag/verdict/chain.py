@@ -430,14 +430,43 @@ def _start(sample: StackSample) -> ThreadStack | None:
     return (waiting or threads or [None])[0]
 
 
-def wait_chain(evidence: Evidence) -> WaitChain | None:
-    """The wait chain of a stalled process's evidence; None without a stack sample."""
-    process = _process(evidence.stall, evidence.thread_exceptions)
+def stall_chain(stall: StallEvidence | None, died: Sequence[dict[str, Any]] = (),
+                others: Sequence[dict[str, Any]] = ()) -> WaitChain | None:
+    """The wait chain of a stalled process: its stall evidence, the exceptions that ended
+    its other threads (``died``) and the other processes of the job sampled at the stall
+    (``others``: Evidence.others); None without a stack sample."""
+    process = _process(stall, died)
     if process is None:
         return None
     thread = _start(process.sample)
     if thread is None:
         return None
-    others = [p for p in (_process(StallEvidence.from_dict(o["stall"]), (), str(o.get("role")))
-                          for o in evidence.others if o.get("stall")) if p is not None]
-    return _thread_chain(process, thread, others)
+    sampled = [p for p in (_process(StallEvidence.from_dict(o["stall"]), (), str(o.get("role")))
+                           for o in others if o.get("stall")) if p is not None]
+    return _thread_chain(process, thread, sampled)
+
+
+def wait_chain(evidence: Evidence) -> WaitChain | None:
+    """The wait chain of a stalled process's evidence (``stall_chain``)."""
+    return stall_chain(evidence.stall, evidence.thread_exceptions, evidence.others)
+
+
+CHAIN_REASON = "wait chain: "
+
+
+def add_chain(verdict: Any, chain: WaitChain | None) -> None:
+    """Put a DEADLOCK's chain, or a STALL-BUSY's that names what it spins on, into the
+    verdict's facts ("wait_chain") and its sentence second among its reasons (replacing
+    one built from less evidence). A busy process whose chain ends unknown has nothing to
+    wait for, and gets none."""
+    if chain is None or verdict.name not in ("DEADLOCK", "STALL-BUSY") or \
+            verdict.name == "STALL-BUSY" and chain.end == "unknown":
+        return
+    verdict.facts["wait_chain"] = chain.to_dict()
+    sentence = CHAIN_REASON + chain.printed()
+    index = next((i for i, r in enumerate(verdict.reasons) if r.startswith(CHAIN_REASON)),
+                 None)
+    if index is None:
+        verdict.reasons.insert(1, sentence)
+    else:
+        verdict.reasons[index] = sentence

@@ -35,7 +35,7 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
-from nsadiag.verdict.chain import wait_chain
+from nsadiag.verdict.chain import add_chain, wait_chain
 from nsadiag.verdict.facts import (
     add_load,
     position_facts,
@@ -362,15 +362,9 @@ def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
 
 
 def _add_wait_chain(evidence: Evidence, verdict: Verdict) -> None:
-    """The wait chain of a stuck process (nsadiag.verdict.chain), into facts "wait_chain"
-    and a sentence second among the reasons."""
-    if verdict.name not in ("DEADLOCK", "STALL-BUSY"):
-        return
-    chain = wait_chain(evidence)
-    if chain is None:
-        return
-    verdict.facts["wait_chain"] = chain.to_dict()
-    verdict.reasons.insert(1, f"wait chain: {chain.printed()}")
+    """The wait chain of a stuck process (nsadiag.verdict.chain) followed with what only
+    the whole run knows: the exceptions of its other threads, its other processes."""
+    add_chain(verdict, wait_chain(evidence))
 
 
 def _add_others(evidence: Evidence, verdict: Verdict) -> None:

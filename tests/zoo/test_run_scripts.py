@@ -241,8 +241,8 @@ def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
         f"the main thread waits for an item from `batches` at producer_thread_dies.py:{get} "
         f"-> thread producer died of ValueError: invalid literal for int() with base 10: "
         f"'corrupt' at ")
-    assert reasons[1] == f"wait chain: {chain['printed']}"
-    assert reasons[2].startswith("an exception ended another thread: thread producer died of "
+    assert reasons[2] == f"wait chain: {chain['printed']}"
+    assert reasons[1].startswith("an exception ended another thread: thread producer died of "
                                  "ValueError: invalid literal for int() with base 10: "
                                  "'corrupt' at ")
     assert summary["finding"]["next_action"].startswith(
