@@ -37,7 +37,8 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
-from nsadiag.probes.waits import ProcessWaits, Scope
+from nsadiag.probes.waits import ProcessWaits, Scope, ThreadWait
+from nsadiag.verdict.names import Verdict
 
 HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
         "worker", "poll", "collective", "frame", "unknown")
@@ -145,7 +146,7 @@ def _holds(scopes: Sequence[Scope], thread: ThreadStack, lock: str) -> Scope | N
                  any(text == lock for text, _ in scope.withs)), None)
 
 
-def _os_wait(waits: ProcessWaits | None, thread: ThreadStack) -> Any:
+def _os_wait(waits: ProcessWaits | None, thread: ThreadStack) -> ThreadWait | None:
     if waits is None:
         return None
     return waits.thread(thread.os_thread_id) or (
@@ -454,7 +455,7 @@ def wait_chain(evidence: Evidence) -> WaitChain | None:
 CHAIN_REASON = "wait chain: "
 
 
-def add_chain(verdict: Any, chain: WaitChain | None) -> None:
+def add_chain(verdict: Verdict, chain: WaitChain | None) -> None:
     """Put a DEADLOCK's chain, or a STALL-BUSY's that names what it spins on, into the
     verdict's facts ("wait_chain") and its sentence second among its reasons (replacing
     one built from less evidence). A busy process whose chain ends unknown has nothing to
