@@ -176,8 +176,11 @@ def slow_culprit(record: TrialRecord, hot_lines: bool = True) -> Culprit | None:
         rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
         why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
                f"iterations{rate} while sampled)")
-        span = loop_around(path, line, loop["variable"])
-        found = _culprit(path, line, why, span)
+        # the counter may be seen on a line past its loop (its variable outlives it):
+        # the loop whose header the profile recorded then
+        span = loop_around(path, line, loop["variable"]) or (
+            loop_at(path, int(loop["for_line"])) if loop.get("for_line") else None)
+        found = _culprit(path, span[0] if span else line, why, span)
         read = host_read_in(path, span) if span else None
         return replace(found, host_read=read) if read else found
     for hot in profile.get("hot_lines") or [] if hot_lines else []:

@@ -433,6 +433,19 @@ def _rank_place(rank: RankEvidence) -> str:
     return f" at {at(found[0])}" if found else ""
 
 
+def _loop_of(rank: RankEvidence) -> tuple[str, int] | None | bool:
+    """The loop (header, line) around the rank's own line in its last sample, by the
+    scopes read at the stall (nsadiag.probes.scopes); None outside any loop; False when
+    unknown (no sample, no scope of that line)."""
+    found = user_frame(rank.stall.samples) if rank.stall and rank.stall.samples else None
+    waits = rank.stall.waits if rank.stall else None
+    if found is None or waits is None:
+        return False
+    scope = next((s for s in waits.scopes if s.file == found[0].file and
+                  s.line == found[0].line), None)
+    return False if scope is None else scope.loop
+
+
 def _ranks_words(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {_join(ranks)}"
 
@@ -446,7 +459,8 @@ def collective_chain(job: Evidence, ranks: Sequence[RankEvidence],
 
     uneven-steps        the ranks ahead wait in DDP's gradient collective of a step that the
                         ranks behind never began (their step counts), while those wait in a
-                        collective after their loop;
+                        collective outside the loop the ranks ahead are in (the scopes read
+                        at the stall);
     (the rank's own)    the ranks behind issued no collective there: their own chain;
     collective-differs  the ranks issued different collectives at the same number.
     None without a divergence."""
@@ -458,7 +472,12 @@ def collective_chain(job: Evidence, ranks: Sequence[RankEvidence],
     behind = [r for r in ranks if r not in ahead]
     step = min(((waits[r.rank] or {}).get("step") for r in ahead), default=None,
                key=lambda n: -1 if n is None else n)
-    if ahead and behind and isinstance(step, int) and \
+    loops = {r.rank: _loop_of(r) for r in ranks}
+    # the ranks behind left the loop the ranks ahead are still in: their steps ran out
+    # (a collective inside that same loop, issued on some ranks only, is not uneven data)
+    left = all(loops[r.rank] is not False and loops[a.rank] and
+               loops[r.rank] != loops[a.rank] for r in behind for a in ahead)
+    if ahead and behind and isinstance(step, int) and left and \
             all(done[r.rank] <= step and waits[r.rank] for r in behind):
         hops = [Hop("collective", f"{_ranks_words([r.rank for r in ahead])} "
                                   f"{'wait' if len(ahead) > 1 else 'waits'} in "

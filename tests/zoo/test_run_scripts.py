@@ -136,6 +136,9 @@ def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
     # collective giving up: the ranks were stopped at the stall, no rank timed out
     assert record["evidence"]["outcome"]["kill_reason"] == "stall"
     assert facts["pg_timeout"] is False
+    # an extra collective inside the loop both ranks are in is not uneven data
+    assert facts["wait_chain"]["end"] == "collective-differs"
+    assert "same number of steps" not in summary["finding"]["next_action"]
     assert all(rank["stall"] and rank["stall"]["samples"] for rank in record["evidence"]["ranks"])
 
 
