@@ -29,7 +29,7 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"{_where(chain, 0)}{_where(chain, -1).replace(' at ', ' and ')}.")
     if end == "lock-self":
         return (f"Do not take the lock `{subject}` again while the same thread holds it"
-                f"{_where(chain, -1)}: release it before the call that leads to"
+                f"{_where(chain, -1)}: release it before the call that leads to the wait"
                 f"{_where(chain, 0)}, or make it a `threading.RLock`.")
     if end == "queue-full":
         return (f"Do not hold the lock `{subject}` across a blocking `put`"

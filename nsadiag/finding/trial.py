@@ -264,6 +264,14 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Keep the value, not the tensor, in `{culprit.retains}`{where}: append "
                 f"`.item()` (or a `.detach()`ed tensor), so no step's graph and activations "
                 f"outlive the step; memory grew {size(growth)} per step.")
+    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+    holder = facts.get("rss_holder") or facts.get("cuda_holder")
+    if name == "OOM" and growth and growth > 0 and holder:
+        return (f"Find what outlives each step: memory grew {size(growth)} per step and "
+                f"{holder} took it in step after step without giving it back, so something "
+                f"kept across steps holds it (a list of tensors with their graph, a cache); "
+                f"keep values (`.item()`, `.detach()`) instead. A larger limit only delays "
+                f"the failure.")
     if name == "OOM":
         return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
                 "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")

@@ -113,3 +113,14 @@ def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tens
     kept = {**facts, "rss_holder": "main (values.py:8)"}
     assert retain_culprit(_oom(values, kept)) is None  # keeps values: nothing to blame
     assert retain_culprit(_oom(script, {"rss_holder": "main (train.py:8)"})) is None
+
+
+def test_memory_that_grows_without_a_named_container_is_not_given_peak_advice():
+    facts = {"rss_growth_per_step": 36 * 2**20, "rss_holder": "main (train.py:8)"}
+    said = next_action("OOM", facts, None)
+    assert said.startswith("Find what outlives each step: memory grew 36.0 MiB per step and "
+                           "main (train.py:8) took it in step after step")
+    assert "checkpointing" not in said
+    # a peak, or a growth no frame was seen keeping: the peak advice
+    assert "checkpointing" in next_action("OOM", {}, None)
+    assert "checkpointing" in next_action("OOM", {"rss_growth_per_step": 2**20}, None)
