@@ -61,7 +61,7 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
         return busy_culprit(_samples(record.evidence), native=(
             (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
     if name == "DEADLOCK":
-        return wait_culprit(_samples(record.evidence))
+        return wait_culprit(_samples(record.evidence)) or chain_culprit(record)
     if name == "STALL-COLLECTIVE":
         return collective_culprit(record)
     if name == "OOM":
@@ -266,6 +266,22 @@ def wait_culprit(samples: Sequence[StackSample]) -> Culprit | None:
         return None
     return _culprit(frame.file, frame.line, f"the thread waits here in all {len(samples)} "
                     f"samples, using no CPU", code=frame.code)
+
+
+def chain_culprit(record: TrialRecord) -> Culprit | None:
+    """The user line the wait chain starts at (a wait the stacks do not show as one: a
+    `flock` in the kernel), from the frame of the last sample standing at it."""
+    chain = (record.verdict.get("facts") or {}).get("wait_chain") or {}
+    first = (chain.get("hops") or [{}])[0]
+    samples = _samples(record.evidence)
+    if not first.get("where") or not samples:
+        return None
+    for thread in samples[-1].threads:
+        for frame in thread.frames:
+            if own_code(frame) and f"{Path(frame.file).name}:{frame.line}" == first["where"]:
+                return _culprit(frame.file, frame.line, "the thread waits here in every "
+                                "sample: the first hop of the wait chain", code=frame.code)
+    return None
 
 
 def collective_culprit(record: TrialRecord) -> Culprit | None:

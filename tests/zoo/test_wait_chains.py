@@ -65,6 +65,8 @@ def test_each_stuck_script_names_its_chain_and_a_next_step_from_its_end(tmp_path
         summary["finding"]["next_action"]
     assert "lock" not in summary["finding"]["next_action"] or end in ("queue-full",
                                                                       "file-lock")
+    if end == "file-lock":  # a wait in the kernel: the line is the chain's first hop
+        assert summary["finding"]["culprit"]["where"] == chain["hops"][0]["where"]
 
 
 def test_a_host_read_loop_in_the_loss_is_named_with_per_iteration_advice(tmp_path):
