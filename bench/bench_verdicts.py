@@ -2,7 +2,7 @@
 
     python bench/bench_verdicts.py [--only NAME ...] [--conditions quiet,loaded]
                                    [--out reports/verdicts-under-load.md] [--json PATH]
-                                   [--from-json PATH ...]
+                                   [--from-json PATH ...] [--pty] [--causes-out PATH]
 
 Diagnoses every fault-zoo entry (repro.ZOO, as `nsadiag env --self-test` does) and runs
 every script of repro/scripts/ under `nsadiag run` with the options its docstring gives,
@@ -14,13 +14,20 @@ With --out, writes the table and the load averages into that Markdown file, abov
 "## What the progress sampler costs" section, which is kept. --json keeps the results;
 --from-json writes the table from results kept by earlier runs (parts of the entries, in
 the order given, each part's condition measured in one go) instead of measuring.
+
+Each script's row also says whether the cause its report printed is the one its docstring
+states (CAUSES) and keeps the chain and Next as printed; --causes-out writes that table,
+with the p50 and p90 time to verdict per condition, as its own section of a Markdown file;
+--pty runs each `nsadiag run` in a pseudo-terminal, as a person at a terminal would.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -45,7 +52,58 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
                                    ["torchrun", "{script}"]),
     "producer_thread_dies.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
     "loss_history_leak.py": ("OOM", [], ["ulimit", "{script}"]),
+    "two_locks_opposite_order.py": ("DEADLOCK", ["--stall-timeout", "5"],
+                                    ["python", "{script}"]),
+    "lock_across_queue_put.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
+    "child_never_exits.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
+    "file_lock_sibling.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
+    "poll_for_file.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
+    "ddp_uneven_data.py": ("STALL-COLLECTIVE", ["--stall-timeout", "10"],
+                           ["torchrun", "{script}"]),
+    "ddp_rank_polls_file.py": ("STALL-COLLECTIVE", ["--stall-timeout", "10"],
+                               ["torchrun", "{script}"]),
+    "loss_token_loop.py": ("SLOW", ["--deadline", "15", "--stall-timeout", "30"],
+                           ["python", "{script}"]),
+    "val_history_graph.py": ("OOM", [], ["ulimit", "{script}"]),
 }
+CAUSES: dict[str, str] = {
+    "slow_token_loop.py": "host read in a loop", "grad_hook_deadlock.py": "lock-self",
+    "ddp_extra_allreduce.py": "collective-differs", "new_session_helper.py": "none",
+    "dataloader_worker_hang.py": "lock-lost-fork",
+    "ddp_collective_mismatch.py": "collective mismatch",
+    "producer_thread_dies.py": "producer-died", "loss_history_leak.py": "retains val_losses",
+    "two_locks_opposite_order.py": "lock-cycle", "lock_across_queue_put.py": "queue-full",
+    "child_never_exits.py": "pipe-eof", "file_lock_sibling.py": "file-lock",
+    "poll_for_file.py": "poll", "ddp_uneven_data.py": "uneven-steps",
+    "ddp_rank_polls_file.py": "poll", "loss_token_loop.py": "host read in a loop",
+    "val_history_graph.py": "retains history",
+}
+"""Each script's true cause, as its docstring states it, in the words cause_of prints: a
+stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), a loop whose body reads the host,
+the container that retains a growing memory, a collective mismatch a rank died of."""
+
+
+def cause_of(summary: dict[str, Any], record: dict[str, Any]) -> str:
+    """The cause a run's report printed, in CAUSES' words: its wait chain's end, else what
+    its culprit says (a host read in a loop, the container that retains), else a collective
+    mismatch a crash named, else "none"."""
+    facts = record.get("verdict", {}).get("facts") or {}
+    if facts.get("wait_chain"):
+        return facts["wait_chain"]["end"]
+    culprit = (summary.get("finding") or {}).get("culprit") or {}
+    if culprit.get("host_read"):
+        return "host read in a loop"
+    if culprit.get("retains"):
+        return f"retains {culprit['retains']}"
+    if summary.get("verdict") == "CRASH" and facts.get("diverged_at"):
+        return "collective mismatch"
+    return "none"
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (p50: fraction 0.5)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 def command(kind: str, script: Path) -> list[str]:
@@ -59,20 +117,32 @@ def command(kind: str, script: Path) -> list[str]:
     return [sys.executable, str(script)]
 
 
-def run_script(name: str, out: Path) -> dict[str, Any]:
+def run_script(name: str, out: Path, pty: bool = False) -> dict[str, Any]:
+    """One script under `nsadiag run` (in a pseudo-terminal, through `script`, with
+    ``pty``): its verdict, the cause printed against CAUSES, the chain and Next as printed,
+    and the seconds to the verdict."""
     expected, options, (kind, _) = SCRIPT_RUNS[name]
+    argv = [sys.executable, "-m", "nsadiag.cli", "run", *options, "--out", str(out), "--",
+            *command(kind, SCRIPTS / name)]
+    if pty:
+        argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "nsadiag.cli", "run", *options, "--out",
-                           str(out), "--", *command(kind, SCRIPTS / name)], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - started
     try:
         summary = json.loads((out / "summary.json").read_text())
+        record = json.loads((out / "record.json").read_text())
         got, reason = summary["verdict"], summary["headline"]
     except (OSError, ValueError, KeyError):
         got, reason = f"exit {done.returncode}", done.stderr.strip()[-300:]
+        summary, record = {}, {}
+    cause = cause_of(summary, record)
+    finding = summary.get("finding") or {}
     return {"entry": name, "kind": "script", "expected": expected, "got": got,
-            "match": got == expected, "reason": reason, "seconds": seconds}
+            "match": got == expected, "reason": reason, "seconds": seconds,
+            "cause": cause, "cause_expected": CAUSES[name],
+            "cause_right": cause == CAUSES[name], "chain": finding.get("chain"),
+            "next": (finding.get("next_action") or "").split(" Rerun: ")[0]}
 
 
 def run_zoo(name: str) -> dict[str, Any]:
@@ -86,7 +156,7 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def one_condition(names: list[str], burners: int) -> dict[str, Any]:
+def one_condition(names: list[str], burners: int, pty: bool = False) -> dict[str, Any]:
     from repro import ZOO
 
     started: list[subprocess.Popen] = []
@@ -99,7 +169,8 @@ def one_condition(names: list[str], burners: int) -> dict[str, Any]:
         load_start = loadavg()
         with tempfile.TemporaryDirectory(prefix="bench-verdicts-") as tmp:
             for name in names:
-                row = run_zoo(name) if name in ZOO else run_script(name, Path(tmp) / name)
+                row = run_zoo(name) if name in ZOO else run_script(name, Path(tmp) / name,
+                                                                   pty)
                 rows.append(row)
                 print(f"{'loaded' if burners else 'quiet '} {row['entry']:<28} "
                       f"{row['expected']:<17} {row['got']:<17} {row['seconds']:6.1f} s",
@@ -148,6 +219,32 @@ def table(conditions: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def cause_table(conditions: dict[str, dict[str, Any]]) -> list[str]:
+    """Per script and condition: the verdict, whether the printed cause is the stated one,
+    and the seconds to the verdict; then p50 and p90 of those seconds per condition."""
+    heads = {"quiet": "no added load", "loaded": "two burners"}
+    names = [row["entry"] for row in next(iter(conditions.values()))["rows"]
+             if row["kind"] == "script"]
+    lines = ["| script | stated cause | " + " | ".join(
+        f"{heads[c]}: verdict | cause right | time to verdict" for c in conditions) + " |",
+        "|---|---|" + "---|---|---|" * len(conditions)]
+    for name in names:
+        cells = []
+        for found in conditions.values():
+            row = next(r for r in found["rows"] if r["entry"] == name)
+            right = "yes" if row.get("cause_right") else f"no ({row.get('cause')})"
+            cells += [row["got"], right, f"{row['seconds']:.1f} s"]
+        lines.append(f"| {name} | {CAUSES[name]} | " + " | ".join(cells) + " |")
+    for condition, found in conditions.items():
+        times = [r["seconds"] for r in found["rows"] if r["kind"] == "script"]
+        right = sum(bool(r.get("cause_right")) for r in found["rows"] if r["kind"] == "script")
+        lines.append("")
+        lines.append(f"{heads[condition]}: cause right {right} of {len(times)}; time to "
+                     f"verdict p50 {percentile(times, 0.5):.1f} s, p90 "
+                     f"{percentile(times, 0.9):.1f} s.")
+    return lines
+
+
 def write_report(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
     kept = ""
     if path.exists() and KEPT_FROM in path.read_text():
@@ -175,6 +272,34 @@ def write_report(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
     path.write_text("\n".join(text) + ("\n" + kept if kept else ""))
 
 
+CAUSES_SECTION = "## Causes and time to verdict"
+
+
+def write_causes(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
+    """The cause table (cause_table) as the CAUSES_SECTION of ``path``, replacing that
+    section where it stands and keeping every other section."""
+    text = path.read_text() if path.exists() else ""
+    load = ", ".join(f"{c} load {min(d.get('ends') or [d['load'][1]]):.1f}-"
+                     f"{max(d.get('ends') or [d['load'][1]]):.1f}"
+                     for c, d in conditions.items())
+    section = "\n".join([
+        CAUSES_SECTION, "",
+        f"Measured on {time.strftime('%Y-%m-%d')} by `bench/bench_verdicts.py --causes-out`: "
+        f"every script of `repro/scripts/` under `nsadiag run` in a pseudo-terminal (`script "
+        f"-qfec`), with no load added and with two burners ({load}). \"cause right\": the "
+        f"cause the report printed (a stuck run's wait-chain end, a loop whose body reads the "
+        f"host, the container that retains a growing memory, the collective mismatch a rank "
+        f"died of) is the one the script's docstring states; the time is the whole `nsadiag "
+        f"run`, start-up included.", "", *cause_table(conditions), ""])
+    if CAUSES_SECTION in text:
+        before, after = text.split(CAUSES_SECTION, 1)
+        rest = after[after.index("\n## "):] if "\n## " in after else ""
+        text = before + section + rest
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None)
@@ -182,6 +307,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--from-json", type=Path, nargs="*", default=None)
+    parser.add_argument("--pty", action="store_true",
+                        help="run each script's nsadiag in a pseudo-terminal (script -qfec)")
+    parser.add_argument("--causes-out", type=Path, default=None,
+                        help="write the cause table into this Markdown file's own section")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from repro import ZOO
@@ -192,12 +321,14 @@ def main() -> None:
     if args.from_json:
         conditions = merged([json.loads(path.read_text()) for path in args.from_json])
     else:
-        conditions = {c: one_condition(names, 2 if c == "loaded" else 0)
+        conditions = {c: one_condition(names, 2 if c == "loaded" else 0, args.pty)
                       for c in args.conditions.split(",")}
     if args.json:
         args.json.write_text(json.dumps(conditions, indent=1))
     if args.out:
         write_report(args.out, conditions)
+    if args.causes_out:
+        write_causes(args.causes_out, conditions)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from nsadiag.probes.waits import ProcessWaits
+
 
 @dataclass
 class ProcessOutcome:
@@ -191,7 +193,8 @@ class StallEvidence:
     ``opportunity_s`` is how long the job had to progress (quiet time minus run-queue
     waits) and ``stretched`` says the stall was declared after the watcher's longest wait
     although the processes had less opportunity than the stall timeout (a contended
-    machine).
+    machine). ``waits`` is what the OS said the process and its children waited on at the
+    end of the window (nsadiag.probes.waits.ProcessWaits; None when not read).
     """
 
     since_last_event_s: float
@@ -205,6 +208,7 @@ class StallEvidence:
     runq_delta_s: float | None = None
     opportunity_s: float | None = None
     stretched: bool = False
+    waits: ProcessWaits | None = None
 
     def cpu_fraction(self) -> float | None:
         """CPU seconds per wall second over the window, None when unknown."""
@@ -233,6 +237,7 @@ class StallEvidence:
             "runq_delta_s": self.runq_delta_s,
             "opportunity_s": self.opportunity_s,
             "stretched": self.stretched,
+            **({"waits": self.waits.to_dict()} if self.waits is not None else {}),
         }
 
     @classmethod
@@ -249,6 +254,7 @@ class StallEvidence:
             runq_delta_s=data.get("runq_delta_s"),
             opportunity_s=data.get("opportunity_s"),
             stretched=bool(data.get("stretched", False)),
+            waits=ProcessWaits.from_dict(data["waits"]) if data.get("waits") else None,
         )
 
 

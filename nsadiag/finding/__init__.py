@@ -66,6 +66,11 @@ class Culprit:
     code       the source of ``line`` (stripped), None when it could not be read
     why        what the evidence says about it: "the loop over `t` ran 2,143 times"
     module     the module (e.g. "blocks.0") when a check names a module and no line
+    host_read  a loop's first line that reads a tensor's value on the host (``.item()``,
+               ``.tolist()``, ``.cpu()``, ``.numpy()``) in its body, as "25 `x.item()`";
+               None when the body has none or is not a loop
+    retains    the container a loop keeps appending tensors to ("history"), when memory
+               grew per step and this line is what keeps it; None otherwise
     """
 
     file: str | None
@@ -74,6 +79,8 @@ class Culprit:
     end_line: int | None = None
     code: str | None = None
     module: str | None = None
+    host_read: str | None = None
+    retains: str | None = None
 
     def where(self) -> str:
         """FILE:LINE or FILE:FIRST-LAST; the module when there is no line."""
@@ -89,7 +96,8 @@ class Culprit:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Culprit:
         return cls(data["file"], data["line"], data["why"], data.get("end_line"),
-                   data.get("code"), data.get("module"))
+                   data.get("code"), data.get("module"), data.get("host_read"),
+                   data.get("retains"))
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,8 @@ def warn(text: str) -> Item:
 class Finding:
     """What one run found (see the module docstring). ``subject`` says what ran ("nsa, 4
     layers, S=2048"); ``headline`` is the one line a terminal prints; ``status`` is
-    summary.json's (STATUSES); ``results`` the systematic results, one item each."""
+    summary.json's (STATUSES); ``results`` the systematic results, one item each;
+    ``chain`` a stuck run's wait chain as printed (nsadiag.verdict.chain), None otherwise."""
 
     command: str
     verdict: str
@@ -136,6 +145,7 @@ class Finding:
     ruled_out: list[Item] = field(default_factory=list)
     implicated: list[Item] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
+    chain: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -163,7 +173,8 @@ class Finding:
         return cls(data["command"], data["verdict"], data["kind"], data["status"],
                    data["headline"], data["subject"], data["next_action"], culprit,
                    data.get("proof"), list(data.get("summary") or []), **lists,
-                   recommendations=list(data.get("recommendations") or []))
+                   recommendations=list(data.get("recommendations") or []),
+                   chain=data.get("chain"))
 
 
 def words(text: str) -> int:

@@ -28,14 +28,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nsadiag import runfiles
 from nsadiag.evidence import StackFrame, StackSample
 from nsadiag.finding import Culprit
-from nsadiag.finding.numbers import count, sig
-from nsadiag.finding.source import DUMP_NAME, MAX_DUMP_BYTES, Sources, sources_of
+from nsadiag.finding.numbers import count, sig, size
+from nsadiag.finding.source import (
+    APPEND,
+    DUMP_NAME,
+    HOST_READ,
+    MAX_DUMP_BYTES,
+    Sources,
+    sources_of,
+)
 from nsadiag.probes.frames import busy_threads, own_code, user_frame, wait_frame
 from nsadiag.rundir import TrialRecord
 
@@ -59,10 +67,13 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
         return busy_culprit(_samples(record.evidence), sources, native=(
             (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
     if name == "DEADLOCK":
-        return wait_culprit(_samples(record.evidence), sources)
+        return wait_culprit(_samples(record.evidence), sources) or \
+            chain_culprit(record, sources)
     if name == "STALL-COLLECTIVE":
         return collective_culprit(record, sources)
-    if name in ("ERROR", "OOM"):
+    if name == "OOM":
+        return retain_culprit(record, sources) or error_culprit(record, sources)
+    if name == "ERROR":
         return error_culprit(record, sources)
     if name == "CRASH":
         return crash_culprit(record, sources)
@@ -151,6 +162,16 @@ def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
     return found
 
 
+def host_read_in(sources: Sources, path: str, span: tuple[int, int]) -> str | None:
+    """"25 `token = targets[count].item()`": the first line of the loop body ``span``
+    (its header excluded) that reads a tensor's value on the host; None without one."""
+    for line in range(span[0] + 1, span[1] + 1):
+        code = sources.code_at(path, line)
+        if code and HOST_READ.search(code.split("#")[0]):
+            return f"{line} `{code}`"
+    return None
+
+
 def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
                  ) -> Culprit | None:
     """The loop of a SLOW by defect: the counter that advanced most in a function the
@@ -169,8 +190,13 @@ def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
         rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
         why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
                f"iterations{rate} while sampled)")
-        return _culprit(sources, path, line, why,
-                        sources.loop_around(path, line, loop["variable"]))
+        # the counter may be seen on a line past its loop (its variable outlives it):
+        # the loop whose header the profile recorded then
+        span = sources.loop_around(path, line, loop["variable"]) or (
+            sources.loop_at(path, int(loop["for_line"])) if loop.get("for_line") else None)
+        found = _culprit(sources, path, span[0] if span else line, why, span)
+        read = host_read_in(sources, path, span) if span else None
+        return replace(found, host_read=read) if read else found
     for hot in profile.get("hot_lines") or [] if hot_lines else []:
         if hot.get("phase") not in ("forward", "backward") or not hot.get("file"):
             continue
@@ -259,6 +285,23 @@ def wait_culprit(samples: Sequence[StackSample], sources: Sources) -> Culprit | 
                     f"samples, using no CPU", code=frame.code)
 
 
+def chain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
+    """The user line the wait chain starts at (a wait the stacks do not show as one: a
+    `flock` in the kernel), from the frame of the last sample standing at it."""
+    chain = (record.verdict.get("facts") or {}).get("wait_chain") or {}
+    first = (chain.get("hops") or [{}])[0]
+    samples = _samples(record.evidence)
+    if not first.get("where") or not samples:
+        return None
+    for thread in samples[-1].threads:
+        for frame in thread.frames:
+            if own_code(frame) and f"{Path(frame.file).name}:{frame.line}" == first["where"]:
+                return _culprit(sources, frame.file, frame.line, "the thread waits here in "
+                                "every sample: the first hop of the wait chain",
+                                code=frame.code)
+    return None
+
+
 def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line of the odd rank's collective (the one the other ranks never joined),
     with the condition it is issued under."""
@@ -274,7 +317,13 @@ def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
         frame = found[0]
         waiting = next((row.get("waiting") for row in facts.get("ranks") or []
                         if row.get("rank") == rank.get("rank")), None)
-        what = waiting.split(" (")[0] if waiting else "a collective"
+        n = facts.get("diverged_at")
+        if waiting is None:  # a rank that never issued the collective: it stands here
+            why = f"rank {rank.get('rank')} stands here" + (
+                f" and never issued collective #{n}, which the other ranks wait in"
+                if n and odd and rank.get("rank") in odd else "")
+            return _culprit(sources, frame.file, frame.line, why, code=frame.code)
+        what = waiting.split(" (")[0]
         why = f"rank {rank.get('rank')} issued {what} here"
         condition = sources.condition_above(frame.file, frame.line)
         if condition is not None:
@@ -312,6 +361,41 @@ def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     return _culprit(sources, found[0], found[1], message)
 
 
+KEPT_AS_VALUE = re.compile(r"\.item\(\)|\.detach\(\)|\.tolist\(\)|\bfloat\(|\bint\(")
+"""What a loop appends when it keeps a value, not a tensor with its autograd history."""
+
+
+def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
+    """For memory that grew per step: the line of the loop around the frame that keeps
+    allocating (the profile's memory holder) that appends a tensor, not its value, to a
+    container the loop does not create: what keeps every step's memory, rather than what
+    allocates it. None when the growth, the holder or such a line is missing."""
+    facts = record.verdict.get("facts") or {}
+    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+    split = _split_where(str(facts.get("rss_holder") or facts.get("cuda_holder") or ""))
+    if not growth or growth <= 0 or split is None:
+        return None
+    function, name, line = split
+    path = _full_path(record, function, name) or next(
+        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), None)
+    span = sources.loop_around(path, line) if path else None
+    if path is None or span is None:
+        return None
+    codes = {n: sources.code_at(path, n) or "" for n in range(span[0] + 1, span[1] + 1)}
+    for number, code in codes.items():
+        match = APPEND.match(code)
+        if match is None or KEPT_AS_VALUE.search(match[2]):
+            continue
+        container = match[1]
+        if any(re.match(rf"^\s*{re.escape(container)}\s*=", c) for c in codes.values()):
+            continue  # made anew in every pass: it keeps nothing across steps
+        found = _culprit(sources, path, number, f"appends to `{container}` in every pass of "
+                         f"the loop at line {span[0]}, which keeps what each step's tensor "
+                         f"holds: memory grew {size(growth)} per step")
+        return replace(found, retains=container)
+    return None
+
+
 def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The innermost user frame of the crashing thread in a faulthandler dump of the trial
     (or of a rank's or process's directory)."""
@@ -329,4 +413,15 @@ def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
         if found is not None:
             return _culprit(sources, found[0], found[1], f"the last line of the user's code before "
                             f"{signal}")
-    return None
+    # a native thread took the signal: the dump has no current thread, and the crash
+    # record names the main thread's frame (nsadiag.harness.crash)
+    crash = facts.get("crash") or {}
+    split = _split_where(crash.get("where") or "")
+    if split is None:
+        return None
+    function, name, line = split
+    path = _full_path(record, function, name) or next(
+        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), name)
+    inside = f", in {crash['call']}" if crash.get("call") else ""
+    return _culprit(sources, path, line, f"the main thread's last line of the user's code "
+                    f"before {signal}{inside}")

@@ -52,6 +52,12 @@ WHERE = re.compile(r"^(?P<file>[^\n]+):(?P<line>\d+) in \S+$")
 """An ERROR verdict's ``where`` fact: "/path/model.py:21 in backward"."""
 PROFILE_WHERE = re.compile(r"^\S.* \((?P<name>[^()/]+):(?P<line>\d+)\)$")
 """A profile loop's ``where``: "forward (model.py:42)" (the file's name only)."""
+HOST_READ = re.compile(r"\.(?:item|tolist|cpu|numpy)\(\)")
+"""A call that copies a tensor's value to the host: a device sync on a GPU, a Python
+object per element on any device."""
+APPEND = re.compile(r"^\s*([\w.]+)\.(?:append|extend|add)\((.+)\)\s*(?:#.*)?$")
+"""A line that adds to a container (what keeps a step's tensors alive when it outlives
+the loop)."""
 DUMP_NAME = "faulthandler.txt"
 MAX_DUMP_BYTES = 8 * 2**20
 
@@ -88,7 +94,8 @@ class SourceFile:
     def window(self, places: Iterable[int]) -> SourceFile:
         """What a record keeps of the file for lines ``places``: the loops holding them or
         starting on them, the ``if`` whose body holds them, and WINDOW lines around each
-        of them and each of those headers."""
+        of them and each of those headers; of those loops' bodies, only the lines a
+        finding reads (``body_lines``)."""
         places = set(places)
         loops = [loop for loop in self.loops
                  if any(loop[0] <= p <= loop[1] for p in places)]
@@ -96,8 +103,28 @@ class SourceFile:
         keep: set[int] = set()
         for line in places | {loop[0] for loop in loops} | {i[0] for i in ifs}:
             keep.update(range(line - WINDOW, line + WINDOW + 1))
+        for first, last, _ in loops:
+            keep.update(self.body_lines(first, last))
         return SourceFile(self.shown, {n: self.lines[n] for n in sorted(keep)
                                        if n in self.lines}, loops, ifs)
+
+    def body_lines(self, first: int, last: int) -> set[int]:
+        """The lines of the loop body ``first``-``last`` that a finding reads
+        (nsadiag.finding.culprit): a host read (a per-iteration sync), a line that adds to
+        a container, and an assignment that makes such a container anew. No other line:
+        a secret written beside them stays out of the record."""
+        body = {n: self.lines.get(n, "") for n in range(first + 1, last + 1)}
+        found = {n for n, code in body.items() if HOST_READ.search(code.split("#")[0])}
+        containers = set()
+        for n, code in body.items():
+            match = APPEND.match(code)
+            if match:
+                found.add(n)
+                containers.add(match[1])
+        for container in containers:
+            made = re.compile(rf"^\s*{re.escape(container)}\s*=")
+            found.update(n for n, code in body.items() if made.match(code))
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         return {"shown": self.shown, "lines": {str(n): code for n, code in self.lines.items()},

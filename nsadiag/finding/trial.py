@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import culprit_of
+from nsadiag.finding.next_step import chain_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
-
-LOCK_NAME = re.compile(r"with\s+([\w.]+)|([\w.]+)\.(?:acquire|wait)\(")
+from nsadiag.verdict.chain import WaitChain
 
 
 def subject_of(spec: dict[str, Any]) -> str:
@@ -125,6 +126,31 @@ def collective_proof(facts: dict[str, Any]) -> str:
     return head + ("; ".join(parts) or "the ranks wait in different collectives")
 
 
+def _signal_number(facts: dict[str, Any]) -> int | None:
+    if facts.get("signal") is not None:
+        return int(facts["signal"])
+    try:
+        return int(signal.Signals[str(facts.get("signal_name"))])
+    except KeyError:
+        return None
+
+
+def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
+    """Which signal ended which process after how long, and where the ranks' collectives
+    diverged when they did (the mismatch a rank died of)."""
+    number = _signal_number(facts)
+    name = facts.get("signal_name") or (f"signal {number}" if number else "a signal")
+    numbered = f" (signal {number})" if number is not None and facts.get("signal_name") \
+        else ""
+    who = f"rank {facts['rank']} " if facts.get("rank") is not None else ""
+    wall = facts.get("wall_s") or record.wall_s
+    when = f"after {sig(wall)} s" if facts.get("rank") is None else \
+        f"in a job that ran {sig(wall)} s"
+    proof = f"{who}killed by {name}{numbered} {when}, without a Python exception"
+    met = next((r for r in record.verdict.get("reasons") or [] if " met " in r), None)
+    return f"{proof}; {met}" if met and facts.get("diverged_at") else proof
+
+
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
@@ -142,14 +168,14 @@ def proof_of(record: TrialRecord) -> str | None:
             facts.get("message") else ""
         return f"{facts.get('exception_type', 'an exception')}: {message}".rstrip(": ")
     if name == "CRASH":
-        return (f"killed by {facts.get('signal_name') or 'a signal'} "
-                f"(signal {facts.get('signal')}) after {sig(facts.get('wall_s') or 0)} s, "
-                f"without a Python exception")
+        return crash_proof(record, facts)
     if name == "OOM":
         peak = facts.get("peak_cuda") or facts.get("peak_rss")
         cap = facts.get("memory_cap_bytes")
+        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
         return (f"peak {size(peak)}" if peak else "the allocation failed") + \
-            (f" against the {size(cap)} cap" if cap else "")
+            (f" against the {size(cap)} cap" if cap else "") + \
+            (f"; memory grew {size(growth)} per step" if growth and growth > 0 else "")
     if name == "INCONCLUSIVE" and facts.get("interrupted"):
         return (record.verdict.get("reasons") or ["interrupted before a verdict"])[0]
     if name == "INCONCLUSIVE":
@@ -165,9 +191,17 @@ def proof_of(record: TrialRecord) -> str | None:
 # ---- what to do next -----------------------------------------------------------------------------
 
 
-def _lock_name(code: str | None) -> str:
-    match = LOCK_NAME.search(code or "")
-    return f"`{match[1] or match[2]}`" if match else "the lock"
+def _chain_next(name: str, facts: dict[str, Any]) -> str | None:
+    """The next step from the end of a stuck run's wait chain, when it names one: for a
+    rank that never issued the collective the others wait in, from that rank's own chain."""
+    if name not in ("DEADLOCK", "STALL-BUSY", "STALL-COLLECTIVE") or \
+            not facts.get("wait_chain"):
+        return None
+    own = facts.get("rank_chain")
+    if name == "STALL-COLLECTIVE" and own:
+        said = chain_next(WaitChain.from_dict(own["chain"]))
+        return f"On rank {own['rank']}: {said[:1].lower()}{said[1:]}" if said else None
+    return chain_next(WaitChain.from_dict(facts["wait_chain"]))
 
 
 def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
@@ -185,10 +219,14 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
                 f"once, with no `.item()` inside it; then run the same command again.")
     if name == "SLOW" and facts.get("slow_by") is None:
+        if culprit is not None and culprit.host_read:
+            line, code = culprit.host_read.split(" ", 1)
+            return (f"Replace the loop{where} with tensor ops over all its iterations at "
+                    f"once: its body reads a value on the host once per iteration (line "
+                    f"{line} {code}); then run the same command again.")
         if culprit is not None:
-            return (f"The time goes to the loop{where}: if it runs once per token, replace it "
-                    f"with tensor ops over all tokens at once; otherwise give the run more "
-                    f"time.")
+            return (f"The time goes to the loop{where}: make its body cheaper or run it "
+                    f"fewer times, or give the run more time.")
         more = (f"more than its ETA ({duration(facts['eta_s'])})" if facts.get("eta_s")
                 else "more time")
         return (f"Give the run {more}, or count its work with `nsadiag sweep-layers "
@@ -197,6 +235,9 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         eta = f" (ETA {duration(facts['eta_s'])})" if facts.get("eta_s") else ""
         return (f"Nothing is broken: give the run more time{eta} or fewer steps; the time "
                 f"goes into the model's own work.")
+    chained = _chain_next(name, facts)
+    if chained is not None:
+        return chained
     if name == "STALL-BUSY":
         if facts.get("stacks_class") == "busy-native":
             return (f"One native call{where} outlasts the stall timeout: make it smaller, or "
@@ -204,9 +245,8 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Make the loop{where} end: what it waits for never changes; bound it or fix "
                 f"what should end it.")
     if name == "DEADLOCK":
-        lock = _lock_name(culprit.code if culprit else None)
-        return (f"Release {lock} on every path: the thread waits for it{where}, and no "
-                f"other thread runs, so it was taken earlier and never released.")
+        return (f"Find what should end the wait{where}: the evidence names no holder or "
+                f"producer for it; give the wait a timeout so it fails where it hangs.")
     if name == "STALL-COLLECTIVE":
         return (f"Make every rank issue the same collectives: the one{where} runs on some "
                 f"ranks only; issue it on all of them or on none.")
@@ -214,10 +254,27 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         if facts.get("fixes"):
             return f"{facts['fixes'][0][:1].upper()}{facts['fixes'][0][1:]}."
         return f"Fix the {facts.get('exception_type') or 'exception'} raised{where}."
+    if name == "CRASH" and facts.get("diverged_at"):
+        return (f"Make every rank issue the same collectives in the same order{where}: "
+                f"the ranks' collectives diverged at #{facts['diverged_at']} and rank "
+                f"{facts.get('rank')} died of {facts.get('signal_name') or 'a signal'} there.")
     if name == "CRASH":
         return (f"Look at the native call{where}: the process died of "
                 f"{facts.get('signal_name') or 'a signal'}; rerun it under gdb to see the "
                 f"native frame.")
+    if name == "OOM" and culprit is not None and culprit.retains:
+        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+        return (f"Keep the value, not the tensor, in `{culprit.retains}`{where}: append "
+                f"`.item()` (or a `.detach()`ed tensor), so no step's graph and activations "
+                f"outlive the step; memory grew {size(growth)} per step.")
+    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+    holder = facts.get("rss_holder") or facts.get("cuda_holder")
+    if name == "OOM" and growth and growth > 0 and holder:
+        return (f"Find what outlives each step: memory grew {size(growth)} per step and "
+                f"{holder} took it in step after step without giving it back, so something "
+                f"kept across steps holds it (a list of tensors with their graph, a cache); "
+                f"keep values (`.item()`, `.detach()`) instead. A larger limit only delays "
+                f"the failure.")
     if name == "OOM":
         return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
                 "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")
@@ -335,4 +392,5 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
                    headline=f"{name} ({kind}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
-                   implicated=implicated, recommendations=fixes)
+                   implicated=implicated, recommendations=fixes,
+                   chain=(facts.get("wait_chain") or {}).get("printed"))

@@ -5,7 +5,8 @@ capture window (nsadiag.harness.times) in a thread each, when the stall clock sa
 
 stall   several py-spy samples spaced over the window (faulthandler dumps when py-spy is
         missing or refused), the CPU time and the main thread's on-CPU and run-queue time
-        over the same window, a faulthandler dump; and each process of the job that writes
+        over the same window, a faulthandler dump, what the OS says it and its children
+        wait on (nsadiag.probes.waits); and each process of the job that writes
         no heartbeat (a DataLoader worker, a launcher: nsadiag.harness.tree) sampled
         without pausing it;
 budget  two stack samples of every process (a slow run's hot frame).
@@ -30,6 +31,8 @@ from nsadiag.harness.streams import Due
 from nsadiag.harness.times import SAMPLE_TIMEOUT_S
 from nsadiag.harness.tree import python_processes, roles
 from nsadiag.probes import frames, stacks
+from nsadiag.probes.scopes import thread_scopes
+from nsadiag.probes.waits import read_waits
 
 STACK_SAMPLES = 3
 DEADLINE_SLACK_S = 0.05
@@ -129,6 +132,11 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
             found[name] = capture_stall(pid, due.quiet_s, window_s,
                                         dirs[name] / "faulthandler.txt",
                                         timeout_s=SAMPLE_TIMEOUT_S)
+        # what the kernel says it (and its children) wait on, and the locks its code holds,
+        # for the wait chain
+        samples = found[name].samples
+        found[name].waits = read_waits(pid, depth=0 if name.startswith(OTHER) else 2,
+                                       scopes=thread_scopes(samples[-1]) if samples else ())
         found[name].opportunity_s, found[name].stretched = due.opportunity_s, due.stretched
 
     def budget(name: str, pid: int) -> None:

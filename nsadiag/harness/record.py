@@ -151,6 +151,15 @@ def _place(stall: StallEvidence | None) -> str | None:
     return place_sentence(place) if place else None
 
 
+def _launcher(stream: Stream) -> bool:
+    """Whether the stream's process is torchrun's launcher, by the command line its
+    "start" event recorded (``python -m torch.distributed.run ...`` or ``torchrun ...``)."""
+    start = next((e for e in stream.last if e.get("kind") == "start"), {})
+    argv = [str(arg) for arg in start.get("orig_argv") or start.get("argv") or []]
+    return "torch.distributed.run" in argv or any(
+        arg.endswith(("/torchrun", "torch/distributed/run.py")) for arg in argv[:3])
+
+
 def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
                   ) -> dict[str, Any]:
     """The facts of a user's command or block beyond its Evidence: every process (watched
@@ -158,7 +167,8 @@ def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
     stop, which one trained, the exit code and how the run ended."""
     watched = [{"name": s.name, "pid": s.pid, "rank": s.rank, "events": dict(s.counts),
                 "role": f"rank {s.rank}" if isinstance(s.rank, int) else
-                "the training process" if s is main else "a watched process",
+                "the training process" if s is main else
+                "the torchrun launcher" if _launcher(s) else "a watched process",
                 "place": _place(end.stalls.get(s.name)),
                 "stall": end.stalls[s.name].to_dict() if s.name in end.stalls else None}
                for s in end.streams]

@@ -104,7 +104,7 @@ class ProcessHeartbeat:
         self.directory = directory
         self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank())
         self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
-                          argv=list(sys.argv))
+                          argv=list(sys.argv), orig_argv=list(sys.orig_argv))
         self.counters = WorkCounters(on_backward=self._on_backward)
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
                                counters=self.counters, context=self.writer.context,

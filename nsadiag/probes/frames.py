@@ -49,8 +49,11 @@ WAIT_CODE = re.compile(r"\.(?:acquire|wait|join)\(|^with\b.*lock\w*\s*:", re.IGN
 INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
 """Shared objects of the CPython interpreter itself."""
 
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<")
-"""Traceback files that belong to installed packages or the standard library."""
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<|"
+                          r"/torchinductor_[^/]*/|/\.triton/|/triton_cache/")
+"""Traceback files that belong to installed packages or the standard library, or that a
+compiler generated (inductor's output under /tmp/torchinductor_USER, triton's caches):
+never the user's own code."""
 
 OWN_THREAD_PREFIX = "nsadiag-"
 """The name of every thread nsadiag starts inside a watched process (the progress sampler,

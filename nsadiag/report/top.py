@@ -8,6 +8,9 @@
     - **Proof:** 256 host reads (`.item()`, `.tolist()`) per step for 256 tokens: one per token
     - **Next:** Replace the per-token Python loop at ... ; then run the same command again.
 
+with, for a stuck run, its wait chain after the line (``- **Waits:** the main thread waits
+for `stats_lock` at train.py:51 -> `stats_lock` is held by thread logger ...``),
+
 then ``summary_section`` (the finding's summary, at most 150 words), and the bullet lists
 every report shares: ``items`` (✅ ok, ❌ fail, ⚠ warn, one line each) and
 ``cause_section`` (ruled out, implicated). Everything here lays out a
@@ -42,10 +45,13 @@ def line_text(finding: Finding) -> str:
 
 
 def top_block(finding: Finding) -> list[str]:
-    """The title and four lines: what ran, the line, the proof, the next step."""
+    """The title and four lines: what ran, the line, the proof, the next step; a stuck
+    run's wait chain (who waits for whom, each at its line) after the line."""
+    chain = [f"- **Waits:** {finding.chain}"] if finding.chain else []
     return [title(finding),
             f"- **Run:** {finding.subject}",
             f"- **Line:** {line_text(finding)}",
+            *chain,
             f"- **Proof:** {finding.proof or 'no single number: see the results below'}",
             f"- **Next:** {finding.next_action}"]
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.probes.frames import find_collective, odd_ones_out
+from nsadiag.probes.frames import find_collective, odd_ones_out, user_frame
+from nsadiag.verdict.chain import Hop, WaitChain, at, wait_chain
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.rules import decide
 
@@ -413,11 +414,111 @@ def _stall_collective(job: Evidence, ranks: Sequence[RankEvidence],
             reasons.append(f"rank {r.rank}: thread {record.get('thread') or '?'} died of "
                            f"{record.get('type')}: {record.get('message')}{where}")
     culprit = sorted(odd)
+    chain, own = collective_chain(job, ranks, split)
+    if chain is not None:
+        reasons.insert(len(preface) + 1, f"wait chain: {chain.printed()}")
     facts = {"world_size": len(ranks), "ranks": table, "odd_ranks": culprit,
+             "steps_done": {r.rank: r.event_counts.get("step", 0) for r in ranks},
+             **({"wait_chain": chain.to_dict()} if chain else {}),
+             **({"rank_chain": {"rank": own[0], "chain": own[1].to_dict()}} if own else {}),
              "diverged_at": split["n"] if split else None,
              "waiting": {row["rank"]: row["waiting"] for row in table if row["waiting"]},
              "pg_timeout": bool(preface), "confidence": "high" if culprit else "medium"}
     return Verdict("STALL-COLLECTIVE", reasons, facts)
+
+
+def _rank_place(rank: RankEvidence) -> str:
+    """" at train.py:49" of the rank's own code in its last stack sample; "" without."""
+    found = user_frame(rank.stall.samples) if rank.stall and rank.stall.samples else None
+    return f" at {at(found[0])}" if found else ""
+
+
+def _loop_of(rank: RankEvidence) -> tuple[str, int] | None | bool:
+    """The loop (header, line) around the rank's own line in its last sample, by the
+    scopes read at the stall (nsadiag.probes.scopes); None outside any loop; False when
+    unknown (no sample, no scope of that line)."""
+    found = user_frame(rank.stall.samples) if rank.stall and rank.stall.samples else None
+    waits = rank.stall.waits if rank.stall else None
+    if found is None or waits is None:
+        return False
+    scope = next((s for s in waits.scopes if s.file == found[0].file and
+                  s.line == found[0].line), None)
+    return False if scope is None else scope.loop
+
+
+def _ranks_words(ranks: Sequence[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {_join(ranks)}"
+
+
+def collective_chain(job: Evidence, ranks: Sequence[RankEvidence],
+                     split: dict[str, Any] | None) -> tuple[WaitChain | None,
+                                                            tuple[int, WaitChain] | None]:
+    """The wait chain of a STALL-COLLECTIVE, and (rank, its own chain) for a rank that
+    never issued the collective the others wait in (followed as a process of its own,
+    nsadiag.verdict.chain.wait_chain):
+
+    uneven-steps        the ranks ahead wait in DDP's gradient collective of a step that the
+                        ranks behind never began (their step counts), while those wait in a
+                        collective outside the loop the ranks ahead are in (the scopes read
+                        at the stall);
+    (the rank's own)    the ranks behind issued no collective there: their own chain;
+    collective-differs  the ranks issued different collectives at the same number.
+    None without a divergence."""
+    if split is None:
+        return None, None
+    waits = {r.rank: waiting_in(r) for r in ranks}
+    done = {r.rank: r.event_counts.get("step", 0) for r in ranks}
+    ahead = [r for r in ranks if (waits[r.rank] or {}).get("origin") == "ddp"]
+    behind = [r for r in ranks if r not in ahead]
+    step = min(((waits[r.rank] or {}).get("step") for r in ahead), default=None,
+               key=lambda n: -1 if n is None else n)
+    loops = {r.rank: _loop_of(r) for r in ranks}
+    # the ranks behind left the loop the ranks ahead are still in: their steps ran out
+    # (a collective inside that same loop, issued on some ranks only, is not uneven data)
+    left = all(loops[r.rank] is not False and loops[a.rank] and
+               loops[r.rank] != loops[a.rank] for r in behind for a in ahead)
+    if ahead and behind and isinstance(step, int) and left and \
+            all(done[r.rank] <= step and waits[r.rank] for r in behind):
+        hops = [Hop("collective", f"{_ranks_words([r.rank for r in ahead])} "
+                                  f"{'wait' if len(ahead) > 1 else 'waits'} in "
+                                  f"{describe_collective(waits[ahead[0].rank])}, the gradients "
+                                  f"of step {step}{_rank_place(ahead[0])} ("
+                                  + ", ".join(f"rank {r.rank}: {done[r.rank]} steps done"
+                                              for r in ahead) + ")")]
+        for r in behind:
+            hops.append(Hop("collective", f"rank {r.rank} never began step {step}: it ran "
+                                          f"{done[r.rank]} steps and waits in "
+                                          f"{describe_collective(waits[r.rank])}"
+                                          f"{_rank_place(r)}"))
+        begun = {r.rank: (waits[r.rank] or {}).get("step", step) + 1 for r in ahead}
+        counts = ", ".join(f"rank {r.rank} began {begun[r.rank]}" if r in ahead else
+                           f"rank {r.rank} ran {done[r.rank]}" for r in ranks)
+        return WaitChain(tuple(hops), "uneven-steps", counts), None
+    missing = [r for r in ranks if r.rank in split["odd"] and not waits[r.rank]]
+    present = [r for r in ranks if waits[r.rank]]
+    if missing and present:
+        first = Hop("collective", f"{_ranks_words([r.rank for r in present])} "
+                                  f"{'wait' if len(present) > 1 else 'waits'} in "
+                                  f"{describe_collective(waits[present[0].rank])}"
+                                  f"{_rank_place(present[0])}")
+        rank = missing[0]
+        inner = wait_chain(rank.as_evidence(job)) if rank.stall else None
+        lead = Hop("collective", f"rank {rank.rank} never issued #{split['n']}")
+        if inner is None:
+            return WaitChain((first, lead, Hop("unknown", f"where rank {rank.rank} stands is "
+                                                          f"unknown (no stack sample)")),
+                             "unknown"), None
+        hops = (first, lead, *(Hop(h.kind, f"rank {rank.rank}: {h.text}", h.where, h.code)
+                               for h in inner.hops))
+        return WaitChain(hops, inner.end, inner.subject), (rank.rank, inner)
+    if len(present) >= 2:
+        odd = sorted(present, key=lambda r: r.rank not in split["odd"])
+        hops = tuple(Hop("collective", f"rank {r.rank} waits in "
+                                       f"{describe_collective(waits[r.rank])}{_rank_place(r)}")
+                     for r in odd)
+        return WaitChain(hops, "collective-differs",
+                         describe_collective(waits[odd[0].rank])), None
+    return None, None
 
 
 def _rank_sentence(row: dict[str, Any], ranks: Sequence[RankEvidence]) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
+from nsadiag.verdict.chain import add_chain, wait_chain
 from nsadiag.verdict.facts import (
     add_load,
     position_facts,
@@ -331,6 +332,7 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
                              evidence.load)
     _add_others(evidence, verdict)
     _add_thread_exceptions(evidence, verdict)
+    _add_wait_chain(evidence, verdict)
     if stall.stretched:
         return contended(stall, verdict)
     return verdict
@@ -357,6 +359,12 @@ def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
         for record in died]
     verdict.reasons.insert(1, f"an exception ended another thread: {'; '.join(sentences)} "
                               f"(a thread that waits for its work waits forever)")
+
+
+def _add_wait_chain(evidence: Evidence, verdict: Verdict) -> None:
+    """The wait chain of a stuck process (nsadiag.verdict.chain) followed with what only
+    the whole run knows: the exceptions of its other threads, its other processes."""
+    add_chain(verdict, wait_chain(evidence))
 
 
 def _add_others(evidence: Evidence, verdict: Verdict) -> None:

@@ -135,9 +135,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _loop_sentence(loop: dict[str, Any]) -> str:
+def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     """"forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min to finish this
-    loop (model.py:57)"."""
+    loop (model.py:57)"; when the last heartbeat put the process in another phase
+    (``phase_now``: backward while the loop ran in forward) its pass had ended, and no time
+    to finish it is claimed."""
     where = f"{loop['phase']} of {loop['module']}" if loop.get("module") else \
         f"in {loop['phase']}"
     position = f"{loop['variable']} = {int(loop['last']):,}"
@@ -145,7 +147,10 @@ def _loop_sentence(loop: dict[str, Any]) -> str:
         position += f" of {int(loop['end']):,}"
     pace = loop.get("pass_rate_per_s") or loop.get("rate_per_s")
     sentence = f"{where} at {position}" + (f", {pace:.1f}/s" if pace else "")
-    if loop.get("eta_s") is not None:
+    if phase_now and loop.get("phase") and phase_now != loop["phase"]:
+        sentence += (f"; at the kill the process was in {phase_now}, past this loop's "
+                     f"{loop['phase']} pass")
+    elif loop.get("eta_s") is not None:
         sentence += f": about {_duration(loop['eta_s'])} to finish this loop"
     return f"{sentence} ({loop_location(loop)})"
 
@@ -159,11 +164,11 @@ def _eta_sentence(p: Progress, loop: dict[str, Any] | None, facts: dict) -> str:
             "where")}
     if p.eta_s is not None:
         sentence = f"ETA {p.eta_s:.0f} s for the remainder at that pace"
-        return sentence + (f"; the loop counter: {_loop_sentence(loop)}"
+        return sentence + (f"; the loop counter: {_loop_sentence(loop, facts.get('last_phase'))}"
                            if "loop_position" in facts else "")
     if "loop_position" in facts:
         return (f"ETA of the whole run unknown (no finished step to extrapolate from); the "
-                f"loop counter: {_loop_sentence(loop)}")
+                f"loop counter: {_loop_sentence(loop, facts.get('last_phase'))}")
     return "ETA unknown: no rate or no position to extrapolate from"
 
 

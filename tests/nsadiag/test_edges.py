@@ -288,6 +288,9 @@ def test_a_stall_verdict_quotes_the_exception_that_ended_another_thread():
                                   "where": "parse (loader.py:30)"}]
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "DEADLOCK"
+    # then the wait chain: the fixture's lock, whose holder the scopes (not read in this
+    # old record) would tell
+    assert verdict.reasons[2].startswith("wait chain: the main thread waits for ")
     assert verdict.reasons[1] == ("an exception ended another thread: thread producer died "
                                   "of ValueError: bad record at parse (loader.py:30), 2.0 s "
                                   "before the last progress (a thread that waits for its "

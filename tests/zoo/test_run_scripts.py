@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from nsadiag.finding.numbers import sig
 from tests.helpers import REPO, SCRIPTS
 from tests.procs import owned_by, wait_for, with_cmdline, with_environ
 
@@ -107,6 +108,11 @@ def test_lock_taken_in_a_gradient_hook_is_a_deadlock_naming_the_line(tmp_path):
     facts = record["verdict"]["facts"]
     assert facts["wait_frame"].startswith("record_norm (grad_hook_deadlock.py:")
     assert "with stats_lock:" in " ".join(record["verdict"]["reasons"])
+    chain = facts["wait_chain"]
+    assert chain["end"] == "lock-self"
+    assert "`stats_lock` is held by the same thread" in chain["printed"]
+    assert summary["finding"]["next_action"].startswith(
+        "Do not take the lock `stats_lock` again while the same thread holds it")
 
 
 def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
@@ -130,6 +136,9 @@ def test_extra_all_reduce_on_one_rank_is_stall_collective_naming_it(tmp_path):
     # collective giving up: the ranks were stopped at the stall, no rank timed out
     assert record["evidence"]["outcome"]["kill_reason"] == "stall"
     assert facts["pg_timeout"] is False
+    # an extra collective inside the loop both ranks are in is not uneven data
+    assert facts["wait_chain"]["end"] == "collective-differs"
+    assert "same number of steps" not in summary["finding"]["next_action"]
     assert all(rank["stall"] and rank["stall"]["samples"] for rank in record["evidence"]["ranks"])
 
 
@@ -168,6 +177,14 @@ def test_a_dataloader_worker_that_waits_is_named_with_its_frame(tmp_path):
     line = _line("dataloader_worker_hang.py", "with self.lock:", exact=True)  # __getitem__'s
     assert held_by["where"] == f"TokenDataset.__getitem__ (dataloader_worker_hang.py:{line})"
     assert held_by["code"] == "with self.lock:" and held_by["state"] == "waits"
+    chain = facts["wait_chain"]
+    assert chain["end"] == "lock-lost-fork"
+    assert (f"-> DataLoader worker 0 of the main process (pid {held_by['pid']}) waits for "
+            f"`self.lock` at dataloader_worker_hang.py:{line} -> `self.lock` is held by no "
+            f"thread of DataLoader worker 0 of the main process: it was locked when the "
+            f"process was forked") in chain["printed"]
+    assert summary["finding"]["next_action"].startswith(
+        "Do not fork while a thread holds `self.lock`")
     assert sorted(other["role"] for other in facts["others"]) == [
         "DataLoader worker 0 of the main process", "DataLoader worker 1 of the main process"]
     report = (tmp_path / "run" / "report.md").read_text()
@@ -198,6 +215,19 @@ def test_a_rank_aborted_by_a_collective_mismatch_is_explained_by_what_it_left(tm
                                f"(ddp_collective_mismatch.py:{line}) met rank 0's DDP gradient "
                                f"all_reduce #{n} (37,408 bytes, bucket 0)")
     assert "killed by a signal or the OOM killer" not in " ".join(reasons)
+    finding = summary["finding"]
+    assert finding["proof"].startswith(f"rank 1 killed by SIGABRT (signal 6) in a job that ran "
+                                       f"{sig(record['wall_s'])} s, without a Python exception")
+    assert "signal None" not in finding["proof"] and "after 0 s" not in finding["proof"]
+    assert finding["proof"].endswith(f"the ranks' collectives diverged at #{n} (their sizes and "
+                                     f"kinds differ)")
+    assert finding["culprit"]["where"] == f"ddp_collective_mismatch.py:{line}"
+    assert finding["next_action"].startswith("Make every rank issue the same collectives in "
+                                             "the same order")
+    assert "gdb" not in finding["next_action"]
+    roles = {p["role"] for p in json.loads((tmp_path / "run" / "evidence.json").read_text())
+             ["processes"]}
+    assert "the torchrun launcher" in roles and "a watched process" not in roles
 
 
 def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
@@ -208,9 +238,18 @@ def test_a_thread_that_dies_is_quoted_in_the_deadlock_it_leaves(tmp_path):
     assert summary["verdict"] == "DEADLOCK", summary["headline"]
     reasons = record["verdict"]["reasons"]
     get = _line("producer_thread_dies.py", "batch = batches.get()")
+    chain = record["verdict"]["facts"]["wait_chain"]
+    assert chain["end"] == "producer-died"
+    assert chain["printed"].startswith(
+        f"the main thread waits for an item from `batches` at producer_thread_dies.py:{get} "
+        f"-> thread producer died of ValueError: invalid literal for int() with base 10: "
+        f"'corrupt' at ")
+    assert reasons[2] == f"wait chain: {chain['printed']}"
     assert reasons[1].startswith("an exception ended another thread: thread producer died of "
                                  "ValueError: invalid literal for int() with base 10: "
                                  "'corrupt' at ")
+    assert summary["finding"]["next_action"].startswith(
+        "Fix the exception that ended the thread feeding `batches`")
     assert f"called from main (producer_thread_dies.py:{get})" in reasons[-1]
     # the main thread sat in get() without the CPU: that line is a wait, never "hottest"
     assert not any(r.startswith("hottest line of user code: main (producer_thread_dies.py:"
@@ -229,3 +268,11 @@ def test_a_loop_that_keeps_each_steps_graph_dies_of_memory_naming_the_line(tmp_p
     assert facts["rss_growth_per_step"] > 16 * 2**20  # 1024 x 512 activations x 5 tensors
     line = _line("loss_history_leak.py", "val_losses.append(")
     assert facts["rss_holder"] == f"main (loss_history_leak.py:{line})"
+    # blamed on what keeps it: the container the loop appends each step's tensor to
+    culprit = summary["finding"]["culprit"]
+    assert culprit["where"] == f"loss_history_leak.py:{line}"
+    assert culprit["retains"] == "val_losses"
+    assert summary["finding"]["next_action"].startswith(
+        f"Keep the value, not the tensor, in `val_losses` at loss_history_leak.py:{line}: "
+        f"append `.item()`")
+    assert "checkpointing" not in summary["finding"]["next_action"]

@@ -1,0 +1,473 @@
+"""The wait chain of a stuck process (pure): what its thread waits on, who could release
+it, and what that one is doing, each hop from evidence.
+
+``wait_chain(evidence, verdict)`` follows, from the thread the stall verdict names (the
+main thread first), a few hops:
+
+lock        ``with X:`` / ``X.acquire()``: the thread of the same process inside a ``with
+            X:`` block (nsadiag.probes.scopes, read at the stall) holds it (the waiting
+            thread itself, in an outer frame: a lock taken twice); that thread's
+            own wait is the next hop (a cycle when it waits for a lock the first one
+            holds). No live thread inside such a block: in a process forked from another
+            (a DataLoader worker) the holder was a thread that did not survive the fork;
+            otherwise no holder is known.
+queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died of an
+            exception (nsadiag.harness.thread_exceptions) is the producer that is gone;
+            else the other live threads, none of which is known to feed it.
+child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``): the child
+            (pid, command) and where the kernel holds it; a child reading a pipe whose
+            write end this process holds is a pipe that never reaches end of file.
+file lock   ``flock``/``fcntl`` in the kernel: the pid that holds a lock on the same file
+            (/proc/locks) and where it stands.
+worker      a wait inside the DataLoader: the worker processes sampled at the stall and
+            the frame each stands at, followed as a process of its own.
+poll        a ``while`` loop around a sleep: the condition it polls.
+
+A hop the evidence does not name is stated as unknown, never guessed. The chain's ``end``
+(``ENDS``) is what the next step is derived from (nsadiag.finding.trial).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.probes.frames import own_code, user_threads, wait_frame
+from nsadiag.probes.waits import ProcessWaits, Scope, ThreadWait
+from nsadiag.verdict.names import Verdict
+
+HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
+        "worker", "poll", "collective", "frame", "unknown")
+ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
+        "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
+        "poll", "uneven-steps", "collective-differs", "unknown")
+"""How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
+lock-self: the waiting thread holds it itself, in an outer frame;
+lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
+holds it; lock-lost-fork: the same in a forked process (the holder did not survive the
+fork); queue-full: the holder waits in Queue.put; producer-died: the thread that fed a
+queue died; no-producer: no thread is known to feed it; pipe-eof: a child reads a pipe
+whose write end the waiting process holds; child-waits: a child blocked elsewhere;
+file-lock: another process holds a file lock; worker: a DataLoader worker stands at its
+frame; poll: a loop polls a condition; uneven-steps: ranks that ran fewer steps wait in a
+collective after their loop while the others wait in a step's gradient collective;
+collective-differs: the ranks issued different collectives at the same number; unknown: the
+evidence names no next hop. A rank that never issued the collective the others wait in is
+followed as a process of its own, and the chain ends where its own chain ends."""
+
+LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s*)?:|"
+                       r"([\w.\[\]]+)\.acquire\(")
+QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
+SUBPROCESS = re.compile(r"/subprocess\.py$")
+DATALOADER = re.compile(r"/torch/utils/data/")
+SLEEP = re.compile(r"\bsleep\(|nanosleep")
+CHILD_WCHAN = ("do_wait", "wait_consider_task")
+FILE_LOCK_WCHAN = re.compile(r"lock_inode_wait|flock|posix_lock|locks_")
+READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "preadv")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One link: its kind (``HOPS``), the sentence, and the line it stands at."""
+
+    kind: str
+    text: str
+    where: str | None = None
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "where": self.where, "code": self.code}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hop:
+        return cls(str(data["kind"]), str(data["text"]), data.get("where"), data.get("code"))
+
+
+@dataclass(frozen=True)
+class WaitChain:
+    """The hops, first the waiting thread; ``end`` (``ENDS``) and ``subject``: the lock,
+    queue, path, command or condition the end is about."""
+
+    hops: tuple[Hop, ...]
+    end: str
+    subject: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.end not in ENDS:
+            raise ValueError(f"end: must be one of {', '.join(ENDS)}, got {self.end!r}")
+
+    def has(self, kind: str) -> bool:
+        return any(hop.kind == kind for hop in self.hops)
+
+    def printed(self) -> str:
+        """"waits for X at f:l -> X is held by Y -> Y is doing Z at f:l"."""
+        return " -> ".join(hop.text for hop in self.hops)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hops": [hop.to_dict() for hop in self.hops], "end": self.end,
+                "subject": self.subject, "printed": self.printed()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WaitChain:
+        return cls(tuple(Hop.from_dict(h) for h in data.get("hops") or ()), str(data["end"]),
+                   data.get("subject"))
+
+
+def at(frame: StackFrame) -> str:
+    """"file.py:52" of a frame."""
+    return f"{PurePath(frame.file).name}:{frame.line}"
+
+
+def _at_scope(name: str, line: int) -> str:
+    return f"{PurePath(name).name}:{line}"
+
+
+def _label(thread: ThreadStack) -> str:
+    return "the main thread" if thread.name == "MainThread" else \
+        f"thread {thread.name or thread.thread_id}"
+
+
+def _own(thread: ThreadStack) -> StackFrame | None:
+    return next((frame for frame in thread.frames if own_code(frame)), None)
+
+
+def _lock_name(code: str | None) -> str | None:
+    match = LOCK_CODE.search(code or "")
+    return (match[1] or match[2]) if match else None
+
+
+def _holds(scopes: Sequence[Scope], thread: ThreadStack, lock: str) -> Scope | None:
+    """The scope of ``thread`` inside a ``with lock:`` block, None when none is."""
+    return next((scope for scope in scopes if scope.thread_id == thread.thread_id and
+                 any(text == lock for text, _ in scope.withs)), None)
+
+
+def _os_wait(waits: ProcessWaits | None, thread: ThreadStack) -> ThreadWait | None:
+    if waits is None:
+        return None
+    return waits.thread(thread.os_thread_id) or (
+        waits.thread(waits.pid) if thread.name == "MainThread" else None)
+
+
+@dataclass(frozen=True)
+class _Process:
+    """One process as the chain reads it: its last sample, OS waits, exceptions, role."""
+
+    sample: StackSample
+    waits: ProcessWaits | None
+    died: tuple[dict[str, Any], ...] = ()
+    role: str = "this process"
+    forked: bool = False
+
+
+def _doing(thread: ThreadStack, process: _Process) -> Hop:
+    """What a thread that is not waiting on the first one does: its own line."""
+    frame = _own(thread) or (thread.python_frames() or [None])[0]
+    if frame is None:
+        return Hop("unknown", f"{_label(thread)}: where it stands is unknown (no frames)")
+    code = f" `{frame.code}`" if frame.code else ""
+    state = "waits at" if wait_frame(thread) is not None else "runs"
+    return Hop("frame", f"{_label(thread)} {state} {at(frame)}{code}", at(frame), frame.code)
+
+
+def _lock_chain(process: _Process, thread: ThreadStack, frame: StackFrame, lock: str
+                ) -> WaitChain:
+    scopes = process.waits.scopes if process.waits else ()
+    first = Hop("lock", f"{_label(thread)} waits for `{lock}` at {at(frame)}", at(frame),
+                frame.code)
+    itself = _holds(scopes, thread, lock)
+    if itself is not None:
+        line = next(n for text, n in itself.withs if text == lock)
+        return WaitChain((first, Hop("holder", f"`{lock}` is held by the same thread, in "
+                                               f"{itself.function} (inside `with {lock}:` at "
+                                               f"{_at_scope(itself.file, line)}): a lock that "
+                                               f"is not reentrant, taken twice",
+                                     _at_scope(itself.file, line))), "lock-self", lock)
+    holders = [(other, scope) for other in user_threads(process.sample)
+               if other is not thread and (scope := _holds(scopes, other, lock))]
+    if not holders:
+        if process.waits is None:
+            return WaitChain((first, Hop("unknown", f"who holds `{lock}` is unknown (the "
+                                                    f"stall's scopes were not read)")),
+                             "unknown", lock)
+        if process.forked:
+            return WaitChain((first, Hop("holder", f"`{lock}` is held by no thread of "
+                                                   f"{process.role}: it was locked when the "
+                                                   f"process was forked, by a thread that "
+                                                   f"does not exist in the copy")),
+                             "lock-lost-fork", lock)
+        return WaitChain((first, Hop("holder", f"no live thread is inside a `with {lock}:` "
+                                               f"block: it was acquired and never released, "
+                                               f"or by a thread that has ended")),
+                         "lock-lost", lock)
+    holder, scope = holders[0]
+    line = next(n for text, n in scope.withs if text == lock)
+    second = Hop("holder", f"`{lock}` is held by {_label(holder)} (inside `with {lock}:` at "
+                           f"{_at_scope(scope.file, line)})", _at_scope(scope.file, line))
+    held_frame = wait_frame(holder)
+    own = _own(holder)
+    other_lock = _lock_name(own.code) if own is not None and held_frame is not None else None
+    mine = _holds(scopes, thread, other_lock) if other_lock is not None else None
+    if mine is not None:
+        inside = _at_scope(mine.file, next(n for text, n in mine.withs if text == other_lock))
+        return WaitChain((first, second, Hop(
+            "lock", f"{_label(holder)} waits for `{other_lock}` at {at(own)}, which "
+                    f"{_label(thread)} holds (inside `with {other_lock}:` at {inside}): each "
+                    f"waits for the other", at(own), own.code)),
+            "lock-cycle", f"{lock}` and `{other_lock}")
+    queued = QUEUE_CODE.search(own.code or "") if own is not None else None
+    if held_frame is not None and own is not None and queued and queued[2] == "put":
+        return WaitChain((first, second, Hop(
+            "queue", f"{_label(holder)} waits in `{queued[1]}.put` at {at(own)} (the queue "
+                     f"is full) while it holds `{lock}`", at(own), own.code)),
+            "queue-full", lock)
+    return WaitChain((first, second, _doing(holder, process)), "lock-held", lock)
+
+
+def _queue_chain(process: _Process, thread: ThreadStack, own: StackFrame, name: str,
+                 method: str) -> WaitChain:
+    what = {"get": f"an item from `{name}`", "wait": f"`{name}` to be set or notified",
+            "join": f"`{name}` to finish", "put": f"room in `{name}`"}[method]
+    first = Hop("queue", f"{_label(thread)} waits for {what} at {at(own)}", at(own), own.code)
+    if process.died:
+        record = process.died[-1]
+        where = f" at {record['where']}" if record.get("where") else ""
+        return WaitChain((first, Hop("producer", f"thread {record.get('thread') or '?'} died "
+                                                 f"of {record.get('type')}: "
+                                                 f"{record.get('message')}{where}")),
+                         "producer-died", name)
+    others = [t for t in user_threads(process.sample) if t is not thread]
+    if not others:
+        return WaitChain((first, Hop("producer", "no other thread of the process is alive "
+                                                 "to feed it")), "no-producer", name)
+    return WaitChain((first, Hop("producer", "which thread feeds it is unknown; the other "
+                                             "live threads: " + "; ".join(
+                                                 _doing(t, process).text for t in others))),
+                     "no-producer", name)
+
+
+def _command(waits: ProcessWaits) -> str:
+    return " ".join(waits.command) or f"pid {waits.pid}"
+
+
+def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None) -> WaitChain:
+    waits = process.waits
+    where = f" at {at(own)}" if own is not None else ""
+    os_wait = _os_wait(waits, thread)
+    children = waits.children if waits else ()
+    waited = next((c for c in children if os_wait and c.pid == os_wait.first_arg), None)
+    child = waited or (children[0] if len(children) == 1 else None)
+    if child is None:
+        return WaitChain((Hop("child", f"{_label(thread)} waits for a child process{where}",
+                              at(own) if own else None, own.code if own else None),
+                          Hop("unknown", "which child, and what it waits on, is unknown")),
+                         "unknown")
+    first = Hop("child", f"{_label(thread)} waits for child pid {child.pid} "
+                         f"(`{_command(child)}`) to exit{where}",
+                at(own) if own else None, own.code if own else None)
+    main = child.thread(child.pid) or (child.threads[0] if child.threads else None)
+    if main is None:
+        return WaitChain((first, Hop("unknown", f"what pid {child.pid} waits on is unknown")),
+                         "unknown", _command(child))
+    if main.syscall_name in READ_SYSCALLS:
+        read = child.file(main.first_arg)
+        ours = [f for f in (waits.files if waits else ()) if read is not None and read.is_pipe
+                and f.inode == read.inode and "w" in f.mode]
+        stream = " (its stdin)" if main.first_arg == 0 else ""
+        if read is not None and ours:
+            return WaitChain((first, Hop("pipe", f"pid {child.pid} is blocked reading fd "
+                                                 f"{main.first_arg}{stream}, {read.target}, a "
+                                                 f"pipe whose write end this process holds "
+                                                 f"(fd {ours[0].fd}) and never closed: it "
+                                                 f"never reaches end of file")),
+                             "pipe-eof", _command(child))
+        target = read.target if read is not None else "an unknown descriptor"
+        return WaitChain((first, Hop("process", f"pid {child.pid} is blocked reading fd "
+                                                f"{main.first_arg}{stream} ({target})")),
+                         "child-waits", _command(child))
+    kernel = main.wchan or main.syscall_name or "an unknown place"
+    return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
+                                            f"{kernel}")), "child-waits", _command(child))
+
+
+def _file_lock_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                     others: Sequence[_Process]) -> WaitChain | None:
+    waits = process.waits
+    if waits is None:
+        return None
+    mine = [lock for lock in waits.locks if lock.pid == waits.pid and lock.blocked]
+    held = [lock for lock in waits.locks if not lock.blocked and lock.pid != waits.pid and
+            (not mine or lock.inode == mine[0].inode)]
+    if not held:
+        return None
+    lock = held[0]
+    where = f" at {at(own)}" if own is not None else ""
+    first = Hop("file-lock", f"{_label(thread)} waits for the {lock.kind.lower()} lock on "
+                             f"{lock.path}{where}", at(own) if own else None,
+                own.code if own else None)
+    holder = next((p for p in others if p.sample.pid == lock.pid), None)
+    command = f" (`{_command(holder.waits)}`)" if holder and holder.waits and \
+        holder.waits.command else ""
+    second = Hop("holder", f"it is held ({lock.access.lower()}) by pid {lock.pid}{command}, "
+                           f"by /proc/locks")
+    if holder is None:
+        return WaitChain((first, second, Hop("unknown", f"what pid {lock.pid} is doing is "
+                                                        f"unknown (it was not sampled)")),
+                         "file-lock", lock.path)
+    main = _main(holder.sample)
+    if main is None:
+        return WaitChain((first, second, Hop("unknown", f"where pid {lock.pid} stands is "
+                                                        f"unknown")), "file-lock", lock.path)
+    doing = _doing(main, holder)
+    return WaitChain((first, second, Hop(doing.kind, f"pid {lock.pid}: {doing.text}",
+                                         doing.where, doing.code)), "file-lock", lock.path)
+
+
+def _main(sample: StackSample) -> ThreadStack | None:
+    threads = user_threads(sample)
+    return next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
+
+
+def _poll_chain(process: _Process, thread: ThreadStack) -> WaitChain | None:
+    """A loop around a sleep in the user's own frame: what its condition polls."""
+    scopes = process.waits.scopes if process.waits else ()
+    own = _own(thread)
+    sleeping = own is not None and bool(SLEEP.search(own.code or "")) or any(
+        SLEEP.search(f.function) for f in thread.frames if f.is_native)
+    scope = next((s for s in scopes if s.thread_id == thread.thread_id and own is not None
+                  and s.file == own.file and s.line == own.line), None)
+    if not sleeping or scope is None or scope.loop is None:
+        return None
+    header, line = scope.loop
+    condition = header.removeprefix("while ").removesuffix(":")
+    return WaitChain((Hop("poll", f"{_label(thread)} polls `{condition}` in a sleep loop at "
+                                  f"{_at_scope(scope.file, line)}, still looping at the stall",
+                          _at_scope(scope.file, line), header),), "poll", condition)
+
+
+def _worker_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                  others: Sequence[_Process]) -> WaitChain:
+    where = f" at {at(own)}" if own is not None else ""
+    first = Hop("worker", f"{_label(thread)} waits for a batch from the DataLoader{where}",
+                at(own) if own else None, own.code if own else None)
+    workers = [p for p in others if "DataLoader worker" in p.role]
+    if not workers:
+        return WaitChain((first, Hop("unknown", "no DataLoader worker was sampled: which one "
+                                                "holds it up is unknown")), "unknown")
+    worker = workers[0]
+    main = _main(worker.sample)
+    if main is None:
+        return WaitChain((first, Hop("unknown", f"where {worker.role} stands is unknown")),
+                         "unknown")
+    inner = _thread_chain(worker, main, ())
+    hops = (first, Hop(inner.hops[0].kind, f"{worker.role} (pid {worker.sample.pid}) "
+                                 f"{_strip(inner.hops[0].text, main)}", inner.hops[0].where,
+                       inner.hops[0].code), *inner.hops[1:])
+    return WaitChain(hops, inner.end if inner.end != "unknown" else "worker", inner.subject)
+
+
+def _strip(text: str, thread: ThreadStack) -> str:
+    return text.removeprefix(_label(thread) + " ")
+
+
+def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Process]
+                  ) -> WaitChain:
+    """The chain from ``thread`` of ``process`` (see the module docstring)."""
+    frame = wait_frame(thread)
+    own = _own(thread)
+    lock = _lock_name(own.code) if own is not None else None
+    if lock is not None and frame is not None:
+        return _lock_chain(process, thread, own, lock)
+    os_wait = _os_wait(process.waits, thread)
+    if os_wait is not None and (os_wait.syscall_name == "flock" or FILE_LOCK_WCHAN.search(
+            os_wait.wchan or "")):
+        found = _file_lock_chain(process, thread, own, others)
+        if found is not None:
+            return found
+    if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and frame is not None \
+            or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
+                                        os_wait.wchan in CHILD_WCHAN):
+        return _child_chain(process, thread, own)
+    if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
+        return _worker_chain(process, thread, own, others)
+    queued = QUEUE_CODE.search(own.code or "") if own is not None else None
+    if queued and frame is not None:
+        return _queue_chain(process, thread, own, queued[1], queued[2])
+    polled = _poll_chain(process, thread)
+    if polled is not None:
+        return polled
+    here = own or frame
+    if here is None:
+        return WaitChain((Hop("unknown", f"{_label(thread)}: where it waits is unknown"),),
+                         "unknown")
+    code = f" `{here.code}`" if here.code else ""
+    verb = "waits at" if frame is not None else "stands at"
+    return WaitChain((Hop("frame", f"{_label(thread)} {verb} {at(here)}{code}", at(here),
+                          here.code),
+                      Hop("unknown", "what would release it is not named by the evidence")),
+                     "unknown")
+
+
+def _process(stall: StallEvidence | None, died: Sequence[dict[str, Any]] = (),
+             role: str = "this process") -> _Process | None:
+    if stall is None or not stall.samples:
+        return None
+    return _Process(stall.samples[-1], stall.waits, tuple(died), role,
+                    forked="DataLoader worker" in role)
+
+
+def _start(sample: StackSample) -> ThreadStack | None:
+    """The thread the chain starts from: the main thread when it waits or is the only
+    one, else the first user thread that waits."""
+    threads = user_threads(sample)
+    waiting = [t for t in threads if wait_frame(t) is not None]
+    main = next((t for t in threads if t.name == "MainThread"), None)
+    if main is not None and (wait_frame(main) is not None or not waiting):
+        return main
+    return (waiting or threads or [None])[0]
+
+
+def stall_chain(stall: StallEvidence | None, died: Sequence[dict[str, Any]] = (),
+                others: Sequence[dict[str, Any]] = ()) -> WaitChain | None:
+    """The wait chain of a stalled process: its stall evidence, the exceptions that ended
+    its other threads (``died``) and the other processes of the job sampled at the stall
+    (``others``: Evidence.others); None without a stack sample."""
+    process = _process(stall, died)
+    if process is None:
+        return None
+    thread = _start(process.sample)
+    if thread is None:
+        return None
+    sampled = [p for p in (_process(StallEvidence.from_dict(o["stall"]), (), str(o.get("role")))
+                           for o in others if o.get("stall")) if p is not None]
+    return _thread_chain(process, thread, sampled)
+
+
+def wait_chain(evidence: Evidence) -> WaitChain | None:
+    """The wait chain of a stalled process's evidence (``stall_chain``)."""
+    return stall_chain(evidence.stall, evidence.thread_exceptions, evidence.others)
+
+
+CHAIN_REASON = "wait chain: "
+
+
+def add_chain(verdict: Verdict, chain: WaitChain | None) -> None:
+    """Put a DEADLOCK's chain, or a STALL-BUSY's that names what it spins on, into the
+    verdict's facts ("wait_chain") and its sentence second among its reasons (replacing
+    one built from less evidence). A busy process whose chain ends unknown has nothing to
+    wait for, and gets none."""
+    if chain is None or verdict.name not in ("DEADLOCK", "STALL-BUSY") or \
+            verdict.name == "STALL-BUSY" and chain.end == "unknown":
+        return
+    verdict.facts["wait_chain"] = chain.to_dict()
+    sentence = CHAIN_REASON + chain.printed()
+    index = next((i for i, r in enumerate(verdict.reasons) if r.startswith(CHAIN_REASON)),
+                 None)
+    if index is None:
+        verdict.reasons.insert(1, sentence)
+    else:
+        verdict.reasons[index] = sentence

@@ -1,0 +1,183 @@
+"""The wait chain (nsadiag.verdict.chain) built from evidence written out by hand: each hop
+from a fact of the evidence, unknown where the evidence is silent; and the probes it reads
+(the with-blocks around a line, /proc/locks and syscall lines)."""
+
+from __future__ import annotations
+
+from nsadiag.evidence import (
+    Evidence,
+    ProcessOutcome,
+    StackFrame,
+    StackSample,
+    StallEvidence,
+    ThreadStack,
+)
+from nsadiag.probes.scopes import enclosing
+from nsadiag.probes.waits import (
+    FileLock,
+    OpenFile,
+    ProcessWaits,
+    Scope,
+    ThreadWait,
+    parse_locks,
+    parse_syscall,
+)
+from nsadiag.verdict.chain import WaitChain, wait_chain
+
+TRAIN = "/home/u/train.py"
+
+
+def frame(function: str, line: int, code: str, file: str = TRAIN) -> StackFrame:
+    return StackFrame(function, file, line, code=code)
+
+
+def thread(tid: int, name: str, *frames: StackFrame) -> ThreadStack:
+    return ThreadStack(tid, name, list(frames), os_thread_id=tid, active=False)
+
+
+def evidence(threads: list[ThreadStack], waits: ProcessWaits | None,
+             died: list[dict] | None = None, others: list[dict] | None = None,
+             pid: int = 100) -> Evidence:
+    stall = StallEvidence(6.0, 2.0, 0.0, samples=[StackSample(1.0, pid, threads)], waits=waits)
+    return Evidence({"command": ["python", "train.py"]}, [], {}, None,
+                    ProcessOutcome(None, 9, "SIGKILL", True, "stall"), stall, None, 0,
+                    thread_exceptions=died or [], others=others or [])
+
+
+def roundtrip(chain: WaitChain | None) -> WaitChain:
+    assert chain is not None
+    assert WaitChain.from_dict(chain.to_dict()) == chain
+    return chain
+
+
+def test_two_locks_in_opposite_order_are_a_cycle_naming_both_threads_and_lines():
+    main = thread(100, "MainThread", frame("main", 51, "with stats_lock:"))
+    logger = thread(101, "logger", frame("log", 31, "with model_lock:"))
+    scopes = (Scope(100, TRAIN, "main", 51, (("model_lock", 46),)),
+              Scope(101, TRAIN, "log", 31, (("stats_lock", 28),)))
+    chain = roundtrip(wait_chain(evidence([main, logger], ProcessWaits(100, (), scopes=scopes))))
+    assert chain.end == "lock-cycle"
+    assert chain.printed() == (
+        "the main thread waits for `stats_lock` at train.py:51 -> `stats_lock` is held by "
+        "thread logger (inside `with stats_lock:` at train.py:28) -> thread logger waits for "
+        "`model_lock` at train.py:31, which the main thread holds (inside `with model_lock:` "
+        "at train.py:46): each waits for the other")
+
+
+def test_a_lock_no_live_thread_holds_is_said_so_and_in_a_forked_worker_blamed_on_the_fork():
+    main = thread(100, "MainThread", frame("main", 51, "with stats_lock:"))
+    alone = roundtrip(wait_chain(evidence([main], ProcessWaits(100, ()))))
+    assert alone.end == "lock-lost" and "no live thread" in alone.printed()
+    # the scopes were not read: the holder is unknown, not "no one"
+    unread = roundtrip(wait_chain(evidence([main], None)))
+    assert unread.end == "unknown" and "unknown" in unread.hops[-1].text
+    loader = thread(100, "MainThread", frame("main", 61, "for batch in loader:"),
+                    frame("_get_data", 1, "idx, data = self._get_data()",
+                          "/venv/site-packages/torch/utils/data/dataloader.py"))
+    loader.frames.insert(0, frame("wait", 320, "waiter.acquire()", "/usr/lib/python3.11/"
+                                  "threading.py"))
+    worker = thread(200, "MainThread", frame("__getitem__", 43, "with self.lock:"))
+    other = {"pid": 200, "role": "DataLoader worker 0 of the main process", "stall": (
+        StallEvidence(6.0, 2.0, 0.0, samples=[StackSample(1.0, 200, [worker])],
+                      waits=ProcessWaits(200, ())).to_dict())}
+    forked = roundtrip(wait_chain(evidence([loader], ProcessWaits(100, ()), others=[other])))
+    assert forked.end == "lock-lost-fork"
+    assert forked.printed().startswith(
+        "the main thread waits for a batch from the DataLoader at train.py:61 -> DataLoader "
+        "worker 0 of the main process (pid 200) waits for `self.lock` at train.py:43 -> ")
+    assert "locked when the process was forked" in forked.printed()
+
+
+def test_a_queue_whose_producer_died_names_the_exception_and_one_without_names_no_producer():
+    get = thread(100, "MainThread", frame("wait", 320, "waiter.acquire()",
+                                          "/usr/lib/python3.11/threading.py"),
+                 frame("main", 47, "batch = batches.get()"))
+    died = [{"thread": "producer", "type": "ValueError", "message": "bad record",
+             "where": "parse (train.py:30)"}]
+    chain = roundtrip(wait_chain(evidence([get], ProcessWaits(100, ()), died=died)))
+    assert chain.end == "producer-died" and chain.subject == "batches"
+    assert chain.printed() == ("the main thread waits for an item from `batches` at "
+                               "train.py:47 -> thread producer died of ValueError: bad record "
+                               "at parse (train.py:30)")
+    nobody = roundtrip(wait_chain(evidence([get], ProcessWaits(100, ()))))
+    assert nobody.end == "no-producer" and "no other thread" in nobody.printed()
+
+
+def test_a_child_reading_a_pipe_whose_write_end_we_hold_is_a_pipe_that_never_ends():
+    wait = thread(100, "MainThread", frame("_try_wait", 1959, "(pid, sts) = os.waitpid()",
+                                           "/usr/lib/python3.11/subprocess.py"),
+                  frame("dedupe", 27, "sorter.wait()"))
+    child = ProcessWaits(300, ("sort", "-u"), (ThreadWait(300, "pipe_read", 0, "read", 0),),
+                         (OpenFile(0, "pipe:[77]", "r", 77),))
+    ours = ProcessWaits(100, ("python",), (ThreadWait(100, "do_wait", 61, "wait4", 300),),
+                        (OpenFile(10, "pipe:[77]", "w", 77),), (child,))
+    chain = roundtrip(wait_chain(evidence([wait], ours)))
+    assert chain.end == "pipe-eof" and chain.subject == "sort -u"
+    assert chain.printed() == (
+        "the main thread waits for child pid 300 (`sort -u`) to exit at train.py:27 -> pid "
+        "300 is blocked reading fd 0 (its stdin), pipe:[77], a pipe whose write end this "
+        "process holds (fd 10) and never closed: it never reaches end of file")
+    # the same child reading a pipe someone else writes: blocked, but no pipe claim
+    theirs = ProcessWaits(100, ("python",), ours.threads, (), (child,))
+    other = roundtrip(wait_chain(evidence([wait], theirs)))
+    assert other.end == "child-waits" and "write end" not in other.printed()
+
+
+def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
+    main = thread(100, "MainThread", frame("main", 40, "fcntl.flock(cache, fcntl.LOCK_SH)"))
+    locks = (FileLock("FLOCK", "WRITE", 200, 9, False, "/tmp/cache.bin"),
+             FileLock("FLOCK", "READ", 100, 9, True, "/tmp/cache.bin"))
+    ours = ProcessWaits(100, (), (ThreadWait(100, "locks_lock_inode_wait", 73, "flock", 3),),
+                        locks=locks)
+    holder = thread(200, "MainThread", frame("warm", 28, "may_write.wait()"))
+    other = {"pid": 200, "role": "a helper process", "stall": StallEvidence(
+        6.0, 2.0, 0.0, samples=[StackSample(1.0, 200, [holder])],
+        waits=ProcessWaits(200, ("python", "warm.py"))).to_dict()}
+    chain = roundtrip(wait_chain(evidence([main], ours, others=[other])))
+    assert chain.end == "file-lock" and chain.subject == "/tmp/cache.bin"
+    assert chain.printed() == (
+        "the main thread waits for the flock lock on /tmp/cache.bin at train.py:40 -> it is "
+        "held (write) by pid 200 (`python warm.py`), by /proc/locks -> pid 200: the main "
+        "thread waits at train.py:28 `may_write.wait()`")
+
+
+def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
+    sleep = thread(100, "MainThread", frame("wait_for_eval", 24, "time.sleep(0.2)"))
+    scopes = (Scope(100, TRAIN, "wait_for_eval", 24, (),
+                    ("while not os.path.exists(marker):", 23)),)
+    chain = roundtrip(wait_chain(evidence([sleep], ProcessWaits(100, (), scopes=scopes))))
+    assert chain.end == "poll" and chain.subject == "not os.path.exists(marker)"
+    assert chain.hops[0].where == "train.py:23"
+    odd = thread(100, "MainThread", frame("main", 12, "result = future.result()"))
+    unknown = roundtrip(wait_chain(evidence([odd], ProcessWaits(100, ()))))
+    assert unknown.end == "unknown" and unknown.hops[-1].kind == "unknown"
+
+
+def test_the_with_blocks_around_a_line_are_read_from_the_source(tmp_path):
+    source = tmp_path / "t.py"
+    source.write_text("def f(a, b):\n"
+                      "    while True:\n"
+                      "        with a:\n"
+                      "            with b:\n"
+                      "                pass\n"
+                      "\n"
+                      "def g(c):\n"
+                      "    with c:\n"
+                      "        pass\n")
+    assert enclosing(str(source), 3) == ((), ("while True:", 2))  # waiting to enter a
+    assert enclosing(str(source), 4) == ((("a", 3),), ("while True:", 2))
+    assert enclosing(str(source), 5) == ((("a", 3), ("b", 4)), ("while True:", 2))
+    assert enclosing(str(source), 9) == ((("c", 8),), None)
+    assert enclosing(str(tmp_path / "missing.py"), 1) is None
+
+
+def test_proc_locks_and_syscall_lines_are_parsed():
+    text = ("1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF\n"
+            "1: -> FLOCK  ADVISORY  READ  4343 08:01:1234 0 EOF\n"
+            "2: POSIX  ADVISORY  WRITE 77 00:2b:99 0 EOF\n")
+    assert parse_locks(text) == [("FLOCK", "WRITE", 4242, 1234, False),
+                                 ("FLOCK", "READ", 4343, 1234, True),
+                                 ("POSIX", "WRITE", 77, 99, False)]
+    assert parse_syscall("0 0x3 0x7ffd 0x1 0x0 0x0 0x0 0x7ffd 0x7f") == (0, 3)
+    assert parse_syscall("running") == (None, None)
+    assert parse_syscall("-1 0x7ffd 0x7f") == (None, None)

@@ -1,0 +1,83 @@
+"""Strangers' stuck scripts (repro/scripts/) through `nsadiag run`: the report's top block
+names the wait chain each script's docstring states, and the Next line follows from the
+chain's end."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import SCRIPTS
+from tests.zoo.test_run_scripts import _line, nsadiag_run
+
+
+def _top(tmp_path) -> list[str]:
+    report = (tmp_path / "run" / "report.md").read_text().split("\n## ")[0]
+    return report.splitlines()
+
+
+def _run(tmp_path, script: str) -> tuple[dict, dict, list[str]]:
+    done, summary, record, _ = nsadiag_run(tmp_path, ["--stall-timeout", "4"],
+                                           [sys.executable, str(SCRIPTS / script)])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "DEADLOCK", summary["headline"]
+    return summary, record["verdict"]["facts"]["wait_chain"], _top(tmp_path)
+
+
+def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tmp_path):
+    summary, chain, top = _run(tmp_path, "two_locks_opposite_order.py")
+    script = "two_locks_opposite_order.py"
+    inner = _line(script, "with stats_lock:", exact=True)  # the logger's, taken first
+    main_wait = max(i for i, text in enumerate((SCRIPTS / script).read_text().splitlines(), 1)
+                    if text.strip() == "with stats_lock:")
+    logger_wait = _line(script, "with model_lock:", exact=True)
+    main_holds = max(i for i, text in enumerate((SCRIPTS / script).read_text().splitlines(), 1)
+                     if text.strip() == "with model_lock:")
+    assert chain["end"] == "lock-cycle"
+    assert chain["printed"] == (
+        f"the main thread waits for `stats_lock` at {script}:{main_wait} -> `stats_lock` is "
+        f"held by thread logger (inside `with stats_lock:` at {script}:{inner}) -> thread "
+        f"logger waits for `model_lock` at {script}:{logger_wait}, which the main thread holds "
+        f"(inside `with model_lock:` at {script}:{main_holds}): each waits for the other")
+    assert f"- **Waits:** {chain['printed']}" in top
+    assert summary["finding"]["next_action"].startswith(
+        "Take the locks `stats_lock` and `model_lock` in the same order in every thread")
+
+
+@pytest.mark.parametrize(("script", "end", "says", "next_starts"), [
+    ("lock_across_queue_put.py", "queue-full", "thread loader waits in `batches.put` at ",
+     "Do not hold the lock `state_lock` across a blocking `put`"),
+    ("child_never_exits.py", "pipe-eof", "(`sort -u`) to exit at child_never_exits.py:",
+     "Close the write end before waiting for `sort -u`"),
+    ("file_lock_sibling.py", "file-lock", "`may_write.wait()",
+     "The process holding the file lock on /"),
+    ("poll_for_file.py", "poll", "polls `not os.path.exists(marker)` in a sleep loop at "
+     "poll_for_file.py:", "Add a timeout to the polling loop at poll_for_file.py:"),
+])
+def test_each_stuck_script_names_its_chain_and_a_next_step_from_its_end(tmp_path, script, end,
+                                                                          says, next_starts):
+    summary, chain, top = _run(tmp_path, script)
+    assert chain["end"] == end, chain["printed"]
+    assert says in chain["printed"]
+    assert f"- **Waits:** {chain['printed']}" in top
+    assert summary["finding"]["next_action"].startswith(next_starts), \
+        summary["finding"]["next_action"]
+    assert "lock" not in summary["finding"]["next_action"] or end in ("queue-full",
+                                                                      "file-lock")
+    if end == "file-lock":  # a wait in the kernel: the line is the chain's first hop
+        assert summary["finding"]["culprit"]["where"] == chain["hops"][0]["where"]
+
+
+def test_a_host_read_loop_in_the_loss_is_named_with_per_iteration_advice(tmp_path):
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--deadline", "15", "--stall-timeout", "30"],
+        [sys.executable, str(SCRIPTS / "loss_token_loop.py")])
+    assert summary["verdict"] == "SLOW", (summary["headline"], record["verdict"]["reasons"])
+    loop = _line("loss_token_loop.py", "for count in range(targets.shape[0]):", exact=True)
+    culprit = summary["finding"]["culprit"]
+    # the inner loop of the loss function, not the outer step loop
+    assert culprit["line"] == loop and culprit["host_read"].startswith(f"{loop + 1} `token = ")
+    assert summary["finding"]["next_action"].startswith(
+        f"Replace the loop at loss_token_loop.py:{loop}-")
+    assert f"(line {loop + 1} `token = " in summary["finding"]["next_action"]
