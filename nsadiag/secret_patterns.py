@@ -88,8 +88,11 @@ _ENCODED = re.compile(r"(?:(?<=%26)|(?<=%3[Ff])|(?<![\w%-]))([A-Za-z_][\w-]*+)(%
 # values, matched where a secret name ends: quoted to the closing quote or the end of
 # the line, never searched for past it; else up to a delimiter
 _NOT_A_VALUE = r"(?!<redacted>|value\b|<\w+>)"
+# an unquoted name indexed or called (`token = targets[count].item()`) is code that
+# computes a value, not a value: a per-token loop names its variable `token`
+_CODE = r"(?![A-Za-z_][\w.]*+[\[(])"
 _VALUE = re.compile(rf"{_NOT_A_VALUE}(\"[^\"\n]*+\"?|'[^'\n]*+'?|"
-                    rf"(?:(?i:bearer|basic|token)\s+)?[^\s\"'`,;}}\])]++)")
+                    rf"{_CODE}(?:(?i:bearer|basic|token)\s+)?[^\s\"'`,;}}\])]++)")
 _FLAG_VALUE = re.compile(rf"(?!-){_VALUE.pattern}")
 _QUOTED_VALUE = re.compile(r"(\\?[\"'])((?:(?!\1).)*+)(\1)?")
 _ENCODED_VALUE = re.compile(r"(?:[\w.~+-]|%(?!26)[0-9A-Fa-f]{2})++")

@@ -52,6 +52,7 @@ KEPT = [
     "0-1-2-3-4-5-6-7-8-9", "shape (2, 1024, 8, 64) float32", "--tokenizer gpt2",
     "python -c pass", "monkey=3 bypass=4 hotkey=5", "blocks.0.attn.sel at nsa/sel.py:41",
     "sha256:3f5a9c0e", "at 12:34:56", "x[::2]", "c10::add(", "KeyboardInterrupt",
+    "token = targets[count].item()", "secret = torch.randn(4)",
 ]
 """Ordinary text a report relies on: numbers, shapes, paths and tensor values."""
 

@@ -225,7 +225,8 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         verdict = decide(evidence)
         data = evidence.to_dict()
     data.update(extra or {})
-    data["source"] = capture(data, run_dir)  # the code of the lines it names, from this machine
+    # the code of the lines the evidence and the verdict's facts name, from this machine
+    data["source"] = capture([data, verdict.to_dict()], run_dir)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", data, reserve=False)
     return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),

@@ -31,7 +31,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(VOCAB, 64), nn.Linear(64, VOCAB))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(200):
+    for step in range(20_000):  # a long run: no machine finishes it within the deadline
         tokens = torch.randint(0, VOCAB, (SEQ_LEN + 1,))
         logits = model(tokens[:-1])
         loss = token_loss(logits, tokens[1:])

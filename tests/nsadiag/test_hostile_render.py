@@ -212,7 +212,9 @@ def test_the_culprits_code_comes_from_what_the_record_stored(tmp_path):
     record.evidence["source"] = capture(record.evidence)
     stored = record.evidence["source"]["files"][loop_file]
     assert stored["shown"] == "repro/per_token_loop.py" and [26, 30, ["t"]] in stored["loops"]
-    assert sorted(stored["lines"]) == ["26", "28"]  # the line and its loop's header only
+    # the line, its loop's header and the one line of the loop's body a finding reads
+    # (an append: what a memory finding looks for); no other neighbour
+    assert sorted(stored["lines"]) == ["26", "28", "30"]
     moved = TrialRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     culprit = culprit_of(moved)
     assert culprit.where() == "repro/per_token_loop.py:26-30"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from nsadiag.evidence import StackFrame
 from nsadiag.finding import Culprit
 from nsadiag.finding.culprit import host_read_in, retain_culprit
+from nsadiag.finding.source import Sources, capture, sources_of
 from nsadiag.finding.trial import next_action, proof_of
 from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
@@ -25,9 +26,14 @@ def test_a_loop_whose_body_reads_the_host_is_named_with_that_line(tmp_path):
                       "        token = targets[i].item()  # one read per token\n"
                       "        seen.add(token)\n"
                       "    return seen\n")
-    assert host_read_in(str(source), (3, 5)) == "4 `token = targets[i].item()  # one read " \
-                                                "per token`"
-    assert host_read_in(str(source), (2, 3)) is None  # the header alone is not the body
+    here = Sources(live=True)  # this machine's file, as where the record is made
+    assert host_read_in(here, str(source), (3, 5)) == "4 `token = targets[i].item()  # one " \
+                                                      "read per token`"
+    assert host_read_in(here, str(source), (2, 3)) is None  # the header alone is not the body
+    # what the record carries of the file (the loop's header named) holds the same line
+    stored = sources_of({"source": capture({"file": str(source), "line": 3})})
+    assert host_read_in(stored, str(source), (3, 5)) == host_read_in(here, str(source), (3, 5))
+    assert stored.code_at(str(source), 2) is None  # a line no finding reads is not kept
 
 
 def test_per_iteration_advice_only_for_a_loop_that_reads_the_host():
@@ -96,14 +102,22 @@ def _oom(script, facts: dict) -> TrialRecord:
                                 "facts": facts}, trial_dir="/nonexistent", wall_s=20.0)
 
 
+def _retained(record: TrialRecord):
+    return retain_culprit(record, sources_of(record.evidence))
+
+
 def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tensor(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LEAK)
     facts = {"rss_growth_per_step": 18 * 2**20, "rss_holder": "main (train.py:8)"}
-    culprit = retain_culprit(_oom(script, facts))
+    culprit = _retained(_oom(script, facts))
     # the list made anew in every pass keeps nothing across steps; `history` does
     assert culprit is not None and culprit.line == 10 and culprit.retains == "history"
     assert culprit.why.endswith("memory grew 18.0 MiB per step")
+    # the same from what the record carries of the file (the holder's line named)
+    stored = _oom(script, facts)
+    stored.evidence["source"] = capture({"file": str(script), "line": 8})
+    assert _retained(stored) == culprit
     said = next_action("OOM", facts, culprit)
     assert said.startswith("Keep the value, not the tensor, in `history` at ")
     assert said.endswith("memory grew 18.0 MiB per step.")
@@ -111,8 +125,8 @@ def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tens
     values.write_text(LEAK.replace("history.append(val_loss)",
                                    "history.append(val_loss.item())"))
     kept = {**facts, "rss_holder": "main (values.py:8)"}
-    assert retain_culprit(_oom(values, kept)) is None  # keeps values: nothing to blame
-    assert retain_culprit(_oom(script, {"rss_holder": "main (train.py:8)"})) is None
+    assert _retained(_oom(values, kept)) is None  # keeps values: nothing to blame
+    assert _retained(_oom(script, {"rss_holder": "main (train.py:8)"})) is None
 
 
 def test_memory_that_grows_without_a_named_container_is_not_given_peak_advice():
