@@ -31,11 +31,13 @@ readings around the rise) and the steps they did it in. ``mark_memory()`` adds a
 from the thread that runs the model (nsadiag.harness.watched calls it as each top-level
 module call begins and ends), so what a forward allocates goes to the line that called it.
 
-Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
-dict, which would keep a reassigned tensor alive; so only user frames are read (the
-innermost one at each sample), and every frame read once is read again at every sample
-while it is on the stack, which keeps its copy current: a stale value lives at most one
-interval longer than it would have.
+The integer locals are read from the frame's memory (nsadiag.probes.framemem), never
+through ``frame.f_locals``: on CPython < 3.13 that writes the frame's locals dict from this
+thread, keeps every local alive in it, and crashed a watched process. Only user frames are
+read: the innermost one at each sample, and every frame read once again at every sample
+while it is on the stack (an outer loop keeps being followed while inner code runs). Where
+the frame layout cannot be confirmed no locals are read, and a loop shows only through its
+stack states and the work counters.
 
 Outputs:
 - ``emit(fields)`` at most every ``pulse_s`` (1 s): a "pulse" heartbeat event with
@@ -45,13 +47,14 @@ Outputs:
 - ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
   stacks aggregated by (frames, code line, phase, module, op) with counts and on-CPU
   counts, the loops (integer locals that moved: where the current pass began, the end of
-  their ``range`` where the source and the frame's locals tell it, the phase and module
+  their ``range`` where the source and the loop's iterator tell it, the phase and module
   they were last read in), the seconds the sampler was held off by phase, and the memory
   ledger, in the format ``nsadiag.probes.profile`` reads and summarizes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import linecache
 import os
@@ -66,8 +69,9 @@ from types import FrameType
 from typing import Any
 
 from nsadiag.probes.counters import WorkCounters
+from nsadiag.probes.framemem import FrameReader, reader
 from nsadiag.probes.frames import LIBRARY_PATH
-from nsadiag.probes.loops import loop_end
+from nsadiag.probes.loops import for_loop
 
 INTERVAL_S = 0.1
 PULSE_S = 1.0
@@ -275,11 +279,12 @@ class ProfileBook:
         self.on_cpu[key] += on_cpu
 
     def see_locals(self, t: float, frame: Frame, ints: dict[str, int],
-                   names: dict[str, Any] | None = None, phase: str | None = None,
-                   module: str | None = None) -> None:
+                   end_of: Callable[[int], int | None] | None = None,
+                   phase: str | None = None, module: str | None = None) -> None:
         """Readings of a frame's integer locals; one Loop per (function, file, variable),
-        at the first line it was read at, whichever line the frame is on now. ``names``
-        (the frame's locals) gives a moving loop the end of its ``range``."""
+        at the first line it was read at, whichever line the frame is on now. ``end_of``
+        (a value -> where the running ``range`` loop that yielded it ends) gives a moving
+        loop counter of a ``for ... in range(...)`` statement its end."""
         function, file, line = frame
         for name, value in ints.items():
             key = (function, file, name)
@@ -290,8 +295,10 @@ class ProfileBook:
             if loop.update(t, value):
                 loop.phase, loop.module = phase, module
                 # the source is parsed once a local moved twice: a loop, not a value
-                if loop.end is None and names is not None and loop.observations >= 3:
-                    loop.end = loop_end(file, function, name, names)
+                if loop.end is None and end_of is not None and loop.observations >= 3:
+                    source = for_loop(file, function, name)
+                    if source is not None and source.end is not None:
+                        loop.end = end_of(value)
 
     def to_dict(self) -> dict[str, Any]:
         stacks = [{"frames": [list(f) for f in frames], "code": code, "phase": phase,
@@ -331,18 +338,6 @@ def frames_of(frame: FrameType | None) -> list[FrameType]:
         found.append(frame)
         frame = frame.f_back
     return found  # innermost first
-
-
-def int_locals(frame: FrameType, names: dict[str, Any] | None = None) -> dict[str, int]:
-    """Up to MAX_LOCALS integer locals of ``frame`` (bools excluded); ``names`` is its
-    ``f_locals`` when already read."""
-    ints = {}
-    for name, value in (frame.f_locals if names is None else names).items():
-        if type(value) is int:
-            ints[name] = value
-            if len(ints) >= MAX_LOCALS:
-                break
-    return ints
 
 
 class ThreadClock:
@@ -420,6 +415,7 @@ class Sampler(threading.Thread):
         self._judge = ProgressJudge()
         self.book = ProfileBook(interval_s)
         self._watched_frames: set[int] = set()
+        self._frames: FrameReader | None = None  # set when the thread runs
         self._stop_event = threading.Event()
         self._progress_since_pulse = False
         self._last_progress = time.monotonic()
@@ -442,6 +438,7 @@ class Sampler(threading.Thread):
             self.join(timeout_s)
 
     def run(self) -> None:
+        self._frames = reader()
         self._own_clock = ThreadClock(threading.get_native_id())
         self._own_runq = self._own_clock.read()[1]
         next_pulse = next_profile = time.monotonic()
@@ -463,6 +460,9 @@ class Sampler(threading.Thread):
                 os.close(self._statm)
                 self._statm = None
         self._clock.close()
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
         if self._own_clock is not None:
             self._own_clock.close()
 
@@ -559,18 +559,20 @@ class Sampler(threading.Thread):
     def _loop_state(self, t: float, user: list[FrameType], phase: str | None,
                     module: str | None) -> tuple[tuple[str, int], ...]:
         """Integer locals of the innermost user frame and of every user frame read before
-        that is still on the stack (re-read, so its copy of the locals stays current)."""
-        if not user:
+        that is still on the stack (an outer loop is followed while inner code runs), read
+        from the frames' memory (nsadiag.probes.framemem), never through ``f_locals``."""
+        if not user or self._frames is None:
             return ()
         read = [f for f in user if f is user[0] or id(f) in self._watched_frames]
         self._watched_frames = {id(f) for f in read}
         values: list[tuple[str, int]] = []
+        reader_ = self._frames
         for frame in read:
-            names = frame.f_locals
-            ints = int_locals(frame, names)
+            ints = reader_.int_locals(frame, MAX_LOCALS)
             code = frame.f_code
             self.book.see_locals(t, (code.co_name, code.co_filename, frame.f_lineno or 0),
-                                 ints, names, phase, module)
+                                 ints, functools.partial(reader_.range_end, frame), phase,
+                                 module)
             values += sorted(ints.items())
         return tuple(values)
 
