@@ -19,8 +19,11 @@ Each read is a ``pread`` of this process's memory: a pointer that went stale bet
 reads (the frame returned, its memory was reused) yields wrong bytes or an error, never a
 fault, and no Python object is created from a pointer, so no reference count moves and no
 object's lifetime changes. An ``int`` is decoded from its digits; an object is taken as one
-only when its type pointer is ``int``'s (``bool`` is not). A wrong value is possible for one
-sample at most while a frame is being left; it can only make one sample look like progress.
+only when its type pointer is ``int``'s (``bool`` is not). The program runs on while this
+thread reads (a ``pread`` lets the GIL go), so an int can be freed and its memory reused by
+another int between reading the slot and reading the int: the slots are read again after
+their ints, and a value is kept only when its slot still points at the same object (a
+loop's counter read without this check once summed 1.25e9 iterations of an 8,192 loop).
 
 ``range`` loops: a running ``for x in range(...)`` keeps its iterator on the value stack.
 The iterator (3.11: start, step, length and an index; 3.12+: the next value, step and the
@@ -148,13 +151,16 @@ def _read_int(mem: int, address: int) -> int | None:
 
 
 def _slot_int(mem: int, pointer: int) -> int | None:
-    """An int held in a slot directly or through a cell (a loop variable a closure reads)."""
+    """An int held in a slot directly or through a cell (a loop variable a closure reads).
+    A cell's content is read again after its int: a different pointer then means the int
+    may have been freed while it was read, and the reading is dropped."""
     if not pointer:
         return None
     kind = _word(mem, pointer + WORD)
     if kind == _CELL_TYPE:
-        pointer = _word(mem, pointer + 2 * WORD) or 0
-        return _read_int(mem, pointer) if pointer else None
+        content = _word(mem, pointer + 2 * WORD) or 0
+        value = _read_int(mem, content) if content else None
+        return value if _word(mem, pointer + 2 * WORD) == content else None
     return _read_int(mem, pointer) if kind == _INT_TYPE else None
 
 
@@ -196,7 +202,15 @@ class FrameReader:
                 found[name] = value
                 if len(found) >= limit:
                     break
-        return found
+        # the program runs while this thread reads (each read lets the GIL go): a slot that
+        # points elsewhere now may have let its int be freed and reused meanwhile, so only
+        # the values of slots that held the same object before and after are kept
+        again = _words(self.layout.mem, base + self.layout.locals, len(names))
+        if again is None:
+            return {}
+        same = {name for name, before, after in zip(names, slots, again, strict=True)
+                if before == after}
+        return {name: value for name, value in found.items() if name in same}
 
     def range_end(self, frame: FrameType, value: int) -> int | None:
         """Where the ``range`` loop that last yielded ``value`` ends (exclusive), from the
@@ -207,10 +221,11 @@ class FrameReader:
         code = frame.f_code
         start = base + self.layout.locals + len(local_names(code)) * WORD
         stack = _words(self.layout.mem, start, min(code.co_stacksize, MAX_SCAN_WORDS))
-        for pointer in stack or ():
+        for index, pointer in enumerate(stack or ()):
             if pointer and _word(self.layout.mem, pointer + WORD) == _RANGE_ITER_TYPE:
                 end = self._iterator_end(pointer, value)
-                if end is not None:
+                # still on the stack after the read: the iterator was alive while read
+                if end is not None and _word(self.layout.mem, start + index * WORD) == pointer:
                     return end
         return None
 
