@@ -6,6 +6,9 @@ progress since the last sample. Progress is any of:
 
 - a work counter moved (``nsadiag.probes.counters``): module calls, autograd nodes run;
 - the heartbeat wrote an event (a block entered or left, a step ended);
+- the main thread is in torch.compile's compiler and it, or a process below this one (a
+  compile worker, the C++ compiler), used CPU time since the last pulse, for at most
+  COMPILE_BOUND_S of one compile (nsadiag.probes.compiler);
 - the main thread is in a state never seen since the last progress: its stack (function
   and line of every frame) together with the integer locals of its user-code frames. A
   ``for t in range(S)`` loop moves ``t`` whether it computes, waits for a GPU or sleeps
@@ -43,7 +46,9 @@ Outputs:
 - ``emit(fields)`` at most every ``pulse_s`` (1 s): a "pulse" heartbeat event with
   ``progress`` (any progress since the last pulse), ``idle_s`` (seconds since the last
   progress), ``frame`` (innermost user frame, "function (file:line)"), ``cpu_s`` (main
-  thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``;
+  thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``, and while the main
+  thread compiles ``compiling_s`` (seconds in this compile) and ``compiler`` (the
+  compiler's entry frame);
 - ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
   stacks aggregated by (frames, code line, phase, module, op) with counts and on-CPU
   counts, the loops (integer locals that moved: where the current pass began, the end of
@@ -68,6 +73,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nsadiag.probes.compiler import (
+    COMPILE_BOUND_S,
+    COMPILE_WORK_S,
+    compiler_frame,
+    descendants_cpu_s,
+)
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.framemem import FrameReader, reader
 from nsadiag.probes.frames import LIBRARY_PATH
@@ -420,6 +431,9 @@ class Sampler(threading.Thread):
         self._progress_since_pulse = False
         self._last_progress = time.monotonic()
         self._last_user_frame: str | None = None
+        self._compiler: Frame | None = None  # the compiler's entry frame while compiling
+        self._compile_started: float | None = None
+        self._compile_work: float | None = None  # CPU seconds at the previous pulse
         self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
         self._previous_stack: set[Frame] = set()
         self._memory_lock = threading.Lock()  # readings come from hooks too
@@ -452,6 +466,7 @@ class Sampler(threading.Thread):
             if profile and self._profile_path is not None:
                 self._guarded(self._write_profile)
                 next_profile = now + self._profile_s
+        self._compiler = None  # the last pulse compares no compile (its thread may be gone)
         self._guarded(self._pulse)
         if self._profile_path is not None:
             self._guarded(self._write_profile)
@@ -480,12 +495,18 @@ class Sampler(threading.Thread):
 
     def _sample(self) -> None:
         frame = sys._current_frames().get(self._main_ident)
-        if frame is None:
+        if frame is None:  # the thread ended: no compile of its own goes on
+            self._compiler = self._compile_started = self._compile_work = None
             return
         t = time.time()
         on_cpu_s, runq_s = self._clock.read()
         phase, module = self._context()
         stack = stack_of(frame)
+        self._compiler = compiler_frame(stack)
+        if self._compiler is None:
+            self._compile_started = self._compile_work = None
+        elif self._compile_started is None:
+            self._compile_started = time.monotonic()
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
         ints = self._loop_state(t, user, phase, module)
@@ -576,9 +597,24 @@ class Sampler(threading.Thread):
             values += sorted(ints.items())
         return tuple(values)
 
+    def _compiled_since_pulse(self, cpu_s: float) -> bool:
+        """Whether a compile of the main thread did work since the previous pulse (see
+        the module docstring); the first pulse of a compile has nothing to compare."""
+        started = self._compile_started
+        if self._compiler is None or started is None:
+            return False
+        work = cpu_s + descendants_cpu_s()
+        previous, self._compile_work = self._compile_work, work
+        return previous is not None and work - previous >= COMPILE_WORK_S and \
+            time.monotonic() - started <= COMPILE_BOUND_S
+
     def _pulse(self) -> None:
         counters = self._counters
         cpu_s, wait_s = self._clock.read()
+        if self._compiled_since_pulse(cpu_s):
+            self._progress_since_pulse = True
+            self._last_progress = time.monotonic()
+        compiler, started = self._compiler, self._compile_started
         self._emit({"progress": self._progress_since_pulse,
                     "idle_s": round(time.monotonic() - self._last_progress, 3),
                     "frame": self._last_user_frame, "cpu_s": round(cpu_s, 3),
@@ -586,7 +622,11 @@ class Sampler(threading.Thread):
                     "calls": counters.calls if counters else None,
                     "nodes": counters.nodes if counters else None,
                     "op": counters.op if counters else None,
-                    "samples": self.book.samples})
+                    "samples": self.book.samples,
+                    "compiling_s": round(time.monotonic() - started, 1)
+                    if compiler is not None and started is not None else None,
+                    "compiler": f"{compiler[0]} ({compiler[1]}:{compiler[2]})"
+                    if compiler is not None else None})
         self._progress_since_pulse = False
 
 
