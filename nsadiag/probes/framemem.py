@@ -15,15 +15,16 @@ How: a frame object holds a pointer to its interpreter frame, whose ``localsplus
 holds the fast locals, then the cells and free variables, then the value stack. The offsets
 are not hard-coded: ``Layout.calibrate`` finds them in a frame of the calling thread whose
 locals it knows, and refuses (``None``: no locals are read) when anything does not match.
-Each read is a ``pread`` of this process's memory: a pointer that went stale between two
-reads (the frame returned, its memory was reused) yields wrong bytes or an error, never a
-fault, and no Python object is created from a pointer, so no reference count moves and no
-object's lifetime changes. An ``int`` is decoded from its digits; an object is taken as one
-only when its type pointer is ``int``'s (``bool`` is not). The program runs on while this
-thread reads (a ``pread`` lets the GIL go), so an int can be freed and its memory reused by
-another int between reading the slot and reading the int: the slots are read again after
-their ints, and a value is kept only when its slot still points at the same object (a
-loop's counter read without this check once summed 1.25e9 iterations of an 8,192 loop).
+Each read is a ``pread`` of this process's memory, made with the GIL held (``read_at``): a
+pointer that went stale between two reads (the frame returned, its memory was reused)
+yields wrong bytes or an error, never a fault, and no Python object is created from a
+pointer, so no reference count moves and no object's lifetime changes. An ``int`` is
+decoded from its digits; an object is taken as one only when its type pointer is ``int``'s
+(``bool`` is not). The program runs on between two reads (the GIL may pass to it), so an
+int can be freed and its memory reused by another int between reading the slot and reading
+the int: the slots are read again after their ints, and a value is kept only when its slot
+still points at the same object (a loop's counter read without this check once summed
+1.25e9 iterations of an 8,192 loop).
 
 ``range`` loops: a running ``for x in range(...)`` keeps its iterator on the value stack.
 The iterator (3.11: start, step, length and an index; 3.12+: the next value, step and the
@@ -34,6 +35,7 @@ last is the variable's value now.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 import sys
@@ -105,12 +107,33 @@ def _find_offsets(mem: int) -> tuple[int, int] | None:
     return layout
 
 
-def _read(mem: int, address: int, size: int) -> bytes | None:
+_LIBC = ctypes.PyDLL(None)  # a PyDLL call keeps the GIL: see read_at
+_PREAD = _LIBC.pread
+_PREAD.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long)
+_PREAD.restype = ctypes.c_ssize_t
+
+
+def read_at(fd: int, size: int, offset: int, partial: bool = False) -> bytes | None:
+    """``pread`` of ``size`` bytes at ``offset`` without letting the GIL go (None when
+    fewer came, unless ``partial``: then what came, a /proc file's text).
+
+    ``os.pread`` releases the GIL around the call: from the sampler's thread every such
+    read hands the GIL to the main thread and takes it back, and on a loaded machine the
+    main thread then waits, GIL-less, for the sampler's thread to get a core again (a
+    dozen reads a sample made a model of small blocks several times slower under load).
+    A read of memory or of a /proc file returns at once."""
+    buffer = ctypes.create_string_buffer(size)
     try:
-        data = os.pread(mem, size, address)
-    except (OSError, OverflowError, ValueError):
+        done = _PREAD(fd, buffer, size, offset)
+    except ctypes.ArgumentError:
         return None
-    return data if len(data) == size else None
+    if partial:
+        return buffer.raw[:done] if done >= 0 else None
+    return buffer.raw[:size] if done == size else None
+
+
+def _read(mem: int, address: int, size: int) -> bytes | None:
+    return read_at(mem, size, address)
 
 
 def _words(mem: int, address: int, count: int) -> tuple[int, ...] | None:

@@ -80,7 +80,7 @@ from nsadiag.probes.compiler import (
     descendants_cpu_s,
 )
 from nsadiag.probes.counters import WorkCounters
-from nsadiag.probes.framemem import FrameReader, reader
+from nsadiag.probes.framemem import FrameReader, read_at, reader
 from nsadiag.probes.frames import LIBRARY_PATH
 from nsadiag.probes.loops import for_loop
 
@@ -366,7 +366,7 @@ class ThreadClock:
             try:
                 if self._fd is None:
                     self._fd = os.open(self._path, os.O_RDONLY)
-                run_ns, wait_ns, _ = os.pread(self._fd, 128, 0).split()
+                run_ns, wait_ns, _ = (read_at(self._fd, 128, 0, partial=True) or b"").split()
                 return int(run_ns) / 1e9, int(wait_ns) / 1e9
             except (OSError, ValueError):
                 self.close()
@@ -401,7 +401,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 def resident_bytes(statm: int) -> int:
     """Resident bytes of this process from an open /proc/self/statm descriptor."""
-    return int(os.pread(statm, 128, 0).split()[1]) * PAGE_BYTES
+    return int((read_at(statm, 128, 0, partial=True) or b"0 0").split()[1]) * PAGE_BYTES
 
 
 class Sampler(threading.Thread):
