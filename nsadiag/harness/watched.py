@@ -269,9 +269,10 @@ class ProcessHeartbeat:
     # ---- hooks (run on the training threads) ---------------------------------------------
 
     def _find_model(self, module: Any, args: Any) -> None:
-        """The global pre-hook, until the model is found (see the module docstring)."""
-        if self.forked or self.root is not None or not module.training or \
-                next(module.parameters(), None) is None:
+        """The global pre-hook, until the model is found (see the module docstring). It may
+        fire before the installing thread kept its handle: the next call finds the model."""
+        if self.forked or self.root is not None or self.finder is None or \
+                not module.training or next(module.parameters(), None) is None:
             return
         self.root = module
         self.finder.remove()
