@@ -119,7 +119,9 @@ def markdown(result: dict) -> str:
              "target | recompiles plain / watched | graphs plain / watched | graph breaks "
              "plain / watched |", "|---|---|---|---|---|---|---|"]
     for mode, s in result["summary"].items():
-        met = "met" if s["median_overhead"] <= TARGET else "missed"
+        # the wall figure alone moves with the load by more than the target: both must meet it
+        met = "met" if max(s["median_overhead"], s["median_cpu_overhead"]) <= TARGET \
+            else "missed"
         lines.append(f"| {mode} | {s['median_overhead']:+.1%} | "
                      f"{s['median_cpu_overhead']:+.1%} | {met} | "
                      f"{s['recompiles_plain']} / {s['recompiles_watched']} | "
