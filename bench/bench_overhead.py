@@ -41,7 +41,10 @@ def load_average() -> float:
 def one_run(mode: str, steps: int, watched: bool, scratch: Path) -> dict:
     """One run of the training script; its JSON line, the recompiles it logged, the load
     before and after, and the wall time."""
-    command = [sys.executable, str(TRAIN), "--mode", mode, "--steps", str(steps)]
+    # the small-modules model's steps take milliseconds: ten times the steps, as many seconds
+    scale = 10 if mode.startswith("small-modules") else 1
+    command = [sys.executable, str(TRAIN), "--mode", mode, "--steps", str(steps * scale),
+               "--warmup", str(5 * scale)]
     env = {**os.environ, "TORCH_LOGS": "recompiles",
            "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}  # this bench's own
     run_dir = scratch / f"run-{time.monotonic_ns()}"
@@ -104,9 +107,11 @@ def markdown(result: dict) -> str:
     lines = ["# Step-time overhead of `nsadiag run`", "",
              f"`python bench/bench_overhead.py --pairs {result['pairs']} --steps "
              f"{result['steps']}` on {result['cpus']} CPU(s), Python {result['python']}, "
-             f"torch {result['torch']}: bench/overhead_train.py (a 4-block transformer LM, "
-             "width 256, batch 8 x 128 tokens, AdamW) plain and under `nsadiag run`, "
-             "alternately; each run's median step time over the steps after 5 warm-up steps "
+             f"torch {result['torch']}: bench/overhead_train.py (eager and compiled: a 4-block "
+             "transformer LM, width 256, batch 8 x 128 tokens, AdamW; small-modules: 64 "
+             "residual blocks of Linear + LayerNorm + GELU, width 32, batch 16, SGD, about 260 "
+             "module calls a step, ten times the steps) plain and under `nsadiag run`, "
+             "alternately; each run's median step time over the steps after the warm-up steps "
              "(the compiled model's compile falls in the warm-up), one intra-op thread. "
              "TORCH_LOGS=recompiles in every run. "
              f"Target: overhead <= {TARGET:.0%}, the same compiles.", "",
@@ -114,7 +119,9 @@ def markdown(result: dict) -> str:
              "target | recompiles plain / watched | graphs plain / watched | graph breaks "
              "plain / watched |", "|---|---|---|---|---|---|---|"]
     for mode, s in result["summary"].items():
-        met = "met" if s["median_overhead"] <= TARGET else "missed"
+        # the wall figure alone moves with the load by more than the target: both must meet it
+        met = "met" if max(s["median_overhead"], s["median_cpu_overhead"]) <= TARGET \
+            else "missed"
         lines.append(f"| {mode} | {s['median_overhead']:+.1%} | "
                      f"{s['median_cpu_overhead']:+.1%} | {met} | "
                      f"{s['recompiles_plain']} / {s['recompiles_watched']} | "
@@ -138,8 +145,9 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"),
-                        default=["eager", "compiled"])
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compiled", "small-modules",
+                                                      "small-modules-compiled"),
+                        default=["small-modules", "eager", "compiled"])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench_overhead")

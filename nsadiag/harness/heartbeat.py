@@ -8,6 +8,8 @@ Every line has, in this order:
     phase          "build" | "forward" | "backward" | "optimizer"
     step           0-based step index
     module, edge   module events only: dotted module name, "enter" | "exit"
+    edges          module events of a watched user process only (``module_seen``): the
+                   block enters this event stands for, itself included
     rss            resident bytes of this process (/proc/self/statm)
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
     cuda_reserved  torch.cuda.memory_reserved(), null likewise
@@ -25,6 +27,14 @@ For module events, phase is the pass the hook belongs to: forward hooks write "f
 backward hooks write "backward". Forward events inside a step's backward phase are
 gradient-checkpoint recomputation; their forward exit may be missing, because
 non-reentrant checkpointing stops the recompute as soon as the saved tensors are rebuilt.
+
+A watched user process (nsadiag.harness.watched) writes its blocks' events through
+``module_seen``: every block entered is counted in memory and at most one "module" event
+is written per MODULE_EVENT_S, the latest enter with ``edges`` for all it stands for, and
+the file is flushed at most every FLUSH_S or when a pulse is written (the sampler pulses
+every second, so nothing waits longer than that to be read). A model of many small blocks
+would otherwise pay a JSON line and a write per block call (17 % of its step;
+bench/bench_overhead.py).
 
 Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
 This module does not import torch itself, so a trial can write its first "start" event
@@ -47,6 +57,14 @@ if TYPE_CHECKING:
     from nsadiag.targets import BranchProbe, Emit, Record, Target
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""One encoder for every event: json.dumps with separators builds a new one per call, half
+the cost of writing an event."""
+MODULE_EVENT_S = 0.05
+"""At most one aggregated module event per this many seconds (``module_seen``): twenty a
+second, far more often than the watcher polls, so the stall clock sees a progressing model."""
+FLUSH_S = 0.05
+"""A buffered writer (``buffered=True``) flushes at most this often, and at every pulse."""
 
 
 class HeartbeatWriter:
@@ -60,8 +78,14 @@ class HeartbeatWriter:
     A write that fails (a full disk) never raises into the watched code: events stop being
     written and ``lost`` says from where."""
 
-    def __init__(self, path: str | Path, rank: int | None = None):
+    def __init__(self, path: str | Path, rank: int | None = None, buffered: bool = False):
+        """``buffered``: flush at most every FLUSH_S and at every pulse, not at every
+        event (a watched user process: see the module docstring)."""
         self.path = Path(path)
+        self.buffered = buffered
+        self._flushed = 0.0  # time.monotonic() of the last flush
+        self._edges = 0  # block edges counted by module_seen since its last event
+        self._module_written = 0.0
         self.rank = rank
         self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
         self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
@@ -77,6 +101,7 @@ class HeartbeatWriter:
 
     def start(self, phase: str, step: int = 0, **extra: Any) -> None:
         """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
+        self._write_edges(self.phase)
         self.phase, self.step = phase, step
         self._open.clear()
         self._write("start", phase, **extra)
@@ -88,6 +113,26 @@ class HeartbeatWriter:
         elif name in self._open:
             del self._open[len(self._open) - 1 - self._open[::-1].index(name)]
         self._write("module", phase, module=name, edge=edge)
+
+    def module_seen(self, name: str, phase: str) -> None:
+        """A block of a watched user process entered (blocks are siblings: the one entered
+        last is the one running): counted, and written as a "module" enter event only when
+        MODULE_EVENT_S passed since the last one (see the module docstring)."""
+        self._open[:] = (name,)
+        self._edges += 1
+        now = time.monotonic()
+        if now - self._module_written >= MODULE_EVENT_S:
+            self._module_written = now
+            self._write_edges(phase)
+
+    def _write_edges(self, phase: str) -> None:
+        """The module event for the block enters counted and not written yet, if any: at
+        each interval, and before a phase starts, a step ends or the run ends (so the
+        events of a phase stand for all its enters). Called from the thread that runs the
+        model only, the one that counts them."""
+        if self._edges and self._open:
+            edges, self._edges = self._edges, 0
+            self._write("module", phase, module=self._open[-1], edge="enter", edges=edges)
 
     def context(self) -> tuple[str | None, str | None]:
         """(phase, innermost open module) right now."""
@@ -114,11 +159,13 @@ class HeartbeatWriter:
                   **measured: Any) -> None:
         """Step `self.step` finished (after the optimizer); ``measured`` adds fields such
         as the step's FLOPs and efficiency."""
+        self._write_edges(self.phase)
         self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
                     backward_s=backward_s, **measured)
 
     def end(self, status: str) -> None:
         """The trial is over; status "ok" or "error"."""
+        self._write_edges(self.phase)
         self._write("end", self.phase, status=status)
 
     def close(self) -> None:
@@ -148,8 +195,11 @@ class HeartbeatWriter:
             if self.lost is not None:
                 return
             try:
-                self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
-                self._file.flush()
+                self._file.write(_ENCODE(event) + "\n")
+                now = time.monotonic()
+                if not self.buffered or kind == "pulse" or now - self._flushed >= FLUSH_S:
+                    self._file.flush()
+                    self._flushed = now
             except OSError as err:  # a full disk: the watched process must not fail by us
                 self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
 

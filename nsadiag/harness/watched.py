@@ -7,10 +7,11 @@ it, with no edit to the user's code.
 
 - ``events.jsonl``: a heartbeat (nsadiag.harness.heartbeat) with a "start" event naming
   the process (pid, rank under torchrun, argv), sampler pulses, and once torch is in use:
-  a "forward" start at each top-level module call in training mode, module events of that
-  model's blocks (from the global forward pre- and post-hooks only: backward hooks would
-  change the autograd graph of a model we do not own, and a hook registered on a block
-  would change what a compiled model's guards check), a "backward" start at every
+  a "forward" start at each call of the model in training mode, module events of that
+  model's blocks (forward pre-hooks only: backward hooks would change the autograd graph
+  of a model we do not own; enters only, written at a bounded rate,
+  nsadiag.harness.heartbeat.module_seen),
+  a "backward" start at every
   ``torch.autograd.backward``, a "step" event at every ``Optimizer.step``, "collective"
   events (nsadiag.harness.collectives: every torch.distributed collective called through
   the ``torch.distributed`` namespace, and DDP's gradient buckets through a counted comm
@@ -31,6 +32,19 @@ built-in one); a comm hook the user registers, before or after, is wrapped to be
 A user hook registered after the first forward would be refused by DDP (one hook per
 module): this is the one behaviour the injection can change, and registering after the
 first forward is not how DDP is used.
+
+What it costs: nothing per module call. A global module hook would send every module
+call of the process through torch's slow path with hooks (16 % of a step of a model of 64
+small blocks for an empty pre- and post-hook pair; docs/observer.md), so the global forward
+pre-hook lives only until the model is found: the first module call in training mode of a
+module with parameters is the model's (its outermost call comes before its children's).
+Then hooks go on that model and its repeated blocks (nsadiag.targets find_blocks),
+registered before the call goes on, so a model compiled later compiles with them in place
+and the guards never see them change; the global hook is removed. One model per process is
+watched so, the first one trained (another model trained later shows through its steps, its
+backward and the sampler). A block call costs a counted enter (the work counter ``calls``
+counts block calls here), the model's call a "forward" start and two memory marks: O(blocks)
+a step, whatever the number of modules.
 
 Compiled code is left as it is: inside a region torch.compile traces, every hook does
 nothing and reads nothing (nsadiag.probes.counters.outside_compiled_code), so a compiled
@@ -102,7 +116,7 @@ class ProcessHeartbeat:
 
     def __init__(self, directory: Path, job: str = "run"):
         self.directory = directory
-        self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank())
+        self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank(), buffered=True)
         self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
                           argv=list(sys.argv), orig_argv=list(sys.orig_argv))
         self.counters = WorkCounters(on_backward=self._on_backward)
@@ -110,15 +124,16 @@ class ProcessHeartbeat:
                                counters=self.counters, context=self.writer.context,
                                events=lambda: self.writer.events,
                                step=lambda: self.writer.step)
-        self.roots: set[int] = set()
-        self.blocks: dict[int, str] = {}  # id(block) -> its name, of every model trained
-        self.depth = threading.local()
+        self.root: Any = None  # the model, once its first training call was seen
+        self.finder: Any = None  # the global pre-hook's handle until then
         self.steps = 0
         self.marks = {"step": time.perf_counter(), "forward": None, "backward": None}
         self.handles: list[Any] = []
         self.collectives: Any = None
         self.restore: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
-        self.pid = os.getpid()  # a forked child (a data worker) must not write here
+        self.pid = os.getpid()
+        self.forked = False  # a forked child (a data worker) must not write here
+        os.register_at_fork(after_in_child=self._after_fork)
         self.stopped = threading.Event()
         self.previous_excepthook = sys.excepthook
         self.uninstall_thread_hook: Any = None
@@ -131,6 +146,9 @@ class ProcessHeartbeat:
         threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
                          daemon=True).start()
         atexit.register(self.stop)
+
+    def _after_fork(self) -> None:
+        self.forked = True
 
     def stop(self, remove: bool = False) -> None:
         """Stop the sampler and close the heartbeat with an "end" event; with `remove`,
@@ -145,6 +163,9 @@ class ProcessHeartbeat:
         self.writer.close()
 
     def _remove(self) -> None:
+        if self.finder is not None:
+            self.finder.remove()
+            self.finder = None
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -185,17 +206,17 @@ class ProcessHeartbeat:
 
         if self.stopped.is_set():
             return
-        self.counters.install()
+        self.counters.install(count_calls=False)
         # torch warns that global hooks fire once more for the wrapper torch.compile(model)
         # returns; the hooks are nsadiag's and count that call once, so the user's stderr
         # stays as it is without nsadiag (and a -W error run is not ended by it)
         warnings.filterwarnings("ignore", category=UserWarning,
                                 message=r"Using `torch\.compile\(module\)` when there are "
                                         r"global hooks on modules")
-        self.handles += [
-            module_mod.register_module_forward_pre_hook(outside_compiled_code(self._enter)),
-            module_mod.register_module_forward_hook(outside_compiled_code(self._exit)),
-            register_optimizer_step_post_hook(outside_compiled_code(self._on_step))]
+        self.finder = module_mod.register_module_forward_pre_hook(
+            outside_compiled_code(self._find_model))
+        self.handles.append(
+            register_optimizer_step_post_hook(outside_compiled_code(self._on_step)))
         self._count_collectives()
         while not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
             if self.stopped.wait(TORCH_POLL_S):
@@ -247,50 +268,59 @@ class ProcessHeartbeat:
 
     # ---- hooks (run on the training threads) ---------------------------------------------
 
-    def _enter(self, module: Any, args: Any) -> None:
-        depth = getattr(self.depth, "n", 0)
-        self.depth.n = depth + 1
-        if os.getpid() != self.pid:
+    def _find_model(self, module: Any, args: Any) -> None:
+        """The global pre-hook, until the model is found (see the module docstring). It may
+        fire before the installing thread kept its handle: the next call finds the model."""
+        if self.forked or self.root is not None or self.finder is None or \
+                not module.training or next(module.parameters(), None) is None:
             return
-        if depth:
-            name = self.blocks.get(id(module))
-            if name is not None:
-                self.writer.module(name, "forward", "enter")
+        self.root = module
+        self.finder.remove()
+        self.finder = None
+        self.handles += [module.register_forward_pre_hook(outside_compiled_code(self._enter)),
+                         module.register_forward_hook(outside_compiled_code(self._exit))]
+        for name, block in self._find_blocks(module):
+            self.handles += self._hook_block(name, block)
+        self._enter(module, args)  # this call's pre-hooks were read before ours was added
+
+    def _hook_block(self, name: str, block: Any) -> list[Any]:
+        """A pre-hook only: the block entered last is the one running (blocks are
+        siblings), and a second hook per block would double what blocks cost."""
+        writer, counters = self.writer, self.counters
+
+        def enter(module: Any, args: Any) -> None:
+            counters.calls += 1
+            writer.module_seen(name, "forward")
+
+        return [block.register_forward_pre_hook(outside_compiled_code(enter))]
+
+    def _enter(self, module: Any, args: Any) -> None:
+        if self.forked:
             return
         self.sampler.mark_memory()  # what this call allocates is its caller's line's
         if not module.training:
             return
-        if id(module) not in self.roots:
-            self.roots.add(id(module))
-            self._find_blocks(module)
         if self.marks["forward"] is None:
             self.marks["forward"] = time.perf_counter()
         self.writer.start("forward", self.steps)
 
     def _exit(self, module: Any, args: Any, output: Any) -> None:
-        self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
-        name = self.blocks.get(id(module)) if self.depth.n else None
-        if name is not None and os.getpid() == self.pid:
-            self.writer.module(name, "forward", "exit")
-        if self.depth.n == 0 and os.getpid() == self.pid:
+        if not self.forked:
             self.sampler.mark_memory()
 
-    def _find_blocks(self, root: Any) -> None:
-        """Module events for the repeated blocks of a model seen for the first time. They
-        come from the global hooks: a hook registered on a block now would change the
-        module's hook dictionaries, which a compiled model's guards check."""
+    def _find_blocks(self, root: Any) -> list[tuple[str, Any]]:
+        """The repeated blocks of the model, by name."""
         from nsadiag.targets import find_blocks
 
         root = getattr(root, "_orig_mod", root)  # torch.compile(model) wraps the model
         inner = getattr(root, "module", None)  # DDP and DataParallel wrap the model
         prefix = "module." if inner is not None and len(list(root.children())) == 1 else ""
         blocks = find_blocks(inner if prefix else root)
-        for name, block in blocks:
-            self.blocks[id(block)] = prefix + name
         self.writer.watched_blocks = len(blocks)
+        return [(prefix + name, block) for name, block in blocks]
 
     def _on_backward(self) -> None:
-        if os.getpid() != self.pid:
+        if self.forked:
             return
         if self.marks["backward"] is None:
             self.marks["backward"] = time.perf_counter()
@@ -300,7 +330,7 @@ class ProcessHeartbeat:
         """One optimizer step: the step's time since the last, split at the step's first
         forward and first backward (data loading counts as forward). Events after it are
         the next step's."""
-        if os.getpid() != self.pid:
+        if self.forked:
             return
         now = time.perf_counter()
         began = self.marks["step"]

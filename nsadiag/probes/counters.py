@@ -7,16 +7,21 @@ inside one block moves ``calls``; a backward pass, whose Python stack sits in
 
 calls   a global forward pre-hook on every ``nn.Module``
         (``torch.nn.modules.module.register_module_forward_pre_hook``): one increment per
-        module call, about a microsecond each.
+        module call. Any global module hook sends every module call through torch's slow
+        path with hooks: 7 % of a step of a model of 64 small blocks (bench/bench_overhead.py),
+        so a watched user process installs with ``count_calls=False`` and counts the calls
+        of its model's blocks instead (nsadiag.harness.watched).
 nodes   pre-hooks on a spread of the autograd graph's nodes, installed when a backward
         starts (``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped, which
         ``Tensor.backward`` goes through) and removed when it returns. Walking the graph
         costs about a microsecond per node and a hook about five, so at most MAX_HOOKS
         nodes are hooked, evenly spread in walk order, and a backward is instrumented only
-        while backwards are long enough to matter: the first one, any after one that took
-        LONG_BACKWARD_S or more, and every RECHECK_EVERY-th. ``op`` is the name of the
-        last hooked node that ran in the backward now running, e.g. "MmBackward0"; None
-        outside backward and in a backward that is not instrumented.
+        while backwards are long enough to matter: the first one, and any after one that
+        took LONG_BACKWARD_S or more (every backward is timed, so one that grows long is
+        instrumented from the next on). Short backwards cost no walk of their graph.
+        ``op`` is the name of the last hooked node that ran in the backward now running,
+        e.g. "MmBackward0"; None outside backward and in a backward that is not
+        instrumented.
 
 Hooks are invisible to torch.compile: inside code Dynamo traces, a hook of nsadiag's does
 nothing (``outside_compiled_code``), so no attribute it reads or writes becomes a guard
@@ -39,7 +44,6 @@ from typing import Any
 
 MAX_HOOKS = 512
 LONG_BACKWARD_S = 0.5
-RECHECK_EVERY = 10
 
 
 class WorkCounters:
@@ -59,7 +63,6 @@ class WorkCounters:
         self._handles: list[Any] = []
         self._originals: dict[str, Callable[..., Any]] = {}
         self._last_backward_s: float | None = None
-        self._backwards = 0
         self._lock = threading.Lock()
 
     def snapshot(self) -> tuple[int, int]:
@@ -67,16 +70,18 @@ class WorkCounters:
 
     # ---- installing -----------------------------------------------------------------------
 
-    def install(self) -> WorkCounters:
-        """Start counting (idempotent); ``remove`` undoes it."""
+    def install(self, count_calls: bool = True) -> WorkCounters:
+        """Start counting (idempotent); ``remove`` undoes it. Without ``count_calls`` no
+        global module hook is installed: the caller counts ``calls`` itself."""
         import torch
         from torch.nn.modules import module as module_mod
 
         with self._lock:
             if self._originals:
                 return self
-            self._handles.append(module_mod.register_module_forward_pre_hook(
-                outside_compiled_code(self._on_call)))
+            if count_calls:
+                self._handles.append(module_mod.register_module_forward_pre_hook(
+                    outside_compiled_code(self._on_call)))
             for name in ("backward", "grad"):
                 original = getattr(torch.autograd, name)
                 self._originals[name] = original
@@ -142,10 +147,8 @@ class WorkCounters:
             handle.remove()
 
     def _should_instrument(self) -> bool:
-        self._backwards += 1
         last = self._last_backward_s
-        return (last is None or last >= LONG_BACKWARD_S
-                or self._backwards % RECHECK_EVERY == 0)
+        return last is None or last >= LONG_BACKWARD_S
 
     def _hook_graph(self, tensors: Any) -> list[Any]:
         nodes = graph_nodes(tensors)

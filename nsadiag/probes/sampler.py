@@ -6,6 +6,9 @@ progress since the last sample. Progress is any of:
 
 - a work counter moved (``nsadiag.probes.counters``): module calls, autograd nodes run;
 - the heartbeat wrote an event (a block entered or left, a step ended);
+- the main thread is in torch.compile's compiler and it, or a process below this one (a
+  compile worker, the C++ compiler), used CPU time since the last pulse, for at most
+  COMPILE_BOUND_S of one compile (nsadiag.probes.compiler);
 - the main thread is in a state never seen since the last progress: its stack (function
   and line of every frame) together with the integer locals of its user-code frames. A
   ``for t in range(S)`` loop moves ``t`` whether it computes, waits for a GPU or sleeps
@@ -31,27 +34,32 @@ readings around the rise) and the steps they did it in. ``mark_memory()`` adds a
 from the thread that runs the model (nsadiag.harness.watched calls it as each top-level
 module call begins and ends), so what a forward allocates goes to the line that called it.
 
-Reading a frame's locals in CPython < 3.13 copies them into the frame's ``f_locals``
-dict, which would keep a reassigned tensor alive; so only user frames are read (the
-innermost one at each sample), and every frame read once is read again at every sample
-while it is on the stack, which keeps its copy current: a stale value lives at most one
-interval longer than it would have.
+The integer locals are read from the frame's memory (nsadiag.probes.framemem), never
+through ``frame.f_locals``: on CPython < 3.13 that writes the frame's locals dict from this
+thread, keeps every local alive in it, and crashed a watched process. Only user frames are
+read: the innermost one at each sample, and every frame read once again at every sample
+while it is on the stack (an outer loop keeps being followed while inner code runs). Where
+the frame layout cannot be confirmed no locals are read, and a loop shows only through its
+stack states and the work counters.
 
 Outputs:
 - ``emit(fields)`` at most every ``pulse_s`` (1 s): a "pulse" heartbeat event with
   ``progress`` (any progress since the last pulse), ``idle_s`` (seconds since the last
   progress), ``frame`` (innermost user frame, "function (file:line)"), ``cpu_s`` (main
-  thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``;
+  thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``, and while the main
+  thread compiles ``compiling_s`` (seconds in this compile) and ``compiler`` (the
+  compiler's entry frame);
 - ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
   stacks aggregated by (frames, code line, phase, module, op) with counts and on-CPU
   counts, the loops (integer locals that moved: where the current pass began, the end of
-  their ``range`` where the source and the frame's locals tell it, the phase and module
+  their ``range`` where the source and the loop's iterator tell it, the phase and module
   they were last read in), the seconds the sampler was held off by phase, and the memory
   ledger, in the format ``nsadiag.probes.profile`` reads and summarizes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import linecache
 import os
@@ -65,9 +73,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nsadiag.probes.compiler import (
+    COMPILE_BOUND_S,
+    COMPILE_WORK_S,
+    compiler_frame,
+    descendants_cpu_s,
+)
 from nsadiag.probes.counters import WorkCounters
+from nsadiag.probes.framemem import FrameReader, read_at, reader
 from nsadiag.probes.frames import LIBRARY_PATH
-from nsadiag.probes.loops import loop_end
+from nsadiag.probes.loops import for_loop
 
 INTERVAL_S = 0.1
 PULSE_S = 1.0
@@ -275,11 +290,12 @@ class ProfileBook:
         self.on_cpu[key] += on_cpu
 
     def see_locals(self, t: float, frame: Frame, ints: dict[str, int],
-                   names: dict[str, Any] | None = None, phase: str | None = None,
-                   module: str | None = None) -> None:
+                   end_of: Callable[[int], int | None] | None = None,
+                   phase: str | None = None, module: str | None = None) -> None:
         """Readings of a frame's integer locals; one Loop per (function, file, variable),
-        at the first line it was read at, whichever line the frame is on now. ``names``
-        (the frame's locals) gives a moving loop the end of its ``range``."""
+        at the first line it was read at, whichever line the frame is on now. ``end_of``
+        (a value -> where the running ``range`` loop that yielded it ends) gives a moving
+        loop counter of a ``for ... in range(...)`` statement its end."""
         function, file, line = frame
         for name, value in ints.items():
             key = (function, file, name)
@@ -290,8 +306,10 @@ class ProfileBook:
             if loop.update(t, value):
                 loop.phase, loop.module = phase, module
                 # the source is parsed once a local moved twice: a loop, not a value
-                if loop.end is None and names is not None and loop.observations >= 3:
-                    loop.end = loop_end(file, function, name, names)
+                if loop.end is None and end_of is not None and loop.observations >= 3:
+                    source = for_loop(file, function, name)
+                    if source is not None and source.end is not None:
+                        loop.end = end_of(value)
 
     def to_dict(self) -> dict[str, Any]:
         stacks = [{"frames": [list(f) for f in frames], "code": code, "phase": phase,
@@ -333,18 +351,6 @@ def frames_of(frame: FrameType | None) -> list[FrameType]:
     return found  # innermost first
 
 
-def int_locals(frame: FrameType, names: dict[str, Any] | None = None) -> dict[str, int]:
-    """Up to MAX_LOCALS integer locals of ``frame`` (bools excluded); ``names`` is its
-    ``f_locals`` when already read."""
-    ints = {}
-    for name, value in (frame.f_locals if names is None else names).items():
-        if type(value) is int:
-            ints[name] = value
-            if len(ints) >= MAX_LOCALS:
-                break
-    return ints
-
-
 class ThreadClock:
     """On-CPU and run-queue nanoseconds of one thread, from /proc/self/task/TID/schedstat
     (falls back to the process CPU time when schedstat is unreadable). The file stays open:
@@ -360,7 +366,7 @@ class ThreadClock:
             try:
                 if self._fd is None:
                     self._fd = os.open(self._path, os.O_RDONLY)
-                run_ns, wait_ns, _ = os.pread(self._fd, 128, 0).split()
+                run_ns, wait_ns, _ = (read_at(self._fd, 128, 0, partial=True) or b"").split()
                 return int(run_ns) / 1e9, int(wait_ns) / 1e9
             except (OSError, ValueError):
                 self.close()
@@ -395,7 +401,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 def resident_bytes(statm: int) -> int:
     """Resident bytes of this process from an open /proc/self/statm descriptor."""
-    return int(os.pread(statm, 128, 0).split()[1]) * PAGE_BYTES
+    return int((read_at(statm, 128, 0, partial=True) or b"0 0").split()[1]) * PAGE_BYTES
 
 
 class Sampler(threading.Thread):
@@ -420,10 +426,14 @@ class Sampler(threading.Thread):
         self._judge = ProgressJudge()
         self.book = ProfileBook(interval_s)
         self._watched_frames: set[int] = set()
+        self._frames: FrameReader | None = None  # set when the thread runs
         self._stop_event = threading.Event()
         self._progress_since_pulse = False
         self._last_progress = time.monotonic()
         self._last_user_frame: str | None = None
+        self._compiler: Frame | None = None  # the compiler's entry frame while compiling
+        self._compile_started: float | None = None
+        self._compile_work: float | None = None  # CPU seconds at the previous pulse
         self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
         self._previous_stack: set[Frame] = set()
         self._memory_lock = threading.Lock()  # readings come from hooks too
@@ -442,6 +452,7 @@ class Sampler(threading.Thread):
             self.join(timeout_s)
 
     def run(self) -> None:
+        self._frames = reader()
         self._own_clock = ThreadClock(threading.get_native_id())
         self._own_runq = self._own_clock.read()[1]
         next_pulse = next_profile = time.monotonic()
@@ -455,6 +466,7 @@ class Sampler(threading.Thread):
             if profile and self._profile_path is not None:
                 self._guarded(self._write_profile)
                 next_profile = now + self._profile_s
+        self._compiler = None  # the last pulse compares no compile (its thread may be gone)
         self._guarded(self._pulse)
         if self._profile_path is not None:
             self._guarded(self._write_profile)
@@ -463,6 +475,9 @@ class Sampler(threading.Thread):
                 os.close(self._statm)
                 self._statm = None
         self._clock.close()
+        if self._frames is not None:
+            self._frames.close()
+            self._frames = None
         if self._own_clock is not None:
             self._own_clock.close()
 
@@ -480,12 +495,18 @@ class Sampler(threading.Thread):
 
     def _sample(self) -> None:
         frame = sys._current_frames().get(self._main_ident)
-        if frame is None:
+        if frame is None:  # the thread ended: no compile of its own goes on
+            self._compiler = self._compile_started = self._compile_work = None
             return
         t = time.time()
         on_cpu_s, runq_s = self._clock.read()
         phase, module = self._context()
         stack = stack_of(frame)
+        self._compiler = compiler_frame(stack)
+        if self._compiler is None:
+            self._compile_started = self._compile_work = None
+        elif self._compile_started is None:
+            self._compile_started = time.monotonic()
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
         ints = self._loop_state(t, user, phase, module)
@@ -559,24 +580,41 @@ class Sampler(threading.Thread):
     def _loop_state(self, t: float, user: list[FrameType], phase: str | None,
                     module: str | None) -> tuple[tuple[str, int], ...]:
         """Integer locals of the innermost user frame and of every user frame read before
-        that is still on the stack (re-read, so its copy of the locals stays current)."""
-        if not user:
+        that is still on the stack (an outer loop is followed while inner code runs), read
+        from the frames' memory (nsadiag.probes.framemem), never through ``f_locals``."""
+        if not user or self._frames is None:
             return ()
         read = [f for f in user if f is user[0] or id(f) in self._watched_frames]
         self._watched_frames = {id(f) for f in read}
         values: list[tuple[str, int]] = []
+        reader_ = self._frames
         for frame in read:
-            names = frame.f_locals
-            ints = int_locals(frame, names)
+            ints = reader_.int_locals(frame, MAX_LOCALS)
             code = frame.f_code
             self.book.see_locals(t, (code.co_name, code.co_filename, frame.f_lineno or 0),
-                                 ints, names, phase, module)
+                                 ints, functools.partial(reader_.range_end, frame), phase,
+                                 module)
             values += sorted(ints.items())
         return tuple(values)
+
+    def _compiled_since_pulse(self, cpu_s: float) -> bool:
+        """Whether a compile of the main thread did work since the previous pulse (see
+        the module docstring); the first pulse of a compile has nothing to compare."""
+        started = self._compile_started
+        if self._compiler is None or started is None:
+            return False
+        work = cpu_s + descendants_cpu_s()
+        previous, self._compile_work = self._compile_work, work
+        return previous is not None and work - previous >= COMPILE_WORK_S and \
+            time.monotonic() - started <= COMPILE_BOUND_S
 
     def _pulse(self) -> None:
         counters = self._counters
         cpu_s, wait_s = self._clock.read()
+        if self._compiled_since_pulse(cpu_s):
+            self._progress_since_pulse = True
+            self._last_progress = time.monotonic()
+        compiler, started = self._compiler, self._compile_started
         self._emit({"progress": self._progress_since_pulse,
                     "idle_s": round(time.monotonic() - self._last_progress, 3),
                     "frame": self._last_user_frame, "cpu_s": round(cpu_s, 3),
@@ -584,7 +622,11 @@ class Sampler(threading.Thread):
                     "calls": counters.calls if counters else None,
                     "nodes": counters.nodes if counters else None,
                     "op": counters.op if counters else None,
-                    "samples": self.book.samples})
+                    "samples": self.book.samples,
+                    "compiling_s": round(time.monotonic() - started, 1)
+                    if compiler is not None and started is not None else None,
+                    "compiler": f"{compiler[0]} ({compiler[1]}:{compiler[2]})"
+                    if compiler is not None else None})
         self._progress_since_pulse = False
 
 

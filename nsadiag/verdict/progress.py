@@ -80,7 +80,8 @@ def _rate(module_events: Sequence[dict], window_s: float, until: float | None = 
         span = end - recent[0]["t"]
     if span < MIN_RATE_SPAN_S:
         return None, span
-    return (len(recent) - 1) / span, span
+    # an aggregated event of a watched process stands for "edges" block edges
+    return sum(event.get("edges", 1) for event in recent[1:]) / span, span
 
 
 def _in_step_fraction(events: Sequence[dict], step: int) -> float:
@@ -140,7 +141,8 @@ def progress(events: Sequence[dict], expected_events_per_step: int | None, total
     ``ended_t`` is when the run was stopped: the rate's window reaches to it.
     """
     modules = module_events(events)
-    done = len(modules) if module_events_done is None else module_events_done
+    done = sum(event.get("edges", 1) for event in modules) if module_events_done is None \
+        else module_events_done
     rate, span = _rate(modules, window_s, ended_t)
     if expected_events_per_step and total_steps > 0:
         expected = expected_events_per_step * total_steps

@@ -37,6 +37,7 @@ from nsadiag.probes.frames import (
     wait_frame,
 )
 from nsadiag.verdict.chain import add_chain, stall_chain
+from nsadiag.verdict.compiling import add_compile_stall
 from nsadiag.verdict.facts import add_hot_frame, add_load, add_profile, position_sentence
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.thresholds import BUSY_AT_ONE_LINE, BUSY_CPU_FRACTION, IDLE_CPU_FRACTION
@@ -59,6 +60,7 @@ def classify_stall(stall: StallEvidence, preface: Sequence[str] = (),
         reasons.append(position_sentence(position))
     add_profile(profile, facts, reasons)
     add_load(load, facts, reasons)
+    add_compile_stall(stall.samples, facts, reasons)
     verdict = _stall_collective(stall, facts, reasons) or _stall_by_cpu(stall, facts, reasons)
     add_chain(verdict, stall_chain(stall))  # what it waits on, from its own evidence
     return verdict

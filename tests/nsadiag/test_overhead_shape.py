@@ -1,0 +1,93 @@
+"""The watched process's observer costs O(blocks) a step, not O(module calls): once the
+model is found no global module hook is left, each block has one pre-hook, block events
+are aggregated (a handful a step, standing together for every block entered), and a short
+backward's autograd graph is not walked. Counted, not timed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_mod
+
+from nsadiag.harness import watched
+from nsadiag.harness.heartbeat import MODULE_EVENT_S
+from nsadiag.probes import counters as counters_mod
+
+BLOCKS, STEPS = 48, 12
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.norm, self.act = nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.norm(self.linear(x)))
+
+
+def _wait(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: Path,
+                                                                      monkeypatch):
+    walks: list[int] = []
+    original_walk = counters_mod.graph_nodes
+
+    def counted_walk(tensors):
+        walks.append(1)
+        return original_walk(tensors)
+
+    monkeypatch.setattr(counters_mod, "graph_nodes", counted_walk)
+    # every backward here counts as short, however loaded the machine (a long one is
+    # instrumented from the next on, by design)
+    monkeypatch.setattr(counters_mod, "LONG_BACKWARD_S", float("inf"))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Small() for _ in range(BLOCKS)], nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    global_hooks = len(module_mod._global_forward_pre_hooks)
+    heartbeat = watched.ProcessHeartbeat(tmp_path)
+    started = time.monotonic()
+    heartbeat.start()
+    try:
+        assert _wait(lambda: heartbeat.finder is not None)  # torch is in use: hooks go in
+        assert len(module_mod._global_forward_pre_hooks) == global_hooks + 1
+        for _ in range(STEPS):
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        # the model was found at its first call: the global hook is gone, and every
+        # block has one pre-hook and no other hook of ours
+        assert heartbeat.root is model and heartbeat.finder is None
+        assert len(module_mod._global_forward_pre_hooks) == global_hooks
+        assert len(module_mod._global_forward_hooks) == 0
+        blocks = list(model)[:BLOCKS]
+        assert all(len(block._forward_pre_hooks) == 1 for block in blocks)
+        assert all(len(block._forward_hooks) == 0 for block in blocks)
+        assert all(len(inner._forward_pre_hooks) == 0 for block in blocks
+                   for inner in block.children())
+        hooked = heartbeat.writer.watched_blocks  # the Sequential's children: 48 + the head
+        assert hooked == BLOCKS + 1
+        assert heartbeat.counters.calls == hooked * STEPS
+    finally:
+        heartbeat.stop(remove=True)
+    elapsed_s = time.monotonic() - started
+    assert len(module_mod._global_forward_pre_hooks) == global_hooks
+    assert all(len(block._forward_pre_hooks) == 0 for block in list(model)[:BLOCKS])
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    modules = [event for event in events if event["kind"] == "module"]
+    # at most one event per interval and one at each phase boundary (forward, backward,
+    # step), whatever the module count, standing together for every block entered
+    assert len(modules) <= 3 * STEPS + elapsed_s / MODULE_EVENT_S + 1
+    assert sum(event["edges"] for event in modules) == hooked * STEPS
+    assert sum(event["kind"] == "step" for event in events) == STEPS
+    assert len(walks) == 1  # the first backward only, not every tenth as before
