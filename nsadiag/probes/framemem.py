@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 
 WORD = struct.calcsize("P")
+CO_OPTIMIZED = 0x1
+"""A code flag: the function keeps its variables in fast locals (a module's code does not)."""
 MAX_SCAN_WORDS = 24
 """Words of an interpreter frame searched for its code pointer and its locals."""
 MAX_INT_DIGITS = 4
@@ -234,6 +236,25 @@ class FrameReader:
         same = {name for name, before, after in zip(names, slots, again, strict=True)
                 if before == after}
         return {name: value for name, value in found.items() if name in same}
+
+    def int_names(self, frame: FrameType, limit: int) -> dict[str, int]:
+        """Up to ``limit`` int variables of ``frame`` by name: its fast locals
+        (``int_locals``), or, for a module's top-level code (a script's own loop), the
+        module's globals its code names. A module frame keeps its variables in the
+        globals dict itself, and ``f_globals`` hands that dict over without touching the
+        frame (no FastToLocals); only ints are taken from it, which keep nothing alive."""
+        code = frame.f_code
+        if code.co_flags & CO_OPTIMIZED or code.co_name != "<module>":
+            return self.int_locals(frame, limit)
+        names = frame.f_globals
+        found: dict[str, int] = {}
+        for name in code.co_names:
+            value = names.get(name)
+            if type(value) is int:
+                found[name] = value
+                if len(found) >= limit:
+                    break
+        return found
 
     def range_end(self, frame: FrameType, value: int) -> int | None:
         """Where the ``range`` loop that last yielded ``value`` ends (exclusive), from the

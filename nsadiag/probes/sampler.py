@@ -589,7 +589,7 @@ class Sampler(threading.Thread):
         values: list[tuple[str, int]] = []
         reader_ = self._frames
         for frame in read:
-            ints = reader_.int_locals(frame, MAX_LOCALS)
+            ints = reader_.int_names(frame, MAX_LOCALS)
             code = frame.f_code
             self.book.see_locals(t, (code.co_name, code.co_filename, frame.f_lineno or 0),
                                  ints, functools.partial(reader_.range_end, frame), phase,

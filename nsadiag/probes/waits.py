@@ -23,8 +23,6 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 17: "pread64", 23: "select",
                    35: "nanosleep", 45: "recvfrom", 61: "wait4", 72: "fcntl", 73: "flock",
                    202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid",
@@ -242,6 +240,10 @@ def read_waits(pid: int, depth: int = CHILD_DEPTH, scopes: tuple[Scope, ...] = (
                ) -> ProcessWaits:
     """The ProcessWaits of ``pid`` and of its children ``depth`` generations down, with the
     ``scopes`` of its last stack sample (nsadiag.probes.scopes.thread_scopes)."""
+    # imported here: this module's types reach every watched process through
+    # nsadiag.evidence, whose interpreter may have no psutil (another environment's python)
+    import psutil
+
     unreadable: list[str] = []
     try:
         process = psutil.Process(pid)
