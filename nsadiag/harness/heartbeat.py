@@ -31,10 +31,11 @@ non-reentrant checkpointing stops the recompute as soon as the saved tensors are
 A watched user process (nsadiag.harness.watched) writes its blocks' events through
 ``module_seen``: every block entered is counted in memory and at most one "module" event
 is written per MODULE_EVENT_S, the latest enter with ``edges`` for all it stands for, and
-the file is flushed at most every FLUSH_S or when a pulse is written (the sampler pulses
-every second, so nothing waits longer than that to be read). A model of many small blocks
-would otherwise pay a JSON line and a write per block call (17 % of its step;
-bench/bench_overhead.py).
+the file is flushed at most every FLUSH_S or when any other event is written (a pulse, a
+step, a collective: the sampler pulses every second, so nothing waits longer than that to
+be read, and a process that aborts leaves every event but the latest block counts). A
+model of many small blocks would otherwise pay a JSON line and a write per block call
+(17 % of its step; bench/bench_overhead.py).
 
 Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
 This module does not import torch itself, so a trial can write its first "start" event
@@ -79,7 +80,7 @@ class HeartbeatWriter:
     written and ``lost`` says from where."""
 
     def __init__(self, path: str | Path, rank: int | None = None, buffered: bool = False):
-        """``buffered``: flush at most every FLUSH_S and at every pulse, not at every
+        """``buffered``: module events flushed at most every FLUSH_S, not at every
         event (a watched user process: see the module docstring)."""
         self.path = Path(path)
         self.buffered = buffered
@@ -197,7 +198,10 @@ class HeartbeatWriter:
             try:
                 self._file.write(_ENCODE(event) + "\n")
                 now = time.monotonic()
-                if not self.buffered or kind == "pulse" or now - self._flushed >= FLUSH_S:
+                # only module events wait for a flush: they are the many; a collective, a
+                # step or a pulse is written through, so a rank that aborts right after it
+                # (gloo on a collective mismatch) leaves it for the verdict
+                if not self.buffered or kind != "module" or now - self._flushed >= FLUSH_S:
                     self._file.flush()
                     self._flushed = now
             except OSError as err:  # a full disk: the watched process must not fail by us
