@@ -42,8 +42,9 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"{_where(chain, 0)}.")
     if end == "lock-lost":
         return (f"Release the lock `{subject}` on every path (a `with` block, or "
-                f"`try`/`finally`): it is locked and no live thread holds it"
-                f"{_where(chain, 0)}.")
+                f"`try`/`finally`): it is locked, and no live thread is inside a `with` "
+                f"block for it, so an acquire without its release (or a thread that "
+                f"has ended) holds it{_where(chain, 0)}.")
     if end == "lock-lost-fork":
         return (f"Do not fork while a thread holds `{subject}`: start the DataLoader workers "
                 f"with `multiprocessing_context=\"spawn\"` (or \"forkserver\"), or create the "
