@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from nsadiag.probes.waits import ProcessWaits
+from nsadiag.waitfacts import ProcessWaits
 
 
 @dataclass
@@ -194,7 +194,7 @@ class StallEvidence:
     waits) and ``stretched`` says the stall was declared after the watcher's longest wait
     although the processes had less opportunity than the stall timeout (a contended
     machine). ``waits`` is what the OS said the process and its children waited on at the
-    end of the window (nsadiag.probes.waits.ProcessWaits; None when not read).
+    end of the window (nsadiag.waitfacts.ProcessWaits; None when not read).
     """
 
     since_last_event_s: float

@@ -23,11 +23,11 @@ from pathlib import Path
 import psutil
 
 from nsadiag.envinfo import ptrace_permission
-from nsadiag.finding.source import capture
 from nsadiag.harness.window import SAMPLES, WindowObservation, sample_all
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
+from nsadiag.sourcelines import capture
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.window import state_of
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
-from nsadiag.finding.source import capture
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.session import SessionEnd
@@ -30,6 +29,7 @@ from nsadiag.probes.frames import describe_place, place_sentence
 from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
 from nsadiag.rundir import TrialRecord, write_json, write_text
+from nsadiag.sourcelines import capture
 from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 from nsadiag.verdict.rules import decide
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from nsadiag.evidence import StackSample
 from nsadiag.probes.frames import own_code
-from nsadiag.probes.waits import Scope
+from nsadiag.waitfacts import Scope
 
 
 @lru_cache(maxsize=64)

@@ -37,8 +37,8 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
-from nsadiag.probes.waits import ProcessWaits, Scope, ThreadWait
 from nsadiag.verdict.names import Verdict
+from nsadiag.waitfacts import ProcessWaits, Scope, ThreadWait
 
 HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
         "worker", "poll", "collective", "frame", "unknown")

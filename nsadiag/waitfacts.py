@@ -1,0 +1,154 @@
+"""The typed facts of what a stalled process waits on, as the operating system tells them:
+each thread's wait channel and system call, open files, file locks, the ``with`` blocks and
+loop around each frame of the user's own code, and the same for its children. They are
+read by nsadiag.probes.waits and carried in the record by nsadiag.evidence; standard
+library only, so the evidence of every watched process can hold them.
+
+The facts are frozen; ``to_dict``/``from_dict`` are their JSON form for the record on disk.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 17: "pread64", 23: "select",
+                   35: "nanosleep", 45: "recvfrom", 61: "wait4", 72: "fcntl", 73: "flock",
+                   202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid",
+                   270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4",
+                   43: "accept", 19: "readv", 295: "preadv"}
+"""x86_64 system call numbers of the waits the chain reads (arch/x86/entry/syscalls/
+syscall_64.tbl); other machines get the number only, and the wait channel."""
+def syscall_name(number: int) -> str | None:
+    return SYSCALLS_X86_64.get(number) if platform.machine() == "x86_64" else None
+
+
+@dataclass(frozen=True)
+class ThreadWait:
+    """Where one thread sits in the kernel: ``wchan`` ("pipe_read"; None when running or
+    unreadable), the system call's number and name, and its first argument (a descriptor
+    for read/write/flock, a pid for wait4)."""
+
+    tid: int
+    wchan: str | None
+    syscall: int | None = None
+    syscall_name: str | None = None
+    first_arg: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tid": self.tid, "wchan": self.wchan, "syscall": self.syscall,
+                "syscall_name": self.syscall_name, "first_arg": self.first_arg}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThreadWait:
+        return cls(int(data["tid"]), data.get("wchan"), data.get("syscall"),
+                   data.get("syscall_name"), data.get("first_arg"))
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """One open descriptor: what it points at ("pipe:[81234]", a path, "socket:[...]"), the
+    inode of a pipe or file, and its access mode ("r", "w" or "rw")."""
+
+    fd: int
+    target: str
+    mode: str
+    inode: int | None = None
+
+    @property
+    def is_pipe(self) -> bool:
+        return self.target.startswith("pipe:")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fd": self.fd, "target": self.target, "mode": self.mode, "inode": self.inode}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OpenFile:
+        return cls(int(data["fd"]), str(data["target"]), str(data["mode"]), data.get("inode"))
+
+
+@dataclass(frozen=True)
+class FileLock:
+    """One line of /proc/locks on a file the process has open: FLOCK or POSIX, READ or
+    WRITE, the pid that holds it (or waits for it, ``blocked``), and the file's inode."""
+
+    kind: str
+    access: str
+    pid: int
+    inode: int
+    blocked: bool
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "access": self.access, "pid": self.pid, "inode": self.inode,
+                "blocked": self.blocked, "path": self.path}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileLock:
+        return cls(str(data["kind"]), str(data["access"]), int(data["pid"]),
+                   int(data["inode"]), bool(data["blocked"]), data.get("path"))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One frame's enclosing blocks: ``withs`` ((item text, line), outermost first) and
+    ``loop`` (header text, line) of the innermost loop around ``line``, or None."""
+
+    thread_id: int
+    file: str
+    function: str
+    line: int
+    withs: tuple[tuple[str, int], ...] = ()
+    loop: tuple[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"thread_id": self.thread_id, "file": self.file, "function": self.function,
+                "line": self.line, "withs": [list(w) for w in self.withs],
+                "loop": list(self.loop) if self.loop else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scope:
+        loop = data.get("loop")
+        return cls(int(data["thread_id"]), str(data["file"]), str(data["function"]),
+                   int(data["line"]), tuple((str(t), int(n)) for t, n in data.get("withs") or ()),
+                   (str(loop[0]), int(loop[1])) if loop else None)
+
+
+@dataclass(frozen=True)
+class ProcessWaits:
+    """What the OS says of one process (see the module docstring)."""
+
+    pid: int
+    command: tuple[str, ...]
+    threads: tuple[ThreadWait, ...] = ()
+    files: tuple[OpenFile, ...] = ()
+    children: tuple[ProcessWaits, ...] = ()
+    locks: tuple[FileLock, ...] = ()
+    unreadable: tuple[str, ...] = field(default=())
+    scopes: tuple[Scope, ...] = ()
+
+    def thread(self, tid: int | None) -> ThreadWait | None:
+        return next((t for t in self.threads if t.tid == tid), None)
+
+    def file(self, fd: int | None) -> OpenFile | None:
+        return next((f for f in self.files if f.fd == fd), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "command": list(self.command),
+                "threads": [t.to_dict() for t in self.threads],
+                "files": [f.to_dict() for f in self.files],
+                "children": [c.to_dict() for c in self.children],
+                "locks": [lock.to_dict() for lock in self.locks],
+                "unreadable": list(self.unreadable),
+                "scopes": [scope.to_dict() for scope in self.scopes]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessWaits:
+        return cls(int(data["pid"]), tuple(data.get("command") or ()),
+                   tuple(ThreadWait.from_dict(t) for t in data.get("threads") or ()),
+                   tuple(OpenFile.from_dict(f) for f in data.get("files") or ()),
+                   tuple(ProcessWaits.from_dict(c) for c in data.get("children") or ()),
+                   tuple(FileLock.from_dict(lock) for lock in data.get("locks") or ()),
+                   tuple(data.get("unreadable") or ()),
+                   tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()))
