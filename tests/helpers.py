@@ -61,6 +61,13 @@ def read_jsonl(path: Path) -> list[dict]:
 # ---- run directories and triage states written by hand --------------------------------------
 
 
+def block_enters(run: Path) -> int:
+    """The blocks entered that a ``nsadiag run`` directory's module events stand for: they
+    are aggregated, one event standing for its ``edges`` enters."""
+    return sum(event.get("edges", 1) for path in run.glob("proc-*/events.jsonl")
+               for event in read_jsonl(path) if event["kind"] == "module")
+
+
 def plain_spec(n_layers: int, **changes: Any) -> dict[str, Any]:
     """The spec fields of a trial of the built-in target as a plain dict: 64 tokens, one
     sequence, 2 steps on the CPU in fp32, a 5 s stall timeout and a 60 s budget;

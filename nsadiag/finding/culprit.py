@@ -119,6 +119,13 @@ def _full_path(record: TrialRecord, function: str, name: str) -> str | None:
     return None
 
 
+def _user_path(record: TrialRecord, function: str, name: str) -> str | None:
+    """The full path of the user's file ``name``: from the profile (``_full_path``), else
+    the script the command ran under that name (a frame of a process with no profile)."""
+    return _full_path(record, function, name) or next(
+        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), None)
+
+
 MAX_PROFILE_BYTES = 64 * 2**20
 """A raw profile.json larger than this is not read (a long run's is a few MiB)."""
 
@@ -376,8 +383,7 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     if not growth or growth <= 0 or split is None:
         return None
     function, name, line = split
-    path = _full_path(record, function, name) or next(
-        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), None)
+    path = _user_path(record, function, name)
     span = sources.loop_around(path, line) if path else None
     if path is None or span is None:
         return None
@@ -420,8 +426,7 @@ def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     if split is None:
         return None
     function, name, line = split
-    path = _full_path(record, function, name) or next(
-        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), name)
+    path = _user_path(record, function, name) or name
     inside = f", in {crash['call']}" if crash.get("call") else ""
     return _culprit(sources, path, line, f"the main thread's last line of the user's code "
                     f"before {signal}{inside}")

@@ -7,11 +7,10 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import psutil
 
-from tests.helpers import nsadiag
+from tests.helpers import block_enters, nsadiag
 
 SCRIPT = textwrap.dedent("""
     import sys, threading, time, torch
@@ -66,13 +65,6 @@ def nsadiag_run(tmp_path, *args, options=(), timeout=200):
     return done, summary
 
 
-def _block_enters(run: Path) -> int:
-    """The block enters the aggregated module events of a run's processes stand for."""
-    return sum(event.get("edges", 1) for path in run.glob("proc-*/events.jsonl")
-               for event in map(json.loads, path.read_text().splitlines())
-               if event["kind"] == "module")
-
-
 def test_a_script_that_finishes_is_ok_and_its_output_passes_through(tmp_path):
     done, summary = nsadiag_run(tmp_path, "ok", "3")
     assert done.returncode == 0, done.stderr
@@ -85,7 +77,7 @@ def test_a_script_that_finishes_is_ok_and_its_output_passes_through(tmp_path):
     process = next(p for p in evidence["processes"] if p["name"] == main)
     assert process["events"]["step"] == 3 and process["events"]["module"] >= 1
     # block events are aggregated: together they stand for every block entered
-    assert _block_enters(tmp_path / "run") == 3 * 2
+    assert block_enters(tmp_path / "run") == 3 * 2
     # nsadiag report re-renders the same report from the stored record
     report = (tmp_path / "run" / "report.md").read_text()
     (tmp_path / "run" / "report.md").unlink()

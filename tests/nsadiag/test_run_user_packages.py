@@ -7,7 +7,6 @@ python, one where nsadiag is not installed, is watched too."""
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import nsadiag
+from tests.helpers import block_enters, nsadiag
 
 TRAIN = textwrap.dedent("""
     import sys
@@ -80,14 +79,6 @@ def _watched(out: Path, command: list[str], cwd: Path, env: dict[str, str]
     return nsadiag("run", "--out", str(out), "--", *command, cwd=cwd, env=env)
 
 
-def _block_enters(out: Path) -> int:
-    """The blocks entered that a run's module events stand for (they are aggregated: one
-    event may stand for several, its ``edges``)."""
-    return sum(event.get("edges", 1) for path in out.glob("proc-*/events.jsonl")
-               for event in map(json.loads, path.read_text().splitlines())
-               if event["kind"] == "module")
-
-
 @pytest.mark.parametrize("namespace_nsa", [True, False], ids=["namespace-nsa", "regular-nsa"])
 def test_a_users_own_nsa_and_repro_are_what_the_watched_script_imports(tmp_path, namespace_nsa):
     project = _project(tmp_path / "project", namespace_nsa)
@@ -101,7 +92,7 @@ def test_a_users_own_nsa_and_repro_are_what_the_watched_script_imports(tmp_path,
     shown = plain.stdout.splitlines()
     assert watched.stdout.splitlines()[:len(shown)] == shown  # then nsadiag's headline
     assert (tmp_path / "run" / "stdout.txt").read_text() == plain.stdout
-    assert _block_enters(tmp_path / "run") == 3 * 2  # it was watched: 3 steps, 2 blocks
+    assert block_enters(tmp_path / "run") == 3 * 2  # it was watched: 3 steps, 2 blocks
 
 
 def _torch_distributions() -> set[str]:
@@ -159,4 +150,4 @@ def test_a_script_run_by_another_virtualenv_without_nsadiag_is_watched(tmp_path,
     assert watched.returncode == 0, watched.stderr
     assert (tmp_path / "run" / "stdout.txt").read_text() == plain.stdout
     assert "not watched" not in watched.stderr
-    assert _block_enters(tmp_path / "run") == 3 * 2
+    assert block_enters(tmp_path / "run") == 3 * 2
