@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import signal
 import struct
@@ -22,6 +23,20 @@ from pathlib import Path
 ROWS, COLUMNS = 40, 120
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
 """What rich writes as a live display (spinner, progress bar) starts and ends."""
+STATUS_BELOW = re.compile(r"\x1bD\x1bM\x1b7\x1bD\r\x1b\[K[^\x1b]*\x1b8|\x1b7\x1bD\r\x1b\[K\x1b8")
+"""nsadiag's status line drawn, or cleared, on the row below a partial line of the
+command's output, the cursor put back where the command left it (nsadiag.harness.echo)."""
+STATUS_AT_LINE_START = re.compile(r"\r\x1b\[Knsadiag: [^\r\n\x1b]*(?=\r\x1b\[K)")
+"""nsadiag's status line drawn at the start of a row, then cleared before what follows."""
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[78DM]|\r")
+
+
+def screen(output: str) -> str:
+    """The text a person reads in the terminal once the run is over: what the command and
+    nsadiag wrote, without the status line that was drawn and taken away meanwhile (it is
+    drawn between the pieces of a line the command writes in parts, as ``print(a, b)``
+    unbuffered does) and without escapes."""
+    return ESCAPES.sub("", STATUS_AT_LINE_START.sub("", STATUS_BELOW.sub("", output)))
 
 
 @dataclass

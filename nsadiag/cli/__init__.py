@@ -22,11 +22,18 @@ from typing import Any
 
 from nsadiag.harness import stop
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""The signals that stop nsadiag with its diagnosis kept (nsadiag.harness.stop)."""
+
 
 def main() -> None:
     """The console entry point (`nsadiag`, `python -m nsadiag.cli`)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _while_starting)
+    # a signal mask is inherited through exec, and some runners and supervisors start
+    # their commands with SIGINT blocked: a handler alone would never run, and Ctrl-C
+    # would leave the run going to its end with no diagnosis
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         app = _load()
         if stop.requested():  # an interrupt that an import swallowed

@@ -49,6 +49,10 @@ more."""
 STATUS_REDRAW_S = 0.5
 """The status line is redrawn at most twice a second."""
 WRITE_POLL_S = 0.1
+PARTIAL_LINE_WAIT_S = 0.05
+"""How long the status line waits below a partial line for the rest of it: a program's
+pieces of one line come within microseconds of each other; a progress bar redrawn in
+place comes every 0.1 s or more, and its status line is drawn between redraws."""
 """How long the writer waits for a destination to become writable between checks."""
 PIPE_WAIT_S = 0.001
 """How long the writer first waits before it looks again at a pipe that has no room to
@@ -228,7 +232,21 @@ class Echo:
                     self._held -= len(batch[-1][1])
             for item in batch:
                 self._show(*item)
+            if self._more_of_the_line():
+                continue
             self._redraw()
+
+    def _more_of_the_line(self) -> bool:
+        """After a partial line on the status line's terminal: whether more output comes
+        within PARTIAL_LINE_WAIT_S. A line written in pieces (``print(a, b)`` unbuffered
+        writes four) is then shown whole before the status line is drawn again, rather
+        than with a clear and a redraw between its pieces."""
+        if self._status is None or self._at_line_start():
+            return False
+        with self._cond:
+            if not self._queue and not self._finishing:
+                self._cond.wait(PARTIAL_LINE_WAIT_S)
+            return bool(self._queue)
 
     def _show(self, index: int, chunk: bytes) -> None:
         if self._shares[index]:

@@ -14,7 +14,9 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
+from nsadiag.harness import stop
 from tests.helpers import REPO, nsadiag
 from tests.nsadiag.test_run_command import SCRIPT
 from tests.procs import wait_for
@@ -102,14 +104,25 @@ def test_ctrl_c_mid_stall_keeps_the_verdict_already_decided(tmp_path):
     assert "after this verdict was decided" in record["verdict"]["reasons"][-1]
 
 
-def test_sighup_keeps_the_diagnosis_and_exits_129(tmp_path):
+def _block(signum: int):
+    """A preexec_fn: the command starts with ``signum`` blocked, as some CI runners and
+    process supervisors start theirs (the mask is inherited through exec)."""
+    return lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+
+
+@pytest.mark.parametrize("signum, code, blocked", [
+    (signal.SIGHUP, 129, False),
+    (signal.SIGINT, 130, True),  # the handler alone would never run: nsadiag unblocks it
+], ids=["sighup", "sigint-inherited-blocked"])
+def test_a_stop_signal_keeps_the_diagnosis_and_exits_128_plus_it(tmp_path, signum, code,
+                                                                 blocked):
     """(SIGTERM: tests/nsadiag/test_cli_faults.py.)"""
-    signum, code = signal.SIGHUP, 129
     (tmp_path / "train.py").write_text(SCRIPT)
     run = tmp_path / "run"
     proc = subprocess.Popen([*NSADIAG, "run", "--out", str(run), "--", sys.executable,
                              str(tmp_path / "train.py"), "ok", "100000"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_block(signum) if blocked else None)
     try:
         stdout = run / "stdout.txt"
         wait_for(lambda: stdout.exists() and "step 20\n" in stdout.read_text(), 120,
@@ -120,12 +133,12 @@ def test_sighup_keeps_the_diagnosis_and_exits_129(tmp_path):
         proc.kill()
     assert proc.returncode == code, err
     assert "Traceback" not in err
-    name = signal.Signals(signum).name
-    assert f"interrupted by {name}" in out + err
+    said = f"interrupted by {stop.CAUSES[signum]}"
+    assert said in out + err
     record = json.loads((run / "record.json").read_text())
     assert record["verdict"]["name"] == "INCONCLUSIVE"
-    assert record["evidence"]["interrupted"]["signal"] == name
-    assert f"interrupted by {name}" in (run / "report.md").read_text()
+    assert record["evidence"]["interrupted"]["signal"] == signal.Signals(signum).name
+    assert said in (run / "report.md").read_text()
     assert _left(run) == []
 
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from tests.helpers import REPO
-from tests.pty_cli import in_pty
+from tests.pty_cli import in_pty, screen
 
 NSADIAG = [sys.executable, "-m", "nsadiag.cli"]
 TINY = ["--set", "dim=32", "--set", "n_heads=4", "--set", "n_kv_heads=2", "--set",
@@ -77,9 +77,9 @@ def test_run_in_a_terminal(tmp_path):
                   DEADLINE_S, cwd=tmp_path)
     assert done.ended, f"nsadiag run never ended in a terminal: {done.output[-2000:]!r}"
     assert done.returncode == 0, done.output
-    shown = plain(done.output)
-    assert "step 2 done" in shown
-    assert "stdout is a terminal: True" in shown  # as it is without nsadiag
+    shown = screen(done.output)
+    assert "step 2 done\n" in shown
+    assert "stdout is a terminal: True\n" in shown  # as it is without nsadiag
     assert (out / "stdout.txt").read_text().endswith("step 2 done\nstdout is a terminal: True\n")
     assert json.loads((out / "summary.json").read_text())["headline"] in shown
 

@@ -12,6 +12,7 @@ import textwrap
 import time
 
 from nsadiag.cli.live import RunStatus, clock, pace
+from nsadiag.harness import echo as echo_module
 from nsadiag.harness.echo import Echo
 from tests.helpers import REPO, nsadiag
 from tests.pty_cli import in_pty
@@ -122,6 +123,28 @@ def test_the_line_goes_below_a_partial_line_and_the_cursor_comes_back():
         _read_until(master, b"60%", seen)
         after = bytes(seen[len(drawn):])
         assert after.startswith(b"\x1b7\x1bD\r\x1b[K\x1b8\r60%")  # cleared, then the bar
+        echo.finish()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_line_written_in_pieces_is_shown_whole_before_the_line_is_drawn_again(monkeypatch):
+    """`print("stdout is a terminal:", True)` unbuffered writes four pieces: the status line
+    waits for the rest of a partial line (PARTIAL_LINE_WAIT_S, made long here so that a
+    busy machine cannot split the pieces) instead of being drawn between them."""
+    monkeypatch.setattr(echo_module, "PARTIAL_LINE_WAIT_S", 30.0)
+    master, slave = os.openpty()
+    try:
+        echo = Echo([slave], status=lambda: "STATUS", status_fd=slave)
+        seen = bytearray()
+        echo.offer(0, b"stdout is a terminal:")
+        _read_until(master, b"terminal:", seen)
+        for piece in (b" ", b"True", b"\n"):
+            echo.offer(0, piece)
+        _read_until(master, b"True\r\n\r\x1b[KSTATUS", seen)
+        shown = bytes(seen)
+        assert b"stdout is a terminal: True\r\n\r\x1b[KSTATUS" in shown
         echo.finish()
     finally:
         os.close(master)
