@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 17: "pread64", 23: "select",
-                   35: "nanosleep", 45: "recvfrom", 61: "wait4", 72: "fcntl", 73: "flock",
+                   35: "nanosleep", 45: "recvfrom", 47: "recvmsg", 61: "wait4", 72: "fcntl",
+                   73: "flock",
                    202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid",
                    270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4",
                    43: "accept", 19: "readv", 295: "preadv"}
@@ -91,6 +92,50 @@ class FileLock:
 
 
 @dataclass(frozen=True)
+class SocketEnd:
+    """One socket a thread of the process reads: its descriptor and inode, ``protocol``
+    ("tcp", "tcp6", "udp", "unix"), the local and remote addresses as /proc/net shows them
+    ("127.0.0.1:5000"; a Unix socket's path, "" when unnamed), the TCP state
+    ("ESTABLISHED"); and, when a process of this machine holds the other end, its pid,
+    command and where its first thread waits in the kernel."""
+
+    fd: int
+    inode: int
+    protocol: str
+    local: str = ""
+    remote: str = ""
+    state: str = ""
+    peer_pid: int | None = None
+    peer_command: tuple[str, ...] = ()
+    peer_wait: ThreadWait | None = None
+    peer_reads_it: bool = False  # the peer's first thread sits reading this connection
+
+    @property
+    def on_this_machine(self) -> bool:
+        """Whether the remote address is a loopback one (the peer, if any, runs here)."""
+        host = self.remote.rpartition(":")[0].strip("[]")
+        return host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1") or \
+            host.startswith("::ffff:127.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fd": self.fd, "inode": self.inode, "protocol": self.protocol,
+                "local": self.local, "remote": self.remote, "state": self.state,
+                "peer_pid": self.peer_pid, "peer_command": list(self.peer_command),
+                "peer_wait": self.peer_wait.to_dict() if self.peer_wait else None,
+                "peer_reads_it": self.peer_reads_it}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SocketEnd:
+        wait = data.get("peer_wait")
+        return cls(int(data["fd"]), int(data["inode"]), str(data["protocol"]),
+                   str(data.get("local") or ""), str(data.get("remote") or ""),
+                   str(data.get("state") or ""), data.get("peer_pid"),
+                   tuple(data.get("peer_command") or ()),
+                   ThreadWait.from_dict(wait) if wait else None,
+                   bool(data.get("peer_reads_it")))
+
+
+@dataclass(frozen=True)
 class Scope:
     """One frame's enclosing blocks: ``withs`` ((item text, line), outermost first) and
     ``loop`` (header text, line) of the innermost loop around ``line``, or None."""
@@ -127,12 +172,16 @@ class ProcessWaits:
     locks: tuple[FileLock, ...] = ()
     unreadable: tuple[str, ...] = field(default=())
     scopes: tuple[Scope, ...] = ()
+    sockets: tuple[SocketEnd, ...] = ()
 
     def thread(self, tid: int | None) -> ThreadWait | None:
         return next((t for t in self.threads if t.tid == tid), None)
 
     def file(self, fd: int | None) -> OpenFile | None:
         return next((f for f in self.files if f.fd == fd), None)
+
+    def socket(self, fd: int | None) -> SocketEnd | None:
+        return next((s for s in self.sockets if s.fd == fd), None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "command": list(self.command),
@@ -141,7 +190,8 @@ class ProcessWaits:
                 "children": [c.to_dict() for c in self.children],
                 "locks": [lock.to_dict() for lock in self.locks],
                 "unreadable": list(self.unreadable),
-                "scopes": [scope.to_dict() for scope in self.scopes]}
+                "scopes": [scope.to_dict() for scope in self.scopes],
+                "sockets": [end.to_dict() for end in self.sockets]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessWaits:
@@ -151,4 +201,5 @@ class ProcessWaits:
                    tuple(ProcessWaits.from_dict(c) for c in data.get("children") or ()),
                    tuple(FileLock.from_dict(lock) for lock in data.get("locks") or ()),
                    tuple(data.get("unreadable") or ()),
-                   tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()))
+                   tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()),
+                   tuple(SocketEnd.from_dict(end) for end in data.get("sockets") or ()))

@@ -71,6 +71,16 @@ def chain_next(chain: WaitChain) -> str | None:
         return (f"The DataLoader worker stands{_where(chain, -1)} and never returns a batch: "
                 f"make that line return (run the dataset with `num_workers=0` to see it "
                 f"alone), or set the DataLoader's `timeout`.")
+    if end == "socket-peer":
+        return (f"Make `{subject}` answer (the chain's last hop shows where it stands "
+                f"instead), and give the socket a timeout (`settimeout(...)`, or the client "
+                f"call's `timeout=`) so that a peer that never answers fails the read"
+                f"{_where(chain, 0)} rather than holding it.")
+    if end == "socket-remote":
+        return (f"Find why {subject} sends nothing: the read{_where(chain, 0)} waits for it, "
+                f"and it is out of sight from this machine; give the socket a timeout "
+                f"(`settimeout(...)`, or the client call's `timeout=`) so that a peer that "
+                f"never answers fails the step rather than holding it.")
     if end == "uneven-steps":
         return (f"Give every rank the same number of steps (a `DistributedSampler` with "
                 f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "

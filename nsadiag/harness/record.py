@@ -180,6 +180,16 @@ def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
             "exit_code": outcome.exit_code, "ended": how_it_ended(outcome)}
 
 
+def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]:
+    """The other watched processes sampled at the stall, in the form of Evidence.others, so
+    that a wait chain can follow a hop into one of them (a server at the other end of a
+    socket, the holder of a file lock); the launcher is left out (it only waits for the
+    job)."""
+    return [{"pid": s.pid, "role": "a watched process", "stall": end.stalls[s.name].to_dict()}
+            for s in end.streams if s is not main and s.name in end.stalls and
+            not _launcher(s)]
+
+
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
                  ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
                  total_steps: int, fallback: dict[str, Any] | None = None,
@@ -211,7 +221,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         profile=profile_summary(main.path.parent / "profile.json") if main else None,
         thread_exceptions=thread_exceptions.read(
             main.path.parent / thread_exceptions.FILE_NAME) if main else [],
-        others=list(end.others),
+        others=list(end.others) + ([] if len(ranks) >= 2 else _watched_peers(end, main)),
         crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
     data: dict[str, Any]
     if len(ranks) >= 2:

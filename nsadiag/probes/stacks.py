@@ -333,6 +333,11 @@ def parse_faulthandler(text: str, pid: int, cpu_seconds: float | None, *,
                                                  line=number, code=_source_line(file, number)))
     if not threads:
         raise ValueError("faulthandler dump: no thread in it")
+    for thread in threads:
+        # faulthandler names no thread; the main thread is the one whose outermost frame
+        # is a module's top level (a thread that `threading` started begins in _bootstrap)
+        if thread.frames and thread.frames[-1].function == "<module>":
+            thread.name = "MainThread"
     return StackSample(t=time.time() if t is None else t, pid=pid, threads=threads,
                        cpu_seconds=cpu_seconds, native=False)
 

@@ -7,7 +7,10 @@ system call it sits in with its first argument (/proc/PID/task/TID/syscall: for 
 the file descriptor, for ``wait4`` the pid waited for); its open descriptors with what they
 point at (a pipe's inode, a file's path and inode) and their access mode; its children,
 each read the same way; the ``flock``/``fcntl`` locks (/proc/locks) on the files it has
-open, with the pid that holds each one and whether it is only waited for; and the ``Scope`` of
+open, with the pid that holds each one and whether it is only waited for; each socket a
+thread reads, with its addresses (/proc/PID/net/tcp, tcp6, udp, unix) and, for a TCP
+connection whose other end is on this machine, the process that holds that end (the
+socket inode in its /proc/PID/fd); and the ``Scope`` of
 each frame of the user's own code (the ``with`` blocks around its line: the locks it
 holds; the loop it is in), from nsadiag.probes.scopes. Whatever cannot
 be read (a process gone, a /proc that hides it) is left out and named in ``unreadable``.
@@ -18,19 +21,29 @@ The facts are typed and frozen (nsadiag.waitfacts, below every package that read
 from __future__ import annotations
 
 import os
+import socket
+import struct
 
 from nsadiag.waitfacts import (
     FileLock,
     OpenFile,
     ProcessWaits,
     Scope,
+    SocketEnd,
     ThreadWait,
     syscall_name,
 )
 
 CHILD_DEPTH = 2
 """How many generations of children are read (a shell between a process and its tool)."""
-
+READS = ("read", "readv", "recvfrom", "recvmsg", "pread64", "preadv")
+"""The system calls whose first argument is the descriptor a thread waits to read."""
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
+              11: "CLOSING"}
+"""The kernel's TCP states by number, as /proc/net/tcp prints them (include/net/tcp_states.h)."""
+PROCESS_SCAN_LIMIT = 4096
+"""Processes looked through, at most, for the one that holds a socket's other end."""
 
 
 def _read(path: str) -> str | None:
@@ -86,6 +99,107 @@ def _open_file(pid: int, fd: int) -> OpenFile | None:
     return OpenFile(fd, target, mode, inode)
 
 
+def _address(text: str) -> str:
+    """"0100007F:1F90" (IPv4) or 32 hex digits + port (IPv6), as /proc/net/tcp prints them
+    (each 32-bit word in the machine's byte order), in the usual form: "127.0.0.1:8080"."""
+    host, _, port = text.partition(":")
+    raw = b"".join(struct.pack("=I", int(host[i:i + 8], 16)) for i in range(0, len(host), 8))
+    family = socket.AF_INET6 if len(raw) == 16 else socket.AF_INET
+    shown = socket.inet_ntop(family, raw)
+    return f"[{shown}]:{int(port, 16)}" if family == socket.AF_INET6 else \
+        f"{shown}:{int(port, 16)}"
+
+
+def parse_net_inet(text: str) -> dict[int, tuple[str, str, str]]:
+    """inode -> (local address, remote address, state) of the lines of /proc/net/tcp,
+    tcp6 or udp."""
+    found = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10 or not parts[9].isdigit():
+            continue
+        try:
+            found[int(parts[9])] = (_address(parts[1]), _address(parts[2]),
+                                    TCP_STATES.get(int(parts[3], 16), parts[3]))
+        except (ValueError, OSError, struct.error):
+            continue
+    return found
+
+
+def parse_net_unix(text: str) -> dict[int, str]:
+    """inode -> path ("" when unnamed) of the lines of /proc/net/unix."""
+    found = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 7 and parts[6].isdigit():
+            found[int(parts[6])] = parts[7] if len(parts) > 7 else ""
+    return found
+
+
+def _socket_owner(inode: int) -> int | None:
+    """The pid of a process of this machine (this PID namespace) with ``socket:[inode]``
+    open, None when none is found."""
+    wanted = f"socket:[{inode}]"
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids[:PROCESS_SCAN_LIMIT]:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _command_of(pid: int) -> tuple[str, ...]:
+    raw = _read(f"/proc/{pid}/cmdline") or ""
+    return tuple(part for part in raw.split("\0") if part)
+
+
+def _socket_end(pid: int, fd: int, inode: int) -> SocketEnd:
+    """The socket ``inode`` open at ``fd`` in ``pid``: its protocol and addresses, and the
+    process holding the other end of a TCP connection on this machine."""
+    for protocol in ("tcp", "tcp6", "udp"):
+        table = parse_net_inet(_read(f"/proc/{pid}/net/{protocol}") or "")
+        if inode not in table:
+            continue
+        local, remote, state = table[inode]
+        end = SocketEnd(fd, inode, protocol, local, remote, state)
+        if not protocol.startswith("tcp") or not end.on_this_machine:
+            return end
+        other = next((i for i, (near, far, _) in table.items()
+                      if near == remote and far == local), None)
+        owner = _socket_owner(other) if other is not None else None
+        if owner is None:
+            return end
+        wait = _thread_wait(owner, owner)
+        try:
+            reads_it = wait is not None and wait.syscall_name in READS and \
+                os.readlink(f"/proc/{owner}/fd/{wait.first_arg}") == f"socket:[{other}]"
+        except OSError:
+            reads_it = False
+        return SocketEnd(fd, inode, protocol, local, remote, state, owner,
+                         _command_of(owner), wait, reads_it)
+    path = parse_net_unix(_read(f"/proc/{pid}/net/unix") or "").get(inode)
+    return SocketEnd(fd, inode, "unix" if path is not None else "unknown", path or "")
+
+
+def _read_sockets(pid: int, threads: tuple[ThreadWait, ...], files: tuple[OpenFile, ...]
+                  ) -> tuple[SocketEnd, ...]:
+    """The sockets some thread of ``pid`` sits reading."""
+    reading = {t.first_arg for t in threads if t.syscall_name in READS}
+    return tuple(_socket_end(pid, f.fd, int(f.target[8:-1])) for f in files
+                 if f.fd in reading and f.target.startswith("socket:[") and
+                 f.target[8:-1].isdigit())
+
+
 def parse_locks(text: str) -> list[tuple[str, str, int, int, bool]]:
     """(kind, access, pid, inode, blocked) of each line of /proc/locks ("1: FLOCK
     ADVISORY WRITE 4242 08:01:1234 0 EOF"; a waiter's line reads "1: -> FLOCK ...")."""
@@ -130,4 +244,4 @@ def read_waits(pid: int, depth: int = CHILD_DEPTH, scopes: tuple[Scope, ...] = (
                       _read("/proc/locks") or "") if inode in paths)
     return ProcessWaits(pid, command, threads, files,
                         tuple(read_waits(child.pid, depth - 1) for child in children),
-                        locks, tuple(unreadable), scopes)
+                        locks, tuple(unreadable), scopes, _read_sockets(pid, threads, files))

@@ -21,6 +21,11 @@ file lock   ``flock``/``fcntl`` in the kernel: the pid that holds a lock on the 
             (/proc/locks) and where it stands.
 worker      a wait inside the DataLoader: the worker processes sampled at the stall and
             the frame each stands at, followed as a process of its own.
+socket      a read on a socket (the kernel's read/recv on a descriptor that is one): the
+            connection's addresses, the process of this machine that holds the other
+            end (its pid and command, from /proc) and where it stands when it was sampled;
+            an end on another machine (or one this machine does not show) is said to be
+            out of sight.
 poll        a ``while`` loop around a sleep: the condition it polls.
 
 A hop the evidence does not name is stated as unknown, never guessed. The chain's ``end``
@@ -38,13 +43,14 @@ from typing import Any
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
-from nsadiag.waitfacts import ProcessWaits, Scope, ThreadWait
+from nsadiag.waitfacts import ProcessWaits, Scope, SocketEnd, ThreadWait
 
 HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
-        "worker", "poll", "collective", "frame", "unknown")
+        "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
-        "poll", "uneven-steps", "collective-differs", "unknown")
+        "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
+        "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -53,8 +59,11 @@ fork); queue-full: the holder waits in Queue.put; producer-died: the thread that
 queue died; no-producer: no thread is known to feed it; pipe-eof: a child reads a pipe
 whose write end the waiting process holds; child-waits: a child blocked elsewhere;
 file-lock: another process holds a file lock; worker: a DataLoader worker stands at its
-frame; poll: a loop polls a condition; uneven-steps: ranks that ran fewer steps wait in a
-collective after their loop while the others wait in a step's gradient collective;
+frame; poll: a loop polls a condition; socket-peer: a read on a connection whose other
+end a process of this machine holds; socket-remote: a read on a TCP or UDP connection whose
+other end is out of sight (another machine, or a namespace this one does not show);
+uneven-steps: ranks that ran fewer steps wait in a collective after their loop while the
+others wait in a step's gradient collective;
 collective-differs: the ranks issued different collectives at the same number; unknown: the
 evidence names no next hop. A rank that never issued the collective the others wait in is
 followed as a process of its own, and the chain ends where its own chain ends."""
@@ -67,7 +76,7 @@ DATALOADER = re.compile(r"/torch/utils/data/")
 SLEEP = re.compile(r"\bsleep\(|nanosleep")
 CHILD_WCHAN = ("do_wait", "wait_consider_task")
 FILE_LOCK_WCHAN = re.compile(r"lock_inode_wait|flock|posix_lock|locks_")
-READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "preadv")
+READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "recvmsg", "preadv")
 
 
 @dataclass(frozen=True)
@@ -294,6 +303,65 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None)
                                             f"{kernel}")), "child-waits", _command(child))
 
 
+def _connection(end: SocketEnd) -> str:
+    if end.protocol == "unix":
+        return f"a Unix socket{f' ({end.local})' if end.local else ''}"
+    if end.protocol == "unknown":
+        return "a socket"
+    kind = "UDP socket" if end.protocol == "udp" else "TCP connection"
+    state = f", {end.state}" if end.state and end.state != "ESTABLISHED" else ""
+    return f"a {kind} from {end.local} to {end.remote}{state}"
+
+
+def short_command(argv: Sequence[str]) -> str:
+    """A command as a person names it: each path by its last part ("python serve.py 80"
+    for "/venv/bin/python /home/u/serve.py 80")."""
+    return " ".join(PurePath(arg).name if "/" in arg and not arg.endswith("/") else arg
+                    for arg in argv)
+
+
+def _socket_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                  end: SocketEnd, others: Sequence[_Process]) -> WaitChain:
+    where = f" at {at(own)}" if own is not None else ""
+    first = Hop("socket", f"{_label(thread)} waits to read fd {end.fd}, {_connection(end)}"
+                          f"{where}", at(own) if own else None, own.code if own else None)
+    if end.peer_pid is None and end.protocol not in ("tcp", "tcp6", "udp"):
+        return WaitChain((first, Hop("unknown", "which process holds the other end is "
+                                                "unknown (/proc does not name the peer of "
+                                                "this kind of socket)")), "unknown")
+    if end.peer_pid is None:
+        sight = "is held by no process this machine shows (another container or namespace)" \
+            if end.on_this_machine else "is on another machine: what it does is not " \
+                                        "visible from here"
+        return WaitChain((first, Hop("peer", f"the other end, {end.remote}, {sight}")),
+                         "socket-remote", end.remote)
+    command = short_command(end.peer_command) or f"pid {end.peer_pid}"
+    itself = end.peer_pid == process.sample.pid
+    holder = f"this same process (pid {end.peer_pid}): one of its own threads must write " \
+             f"to it" if itself else f"pid {end.peer_pid} (`{command}`)"
+    second = Hop("peer", f"the other end ({end.remote}) is held by {holder}")
+    sampled = next((p for p in others if p.sample.pid == end.peer_pid), None)
+    main = _main(sampled.sample) if sampled is not None else None
+    if itself:
+        return WaitChain((first, second), "socket-peer", command)
+    if main is not None:
+        doing = _doing(main, sampled)
+        text = doing.text
+        frame = _own(main)
+        if end.peer_reads_it and frame is not None:  # a read the stack alone calls running
+            text = (f"{_label(main)} waits to read the same connection at {at(frame)}"
+                    f"{f' `{frame.code}`' if frame.code else ''}: each end waits for the "
+                    f"other to send")
+        return WaitChain((first, second, Hop(doing.kind, f"pid {end.peer_pid}: {text}",
+                                             doing.where, doing.code)), "socket-peer", command)
+    wait = end.peer_wait
+    kernel = wait.wchan or wait.syscall_name if wait is not None else None
+    third = Hop("process", f"pid {end.peer_pid}'s main thread waits in the kernel at {kernel} "
+                           f"(its Python stack was not sampled)") if kernel else \
+        Hop("unknown", f"where pid {end.peer_pid} stands is unknown (it was not sampled)")
+    return WaitChain((first, second, third), "socket-peer", command)
+
+
 def _file_lock_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
                      others: Sequence[_Process]) -> WaitChain | None:
     waits = process.waits
@@ -394,6 +462,10 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _child_chain(process, thread, own)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
+    socket_end = process.waits.socket(os_wait.first_arg) if process.waits and os_wait and \
+        os_wait.syscall_name in READ_SYSCALLS else None
+    if socket_end is not None:
+        return _socket_chain(process, thread, own, socket_end, others)
     queued = QUEUE_CODE.search(own.code or "") if own is not None else None
     if queued and frame is not None:
         return _queue_chain(process, thread, own, queued[1], queued[2])

@@ -18,7 +18,7 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "put(timeout=...)", "get(timeout=...)", "wait(timeout=...)", "finally", "with",
             "try", "threading.RLock", "multiprocessing_context=\"spawn\"", "worker_init_fn",
             "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
-            "drop_last=True", "join"}
+            "drop_last=True", "join", "settimeout(...)", "timeout="}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -75,6 +75,17 @@ CHAINS = [
     WaitChain((Hop("poll", "the main thread polls `not os.path.exists(m)` in a sleep loop at "
                            "t.py:23, still looping at the stall", "t.py:23"),),
               "poll", "not os.path.exists(m)"),
+    WaitChain((Hop("socket", "the main thread waits to read fd 5, a TCP connection from "
+                             "127.0.0.1:40100 to 127.0.0.1:8123 at t.py:14", "t.py:14"),
+               Hop("peer", "the other end (127.0.0.1:8123) is held by pid 7 (`python "
+                           "server.py`)"),
+               Hop("frame", "pid 7: the main thread waits at server.py:30 `done.wait()`",
+                   "server.py:30")), "socket-peer", "python server.py"),
+    WaitChain((Hop("socket", "the main thread waits to read fd 5, a TCP connection from "
+                             "10.0.0.2:40100 to 10.0.0.9:6379 at t.py:14", "t.py:14"),
+               Hop("peer", "the other end, 10.0.0.9:6379, is on another machine: what it "
+                           "does is not visible from here")), "socket-remote",
+              "10.0.0.9:6379"),
     WaitChain((Hop("collective", "rank 0 waits in all_reduce #5 (DDP bucket 0, 4 tensors), the "
                                  "gradients of step 4 at t.py:44 (rank 0: 4 steps done)",
                    "t.py:44"),

@@ -22,6 +22,7 @@ DUMP = """\
 Thread 0x00007f1e8b7fe640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
   File "/work/data.py", line 12 in loader
+  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap
 
 Current thread 0x00007f1e9c3b1740 (most recent call first):
   File "/work/model.py", line 16 in hold_twice
@@ -34,8 +35,9 @@ def test_parser_reads_every_thread_innermost_first():
     assert (sample.pid, sample.cpu_seconds, sample.t, sample.native) == (7, 1.5, 10.0, False)
     worker, main = sample.threads
     assert worker.thread_id == 0x7F1E8B7FE640 and worker.name is None
-    assert [(f.function, f.line) for f in worker.frames] == [("wait", 320), ("loader", 12)]
-    assert main.name == "current thread"
+    assert [(f.function, f.line) for f in worker.frames] == [("wait", 320), ("loader", 12),
+                                                             ("_bootstrap", 995)]
+    assert main.name == "MainThread"  # its outermost frame is the module's top level
     assert [(f.function, f.file, f.is_native) for f in main.frames] == [
         ("hold_twice", "/work/model.py", False), ("<module>", "/work/model.py", False)]
 

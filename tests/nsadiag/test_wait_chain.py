@@ -4,6 +4,10 @@ from a fact of the evidence, unknown where the evidence is silent; and the probe
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+
 from nsadiag.evidence import (
     Evidence,
     ProcessOutcome,
@@ -18,9 +22,13 @@ from nsadiag.probes.waits import (
     OpenFile,
     ProcessWaits,
     Scope,
+    SocketEnd,
     ThreadWait,
     parse_locks,
+    parse_net_inet,
+    parse_net_unix,
     parse_syscall,
+    read_waits,
 )
 from nsadiag.verdict.chain import WaitChain, wait_chain
 
@@ -181,3 +189,100 @@ def test_proc_locks_and_syscall_lines_are_parsed():
     assert parse_syscall("0 0x3 0x7ffd 0x1 0x0 0x0 0x0 0x7ffd 0x7f") == (0, 3)
     assert parse_syscall("running") == (None, None)
     assert parse_syscall("-1 0x7ffd 0x7f") == (None, None)
+
+
+def _reading(fd: int, ends: tuple[SocketEnd, ...]) -> tuple[ThreadStack, ProcessWaits]:
+    main = thread(100, "MainThread", frame("score", 68, "with urlopen(request) as reply:"))
+    return main, ProcessWaits(100, ("python",), (ThreadWait(100, "wait_woken", 45, "recvfrom",
+                                                            fd),),
+                              (OpenFile(fd, "socket:[55]", "rw", 55),), sockets=ends)
+
+
+def test_a_read_on_a_socket_is_followed_to_the_process_holding_the_other_end():
+    server = ("/venv/bin/python", "/home/u/serve.py", "8123")
+    end = SocketEnd(9, 55, "tcp", "127.0.0.1:40100", "127.0.0.1:8123", "ESTABLISHED", 200,
+                    server, ThreadWait(200, "wait_woken", 45, "recvfrom", 4), True)
+    main, ours = _reading(9, (end,))
+    handler = thread(200, "MainThread", frame("do_POST", 32, "body = self.rfile.read()",
+                                              "/home/u/serve.py"))
+    other = {"pid": 200, "role": "a watched process", "stall": StallEvidence(
+        6.0, 2.0, 0.0, samples=[StackSample(1.0, 200, [handler])]).to_dict()}
+    chain = roundtrip(wait_chain(evidence([main], ours, others=[other])))
+    assert chain.end == "socket-peer" and chain.subject == "python serve.py 8123"
+    assert chain.printed() == (
+        "the main thread waits to read fd 9, a TCP connection from 127.0.0.1:40100 to "
+        "127.0.0.1:8123 at train.py:68 -> the other end (127.0.0.1:8123) is held by pid 200 "
+        "(`python serve.py 8123`) -> pid 200: the main thread waits to read the same "
+        "connection at serve.py:32 `body = self.rfile.read()`: each end waits for the other "
+        "to send")
+    # not sampled: where its first thread waits in the kernel, and no more
+    unsampled = roundtrip(wait_chain(evidence([main], ours)))
+    assert unsampled.hops[-1].text == ("pid 200's main thread waits in the kernel at "
+                                       "wait_woken (its Python stack was not sampled)")
+
+
+def test_a_socket_whose_other_end_is_out_of_sight_says_so_and_guesses_no_peer():
+    remote = SocketEnd(9, 55, "tcp", "10.0.0.2:40100", "10.0.0.9:6379")
+    main, ours = _reading(9, (remote,))
+    chain = roundtrip(wait_chain(evidence([main], ours)))
+    assert chain.end == "socket-remote" and chain.subject == "10.0.0.9:6379"
+    assert chain.hops[-1].text == ("the other end, 10.0.0.9:6379, is on another machine: "
+                                   "what it does is not visible from here")
+    unix = SocketEnd(9, 55, "unix", "/run/app.sock")
+    main, ours = _reading(9, (unix,))
+    chain = roundtrip(wait_chain(evidence([main], ours)))
+    assert chain.end == "unknown" and "a Unix socket (/run/app.sock)" in chain.printed()
+    # a read on a descriptor that is not a socket is no socket hop
+    main, ours = _reading(3, (remote,))
+    assert "socket" not in roundtrip(wait_chain(evidence([main], ours))).printed()
+
+
+def test_proc_net_tables_are_parsed_to_addresses_states_and_paths():
+    tcp = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+           "timeout inode\n"
+           "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0"
+           "        0 1234 1 0000000000000000 100 0 0 10 0\n"
+           "   1: 0100007F:9CA4 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0"
+           "        0 5678 1 0000000000000000 20 4 30 10 -1\n")
+    assert parse_net_inet(tcp) == {1234: ("127.0.0.1:8080", "0.0.0.0:0", "LISTEN"),
+                                   5678: ("127.0.0.1:40100", "127.0.0.1:8080", "ESTABLISHED")}
+    tcp6 = ("  sl  local_address                         remote_address                        "
+            "st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000"
+            " 0A 00000000:00000000 00:00000000 00000000     0        0 99 1 0 100 0 0 10 0\n")
+    assert parse_net_inet(tcp6) == {99: ("[::1]:8080", "[::]:0", "LISTEN")}
+    unix = ("Num       RefCount Protocol Flags    Type St Inode Path\n"
+            "0000000000000000: 00000002 00000000 00010000 0001 01 4321 /run/app.sock\n"
+            "0000000000000000: 00000003 00000000 00000000 0001 03 4322\n")
+    assert parse_net_unix(unix) == {4321: "/run/app.sock", 4322: ""}
+
+
+def test_the_probe_finds_the_process_at_the_other_end_of_a_loopback_connection():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    started = threading.Event()
+
+    def read() -> None:
+        started.set()
+        client.recv(1)  # blocks until the test sends a byte
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started.wait(10)
+    try:
+        for _ in range(200):  # until the reader sits in the kernel's read
+            waits = read_waits(os.getpid(), depth=0)
+            end = waits.socket(client.fileno())
+            if end is not None:
+                break
+            threading.Event().wait(0.05)
+        assert end is not None, waits.threads
+        assert end.protocol == "tcp" and end.state == "ESTABLISHED"
+        assert end.remote == f"127.0.0.1:{listener.getsockname()[1]}"
+        assert end.on_this_machine and end.peer_pid == os.getpid()
+    finally:
+        served.send(b"x")
+        reader.join(10)
+        for each in (served, client, listener):
+            each.close()
