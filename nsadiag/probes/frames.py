@@ -363,8 +363,9 @@ WORKER_LOOP = ("_worker_loop", "torch/utils/data/_utils/worker.py")
 
 
 def main_thread(sample: StackSample) -> ThreadStack | None:
-    """The thread named MainThread, else the first thread (a faulthandler dump names the
-    one it ran on "current thread"); None for a sample without threads."""
+    """The thread named MainThread (in a faulthandler dump, the one whose outermost frame
+    is a module's top level: nsadiag.probes.stacks), else the first thread; None for a
+    sample without threads."""
     named = [thread for thread in sample.threads if thread.name == "MainThread"]
     return named[0] if named else (sample.threads[0] if sample.threads else None)
 
