@@ -136,3 +136,33 @@ for its work, whatever the counts say. The ratio is a timing and a noisy one at 
 widths (measured on 2 shared cores: the per-token loop 15-250x at S=512 and 24x at S=64
 from run to run, the built-in NSA 1.5-6x), so the bar sits where no healthy model came
 near it; the counts decide the common defects."""
+
+# ---- the slow cause (nsadiag.verdict.slow_cause) -------------------------------------------
+
+DATA_BOUND_SHARE = 0.5
+"""A SLOW run is data-bound when its main thread sat in the DataLoader's ``__next__`` (waiting
+for a batch, or loading it) in at least this share of its samples once training began: the
+input pipeline then sets the pace more than the model does. Measured on 2 loaded cores:
+repro/scripts/slow_storage_loader.py (two workers reading slow storage) above 0.8; the
+training scripts of the zoo with in-memory data below 0.2 (slow_storage_loader.py with
+10 ms reads and a larger model: 0.16)."""
+
+MIN_RECOMPILES = 3
+"""A SLOW run's cause is recompiles only when Dynamo compiled one function again at least
+this many times: the first compile and one recompile are the cost of any compiled run
+whose shapes change once (Dynamo then marks the dimension dynamic by itself)."""
+
+COMPILE_BOUND_SHARE = 0.3
+"""...and its main thread was inside the compiler in at least this share of its samples
+once training began. Measured on 2 loaded cores: repro/scripts/compiled_variable_lengths.py
+(a new length every step, dynamic=False) above 0.6; a compiled model with fixed shapes
+spends its first compile and nothing after it, a share that falls below 0.3 as the run goes
+on past its first minute."""
+
+RECOMPUTE_SHARE = 0.5
+"""A SLOW run's cause is checkpoint recompute when torch.utils.checkpoint's recompute of the
+forward holds at least this share of the backward's samples. By FLOPs a checkpointed
+block's backward is its recompute (one forward) plus the gradients (about two forwards), a
+third of it; above half, the recomputed forward costs more than the gradients themselves.
+Measured on 2 loaded cores: repro/scripts/checkpoint_recompute.py (a no-grad routing
+inside the checkpointed block) above 0.7."""
