@@ -112,8 +112,9 @@ def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
         return (f"Find what delays the batches between the workers and the main process: "
                 f"the main process waited for batches in {share} of its samples while its "
                 f"{many} {'were' if len(workers) > 1 else 'was'} outside the dataset's code "
-                f"(waiting for work) in {total - inside} of {total} samples; look at the collate function, `pin_memory` and the "
-                f"batch's size. A faster model will not help.")
+                f"(waiting for work) in {total - inside} of {total} samples; look at the "
+                f"collate function, `pin_memory` and the batch's size. A faster model will "
+                f"not help.")
     if 2 * idle >= total:
         return (f"Make the batches arrive faster: the main process waited for them in "
                 f"{share} of its samples while its {many} sat at {where}, off the CPU in "

@@ -10,7 +10,8 @@ classifies a run as
   the kill, and whether the workers were idle (a read or a sleep) or busy;
 - ``recompiles``: Dynamo compiled again at least MIN_RECOMPILES times and the main thread
   was in the compiler in at least COMPILE_BOUND_SHARE of its samples; with the count, the
-  steps they fell in, the compiled function and the last guard that failed;
+  steps the run began (a compile is reported a poll after it ends, so its step is not
+  claimed), the compiled function and the last guard that failed;
 - ``checkpoint-recompute``: torch.utils.checkpoint's recompute held at least
   RECOMPUTE_SHARE of the backward's samples; with the recomputed forward's hottest line
   and where the checkpoint is called.
@@ -124,19 +125,18 @@ def _recompiles(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] |
             region["count"] < COMPILE_BOUND_SHARE * training:
         return None
     share = region["count"] / training
-    steps = sorted({int(e.get("step") or 0) for e in again})
     seen = max(int(e.get("step") or 0) for e in evidence.events) + 1
     guard = re.sub(r"^\d+/\d+: ", "", str(again[-1]["recompile_reason"]))
     size = SIZE_GUARD.search(guard)
     function = again[-1].get("function")
     called = _first(region.get("entered_from"))
     sentence = (f"recompiles: Dynamo compiled `{function}` again {len(again)} times in "
-                f"{seen} steps (in {len(steps)} of them), the last because the guard "
+                f"{seen} steps, the last because the guard "
                 f"`{guard}` failed; the main process was in the compiler in {share:.0%} of "
                 f"its samples once training began ({region['count']} of {training})")
     return {"kind": "recompiles", "share": share, "samples": region["count"],
             "of_samples": training, "recompiles": len(again), "compiles": len(compiles),
-            "steps": seen, "recompile_steps": len(steps), "function": function,
+            "steps": seen, "function": function,
             "file": again[-1].get("file"), "line": again[-1].get("line"), "guard": guard,
             "size_dim": int(size.group(1)) if size else None, "called_at": called,
             "sentence": sentence}

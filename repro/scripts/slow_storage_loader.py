@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-READ_LATENCY_S = 0.08  # one record from the shared filesystem
+READ_LATENCY_S = 0.1  # one record from the shared filesystem
 
 
 def read_record(shard: int, index: int, length: int) -> list[int]:
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     torch.manual_seed(0)
-    loader = DataLoader(ShardedTextDataset(8, 512, 32), batch_size=16, shuffle=True,
+    loader = DataLoader(ShardedTextDataset(8, 512, 32), batch_size=32, shuffle=True,
                         num_workers=args.workers)
     model = nn.Sequential(nn.Embedding(1000, 32), nn.Linear(32, 32), nn.GELU(),
                           nn.Linear(32, 1000))
