@@ -99,11 +99,18 @@ def _workers_said(workers: list[dict[str, Any]]) -> tuple[str, str]:
 def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
     share = f"{cause['share']:.0%}"
     workers = cause.get("workers") or []
-    if not workers:
+    if not workers and cause.get("loaded_at"):
         return (f"Load the batches in worker processes: the main process was in the "
-                f"DataLoader's `__next__` in {share} of its samples with no worker process "
-                f"to load for it; set `num_workers` above 0 (and `prefetch_factor`) so "
-                f"loading overlaps training. A faster model will not help.")
+                f"DataLoader's `__next__` in {share} of its samples, running the dataset's "
+                f"code itself (most at {cause['loaded_at']}); set `num_workers` above 0 "
+                f"(and `prefetch_factor`) so loading overlaps training. A faster model "
+                f"will not help.")
+    if not workers:
+        return (f"Make the input pipeline faster: the main process waited for batches in "
+                f"{share} of its samples, and no DataLoader worker was sampled to say "
+                f"which part is slow; time the dataset alone (its `__getitem__` and the "
+                f"storage it reads), then add workers, faster storage or prefetch as that "
+                f"shows. A faster model will not help.")
     many, where = _workers_said(workers)
     idle = sum(w["samples"] - w["active"] for w in workers)
     total = sum(w["samples"] for w in workers)

@@ -101,12 +101,15 @@ def _data_bound(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] |
         verb = "were" if len(workers) > 1 else "was"
         sentence += (f"; its {len(workers)} {noun} {names} {verb} {at}, idle (off the CPU) "
                      f"in {idle} of {total}")
+    elif region.get("inner"):
+        sentence += (f"; no DataLoader worker process was sampled, and the main process "
+                     f"ran the dataset's code itself, most at {region['inner']}")
     else:
-        sentence += "; no DataLoader worker process was seen: batches are loaded in the " \
-                    "main process"
+        sentence += "; no DataLoader worker process was sampled"
     return {"kind": "data-bound", "share": share, "samples": region["count"],
             "of_samples": training, "waited": waited, "on_cpu": on_cpu,
-            "asked_at": asked, "workers": workers, "sentence": sentence}
+            "asked_at": asked, "workers": workers, "loaded_at": region.get("inner"),
+            "sentence": sentence}
 
 
 def _first(by_phase: dict[str, str] | None) -> str | None:
