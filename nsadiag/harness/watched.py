@@ -225,8 +225,11 @@ class ProcessHeartbeat:
         # what Dynamo compiled, and the guard that failed for each recompile (read only)
         compiles = CompileWatch(self.writer.compiled)
         while not self.stopped.wait(COMPILE_POLL_S):
-            if not self.forked:
-                compiles.poll()
+            try:
+                if not self.forked:
+                    compiles.poll()
+            except ValueError:  # stop() closed the heartbeat file under the write: at exit
+                return
 
     def _count_collectives(self) -> None:
         import torch.distributed as dist
