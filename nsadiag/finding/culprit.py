@@ -230,9 +230,11 @@ def cause_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
         workers = cause.get("workers") or []
         places = {w["where"] for w in workers if w.get("where")}
         if len(places) == 1 and all(w.get("where") for w in workers):
-            candidates.append((places.pop(), f"the line its {len(workers)} DataLoader "
-                               f"worker(s) were at when stopped, while the main process "
-                               f"waited for batches in {share} of its samples"))
+            many = (f"{len(workers)} DataLoader workers were" if len(workers) > 1 else
+                    "DataLoader worker was")
+            candidates.append((places.pop(), f"the line its {many} at when stopped, while "
+                               f"the main process waited for batches in {share} of its "
+                               f"samples"))
         candidates.append((cause.get("asked_at"), f"where the main process asked for the "
                            f"next batch; it was in the DataLoader's `__next__` in {share} "
                            f"of its samples"))
