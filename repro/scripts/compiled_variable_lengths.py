@@ -12,7 +12,7 @@ time in the compiler, not in the model.
 Expected verdict: SLOW at the deadline, recompiles: the count of recompiles per step and
 the guard that failed; the next step is `dynamic=True` or padding to fixed lengths:
 
-    nsadiag run --deadline 20 -- python repro/scripts/compiled_variable_lengths.py
+    nsadiag run --deadline 40 -- python repro/scripts/compiled_variable_lengths.py
 """
 
 import random
