@@ -61,6 +61,10 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     sources = sources_of(record.evidence)
     if name == "SLOW" and facts.get("slow_by") == "defect":
         return slow_culprit(record, sources)
+    if name == "SLOW" and facts.get("slow_cause"):
+        found = cause_culprit(record, sources)
+        if found is not None:
+            return found
     if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
         return slow_culprit(record, sources, hot_lines=False)
     if name == "STALL-BUSY":
@@ -212,6 +216,41 @@ def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
             return _culprit(sources, hot["file"], int(hot["line"]),
                             f"the loop around the hottest line of the {hot['phase']} "
                             f"({hot['fraction']:.0%} of the samples)", span, hot.get("code"))
+    return None
+
+
+def cause_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
+    """The user line a SLOW run's cause class names (nsadiag.verdict.slow_cause): the line
+    its DataLoader workers were at (else where the main process asked for batches), the
+    call that compiled again, the checkpointed call; None when it is not the user's."""
+    cause = (record.verdict.get("facts") or {}).get("slow_cause") or {}
+    share = f"{cause.get('share', 0):.0%}"
+    candidates: list[tuple[str | None, str]] = []
+    if cause.get("kind") == "data-bound":
+        workers = cause.get("workers") or []
+        places = {w["where"] for w in workers if w.get("where")}
+        if len(places) == 1 and all(w.get("where") for w in workers):
+            many = (f"{len(workers)} DataLoader workers were" if len(workers) > 1 else
+                    "DataLoader worker was")
+            candidates.append((places.pop(), f"the line its {many} at when stopped, while "
+                               f"the main process waited for batches in {share} of its "
+                               f"samples"))
+        candidates.append((cause.get("asked_at"), f"where the main process asked for the "
+                           f"next batch; it was in the DataLoader's `__next__` in {share} "
+                           f"of its samples"))
+    elif cause.get("kind") == "recompiles":
+        candidates.append((cause.get("called_at"), f"the call of the compiled code that "
+                           f"compiled again {cause.get('recompiles')} times (the compiler "
+                           f"held {share} of the samples)"))
+    elif cause.get("kind") == "checkpoint-recompute":
+        candidates.append((cause.get("called_at"), f"the checkpointed call whose forward the "
+                           f"backward reran in {cause.get('backward_share', 0):.0%} of its "
+                           f"samples"))
+    for where, why in candidates:
+        parsed = _split_where(where) if where else None
+        path = _user_path(record, parsed[0], parsed[1]) if parsed else None
+        if parsed and path:
+            return _culprit(sources, path, parsed[2], why)
     return None
 
 

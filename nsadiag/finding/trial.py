@@ -16,7 +16,7 @@ from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import culprit_of
-from nsadiag.finding.next_step import chain_next
+from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
@@ -100,6 +100,19 @@ def progress_proof(facts: dict[str, Any]) -> str:
     return ", ".join(parts) or "still progressing at the kill"
 
 
+def cause_proof(cause: dict[str, Any]) -> str:
+    """The share of the samples that put a SLOW run in its cause class."""
+    share, counted = f"{cause['share']:.0%}", f"{cause['samples']} of {cause['of_samples']}"
+    if cause["kind"] == "data-bound":
+        return (f"the main process was in the DataLoader's `__next__` in {share} of its "
+                f"samples once training began ({counted})")
+    if cause["kind"] == "recompiles":
+        return (f"{cause['recompiles']} recompiles in {cause['steps']} steps; the compiler "
+                f"held {share} of the main process's samples ({counted})")
+    return (f"checkpoint recompute in {cause['backward_share']:.0%} of the backward's "
+            f"samples ({counted})")
+
+
 def stall_proof(facts: dict[str, Any]) -> str:
     """No progress for so long, with the CPU it used and whether the stacks moved."""
     since = facts.get("since_last_event_s")
@@ -156,6 +169,8 @@ def proof_of(record: TrialRecord) -> str | None:
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
     if name == "SLOW" and facts.get("still_starting"):
         return (record.verdict.get("reasons") or ["still starting"])[0].split(", and no ")[0]
+    if name == "SLOW" and facts.get("slow_cause") and facts.get("slow_by") != "defect":
+        return cause_proof(facts["slow_cause"])
     if name == "SLOW":
         return {"defect": lambda: defect_proof(record), "size": lambda: size_proof(facts)
                 }.get(facts.get("slow_by") or "", lambda: progress_proof(facts))()
@@ -218,6 +233,8 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
     if name == "SLOW" and facts.get("slow_by") == "defect":
         return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
                 f"once, with no `.item()` inside it; then run the same command again.")
+    if name == "SLOW" and facts.get("slow_cause"):
+        return slow_next(facts["slow_cause"], facts.get("load"))
     if name == "SLOW" and facts.get("slow_by") is None:
         if culprit is not None and culprit.host_read:
             line, code = culprit.host_read.split(" ", 1)
@@ -368,6 +385,9 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     proof, next action, summary and items; ``rerun`` is the command that repeats it."""
     name, facts = record.verdict_name, record.verdict.get("facts") or {}
     kind = kind_of(name, facts.get("slow_by"))
+    # a SLOW's class (data-bound, recompiles, checkpoint recompute) beside its kind
+    said = f"{kind}: {facts['slow_cause']['kind']}" if name == "SLOW" and \
+        facts.get("slow_cause") and facts.get("slow_by") != "defect" else kind
     culprit = culprit_of(record)
     proof = proof_of(record)
     next_action = next_action_of(record, culprit)
@@ -375,7 +395,7 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
         next_action += f" Rerun: `{rerun}`."
     subject = subject_of(record.spec)
     ended = record.evidence.get("ended")
-    summary = [f"{subject} ended {name} ({kind}) after {record.wall_s:.0f} s"
+    summary = [f"{subject} ended {name} ({said}) after {record.wall_s:.0f} s"
                + (f" ({ended})." if ended else "."),
                verdict_sentence(record)]
     position = next((r for r in record.verdict.get("reasons") or []
@@ -389,7 +409,7 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     return Finding(command=command, verdict=name, kind=kind,
                    status=status_of(name, facts.get("slow_by")),
-                   headline=f"{name} ({kind}){where}", subject=subject,
+                   headline=f"{name} ({said}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
                    implicated=implicated, recommendations=fixes,

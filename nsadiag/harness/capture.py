@@ -9,7 +9,8 @@ stall   several py-spy samples spaced over the window (faulthandler dumps when p
         wait on (nsadiag.probes.waits); and each process of the job that writes
         no heartbeat (a DataLoader worker, a launcher: nsadiag.harness.tree) sampled
         without pausing it;
-budget  two stack samples of every process (a slow run's hot frame).
+budget  two stack samples of every process (a slow run's hot frame), the processes that
+        write no heartbeat included (what a slow run's DataLoader workers were doing).
 
 ``capture_stall`` and ``sample_stacks`` are the pieces, also used by ``nsadiag attach``.
 """
@@ -117,10 +118,9 @@ OTHER = "other-"
 def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s: float,
                 others: Sequence[psutil.Process] = ()) -> dict[str, StallEvidence]:
     """Evidence of every process at the same time (one thread each, over ``window_s`` at a
-    stall): the watched ones by name, and at a stall each of ``others`` (the job's
-    processes that write no heartbeat, nsadiag.harness.tree) under ``other-<pid>``,
-    sampled without pausing it, with the locals that say what it is and no faulthandler
-    dump."""
+    stall): the watched ones by name, and each of ``others`` (the job's processes that
+    write no heartbeat, nsadiag.harness.tree) under ``other-<pid>``, sampled without
+    pausing it, with the locals that say what it is and no faulthandler dump."""
     found: dict[str, StallEvidence] = {}
 
     def stall(name: str, pid: int) -> None:
@@ -140,8 +140,10 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
         found[name].opportunity_s, found[name].stretched = due.opportunity_s, due.stretched
 
     def budget(name: str, pid: int) -> None:
-        samples, unavailable = sample_stacks(pid, 2, 0.5, timeout_s=SAMPLE_TIMEOUT_S,
-                                             faulthandler_file=dirs[name] / "faulthandler.txt")
+        other = name.startswith(OTHER)
+        samples, unavailable = sample_stacks(
+            pid, 2, 0.5, timeout_s=SAMPLE_TIMEOUT_S, native=not other, local_names=other,
+            faulthandler_file=None if other else dirs[name] / "faulthandler.txt")
         found[name] = StallEvidence(since_last_event_s=due.quiet_s, window_s=1.0,
                                     cpu_delta_s=None, samples=samples, unavailable=unavailable,
                                     stacks_class=frames.classify(samples) if samples else None,
@@ -149,8 +151,7 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
 
     target = stall if due.reason == "stall" else budget
     jobs = dict(pids)
-    if due.reason == "stall":
-        jobs.update({f"{OTHER}{process.pid}": process.pid for process in others})
+    jobs.update({f"{OTHER}{process.pid}": process.pid for process in others})
     threads = [threading.Thread(target=target, args=(name, pid)) for name, pid in jobs.items()]
     for thread in threads:
         thread.start()

@@ -4,7 +4,7 @@ progress *inside* a step (which block, which branch, forward or backward).
 Every line has, in this order:
     t              unix time (float seconds)
     seq            0, 1, 2, ... (+1 per event of this file)
-    kind           "start" | "module" | "step" | "end" | "pulse" | "collective"
+    kind           "start" | "module" | "step" | "end" | "pulse" | "collective" | "compile"
     phase          "build" | "forward" | "backward" | "optimizer"
     step           0-based step index
     module, edge   module events only: dotted module name, "enter" | "exit"
@@ -21,7 +21,9 @@ them). "step" (phase "optimizer") closes a finished step and carries
 step_s, forward_s, backward_s. "end" carries status ("ok" | "error"). "pulse" events
 come from the progress sampler (nsadiag.probes.sampler: progress, idle_s, frame, cpu_s,
 runq_s, calls, nodes, op, samples); "collective" events from the collective counter of a
-rank (nsadiag.harness.collectives).
+rank (nsadiag.harness.collectives); "compile" events each compile torch.compile finished
+in a watched user process (nsadiag.probes.recompiles: compile_id, function, file, line,
+recompile_reason).
 
 For module events, phase is the pass the hook belongs to: forward hooks write "forward",
 backward hooks write "backward". Forward events inside a step's backward phase are
@@ -143,6 +145,11 @@ class HeartbeatWriter:
     def pulse(self, fields: dict[str, Any]) -> None:
         """A progress pulse from the sampler (not counted as an event of the run)."""
         self._write("pulse", self.phase, **fields)
+
+    def compiled(self, fields: dict[str, Any]) -> None:
+        """A compile torch.compile finished (nsadiag.probes.recompiles): compiling is
+        progress, and a recompile carries the guard that failed."""
+        self._write("compile", self.phase, **fields)
 
     def collective(self, edge: str, n: int, op: str, origin: str, detail: str,
                    shapes: list[list[int]], status: str | None = None,

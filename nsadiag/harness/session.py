@@ -150,8 +150,7 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
                 pids = {s.name: s.pid for s in clock.streams if s.pid}
                 dirs = {s.name: s.path.parent for s in clock.streams}
                 tree.before_capture(due)
-                if due.reason == "stall":
-                    others = tree.unwatched(set(pids.values()))
+                others = tree.unwatched(set(pids.values()))
                 stalls = capture_all(pids, dirs, due, times.capture_window_s, others)
                 gpu = gpu_state()
                 tree.after_capture(due)

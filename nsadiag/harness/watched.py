@@ -73,6 +73,7 @@ from typing import Any
 from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
+from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
 from nsadiag.probes.sampler import Sampler
 
 TORCH_POLL_S = 0.2
@@ -220,6 +221,14 @@ class ProcessHeartbeat:
         self._count_collectives()
         while not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
             if self.stopped.wait(TORCH_POLL_S):
+                return
+        # what Dynamo compiled, and the guard that failed for each recompile (read only)
+        compiles = CompileWatch(self.writer.compiled)
+        while not self.stopped.wait(COMPILE_POLL_S):
+            try:
+                if not self.forked:
+                    compiles.poll()
+            except ValueError:  # stop() closed the heartbeat file under the write: at exit
                 return
 
     def _count_collectives(self) -> None:

@@ -57,6 +57,9 @@ names the loop.
   ``{"module", "op", "count", "share"}`` (share of the backward samples);
 - ``backward_by_module``: the same summed per module, with its busiest op:
   ``{"module", "count", "share", "op", "op_share"}``.
+- ``regions``: the samples in the library's DataLoader ``__next__``, checkpoint recompute
+  and compiler, by phase, with the user line each was entered from
+  (nsadiag.probes.regions).
 
 ``tables(summary)`` renders the frames and the backward attribution as Markdown tables for
 a report.
@@ -75,6 +78,7 @@ from typing import Any
 
 from nsadiag.probes.frames import INSTRUMENTATION_PATH
 from nsadiag.probes.loops import for_loop
+from nsadiag.probes.regions import region_counts
 from nsadiag.probes.sampler import READABLE_VERSIONS, is_user_file
 
 TOP = 5
@@ -427,7 +431,8 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
             "backward_ops": [{"op": op, "count": n} for op, n in ops.most_common(TOP)],
             "frames": _frames(stacks, samples - phases.get("build", 0)),
             "backward_modules": _backward_modules(stacks),
-            "backward_by_module": _backward_by_module(stacks)}
+            "backward_by_module": _backward_by_module(stacks),
+            "regions": region_counts(stacks)}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:

@@ -14,8 +14,13 @@ while it still progressed; ``slow_verdict`` then states, each where it was measu
   dense block's;
 - the hot frame (of the sampled profile, else of the samples at the kill) and the
   profile's sentences;
+- the slow cause's class when the evidence names one: data-bound, recompiles,
+  checkpoint recompute (nsadiag.verdict.slow_cause);
 - how many times slower than its shape should take the run was, and whether the machine's
-  load can explain it; and what to do next.
+  load can explain it.
+
+What to do next is the finding's (nsadiag.finding.trial.next_action): one next step per
+report, from the facts stated here.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from nsadiag.verdict.load import explains
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.progress import Progress, progress
 from nsadiag.verdict.size_or_defect import find_token_loop, slow_by, token_loop
+from nsadiag.verdict.slow_cause import add_slow_cause
 
 
 def slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdict:
@@ -75,6 +81,7 @@ def slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdic
     # name only where the run happened to be (in backward: the autograd engine)
     add_hot_frame(samples, facts, reasons, at_kill=bool(hot_lines))
     add_profile(evidence.profile, facts, reasons)
+    add_slow_cause(evidence, facts, reasons)
     if hot_lines:
         facts.update(hot_frame=hot_lines[0]["where"], hot_share=hot_lines[0]["fraction"],
                      hot_code=hot_lines[0].get("code"), hot_source="profile")
@@ -83,7 +90,6 @@ def slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdic
         facts["slowness"] = slowness
     load = add_load(evidence.load, facts, reasons, slowness,
                     counted=facts.get("slow_by") is not None)
-    facts["next_step"] = _slow_next_step(facts)
     # a trial's budget is nsadiag's choice, so a SLOW nothing but its time supports must
     # survive a quieter machine, unless it is slower than contention can make a run; a
     # user's command at its own deadline did not finish, and the load figures beside it
@@ -197,21 +203,6 @@ def _slowness(evidence: Evidence, measured: dict[str, Any] | None,
     return {"factor": factor, "basis": (
         f"step {starts[-1].get('step')} has run {running:.0f} s, {factor:,.0f}x what a step "
         f"of dense blocks of this shape takes here ({expected:.2f} s)")}
-
-
-def _slow_next_step(facts: dict[str, Any]) -> str:
-    """What to do about a SLOW, from what it measured: an ETA only where one is known."""
-    if facts.get("slow_by") == "defect":
-        return ("Remove the per-token work the evidence names (a Python loop over the "
-                "sequence, a host read such as .item() per token): the run is slow by a "
-                "defect, not by its size.")
-    eta = facts.get("eta_s")
-    if eta is not None:
-        return (f"The run is progressing: give the job more than the ETA ({_duration(eta)}) "
-                f"to finish, or make the hot frame cheaper.")
-    return ("The run is progressing, but no ETA could be measured: give the job more time, "
-            "or rerun with fewer steps to measure one; the hot frame says where the time "
-            "goes.")
 
 
 def _work_measured(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

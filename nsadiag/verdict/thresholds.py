@@ -136,3 +136,34 @@ for its work, whatever the counts say. The ratio is a timing and a noisy one at 
 widths (measured on 2 shared cores: the per-token loop 15-250x at S=512 and 24x at S=64
 from run to run, the built-in NSA 1.5-6x), so the bar sits where no healthy model came
 near it; the counts decide the common defects."""
+
+# ---- the slow cause (nsadiag.verdict.slow_cause) -------------------------------------------
+
+DATA_BOUND_SHARE = 0.5
+"""A SLOW run is data-bound when its main thread sat in the DataLoader's ``__next__`` (waiting
+for a batch, or loading it) in at least this share of its samples once training began: the
+input pipeline then takes more of the run than everything else together. Measured on 2
+shared cores (load average 7-10): repro/scripts/slow_storage_loader.py (two workers, 100 ms
+reads, a tiny model) 0.73 and 0.94 quiet, 0.70 with two CPU burners; the same script with
+a model that outweighed its reads (20 ms reads, 0.16) and one close to even (80 ms reads,
+0.49) stayed below it."""
+
+MIN_RECOMPILES = 3
+"""A SLOW run's cause is recompiles only when Dynamo compiled again at least this many
+times: a compiled run whose shapes change once pays one recompile (Dynamo then marks the
+dimension dynamic by itself), and a chosen margin above that."""
+
+COMPILE_BOUND_SHARE = 0.3
+"""...and its main thread was inside the compiler in at least this share of its samples
+once training began. A chosen bound below what the defect gives: measured on 2 shared
+cores, repro/scripts/compiled_variable_lengths.py (a new length every step, dynamic=False)
+0.72-0.88 quiet, 0.82 with two CPU burners. A run that compiles once spends only its first
+steps there, a share that falls as the run goes on."""
+
+RECOMPUTE_SHARE = 0.5
+"""A SLOW run's cause is checkpoint recompute when torch.utils.checkpoint's recompute of the
+forward holds at least this share of the backward's samples. By FLOPs a checkpointed
+block's backward is its recompute (one forward) plus the gradients (about two forwards), a
+third of it; above half, the recomputed forward costs more than the gradients themselves.
+Measured on 2 shared cores: repro/scripts/checkpoint_recompute.py (a no-grad routing inside
+the checkpointed block) 0.77-0.78 quiet, 0.64 with two CPU burners."""

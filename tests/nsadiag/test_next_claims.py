@@ -1,7 +1,10 @@
 """Every claim of a stuck run's Next line against the chain it was built from
 (nsadiag.finding.next_step, nsadiag.finding.trial.next_action): a lock sentence only where
 a lock is in the chain, end of file only for a pipe, a timeout for a polling loop, never
-per-token advice, and every name it quotes is one the chain printed."""
+per-token advice, and every name it quotes is one the chain printed; and of a slow run's
+Next against the cause class it was built from (nsadiag.verdict.slow_cause): storage only
+for workers idle in their reads, `dynamic=True` only for a size guard, every share and
+line it quotes one the cause line printed."""
 
 from __future__ import annotations
 
@@ -9,9 +12,13 @@ import re
 
 import pytest
 
-from nsadiag.finding.next_step import chain_next
+from nsadiag.evidence import Evidence, ProcessOutcome, StackFrame, StackSample, ThreadStack
+from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.trial import next_action
+from nsadiag.probes.profile import summarize
+from nsadiag.probes.sampler import READABLE_VERSIONS
 from nsadiag.verdict.chain import ENDS, Hop, WaitChain
+from nsadiag.verdict.slow_cause import slow_cause
 
 LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)
 FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
@@ -136,3 +143,136 @@ def test_each_next_claim_follows_from_its_chain(chain):
 def test_a_deadlock_without_a_chain_names_no_lock_and_no_cause():
     said = next_action("DEADLOCK", {}, None)
     assert not LOCK_WORDS.search(said) and "never released" not in said
+
+
+# ---- a SLOW run's Next, from its cause class (nsadiag.verdict.slow_cause) -------------------
+
+DATA = "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py"
+CKPT = "/usr/lib/python3/site-packages/torch/utils/checkpoint.py"
+FX = "/usr/lib/python3/site-packages/torch/_dynamo/convert_frame.py"
+MAIN = ["<module>", "/home/u/train.py", 70]
+LOOP = ["main", "/home/u/train.py", 57]
+
+
+def _stack(frames, count, phase, on_cpu):
+    return {"frames": [list(f) for f in frames], "count": count, "phase": phase,
+            "on_cpu": on_cpu}
+
+
+def _worker(index, where, active):
+    """A DataLoader worker sampled twice at the kill, at ``where`` in its dataset code (or
+    waiting for its next index when None)."""
+    loop = StackFrame("_worker_loop", "/usr/lib/python3/site-packages/torch/utils/data/"
+                                      "_utils/worker.py", 349)
+    inner = [StackFrame("read_record", "/home/u/train.py", 26,
+                        code="time.sleep(READ_LATENCY_S)"),
+             StackFrame("__getitem__", "/home/u/train.py", 39)] if where else \
+        [StackFrame("get", "/usr/lib/python3.11/multiprocessing/queues.py", 113)]
+    thread = ThreadStack(1, "MainThread", [*inner, loop], active=active)
+    samples = [StackSample(float(t), 100 + index, [thread]).to_dict() for t in (0, 1)]
+    return {"pid": 100 + index, "role": f"DataLoader worker {index} of the main process",
+            "stall": {"samples": samples}}
+
+
+def _evidence(stacks, events=(), others=()):
+    summary = summarize({"version": READABLE_VERSIONS[-1], "samples":
+                         sum(s["count"] for s in stacks), "stacks": stacks})
+    return Evidence(spec={}, events=list(events), event_counts={}, result=None,
+                    outcome=ProcessOutcome(exit_code=None), stall=None,
+                    expected_events_per_step=None, total_steps=0, profile=summary,
+                    others=list(others))
+
+
+def _data_bound(workers, loads=False):
+    inner = [["__getitem__", "/home/u/data.py", 40]] if loads else []
+    return _evidence([_stack([MAIN, LOOP, ["__next__", DATA, 733], ["get", DATA, 1200],
+                              *inner], 90, "forward", 3),
+                      _stack([MAIN, ["main", "/home/u/train.py", 60]], 10, "backward", 10)],
+                     others=workers)
+
+
+def _recompiling(guard):
+    events = [{"kind": "compile", "step": step, "function": "forward", "file": "/home/u/m.py",
+               "line": 20, "recompile_reason": f"0/{step - 1}: {guard}" if step else None}
+              for step in range(5)]
+    return _evidence([_stack([MAIN, ["main", "/home/u/train.py", 52], ["__call__", FX, 1432]],
+                             60, "forward", 55),
+                      _stack([MAIN, ["main", "/home/u/train.py", 54]], 40, "backward", 40)],
+                     events=[*events, {"kind": "step", "step": 5}])
+
+
+def _recomputing():
+    block = ["forward", "/home/u/model.py", 30]
+    return _evidence([_stack([MAIN, ["main", "/home/u/train.py", 58], ["unpack_hook", CKPT, 1100],
+                              block], 70, "backward", 70),
+                      _stack([MAIN, ["main", "/home/u/train.py", 58]], 20, "backward", 20),
+                      _stack([MAIN, ["forward", "/home/u/model.py", 44],
+                              ["checkpoint", CKPT, 480], block], 30, "forward", 30)])
+
+
+SLOW_CASES = {
+    "data, idle workers": lambda: _data_bound([_worker(0, True, False),
+                                               _worker(1, True, False)]),
+    "data, busy workers": lambda: _data_bound([_worker(0, True, True),
+                                               _worker(1, True, True)]),
+    "data, idle outside the dataset": lambda: _data_bound([_worker(0, False, False)]),
+    "data, no workers sampled": lambda: _data_bound([]),
+    "data, loaded in the main process": lambda: _data_bound([], loads=True),
+    "recompiles, size guard": lambda: _recompiling(
+        "tensor 'ids' size mismatch at index 1. expected 97, actual 113"),
+    "recompiles, value guard": lambda: _recompiling("L['scale'] == 0.5"),
+    "checkpoint recompute": _recomputing,
+}
+
+
+@pytest.mark.parametrize("case", SLOW_CASES, ids=str)
+def test_each_slow_next_claim_follows_from_the_evidence_it_was_built_from(case):
+    evidence = SLOW_CASES[case]()
+    cause = slow_cause(evidence)
+    assert cause is not None, case
+    said = slow_next(cause, {"load_per_cpu": 0.5})
+    assert said == next_action("SLOW", {"slow_cause": cause}, None)  # the one next step
+    # never per-token advice, never a lock, and a data-bound run is not the model's fault
+    assert "per-token" not in said and "tensor ops" not in said and not LOCK_WORDS.search(said)
+    for number in re.findall(r"\b\d+%", said):
+        assert number in cause["sentence"], (number, said)
+    for where in re.findall(r"\b[\w.]+\.py:\d+", said):
+        assert where in cause["sentence"], (where, said)
+    if cause["kind"] == "data-bound":
+        workers = cause["workers"]
+        assert "A faster model will not help" in said
+        idle_reads = workers and all(w["in_own"] == w["samples"] and w["active"] == 0
+                                     for w in workers)
+        # the storage is blamed only for workers that sat off the CPU in their reads
+        assert ("read from faster or local storage" in said) == bool(idle_reads), said
+        assert ("precompute" in said) == bool(workers and all(w["active"] for w in workers))
+        if workers:
+            assert f"above {len(workers)}" in said or "outside the dataset" in said
+        elif cause["loaded_at"]:
+            assert "`num_workers` above 0" in said and "__getitem__ (data.py:40)" in said
+        else:  # nothing says which part is slow: no part is named
+            assert "num_workers" not in said and "no DataLoader worker was sampled" in said
+    if cause["kind"] == "recompiles":
+        assert cause["recompiles"] == 4 and f"`{cause['guard']}`" in said
+        assert cause["guard"] in cause["sentence"] and not cause["guard"].startswith("0/")
+        assert ("dynamic=True" in said) == ("size mismatch" in cause["guard"]), said
+        assert ("pad" in said) == ("size mismatch" in cause["guard"]), said
+    if cause["kind"] == "checkpoint-recompute":
+        assert cause["backward_share"] == pytest.approx(70 / 90)
+        assert "Checkpoint less" in said and "forward (model.py:30)" in said
+        assert cause["called_at"] == "forward (model.py:44)"
+
+
+def test_no_cause_is_named_below_the_thresholds():
+    # the main thread in `__next__` in a fifth of its samples, a checkpoint in a tenth of
+    # the backward, two recompiles: no class, and no class's advice
+    evidence = _evidence(
+        [_stack([MAIN, LOOP, ["__next__", DATA, 733]], 20, "forward", 1),
+         _stack([MAIN, ["main", "/home/u/t.py", 58], ["unpack_hook", CKPT, 1]], 8, "backward", 8),
+         _stack([MAIN, ["main", "/home/u/t.py", 58]], 72, "backward", 72)],
+        events=[{"kind": "compile", "step": s, "function": "f", "recompile_reason":
+                 "x size mismatch at index 0" if s else None} for s in range(3)])
+    assert slow_cause(evidence) is None
+    said = next_action("SLOW", {}, None)
+    assert "num_workers" not in said and "dynamic=True" not in said and \
+        "Checkpoint" not in said

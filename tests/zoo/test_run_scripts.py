@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from nsadiag.finding.numbers import sig
+from nsadiag.verdict.thresholds import (
+    COMPILE_BOUND_SHARE,
+    DATA_BOUND_SHARE,
+    MIN_RECOMPILES,
+    RECOMPUTE_SHARE,
+)
 from tests.helpers import REPO, SCRIPTS
 from tests.procs import owned_by, wait_for, with_cmdline, with_environ
 
@@ -276,3 +283,76 @@ def test_a_loop_that_keeps_each_steps_graph_dies_of_memory_naming_the_line(tmp_p
         f"Keep the value, not the tensor, in `val_losses` at loss_history_leak.py:{line}: "
         f"append `.item()`")
     assert "checkpointing" not in summary["finding"]["next_action"]
+
+
+def _slow_with_cause(tmp_path, script: str, deadline: int, kind: str
+                     ) -> tuple[dict, dict, dict]:
+    """Run repro/scripts/`script` to its deadline: SLOW of cause class `kind`, with one
+    next step (the finding's) and that class's cause line first among the implicated;
+    (summary, facts, its cause)."""
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--deadline", str(deadline), "--stall-timeout", "60"],
+        [sys.executable, str(SCRIPTS / script)])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "SLOW", summary["headline"]
+    facts = record["verdict"]["facts"]
+    cause = facts.get("slow_cause") or {}
+    assert cause.get("kind") == kind, (summary["headline"], record["verdict"]["reasons"])
+    assert summary["headline"].startswith(f"SLOW (slow, work not counted: {kind}) at ")
+    assert f"cause: {cause['sentence']}" in record["verdict"]["reasons"]
+    assert "next_step" not in facts and "next_step" not in summary["failing"]["facts"]
+    said = summary["finding"]["next_action"]
+    assert "per-token" not in said and "tensor ops" not in said and ".item()" not in said
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"- **Next:** {said}" in report and f"Cause: {cause['sentence']}." in report
+    return summary, facts, cause
+
+
+def test_a_run_waiting_on_slow_storage_is_data_bound_naming_its_workers(tmp_path):
+    summary, facts, cause = _slow_with_cause(tmp_path, "slow_storage_loader.py", 15,
+                                             "data-bound")
+    assert cause["share"] >= DATA_BOUND_SHARE and cause["waited"]
+    loop = _line("slow_storage_loader.py", "for inputs, targets in loader:", exact=True)
+    assert cause["asked_at"] == f"main (slow_storage_loader.py:{loop})"
+    read = _line("slow_storage_loader.py", "time.sleep(READ_LATENCY_S)")
+    assert [w["worker"] for w in cause["workers"]] == [0, 1]
+    assert all(w["where"] == f"read_record (slow_storage_loader.py:{read})"
+               for w in cause["workers"])
+    assert summary["finding"]["culprit"]["where"] == f"slow_storage_loader.py:{read}"
+    said = summary["finding"]["next_action"]
+    assert said.startswith("Make the batches arrive faster: the main process waited for "
+                           f"them in {cause['share']:.0%} of its samples")
+    assert "storage" in said and "`num_workers` above 2" in said and "prefetch_factor" in said
+
+
+def test_a_compiled_model_given_a_new_length_each_step_is_slow_by_recompiles(tmp_path):
+    summary, facts, cause = _slow_with_cause(tmp_path, "compiled_variable_lengths.py", 40,
+                                             "recompiles")
+    assert cause["recompiles"] >= MIN_RECOMPILES and cause["function"] == "forward"
+    assert cause["guard"].startswith("tensor 'ids' size mismatch at index 1. expected ")
+    assert cause["size_dim"] == 1 and cause["share"] >= COMPILE_BOUND_SHARE
+    call = _line("compiled_variable_lengths.py", "logits = compiled(inputs)", exact=True)
+    assert summary["finding"]["culprit"]["where"] == f"compiled_variable_lengths.py:{call}"
+    said = summary["finding"]["next_action"]
+    assert f"`{cause['guard']}`" in said and "`dynamic=True`" in said and "pad" in said
+    # the compiler's output and its wrappers are never the user's code
+    assert "compiled_variable_lengths.py" in facts["hot_frame"]
+    named = [facts["hot_frame"], summary["finding"]["culprit"]["where"], cause["sentence"]]
+    assert not any(re.search(r"torchinductor|eval_with_key|\.triton|_dynamo|_inductor", line)
+                   for line in named), named
+
+
+def test_a_backward_spent_recomputing_checkpoints_is_named_as_such(tmp_path):
+    summary, facts, cause = _slow_with_cause(tmp_path, "checkpoint_recompute.py", 15,
+                                             "checkpoint-recompute")
+    assert cause["backward_share"] >= RECOMPUTE_SHARE
+    call = _line("checkpoint_recompute.py", "x = checkpoint(block, x, use_reentrant=False)")
+    assert cause["called_at"] == f"forward (checkpoint_recompute.py:{call})"
+    block = range(_line("checkpoint_recompute.py", "def forward(self, x: torch.Tensor) -> "
+                                                   "torch.Tensor:"),
+                  _line("checkpoint_recompute.py", "return x + self.proj(routed)") + 1)
+    assert int(cause["inner"].rsplit(":", 1)[1].rstrip(")")) in block, cause["inner"]
+    assert summary["finding"]["culprit"]["where"] == f"checkpoint_recompute.py:{call}"
+    said = summary["finding"]["next_action"]
+    assert said.startswith(f"Checkpoint less: the backward spent "
+                           f"{cause['backward_share']:.0%} of its samples rerunning")

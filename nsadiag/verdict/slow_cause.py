@@ -1,0 +1,183 @@
+"""Why a SLOW run is slow, when the evidence names a class of cause (pure).
+
+From the sampled profile's regions (nsadiag.probes.regions), the "compile" heartbeat
+events (nsadiag.probes.recompiles) and the processes sampled at the kill, ``slow_cause``
+classifies a run as
+
+- ``data-bound``: the main thread sat in the DataLoader's ``__next__`` in at least
+  DATA_BOUND_SHARE of its samples; with the share, whether it waited (off the CPU) or
+  loaded the batch itself, the line it asked from, and each DataLoader worker's line at
+  the kill, and whether the workers were idle (a read or a sleep) or busy;
+- ``recompiles``: Dynamo compiled again at least MIN_RECOMPILES times and the main thread
+  was in the compiler in at least COMPILE_BOUND_SHARE of its samples; with the count, the
+  steps the run began (a compile is reported a poll after it ends, so its step is not
+  claimed), the compiled function and the last guard that failed;
+- ``checkpoint-recompute``: torch.utils.checkpoint's recompute held at least
+  RECOMPUTE_SHARE of the backward's samples; with the recomputed forward's hottest line
+  and where the checkpoint is called.
+
+The class with the largest share of the run's samples wins when several qualify. The
+facts are plain dicts (the record's disk format); the sentence is the cause line a report
+prints, every figure in it measured here. What to do about it is the finding's
+(nsadiag.finding.next_step.slow_next).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from nsadiag.evidence import Evidence, StackSample
+from nsadiag.probes.frames import describe_place, main_thread
+from nsadiag.verdict.thresholds import (
+    COMPILE_BOUND_SHARE,
+    DATA_BOUND_SHARE,
+    MIN_RECOMPILES,
+    RECOMPUTE_SHARE,
+)
+
+WORKER_ROLE = re.compile(r"^DataLoader worker (\d+)")
+SIZE_GUARD = re.compile(r"size mismatch at index (\d+)")
+
+
+def _training_samples(profile: dict[str, Any]) -> int:
+    return int(profile.get("samples", 0)) - int((profile.get("phases") or {}).get("build", 0))
+
+
+def _workers(evidence: Evidence) -> list[dict[str, Any]]:
+    """The DataLoader workers sampled at the kill: worker id, pid, the user line most of
+    their samples were in ("where", None when no sample was in the user's code: a worker
+    waiting for its next index), its code, in how many samples they were there
+    ("in_own"), and in how many py-spy found them active (on the CPU), of how many."""
+    found = []
+    for other in evidence.others:
+        match = WORKER_ROLE.match(str(other.get("role") or ""))
+        samples = [StackSample.from_dict(s) for s in
+                   (other.get("stall") or {}).get("samples") or []]
+        if match is None or not samples:
+            continue
+        places = [describe_place(sample) or {} for sample in samples]
+        own = Counter((p["own"], p.get("own_code")) for p in places if p.get("own"))
+        (where, code), in_own = own.most_common(1)[0] if own else ((None, None), 0)
+        threads = [main_thread(sample) for sample in samples]
+        found.append({"worker": int(match.group(1)), "pid": other.get("pid"),
+                      "role": other.get("role"), "where": where, "code": code,
+                      "in_own": in_own,
+                      "active": sum(1 for thread in threads if thread and thread.active),
+                      "samples": len(samples)})
+    return sorted(found, key=lambda worker: worker["worker"])
+
+
+def _data_bound(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] | None:
+    region = (profile.get("regions") or {}).get("data")
+    training = _training_samples(profile)
+    if not region or training <= 0 or region["count"] < DATA_BOUND_SHARE * training:
+        return None
+    share = region["count"] / training
+    on_cpu = region.get("on_cpu")
+    waited = on_cpu is not None and 2 * on_cpu <= region["count"]
+    asked = _first(region.get("entered_from"))
+    workers = _workers(evidence)
+    doing = "waited for the next batch" if waited else "was in the DataLoader's `__next__`"
+    cpu = (f", on the CPU in {on_cpu / region['count']:.0%} of them" if on_cpu is not None
+           else "")
+    sentence = (f"data-bound: the main process {doing} in {share:.0%} of its samples once "
+                f"training began ({region['count']} of {training}{cpu})"
+                + (f", asking at {asked}" if asked else ""))
+    if workers:
+        lines = sorted({str(w["where"]) for w in workers if w["where"]})
+        idle = sum(w["samples"] - w["active"] for w in workers)
+        total = sum(w["samples"] for w in workers)
+        inside = sum(w["in_own"] for w in workers)
+        names = ", ".join(f"{w['worker']} (pid {w['pid']})" for w in workers)
+        code = next((f" `{w['code']}`" for w in workers if w["code"]), "") \
+            if len(lines) == 1 else ""
+        noun = "DataLoader worker" + ("s" if len(workers) > 1 else "")
+        at = (f"in the dataset's code at {' and '.join(lines)}{code} in {inside} of "
+              f"{total} samples at the kill" if lines else
+              f"outside the dataset's code (waiting for work) in all {total} samples at the "
+              f"kill")
+        verb = "were" if len(workers) > 1 else "was"
+        sentence += (f"; its {len(workers)} {noun} {names} {verb} {at}, idle (off the CPU) "
+                     f"in {idle} of {total}")
+    elif region.get("inner"):
+        sentence += (f"; no DataLoader worker process was sampled, and the main process "
+                     f"ran the dataset's code itself, most at {region['inner']}")
+    else:
+        sentence += "; no DataLoader worker process was sampled"
+    return {"kind": "data-bound", "share": share, "samples": region["count"],
+            "of_samples": training, "waited": waited, "on_cpu": on_cpu,
+            "asked_at": asked, "workers": workers, "loaded_at": region.get("inner"),
+            "sentence": sentence}
+
+
+def _first(by_phase: dict[str, str] | None) -> str | None:
+    """The forward's entry line when there is one, else any phase's."""
+    if not by_phase:
+        return None
+    return by_phase.get("forward") or next(iter(by_phase.values()))
+
+
+def _recompiles(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] | None:
+    compiles = [e for e in evidence.events if e.get("kind") == "compile"]
+    again = [e for e in compiles if e.get("recompile_reason")]
+    region = (profile.get("regions") or {}).get("compile")
+    training = _training_samples(profile)
+    if len(again) < MIN_RECOMPILES or not region or training <= 0 or \
+            region["count"] < COMPILE_BOUND_SHARE * training:
+        return None
+    share = region["count"] / training
+    seen = max(int(e.get("step") or 0) for e in evidence.events) + 1
+    guard = re.sub(r"^\d+/\d+: ", "", str(again[-1]["recompile_reason"]))
+    size = SIZE_GUARD.search(guard)
+    function = again[-1].get("function")
+    called = _first(region.get("entered_from"))
+    sentence = (f"recompiles: Dynamo compiled `{function}` again {len(again)} times in "
+                f"{seen} steps, the last because the guard "
+                f"`{guard}` failed; the main process was in the compiler in {share:.0%} of "
+                f"its samples once training began ({region['count']} of {training})")
+    return {"kind": "recompiles", "share": share, "samples": region["count"],
+            "of_samples": training, "recompiles": len(again), "compiles": len(compiles),
+            "steps": seen, "function": function,
+            "file": again[-1].get("file"), "line": again[-1].get("line"), "guard": guard,
+            "size_dim": int(size.group(1)) if size else None, "called_at": called,
+            "sentence": sentence}
+
+
+def _recompute(profile: dict[str, Any]) -> dict[str, Any] | None:
+    region = (profile.get("regions") or {}).get("checkpoint")
+    backward = int((profile.get("phases") or {}).get("backward", 0))
+    recompute = int(((region or {}).get("by_phase") or {}).get("backward", 0))
+    if backward <= 0 or recompute < RECOMPUTE_SHARE * backward:
+        return None
+    training = _training_samples(profile)
+    called = (region.get("entered_from") or {}).get("forward")
+    inner = region.get("inner")
+    sentence = (f"checkpoint recompute: torch.utils.checkpoint reran the forward in "
+                f"{recompute / backward:.0%} of the backward's samples ({recompute} of "
+                f"{backward})" + (f", hottest at {inner}" if inner else "") +
+                (f"; checkpointed at {called}" if called else ""))
+    return {"kind": "checkpoint-recompute", "share": recompute / training if training else 0.0,
+            "backward_share": recompute / backward, "samples": recompute,
+            "of_samples": backward, "inner": inner, "called_at": called,
+            "sentence": sentence}
+
+
+def slow_cause(evidence: Evidence) -> dict[str, Any] | None:
+    """The cause class of a SLOW run (see the module docstring); None when none holds."""
+    profile = evidence.profile or {}
+    found = [cause for cause in (_data_bound(evidence, profile),
+                                 _recompiles(evidence, profile), _recompute(profile))
+             if cause is not None]
+    return max(found, key=lambda cause: cause["share"]) if found else None
+
+
+def add_slow_cause(evidence: Evidence, facts: dict[str, Any], reasons: list[str]) -> None:
+    """The cause's facts ("slow_cause", and "cause": its sentence) and a reason."""
+    cause = slow_cause(evidence)
+    if cause is None:
+        return
+    facts["slow_cause"] = cause
+    facts["cause"] = cause["sentence"]
+    reasons.append(f"cause: {cause['sentence']}")
