@@ -293,7 +293,8 @@ def verdict_sentence(record: TrialRecord) -> str:
     if name == "SLOW" and facts.get("still_starting"):
         return "Its time ran out while it was still starting: neither slow work nor a hang."
     if name == "SLOW":
-        rate = f" at {sig(1 / facts['step_s'])} steps/s" if facts.get("step_s") else ""
+        rate = (f" at {sig(1 / facts['step_s'])} steps/s (its last step's pace)"
+                if facts.get("step_s") else "")
         done = f", {share(facts['fraction_done'])} done" if facts.get("fraction_done") else ""
         return (f"Still progressing when its time ran out{rate}{done}: slow, not stuck "
                 f"(no hang).")

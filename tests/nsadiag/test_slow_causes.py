@@ -66,8 +66,9 @@ def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
                          verdict={"name": "SLOW", "reasons": ["slow"], "facts": facts},
                          trial_dir="/nonexistent", wall_s=30.0)
     assert proof_of(record) == "93 steps done, the last in 0.25 s"
-    assert verdict_sentence(record) == ("Still progressing when its time ran out at 4.0 steps/s, "
-                                        "50% done: slow, not stuck (no hang).")
+    assert verdict_sentence(record) == (
+        "Still progressing when its time ran out at 4.0 steps/s (its last step's pace), 50% "
+        "done: slow, not stuck (no hang).")
     # no finished step: no pace is claimed
     record.verdict["facts"] = {"slow_by": None, "rate": 9.4}
     assert proof_of(record) == "still progressing at the kill"
