@@ -15,10 +15,12 @@ With --out, writes the table and the load averages into that Markdown file, abov
 --from-json writes the table from results kept by earlier runs (parts of the entries, in
 the order given, each part's condition measured in one go) instead of measuring.
 
-Each script's row also says whether the cause its report printed is the one its docstring
-states (CAUSES) and keeps the chain and Next as printed; --causes-out writes that table,
-with the p50 and p90 time to verdict per condition, as its own section of a Markdown file;
---pty runs each `nsadiag run` in a pseudo-terminal, as a person at a terminal would.
+Every row also says whether the cause its finding printed (cause_of: the wait chain's
+end, the slow class, what retains memory, ...) is the one the entry's docstring states
+(CAUSES) and keeps the chain and Next as printed; --causes-out writes that table, with the
+p50 and p90 time to verdict per condition over every entry, as its own section of a
+Markdown file; --pty runs each `nsadiag run` in a pseudo-terminal, as a person at a
+terminal would.
 """
 
 from __future__ import annotations
@@ -67,7 +69,14 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
     "val_history_graph.py": ("OOM", [], ["ulimit", "{script}"]),
 }
 CAUSES: dict[str, str] = {
-    "slow_token_loop.py": "host read in a loop", "grad_hook_deadlock.py": "lock-self",
+    # the fault zoo: what each entry's docstring states
+    "per_token_loop": "per-token host reads", "long_token_loop": "per-token host reads",
+    "sequential_prefill": "per-token host reads", "lock_deadlock": "lock-lost",
+    "native_stall": "busy-native", "python_spin": "busy-python",
+    "backward_error": "raises RuntimeError", "hard_crash": "signal SIGSEGV",
+    "dense_masks": "peak memory", "late_bound_ckpt": "ckpt check",
+    # the scripts of repro/scripts/
+    "slow_token_loop.py": "per-token host reads", "grad_hook_deadlock.py": "lock-self",
     "ddp_extra_allreduce.py": "collective-differs", "new_session_helper.py": "none",
     "dataloader_worker_hang.py": "lock-lost-fork",
     "ddp_collective_mismatch.py": "collective mismatch",
@@ -75,28 +84,39 @@ CAUSES: dict[str, str] = {
     "two_locks_opposite_order.py": "lock-cycle", "lock_across_queue_put.py": "queue-full",
     "child_never_exits.py": "pipe-eof", "file_lock_sibling.py": "file-lock",
     "poll_for_file.py": "poll", "ddp_uneven_data.py": "uneven-steps",
-    "ddp_rank_polls_file.py": "poll", "loss_token_loop.py": "host read in a loop",
+    "ddp_rank_polls_file.py": "poll", "loss_token_loop.py": "per-token host reads",
     "val_history_graph.py": "retains history",
 }
-"""Each script's true cause, as its docstring states it, in the words cause_of prints: a
-stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), a loop whose body reads the host,
-the container that retains a growing memory, a collective mismatch a rank died of."""
+"""Each entry's true cause, as its docstring states it, in the words cause_of prints: a
+stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), the slow class (per-token host
+reads), the container that retains a growing memory (else a peak), a collective mismatch
+or the signal a process died of, the exception raised, how a busy stall's stacks read
+(nsadiag.probes.frames.classify), the correctness check that failed."""
 
 
-def cause_of(summary: dict[str, Any], record: dict[str, Any]) -> str:
-    """The cause a run's report printed, in CAUSES' words: its wait chain's end, else what
-    its culprit says (a host read in a loop, the container that retains), else a collective
-    mismatch a crash named, else "none"."""
-    facts = record.get("verdict", {}).get("facts") or {}
+def cause_of(verdict: str, finding: dict[str, Any], facts: dict[str, Any]) -> str:
+    """The cause a run's finding printed (its top block: chain, culprit, verdict facts), in
+    CAUSES' words; "none" when it names none."""
+    culprit = finding.get("culprit") or {}
     if facts.get("wait_chain"):
         return facts["wait_chain"]["end"]
-    culprit = (summary.get("finding") or {}).get("culprit") or {}
-    if culprit.get("host_read"):
-        return "host read in a loop"
-    if culprit.get("retains"):
-        return f"retains {culprit['retains']}"
-    if summary.get("verdict") == "CRASH" and facts.get("diverged_at"):
-        return "collective mismatch"
+    if verdict == "SLOW":
+        if culprit.get("host_read") or facts.get("slow_by") == "defect":
+            return "per-token host reads"
+        return f"slow by {facts['slow_by']}" if facts.get("slow_by") else "none"
+    if verdict == "OOM":
+        return f"retains {culprit['retains']}" if culprit.get("retains") else \
+            "memory grows per step" if (facts.get("rss_growth_per_step") or 0) > 0 and \
+            facts.get("rss_holder") else "peak memory"
+    if verdict == "CRASH":
+        return "collective mismatch" if facts.get("diverged_at") else \
+            f"signal {facts['signal_name']}" if facts.get("signal_name") else "none"
+    if verdict == "ERROR" and facts.get("exception_type"):
+        return f"raises {facts['exception_type']}"
+    if verdict == "STALL-BUSY" and facts.get("stacks_class"):
+        return str(facts["stacks_class"])
+    if verdict == "WRONG" and facts.get("check"):
+        return f"{facts['check']} check"
     return "none"
 
 
@@ -136,8 +156,8 @@ def run_script(name: str, out: Path, pty: bool = False) -> dict[str, Any]:
     except (OSError, ValueError, KeyError):
         got, reason = f"exit {done.returncode}", done.stderr.strip()[-300:]
         summary, record = {}, {}
-    cause = cause_of(summary, record)
     finding = summary.get("finding") or {}
+    cause = cause_of(got, finding, record.get("verdict", {}).get("facts") or {})
     return {"entry": name, "kind": "script", "expected": expected, "got": got,
             "match": got == expected, "reason": reason, "seconds": seconds,
             "cause": cause, "cause_expected": CAUSES[name],
@@ -146,10 +166,30 @@ def run_script(name: str, out: Path, pty: bool = False) -> dict[str, Any]:
 
 
 def run_zoo(name: str) -> dict[str, Any]:
+    """One zoo entry diagnosed as `nsadiag env --self-test` does, with the cause its
+    finding prints (a trial's, or the check's for an entry diagnosed by a check)."""
+    from nsadiag.checks import CheckResult
     from nsadiag.commands.selftest import self_test
+    from nsadiag.finding.check import check_finding
+    from nsadiag.finding.trial import trial_finding
 
-    [row] = self_test(only=[name])
-    return {**row, "kind": "zoo"}
+    causes: dict[str, str] = {}
+    printed: dict[str, Any] = {}
+
+    def on_result(entry: str, result: Any) -> None:
+        if isinstance(result, CheckResult):
+            finding = check_finding([result], {}).to_dict()
+            causes[entry] = cause_of(result.verdict.name, finding, {"check": result.name})
+        else:
+            finding = trial_finding(result, "self-test").to_dict()
+            causes[entry] = cause_of(result.verdict_name, finding,
+                                     result.verdict.get("facts") or {})
+        printed.update(chain=finding.get("chain"), next=finding.get("next_action"))
+
+    [row] = self_test(only=[name], on_result=on_result)
+    cause = causes.get(name, "none")
+    return {**row, "kind": "zoo", "cause": cause, "cause_expected": CAUSES[name],
+            "cause_right": cause == CAUSES[name], **printed}
 
 
 def loadavg() -> float:
@@ -200,15 +240,17 @@ def merged(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     return conditions
 
 
+def _load(found: dict[str, Any]) -> str:
+    """The 1-minute load averages read at the end of a condition's runs (of each part)."""
+    ends = found.get("ends") or [found["load"][1]]
+    return f"{min(ends):.1f}-{max(ends):.1f}" if len(ends) > 1 else f"{ends[0]:.1f}"
+
+
 def table(conditions: dict[str, dict[str, Any]]) -> list[str]:
     names = [row["entry"] for row in next(iter(conditions.values()))["rows"]]
     heads = {"quiet": "no added load", "loaded": "two burners"}
-    def load(found: dict[str, Any]) -> str:
-        ends = found.get("ends") or [found["load"][1]]
-        return f"{min(ends):.1f}-{max(ends):.1f}" if len(ends) > 1 else f"{ends[0]:.1f}"
-
     header = "| entry | expected | " + " | ".join(
-        f"{heads[c]} (load {load(d)})" for c, d in conditions.items()) + " |"
+        f"{heads[c]} (load {_load(d)})" for c, d in conditions.items()) + " |"
     lines = [header, "|---|---|" + "---|" * len(conditions)]
     for index, name in enumerate(names):
         rows = [d["rows"][index] for d in conditions.values()]
@@ -220,12 +262,12 @@ def table(conditions: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def cause_table(conditions: dict[str, dict[str, Any]]) -> list[str]:
-    """Per script and condition: the verdict, whether the printed cause is the stated one,
-    and the seconds to the verdict; then p50 and p90 of those seconds per condition."""
+    """Per entry and condition: the verdict, whether the printed cause is the stated one,
+    and the seconds to the verdict; then, per condition, how many causes were right and
+    the p50 and p90 of those seconds over the table."""
     heads = {"quiet": "no added load", "loaded": "two burners"}
-    names = [row["entry"] for row in next(iter(conditions.values()))["rows"]
-             if row["kind"] == "script"]
-    lines = ["| script | stated cause | " + " | ".join(
+    names = [row["entry"] for row in next(iter(conditions.values()))["rows"]]
+    lines = ["| entry | stated cause | " + " | ".join(
         f"{heads[c]}: verdict | cause right | time to verdict" for c in conditions) + " |",
         "|---|---|" + "---|---|---|" * len(conditions)]
     for name in names:
@@ -234,13 +276,14 @@ def cause_table(conditions: dict[str, dict[str, Any]]) -> list[str]:
             row = next(r for r in found["rows"] if r["entry"] == name)
             right = "yes" if row.get("cause_right") else f"no ({row.get('cause')})"
             cells += [row["got"], right, f"{row['seconds']:.1f} s"]
-        lines.append(f"| {name} | {CAUSES[name]} | " + " | ".join(cells) + " |")
+        label = f"scripts/{name}" if name.endswith(".py") else name
+        lines.append(f"| {label} | {CAUSES[name]} | " + " | ".join(cells) + " |")
+    lines.append("")
     for condition, found in conditions.items():
-        times = [r["seconds"] for r in found["rows"] if r["kind"] == "script"]
-        right = sum(bool(r.get("cause_right")) for r in found["rows"] if r["kind"] == "script")
-        lines.append("")
-        lines.append(f"{heads[condition]}: cause right {right} of {len(times)}; time to "
-                     f"verdict p50 {percentile(times, 0.5):.1f} s, p90 "
+        times = [r["seconds"] for r in found["rows"]]
+        right = sum(bool(r.get("cause_right")) for r in found["rows"])
+        lines.append(f"- {heads[condition]} (load {_load(found)}): cause right {right} of "
+                     f"{len(times)}; time to verdict p50 {percentile(times, 0.5):.1f} s, p90 "
                      f"{percentile(times, 0.9):.1f} s.")
     return lines
 
@@ -279,18 +322,20 @@ def write_causes(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
     """The cause table (cause_table) as the CAUSES_SECTION of ``path``, replacing that
     section where it stands and keeping every other section."""
     text = path.read_text() if path.exists() else ""
-    load = ", ".join(f"{c} load {min(d.get('ends') or [d['load'][1]]):.1f}-"
-                     f"{max(d.get('ends') or [d['load'][1]]):.1f}"
-                     for c, d in conditions.items())
     section = "\n".join([
         CAUSES_SECTION, "",
-        f"Measured on {time.strftime('%Y-%m-%d')} by `bench/bench_verdicts.py --causes-out`: "
-        f"every script of `repro/scripts/` under `nsadiag run` in a pseudo-terminal (`script "
-        f"-qfec`), with no load added and with two burners ({load}). \"cause right\": the "
-        f"cause the report printed (a stuck run's wait-chain end, a loop whose body reads the "
-        f"host, the container that retains a growing memory, the collective mismatch a rank "
-        f"died of) is the one the script's docstring states; the time is the whole `nsadiag "
-        f"run`, start-up included.", "", *cause_table(conditions), ""])
+        f"Measured on {time.strftime('%Y-%m-%d')} by `bench/bench_verdicts.py --causes-out`, "
+        f"in the same runs as the table above: every fault-zoo entry as the self-test "
+        f"diagnoses it (the time is the trial's or the check's) and every script of "
+        f"`repro/scripts/` under `nsadiag run` (in a pseudo-terminal, `script -qfec`, where "
+        f"the bench ran with --pty; the time is the whole `nsadiag run`, start-up included), "
+        f"with no load added and with two burners. \"cause right\": the cause the finding "
+        f"printed (a stuck run's wait-chain end, the slow class, the container that retains "
+        f"a growing memory or else a peak, the collective mismatch or the signal a process "
+        f"died of, the exception raised, how a busy stall's stacks read, the check that "
+        f"failed) is the one the entry's docstring states (`CAUSES` in the bench). The "
+        f"p50 and p90 are nearest-rank percentiles over every entry of the table.", "",
+        *cause_table(conditions), ""])
     if CAUSES_SECTION in text:
         before, after = text.split(CAUSES_SECTION, 1)
         rest = after[after.index("\n## "):] if "\n## " in after else ""

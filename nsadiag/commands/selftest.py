@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nsadiag.checks import run_check
+from nsadiag.checks import CheckResult, run_check
 from nsadiag.harness.jobs import run_trial
+from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -53,9 +54,12 @@ def zoo_on_path() -> Iterator[dict[str, Any]]:
 
 def self_test(only: list[str] | None = None,
               on_entry: Callable[[str, int, int], None] | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_row: Callable[[dict[str, Any]], None] | None = None,
+              on_result: Callable[[str, TrialRecord | CheckResult], None] | None = None,
+              ) -> list[dict[str, Any]]:
     """One row per zoo entry: expected and diagnosed verdict, first reason, seconds.
-    ``on_entry`` hears (entry, index, count) before each entry runs, ``on_row`` each row."""
+    ``on_entry`` hears (entry, index, count) before each entry runs, ``on_row`` each row,
+    ``on_result`` each entry's trial record or check result (what its finding is made of)."""
     rows = []
     with zoo_on_path() as zoo, tempfile.TemporaryDirectory(prefix="nsadiag-selftest-") as tmp:
         entries = [(name, entry) for name, entry in zoo.items() if not only or name in only]
@@ -70,9 +74,13 @@ def self_test(only: list[str] | None = None,
             if check:
                 result = run_check(check, spec, Path(tmp) / name)
                 got, reason = result.verdict.name, result.verdict.reasons[0]
+                if on_result:
+                    on_result(name, result)
             else:
                 record = run_trial(spec)
                 got, reason = record.verdict_name, record.verdict["reasons"][0]
+                if on_result:
+                    on_result(name, record)
             rows.append({"entry": name, "expected": expected, "got": got,
                          "match": got == expected, "reason": reason,
                          "seconds": time.monotonic() - started})

@@ -89,14 +89,13 @@ def size_proof(facts: dict[str, Any]) -> str:
 
 
 def progress_proof(facts: dict[str, Any]) -> str:
-    """How far a SLOW whose work was not counted got: steps, time per step, rate."""
+    """How far a SLOW whose work was not counted got: steps and the last one's time (the
+    heartbeat's module-event rate is nsadiag's own count, not a figure a user reads)."""
     parts = []
     if facts.get("steps_done") is not None:
         parts.append(f"{count(facts['steps_done'])} steps done")
     if facts.get("step_s"):
         parts.append(f"the last in {sig(facts['step_s'])} s")
-    if facts.get("rate"):
-        parts.append(f"{sig(facts['rate'])} module events/s at the kill")
     return ", ".join(parts) or "still progressing at the kill"
 
 
@@ -311,7 +310,8 @@ def verdict_sentence(record: TrialRecord) -> str:
     if name == "SLOW" and facts.get("still_starting"):
         return "Its time ran out while it was still starting: neither slow work nor a hang."
     if name == "SLOW":
-        rate = f" at {sig(facts['rate'])} module events/s" if facts.get("rate") else ""
+        rate = (f" at {sig(1 / facts['step_s'])} steps/s (its last step's pace)"
+                if facts.get("step_s") else "")
         done = f", {share(facts['fraction_done'])} done" if facts.get("fraction_done") else ""
         return (f"Still progressing when its time ran out{rate}{done}: slow, not stuck "
                 f"(no hang).")

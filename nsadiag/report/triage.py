@@ -226,6 +226,10 @@ def _regression_section(regression: dict[str, Any]) -> list[str]:
 
 
 def _reproduction(state: TriageState, result: TriageResult) -> list[str]:
+    if result.reproduction is None and result.failure:
+        return [f"No recorded trial of this run ended {result.failure['verdict']}, so no "
+                f"configuration is named; the command that produced this report:", "", "```",
+                shlex.join(state.argv), "```"]
     if result.reproduction is None:
         return ["Nothing failed; the command that produced this report:", "", "```",
                 shlex.join(state.argv), "```"]

@@ -528,7 +528,13 @@ def _columns(state: TriageState) -> list[tuple[str, str]]:
         columns.append(("failing", sweep.failing.trial))
     minimal = state.bisection.minimal_trial if state.bisection else None
     if minimal and minimal != (sweep.failing.trial if sweep.failing else None):
-        columns.append(("minimal failing", minimal))
+        # a bisection test reproduces a SLOW by its counted work even when it finished OK:
+        # it is "failing" only when it ended with the failure's verdict
+        ref = next((t for t in state.bisection.tests if t.trial == minimal), None) \
+            if state.bisection else None
+        ended = ref.verdict if ref else None
+        failed = sweep.failing is not None and ended == sweep.failing.verdict
+        columns.append(("minimal failing" if failed else f"minimal (ended {ended})", minimal))
     return columns
 
 
@@ -536,6 +542,20 @@ def triage_rows(state: TriageState, records: Mapping[str, TrialRecord]) -> list[
     """Every trial of the triage once, labelled by the stage that ran it."""
     return [row_from_record(records[trial], label) for trial, label in state.labels().items()
             if trial in records]
+
+
+def reproducing_record(failure: Mapping[str, Any], records: Mapping[str, TrialRecord]
+                       ) -> TrialRecord | None:
+    """The trial the reproduction names: the smallest configuration this triage ran that
+    ended with the failure's own verdict (the bisection's minimal trial, else the sweep's
+    failing trial); None when no recorded trial did. A bisection test can count the defect
+    in a trial that still finished OK (its work shows it, its time did not run out): its
+    command prints OK, so it is never named as failing."""
+    for trial in (failure.get("minimal_trial"), failure.get("trial")):
+        record = records.get(trial) if trial else None
+        if record is not None and record.verdict_name == failure["verdict"]:
+            return record
+    return None
 
 
 def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> TriageResult:
@@ -562,7 +582,7 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
         bad = next(r for r in _results(state) if r.name == failure["check"])
         finding = _check_finding(state, bad, reproduction)
     elif failure:
-        minimal = records.get(failure["minimal_trial"] or failure["trial"])
+        minimal = reproducing_record(failure, records)
         reproduction = reproduce(minimal.spec) if minimal else None
         finding = _sweep_finding(state, failure, records.get(failure["trial"]), culprit,
                                  reproduction)

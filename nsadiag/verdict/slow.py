@@ -145,7 +145,7 @@ def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     """"forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min to finish this
     loop (model.py:57)"; when the last heartbeat put the process in another phase
     (``phase_now``: backward while the loop ran in forward) its pass had ended, and no time
-    to finish it is claimed."""
+    to finish it is claimed; nor when no heartbeat says which phase the process was in."""
     where = f"{loop['phase']} of {loop['module']}" if loop.get("module") else \
         f"in {loop['phase']}"
     position = f"{loop['variable']} = {int(loop['last']):,}"
@@ -156,8 +156,10 @@ def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     if phase_now and loop.get("phase") and phase_now != loop["phase"]:
         sentence += (f"; at the kill the process was in {phase_now}, past this loop's "
                      f"{loop['phase']} pass")
-    elif loop.get("eta_s") is not None:
-        sentence += f": about {_duration(loop['eta_s'])} to finish this loop"
+    elif loop.get("eta_s") is not None and phase_now is not None:
+        # "about" an estimate of seconds or more; "under a second" is already a bound
+        about = "" if loop["eta_s"] < 1 else "about "
+        sentence += f": {about}{_duration(loop['eta_s'])} to finish this loop"
     return f"{sentence} ({loop_location(loop)})"
 
 

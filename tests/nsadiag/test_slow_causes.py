@@ -8,7 +8,7 @@ from nsadiag.evidence import StackFrame
 from nsadiag.finding import Culprit
 from nsadiag.finding.culprit import host_read_in, retain_culprit
 from nsadiag.finding.source import Sources, capture, sources_of
-from nsadiag.finding.trial import next_action, proof_of
+from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict.slow import _loop_sentence
@@ -47,11 +47,32 @@ def test_per_iteration_advice_only_for_a_loop_that_reads_the_host():
 
 
 def test_no_time_to_finish_a_forward_loop_is_claimed_while_the_process_is_in_backward():
-    assert "about under a second to finish this loop" in _loop_sentence(LOOP, "forward")
+    assert _loop_sentence(LOOP, "forward").endswith(
+        "3.7/s: under a second to finish this loop (model.py:57)")
+    assert ": about 3 min to finish this loop" in _loop_sentence({**LOOP, "eta_s": 173.0},
+                                                                  "forward")
+    # no heartbeat said which pass the process was in: no time to finish is claimed
+    assert "to finish" not in _loop_sentence(LOOP, None)
     past = _loop_sentence(LOOP, "backward")
     assert "to finish" not in past
     assert past.endswith("at the kill the process was in backward, past this loop's forward "
                          "pass (model.py:57)")
+
+
+def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
+    facts = {"slow_by": None, "steps_done": 93, "step_s": 0.25, "rate": 9.4,
+             "fraction_done": 0.5}
+    record = TrialRecord(spec={"command": ["python", "train.py"]}, evidence={},
+                         verdict={"name": "SLOW", "reasons": ["slow"], "facts": facts},
+                         trial_dir="/nonexistent", wall_s=30.0)
+    assert proof_of(record) == "93 steps done, the last in 0.25 s"
+    assert verdict_sentence(record) == (
+        "Still progressing when its time ran out at 4.0 steps/s (its last step's pace), 50% "
+        "done: slow, not stuck (no hang).")
+    # no finished step: no pace is claimed
+    record.verdict["facts"] = {"slow_by": None, "rate": 9.4}
+    assert proof_of(record) == "still progressing at the kill"
+    assert "/s" not in verdict_sentence(record)
 
 
 def test_generated_code_is_never_the_users_own():
