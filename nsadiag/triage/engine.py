@@ -94,6 +94,7 @@ from nsadiag.triage.state import (
     TriageState,
     TrialRef,
 )
+from nsadiag.verdict import is_failure
 from nsadiag.verdict.size_or_defect import slow_by
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
@@ -215,9 +216,11 @@ def slow_by_size(record: TrialRecord) -> bool:
             and (record.verdict.get("facts") or {}).get("slow_by") == "size")
 
 
-def is_failure(record: TrialRecord) -> bool:
-    """A trial the triage chases: not OK, and not merely slow by size."""
-    return record.verdict_name != "OK" and not slow_by_size(record)
+def chased(record: TrialRecord) -> bool:
+    """A trial the triage chases: not OK, and not merely slow by size; an INCONCLUSIVE one
+    is chased too (is_failure with inconclusive_fails), its repeats decide."""
+    return is_failure(record.verdict_name, (record.verdict.get("facts") or {}).get("slow_by"),
+                      inconclusive_fails=True)
 
 
 def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
@@ -357,11 +360,11 @@ class Triage:
             records[n] = self._run(self._depth_spec(n))
             sweep.probed.append(_trial_ref(records[n]))
             sweep.deepest_ok, sweep.threshold = bracket(
-                {k: is_failure(r) for k, r in records.items()})
+                {k: chased(r) for k, r in records.items()})
             sweep.slow_by_size = sorted(k for k, r in records.items() if slow_by_size(r))
             if sweep.threshold is not None:  # known so far, should the time run out
                 sweep.failing = _trial_ref(records[sweep.threshold])
-            return is_failure(records[n])
+            return chased(records[n])
 
         found = find_threshold(fails, self.options.max_layers)
         sweep.threshold, sweep.deepest_ok, sweep.complete = (found.threshold, found.deepest_ok,
