@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import math
 
-MIN_EXPECTED_STEP_S = 0.01
-"""Below this expected step time (the dense reference's time here for the step's FLOPs),
-Python dispatch, the optimizer and the heartbeat outweigh the arithmetic: two nearly
-identical healthy trials of a tiny model measured 0.2x and 690x their expected cost. The
-ratio of such a step is too short to mean anything."""
+from nsadiag.verdict.thresholds import MIN_EXPECTED_STEP_S
 
 
 def count(value: int | float) -> str:
