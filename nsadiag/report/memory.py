@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.measured import memory_finding
-from nsadiag.report.markdown import config_table, fmt_bytes, md_table
+from nsadiag.fmt import bytes_cell
+from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.plots import memory_plot
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import head, items
@@ -39,10 +40,10 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
     found = history["summary"]
     sites = _frame(found["top_sites"], ["site", "bytes", "blocks"])
     sites.columns = ["allocation site (live at peak)", "bytes", "blocks"]
-    return md_table(sites, {"bytes": fmt_bytes, "blocks": str}) + [
-        "", f"Segments {found['segments']}: reserved {fmt_bytes(found['reserved'])}, allocated "
-            f"{fmt_bytes(found['allocated'])}, {found['free_blocks']} free blocks, largest free "
-            f"block {fmt_bytes(found['largest_free_block'])}, fragmentation "
+    return md_table(sites, {"bytes": bytes_cell, "blocks": str}) + [
+        "", f"Segments {found['segments']}: reserved {bytes_cell(found['reserved'])}, allocated "
+            f"{bytes_cell(found['allocated'])}, {found['free_blocks']} free blocks, largest free "
+            f"block {bytes_cell(found['largest_free_block'])}, fragmentation "
             f"{found['fragmentation']:.2f}. Snapshot: `{Path(history['snapshot']).name}` "
             f"(open in https://pytorch.org/memory_viz)."]
 
@@ -59,25 +60,25 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
     md = [*head(finding), "", "## Results", ""] + items(finding.results)
     if measured.get("saved_by_branch"):
         md += ["", "By NSA branch: " + ", ".join(
-            f"{b} {fmt_bytes(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
+            f"{b} {bytes_cell(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
     md += ["", "## Configuration", ""] + config_table(
         spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
                "device", "steps", "overrides"))
     md += ["", "## Per layer", ""]
     per_layer = _frame(layers, ["layer", "saved", "cuda_delta"])
     per_layer.columns = ["layer", "saved for backward", "CUDA allocated delta"]
-    md += md_table(per_layer, {"saved for backward": fmt_bytes,
-                               "CUDA allocated delta": fmt_bytes})
+    md += md_table(per_layer, {"saved for backward": bytes_cell,
+                               "CUDA allocated delta": bytes_cell})
     if png:
         md += ["", f"![saved for backward per layer and branch]({png.name})"]
     modules = pd.DataFrame(list((measured.get("saved_by_module") or {}).items()),
                            columns=["module", "saved"])
-    md += ["", "## Per module", ""] + md_table(modules, {"saved": fmt_bytes},
+    md += ["", "## Per module", ""] + md_table(modules, {"saved": bytes_cell},
                                                limit=TOP_MODULES)
     largest = _frame(measured.get("largest_saved") or [], ["module", "shape", "dtype", "nbytes"])
     largest.columns = ["largest saved tensors", "shape", "dtype", "size"]
     md += ["", "## Largest saved tensors", ""] + md_table(
-        largest, {"size": fmt_bytes, "shape": lambda v: str(list(v))})
+        largest, {"size": bytes_cell, "shape": lambda v: str(list(v))})
     md += ["", "## Allocator", ""]
     cuda = measured.get("cuda")
     md.append(cuda if isinstance(cuda, str) else ", ".join(f"{k} {v}" for k, v in cuda.items()))

@@ -20,11 +20,10 @@ import psutil
 
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_seq_sweep
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     config_table,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     md_table,
     reproduction,
     rows_frame,
@@ -49,7 +48,7 @@ def _fits_lines(fits: dict[str, Fit]) -> list[str]:
         return ["Fewer than three OK lengths: no fit."]
 
     def unit(name: str):
-        return fmt_bytes if name != "step_s" else (lambda v: f"{v:.3g} s")
+        return bytes_cell if name != "step_s" else (lambda v: f"{v:.3g} s")
 
     frame = pd.DataFrame([{
         "quantity": name, "per token (± s.e.)": f"{unit(name)(f.slope)} ± "
@@ -87,8 +86,8 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
                        "steps_done"]]
         table.columns = ["S", "verdict", "step", "peak RSS", "saved for backward",
                          "rest of the peak", "steps"]
-        md += md_table(table, {"S": str, "step": fmt_s, "peak RSS": fmt_bytes,
-                               "saved for backward": fmt_bytes, "rest of the peak": fmt_bytes,
+        md += md_table(table, {"S": str, "step": seconds_cell, "peak RSS": bytes_cell,
+                               "saved for backward": bytes_cell, "rest of the peak": bytes_cell,
                                "steps": str})
     else:
         md += ["No trial finished."]

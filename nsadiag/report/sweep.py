@@ -20,12 +20,11 @@ import psutil
 from nsadiag.finding import Item
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_layer_sweep
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     config_table,
     env_rows,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     md_table,
     reproduction,
     results_table,
@@ -56,7 +55,7 @@ def fits_section(fits: Mapping[str, Fit], unit_x: str = "layer") -> list[str]:
         return [f"Fewer than three OK {unit_x} counts: no fit."]
 
     def unit(name: str):
-        return fmt_bytes if name in ("peak_rss", "peak_cuda", "saved_bytes", "rest_bytes",
+        return bytes_cell if name in ("peak_rss", "peak_cuda", "saved_bytes", "rest_bytes",
                                      "rest") else \
             (lambda v: f"{v:.3g} s")
 
@@ -85,9 +84,9 @@ def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> li
         "step s (branch)": both["step_s (branch)"],
         "share of time": [f"{100 * s:.0f}%" if s == s else "-" for s in share],
         "peak (all)": both["peak_rss (all)"], "peak (branch)": both["peak_rss (branch)"]})
-    return md_table(table, {"layers": str, "step s (all)": fmt_s, "step s (branch)": fmt_s,
-                            "share of time": str, "peak (all)": fmt_bytes,
-                            "peak (branch)": fmt_bytes})
+    return md_table(table, {"layers": str, "step s (all)": seconds_cell,
+                            "step s (branch)": seconds_cell, "share of time": str,
+                            "peak (all)": bytes_cell, "peak (branch)": bytes_cell})
 
 
 def labelled_results(results: Sequence[Item], rows: Sequence[SweepRow]) -> list[str]:

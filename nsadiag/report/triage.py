@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.numbers import share
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     cost_text,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     results_table,
     spec_cell,
 )
@@ -123,7 +122,7 @@ def _efficiency_section(state: TriageState) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in refs:
         defect = {True: "yes", False: "no"}.get(r.defect, "-")
-        lines.append(f"| {r.trial} | {r.n_layers} | {r.verdict} | {fmt_s(r.step_s)} | "
+        lines.append(f"| {r.trial} | {r.n_layers} | {r.verdict} | {seconds_cell(r.step_s)} | "
                      f"{r.timed_steps} | {cost_text(r.expected_step_s, r.cost_ratio)} | "
                      f"{_percent(r.efficiency)} | {_percent(r.dense_efficiency)} | {defect} |")
     return lines
@@ -159,8 +158,9 @@ def _branches_section(state: TriageState, result: TriageResult) -> list[str]:
              "", "| branch | verdict | step s | peak RSS | trial |", "|---|---|---|---|---|"]
     for ref in branches.runs:
         row = rows.get(ref.trial)
-        lines.append(f"| {ref.branch} | {ref.verdict} | {fmt_s(row.step_s if row else None)} | "
-                     f"{fmt_bytes(row.peak_rss if row else None)} | {ref.trial} |")
+        lines.append(f"| {ref.branch} | {ref.verdict} | "
+                     f"{seconds_cell(row.step_s if row else None)} | "
+                     f"{bytes_cell(row.peak_rss if row else None)} | {ref.trial} |")
     return lines
 
 
@@ -183,7 +183,7 @@ def _bisection_section(state: TriageState) -> list[str]:
         (", ".join(t.applied or []) or "none (baseline)", t, t.reproduces) for t in b.tests]
     for label, test, again in shown:
         defect = {True: "yes", False: "no"}.get(test.defect, "-")
-        lines.append(f"| {label} | {test.verdict} | {fmt_s(test.step_s)} | "
+        lines.append(f"| {label} | {test.verdict} | {seconds_cell(test.step_s)} | "
                      f"{cost_text(test.expected_step_s, test.cost_ratio)} | {defect} | "
                      f"{'yes' if again else 'no'} | {test.trial} |")
     if b.minimal is not None:
@@ -216,7 +216,7 @@ def _regression_section(regression: dict[str, Any]) -> list[str]:
     lines += ["| run | layers | quantity | baseline | now | change | regression |",
               "|---|---|---|---|---|---|---|"]
     for d in deltas:
-        unit = fmt_bytes if d["quantity"] == "peak_rss" else fmt_s
+        unit = bytes_cell if d["quantity"] == "peak_rss" else seconds_cell
         lines.append(f"| {d['label'] or '-'} | {d['n_layers']} | {d['quantity']} | "
                      f"{unit(d['before'])} | {unit(d['after'])} | {d['change']:+.0%} | "
                      f"{'**yes**' if d['regressed'] else 'no'}"

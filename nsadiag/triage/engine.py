@@ -55,6 +55,7 @@ from typing import Any
 
 from nsadiag.checks import run_check
 from nsadiag.envinfo import collect_env
+from nsadiag.finding.trial import work_counts
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.harness.targetcheck import inspect_target
 from nsadiag.rundir import (
@@ -243,12 +244,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
 def _defect_counted(record: TrialRecord) -> bool | None:
     """Whether the counts of the trial's first forward say defect (host reads per token,
     tiny ops), None when no forward was counted."""
-    measured = record.evidence.get("result") or {}
-    if "host_reads_per_step" not in measured:
-        counted = [e for e in record.evidence.get("events") or []
-                   if "host_reads_per_step" in e]
-        measured = counted[-1] if counted else {}
-    found, _ = slow_by(measured, int(record.spec.get("seq_len") or 0))
+    found, _ = slow_by(work_counts(record), int(record.spec.get("seq_len") or 0))
     return None if found is None else found == "defect"
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nsadiag.evidence import Evidence
+from nsadiag.fmt import rounded_duration
 from nsadiag.probes.efficiency import step_cost
 from nsadiag.probes.loops import loop_location
 from nsadiag.verdict.facts import add_hot_frame, add_load, add_profile, position_facts, words
@@ -124,17 +125,6 @@ def _moving_loop(profile: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def _duration(seconds: float) -> str:
-    """"under a second", "40 s", "3 min", "2.5 h"."""
-    if seconds < 1:
-        return "under a second"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     """"forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min to finish this
     loop (model.py:57)"; when the last heartbeat put the process in another phase
@@ -151,7 +141,7 @@ def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
         sentence += (f"; at the kill the process was in {phase_now}, past this loop's "
                      f"{loop['phase']} pass")
     elif loop.get("eta_s") is not None:
-        sentence += f": about {_duration(loop['eta_s'])} to finish this loop"
+        sentence += f": about {rounded_duration(loop['eta_s'])} to finish this loop"
     return f"{sentence} ({loop_location(loop)})"
 
 
@@ -207,7 +197,7 @@ def _slow_next_step(facts: dict[str, Any]) -> str:
                 "defect, not by its size.")
     eta = facts.get("eta_s")
     if eta is not None:
-        return (f"The run is progressing: give the job more than the ETA ({_duration(eta)}) "
+        return (f"The run is progressing: give the job more than the ETA ({rounded_duration(eta)}) "
                 f"to finish, or make the hot frame cheaper.")
     return ("The run is progressing, but no ETA could be measured: give the job more time, "
             "or rerun with fewer steps to measure one; the hot frame says where the time "
