@@ -122,6 +122,16 @@ class TrialRecord:
     def verdict_name(self) -> str:
         return self.verdict["name"]
 
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The verdict's facts ({} when it recorded none)."""
+        return self.verdict.get("facts") or {}
+
+    @property
+    def slow_by(self) -> str | None:
+        """Why a SLOW is slow: "size", "defect", or None (not SLOW, or not decided)."""
+        return self.facts.get("slow_by")
+
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.items() if k != "spec"}
         return {"schema_version": SCHEMA_VERSION, "spec": self.spec, "evidence": evidence,

@@ -213,15 +213,13 @@ def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
 def slow_by_size(record: TrialRecord) -> bool:
     """SLOW because the work outlasts the budget, not because of a defect
     (nsadiag.verdict.size_or_defect): big, not broken."""
-    return (record.verdict_name == "SLOW"
-            and (record.verdict.get("facts") or {}).get("slow_by") == "size")
+    return record.verdict_name == "SLOW" and record.slow_by == "size"
 
 
 def chased(record: TrialRecord) -> bool:
     """A trial the triage chases: not OK, and not merely slow by size; an INCONCLUSIVE one
     is chased too (is_failure with inconclusive_fails), its repeats decide."""
-    return is_failure(record.verdict_name, (record.verdict.get("facts") or {}).get("slow_by"),
-                      inconclusive_fails=True)
+    return is_failure(record.verdict_name, record.slow_by, inconclusive_fails=True)
 
 
 def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
@@ -234,7 +232,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
                     n_layers=record.spec.get("n_layers"), world_size=world_size,
                     reason=record.verdict["reasons"][0],
-                    slow_by=(record.verdict.get("facts") or {}).get("slow_by"),
+                    slow_by=record.slow_by,
                     defect=_defect_counted(record), step_s=row.step_s,
                     timed_steps=row.timed_steps, expected_step_s=row.expected_step_s,
                     cost_ratio=row.cost_ratio, efficiency=row.efficiency,

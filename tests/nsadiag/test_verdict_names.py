@@ -53,6 +53,13 @@ def record(name: str, slow_by: str | None = None) -> TrialRecord:
                        "trial-0", 1.0)
 
 
+def test_a_record_names_its_facts_and_why_it_is_slow():
+    assert record("SLOW", "size").slow_by == "size" and record("SLOW").slow_by is None
+    assert record("OK").facts == {} and record("SLOW", "defect").facts == {"slow_by": "defect"}
+    bare = TrialRecord({}, {}, {"name": "OK", "reasons": []}, "trial-0", 1.0)
+    assert bare.facts == {} and bare.slow_by is None
+
+
 def test_the_triage_chases_an_inconclusive_trial_but_not_a_slow_by_size_one():
     assert chased(record("INCONCLUSIVE")) and chased(record("DEADLOCK"))
     assert chased(record("SLOW", "defect"))
