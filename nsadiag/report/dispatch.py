@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
 from nsadiag.redact import Redactor
+from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
     RecordError,
@@ -254,12 +255,13 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None
     if skipped:
-        text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
+        text += Section("Records skipped", [f"- {s}" for s in skipped]).markdown()
         summary["skipped_records"] = skipped
     if not_read:
-        text += ("\n## Files not read\n\nWhat a record names is read only from inside this "
-                 "directory, as a regular file of a bounded size; here it was not:\n\n" +
-                 "".join(f"- {line}\n" for line in not_read))
+        text += Section("Files not read", [
+            "What a record names is read only from inside this directory, as a regular file "
+            "of a bounded size; here it was not:", "", *(f"- {line}" for line in not_read)
+        ]).markdown()
         summary["files_not_read"] = not_read
     # what a record holds is shown, never obeyed: no escape sequence reaches a terminal
     # that shows report.md or summary.json (nsadiag.textsafe)

@@ -81,8 +81,3 @@ def recommendations(finding: Finding) -> list[str]:
     steps = [finding.next_action, *[r for r in finding.recommendations
                                     if r != finding.next_action]]
     return [f"{i}. {step}" for i, step in enumerate(steps, 1)]
-
-
-def head(finding: Finding) -> list[str]:
-    """The top block, then the summary: how every report begins."""
-    return [*top_block(finding), "", "## Summary", "", summary_text(finding)]

@@ -25,8 +25,9 @@ from nsadiag.report.markdown import (
     spec_cell,
 )
 from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, items, recommendations
 from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.triage.decide import BASELINE
 from nsadiag.triage.finding import TriageResult, decide_triage, knob_text, time_text
@@ -252,30 +253,28 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
     records = _records(run_dir)
     result = decide_triage(state, records)
     finding = result.finding
-    md = [*head(finding)]
-    if result.machine_text:
-        md += ["", f"Machine: {result.machine_text}."]
-    md += ["", "## Results", ""] + items(finding.results)
-    md += ["", "## Environment", ""] + _env_section(state)
-    md += ["", "## Configuration comparison", ""] + _config_section(result, records)
-    md += ["", "## Systematic results", ""] + _results_section(state, result, run_dir)
+    report = Report.of(finding, summary_note=[f"Machine: {result.machine_text}."]
+                       if result.machine_text else [])
+    report.add("Environment", _env_section(state))
+    report.add("Configuration comparison", _config_section(result, records))
+    report.add("Systematic results", _results_section(state, result, run_dir))
     failing = records.get((result.failure or {}).get("trial") or "")
-    md += ["", "## Evidence", ""]
     if failing is not None:
-        md += evidence_section(failing) + flame_section(failing, finding, run_dir)
+        report.add("Evidence",
+                   evidence_section(failing) + flame_section(failing, finding, run_dir))
     else:
-        md += ["No failing trial: the evidence of every trial is in its "
-               "`trial-<n>/evidence.json`."]
-    md += ["", "## Root cause", ""] + cause_section(finding)
+        report.add("Evidence", ["No failing trial: the evidence of every trial is in its "
+                                "`trial-<n>/evidence.json`."])
+    cause = report.add("Root cause", cause_section(finding)).body
     if result.separately:
-        md += ["", "Found separately by the correctness checks (a defect of its own, not a "
-                   "cause of the failure above):", ""] + items(result.separately)
-    md += ["", "## Minimal reproduction", ""] + _reproduction(state, result)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+        cause += ["", "Found separately by the correctness checks (a defect of its own, not "
+                      "a cause of the failure above):", ""] + items(result.separately)
+    report.add("Minimal reproduction", _reproduction(state, result))
+    report.add("Recommendations", recommendations(finding))
     if result.regression:
-        md += ["", "## Regression against the baseline", ""] + \
-            _regression_section(result.regression)
-    md += ["", "## Time", "", time_text(state, result.not_reached)]
+        report.add("Regression against the baseline",
+                   _regression_section(result.regression))
+    report.add("Time", [time_text(state, result.not_reached)])
     regression = result.regression
     summary = Summary(
         command="triage", headline=finding.headline, status=finding.status,
@@ -299,4 +298,4 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
                                  "regressions": regression["regressed"]}
                                 if regression else None),
                  "elapsed_s": state.elapsed_s, "baseline_knobs": dict(BASELINE)})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()
