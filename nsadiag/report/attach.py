@@ -67,7 +67,7 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
     for p in processes:
         rank = "-" if p["rank"] is None else p["rank"]
         table.append(f"| {p['pid']} | {rank} | **{p['state']}** | {_cpu(p)} | "
-                  f"{p.get('collective_frame') or '-'} | {p.get('user_frame') or '-'} |")
+                     f"{p.get('collective_frame') or '-'} | {p.get('user_frame') or '-'} |")
     md: list[str] = []
     for p in processes:
         label = f"rank {p['rank']} (pid {p['pid']})" if p["rank"] is not None \
