@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nsadiag.verdict import FAILURES
+from nsadiag.verdict import VerdictName, is_failure
 
 EXIT_HEALTHY = 0
 EXIT_FAILURE = 1
@@ -32,12 +32,16 @@ EXIT_REGRESSION = 3
 EXIT_INCONCLUSIVE = 4
 
 
-def verdicts_exit_code(names: Iterable[str]) -> int:
-    """1 when any verdict is a failure, else 4 when any is INCONCLUSIVE, else 0."""
+def verdicts_exit_code(names: Iterable[str],
+                       slow_by: Iterable[str | None] | None = None) -> int:
+    """1 when any verdict is a failure (nsadiag.verdict.is_failure: INCONCLUSIVE is none, nor
+    a SLOW whose ``slow_by``, given in the same order as ``names``, is "size"), else 4 when
+    any is INCONCLUSIVE, else 0."""
     names = list(names)
-    if any(name in FAILURES for name in names):
+    causes = list(slow_by) if slow_by is not None else [None] * len(names)
+    if any(is_failure(name, cause) for name, cause in zip(names, causes, strict=True)):
         return EXIT_FAILURE
-    return EXIT_INCONCLUSIVE if "INCONCLUSIVE" in names else EXIT_HEALTHY
+    return EXIT_INCONCLUSIVE if VerdictName.INCONCLUSIVE in names else EXIT_HEALTHY
 
 
 def exit_code(summary: Mapping[str, Any]) -> int:
@@ -57,8 +61,8 @@ def exit_code(summary: Mapping[str, Any]) -> int:
         rows = [*(summary.get("verdicts") or []),
                 *([{"verdict": summary["verdict"], "slow_by": summary.get("slow_by")}]
                   if summary.get("verdict") else [])]
-        return verdicts_exit_code(row["verdict"] for row in rows
-                                  if row["verdict"] != "SLOW" or row.get("slow_by") != "size")
+        return verdicts_exit_code([row["verdict"] for row in rows],
+                                  [row.get("slow_by") for row in rows])
     return EXIT_HEALTHY
 
 

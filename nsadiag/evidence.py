@@ -172,6 +172,14 @@ class StackSample:
         )
 
 
+def cpu_fraction(cpu_delta_s: float | None, window_s: float | None) -> float | None:
+    """CPU seconds per wall second over a watch window of ``window_s`` seconds, None when
+    the CPU time or the window is unknown (a stored stall's fields, or StallEvidence's)."""
+    if cpu_delta_s is None or not window_s or window_s <= 0:
+        return None
+    return cpu_delta_s / window_s
+
+
 @dataclass
 class StallEvidence:
     """What the runner saw when heartbeats stopped.
@@ -212,9 +220,7 @@ class StallEvidence:
 
     def cpu_fraction(self) -> float | None:
         """CPU seconds per wall second over the window, None when unknown."""
-        if self.cpu_delta_s is None or self.window_s <= 0:
-            return None
-        return self.cpu_delta_s / self.window_s
+        return cpu_fraction(self.cpu_delta_s, self.window_s)
 
     def demand(self) -> float | None:
         """The main thread's (on-CPU + run-queue) seconds per wall second over the window:

@@ -26,6 +26,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from nsadiag.fmt import gib
+
 RANKS_PER_CPU = 4
 MAX_SWEEP_POINTS = 64
 MAX_LAYERS = 1024
@@ -59,10 +61,6 @@ def machine_memory() -> int:
     return total
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB"
-
-
 def check_world_size(world_size: int, option: str = "world-size") -> None:
     """ValueError (one line) for more ranks than RANKS_PER_CPU per usable CPU."""
     cpus = usable_cpus()
@@ -93,8 +91,8 @@ def check_tokens(seq_len: int, batch: int, option: str = "seq-len") -> None:
     need, memory = seq_len * batch * BYTES_PER_TOKEN, machine_memory()
     if need > memory:
         raise ValueError(f"{option}: {seq_len} tokens x batch {batch} need at least "
-                         f"{_gib(need)} ({BYTES_PER_TOKEN} bytes a token, a floor), and this "
-                         f"machine has {_gib(memory)} of memory; {OVERRIDE}")
+                         f"{gib(need, '.3g')} ({BYTES_PER_TOKEN} bytes a token, a floor), and this "
+                         f"machine has {gib(memory, '.3g')} of memory; {OVERRIDE}")
 
 
 def check_layer_counts(counts: Sequence[int], option: str = "layers") -> None:

@@ -68,13 +68,38 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
+
+
+class RecordError(ValueError):
+    """A stored record that is not what its reader parses: a trials.jsonl line or a
+    record.json that breaks the trial schema, or a stored JSON file whose parser found a key
+    missing or a value of the wrong type. Raised where the record is read (``parse_stored``,
+    ``TrialRecord.from_dict``), with one line naming it; what reads a parsed record further
+    may trust its shape."""
+
+
+Parsed = TypeVar("Parsed")
+
+
+def parse_stored(what: str, parse: Callable[[Any], Parsed], data: Any) -> Parsed:
+    """``parse(data)`` of a record read from the file ``what``; RecordError (one line) when
+    the parser finds the data malformed: a key missing, a value of the wrong type or shape.
+    Only the parsing is guarded, so a fault of whatever uses the parsed record is not taken
+    for a malformed file."""
+    try:
+        return parse(data)
+    except RecordError:
+        raise
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as err:
+        raise RecordError(f"{what}: a stored record is malformed "
+                          f"({type(err).__name__}: {err})") from None
 
 
 @dataclass
@@ -97,6 +122,16 @@ class TrialRecord:
     def verdict_name(self) -> str:
         return self.verdict["name"]
 
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The verdict's facts ({} when it recorded none)."""
+        return self.verdict.get("facts") or {}
+
+    @property
+    def slow_by(self) -> str | None:
+        """Why a SLOW is slow: "size", "defect", or None (not SLOW, or not decided)."""
+        return self.facts.get("slow_by")
+
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.items() if k != "spec"}
         return {"schema_version": SCHEMA_VERSION, "spec": self.spec, "evidence": evidence,
@@ -106,7 +141,7 @@ class TrialRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
         """A record from its JSON form (older records without schema_version, or with the
-        spec twice, read too); ValueError naming the first violation of the schema, or a
+        spec twice, read too); RecordError naming the first violation of the schema, or a
         schema_version this nsadiag does not read."""
         check_schema_version(data, "trial record")
         current = {**data, "schema_version": SCHEMA_VERSION,
@@ -115,21 +150,21 @@ class TrialRecord:
                    else data.get("evidence")}
         found = errors(current, "trial")
         if found:
-            raise ValueError(f"not a trial record ({found[0]})")
+            raise RecordError(f"not a trial record ({found[0]})")
         evidence = {**data["evidence"], "spec": data["spec"]}
         return cls(data["spec"], evidence, data["verdict"], data["trial_dir"],
                    float(data["wall_s"]), data.get("gpu"))
 
 
 def check_schema_version(data: Any, what: str) -> None:
-    """ValueError (one line) when ``data`` is an object whose schema_version is not one
+    """RecordError (one line) when ``data`` is an object whose schema_version is not one
     this nsadiag reads (1 to SCHEMA_VERSION); data without one is read as version 1."""
     if not isinstance(data, dict) or "schema_version" not in data:
         return
     version = data["schema_version"]
     if isinstance(version, bool) or not isinstance(version, int) or \
             not 1 <= version <= SCHEMA_VERSION:
-        raise ValueError(f"{what}: schema_version {version!r} is not one this nsadiag reads "
+        raise RecordError(f"{what}: schema_version {version!r} is not one this nsadiag reads "
                          f"(1 to {SCHEMA_VERSION}): written by a newer nsadiag, or not by "
                          f"nsadiag")
 

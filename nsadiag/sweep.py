@@ -37,6 +37,13 @@ from nsadiag.probes.efficiency import step_cost
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index, spec_key
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import is_failure
+from nsadiag.verdict.thresholds import (
+    FASTER_THAN_SAVED,
+    GOOD_R2,
+    SLOPE_STANDARD_ERRORS,
+    SUPER_LINEAR_ABOVE,
+    SUPER_LINEAR_RESIDUAL,
+)
 
 
 @dataclass
@@ -88,9 +95,6 @@ class SweepRow:
 
 MIN_FIT_POINTS = 3
 """Two points always lie on a line (R² 1): a fit needs at least three."""
-GOOD_R2 = 0.9
-"""Below this R², or with a slope within two standard errors of zero, the fit is poor: no
-growth law and no extrapolation is read from it."""
 
 
 @dataclass
@@ -305,7 +309,7 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
     x_mean = statistics.fmean(xs)
     sxx = sum((x - x_mean) ** 2 for x in xs)
     slope_se = (ss_lin / (len(xs) - 2) / sxx) ** 0.5 if len(xs) > 2 else 0.0
-    poor = r2 < GOOD_R2 or abs(slope) <= 2 * slope_se
+    poor = r2 < GOOD_R2 or abs(slope) <= SLOPE_STANDARD_ERRORS * slope_se
     a = b = c = 0.0
     curvature, super_linear = 0.0, False
     if len(xs) >= 4:
@@ -314,8 +318,8 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
         curvature = a
         # growing faster than linear: positive curvature that removes most of the residual,
         # and a last point well above the line through the earlier ones
-        super_linear = bool(a > 0 and ss_lin > 0 and ss_quad < 0.25 * ss_lin
-                            and ys[-1] > 1.1 * predicted[-1])
+        super_linear = bool(a > 0 and ss_lin > 0 and ss_quad < SUPER_LINEAR_RESIDUAL * ss_lin
+                            and ys[-1] > SUPER_LINEAR_ABOVE * predicted[-1])
     fit = Fit(quantity, slope, intercept, r2, curvature, super_linear and not poor,
               slope_se=slope_se, points=len(xs), poor=poor)
     if not poor:
@@ -323,11 +327,6 @@ def fit_quantity(quantity: str, xs: Sequence[int], ys: Sequence[float],
             fit.extrapolated[x] = ((a * x * x + b * x + c) if fit.super_linear
                                    else slope * x + intercept)
     return fit
-
-
-FASTER_THAN_SAVED = 1.5
-"""The rest of the peak growing this many times faster than the saved bytes (first to
-last point) is called out."""
 
 
 def rest_outgrows_saved(rows: Sequence[SweepRow], key: str = "n_layers"

@@ -35,16 +35,16 @@ from typing import Any
 from nsadiag.harness.jobs import run_check_job
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
-from nsadiag.verdict import Verdict
+from nsadiag.verdict import TIMING, Verdict, VerdictName
 
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
-OUT_OF_TIME = ("SLOW", "INCONCLUSIVE", "STALL-BUSY")
-"""Job verdicts of a check cut short by time: it is fitted to its budget and run again (a
-stall at the smallest size stays a failure: a check that small ends in seconds)."""
-UNDECIDED = "INCONCLUSIVE"
-TIMED_OUT = frozenset({"SLOW", UNDECIDED})
+UNDECIDED = VerdictName.INCONCLUSIVE
+TIMED_OUT = TIMING - {VerdictName.STALL_BUSY}
 """Final check verdicts that say the check ran out of time and decided nothing (SLOW: records
-written before checks were fitted to their budget)."""
+written before checks were fitted to their budget). A job's timing verdict (TIMING) means the
+check was cut short by time: it is fitted to its budget and run again; but a STALL-BUSY at
+the smallest size stays a failure (a check that small ends in seconds), so it is no final
+"out of time"."""
 FIT_FLOOR = 128
 NOT_APPLICABLE = "NOT APPLICABLE"
 DDP_WORLD_SIZE = 2
@@ -133,7 +133,7 @@ def run_check(name: str, spec: TrialSpec, out_dir: Path,
             result = CheckResult.from_dict(json.loads(found.read_text()))
             return _fitted(result, size, cut) if cut else result
         last = attempt == len(sizes) - 1
-        if record.verdict_name not in OUT_OF_TIME or \
+        if record.verdict_name not in TIMING or \
                 (last and record.verdict_name == "STALL-BUSY"):
             return _did_not_finish(name, record)
         cut.append((size, record))

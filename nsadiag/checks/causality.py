@@ -35,6 +35,7 @@ import torch
 
 from nsadiag.checks import CheckResult, finding
 from nsadiag.checks.compare import difference, model_device, random_ids
+from nsadiag.fmt import gib
 from nsadiag.harness.heartbeat import HeartbeatWriter, hook_modules
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import Target, resolve
@@ -136,8 +137,8 @@ def plan_long_pass(seq_len: int, batch: int, built_s: float, pass_s: float, grow
             reasons.append(f"S={length} would take about {need_s:.0f} s, "
                            f"{max(0.0, left_s):.0f} s of the budget are left")
         elif need_bytes > MEMORY_SHARE * available_bytes:
-            reasons.append(f"S={length} would need about {need_bytes / 2**30:.1f} GiB more, "
-                           f"{available_bytes / 2**30:.1f} GiB are available")
+            reasons.append(f"S={length} would need about {gib(need_bytes, '.1f')} more, "
+                           f"{gib(available_bytes, '.1f')} are available")
         else:
             return length, None
     return None, "; ".join(reasons)

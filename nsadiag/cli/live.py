@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.fmt import clock
 from nsadiag.probes.profile import read_profile, summarize
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
@@ -48,14 +49,6 @@ DEADLINE_SHOWN_S = 600.0
 """The time left to --deadline is shown in its last ten minutes."""
 QUIET_SHOWN_S = 2.0
 """A silence shorter than this is shown as progressing (pulses come every second)."""
-
-
-def clock(seconds: float) -> str:
-    """``m:ss`` (``h:mm:ss`` from an hour on)."""
-    whole = int(max(0.0, seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def pace(per_s: float, unit: str) -> str:

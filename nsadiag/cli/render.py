@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.fmt import mib as mib_of
 from nsadiag.textsafe import clean, clean_line
 
 if TYPE_CHECKING:
@@ -297,7 +298,7 @@ class Follow:
 
 
 def mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+    return "-" if n is None else mib_of(n, ".1f")
 
 
 def env_table(term: Terminal, report: Mapping[str, Any]) -> None:

@@ -57,7 +57,7 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     """The line the record's evidence blames (see the module docstring), None when it
     names none."""
     name = record.verdict_name
-    facts = record.verdict.get("facts") or {}
+    facts = record.facts
     sources = sources_of(record.evidence)
     if name == "SLOW" and facts.get("slow_by") == "defect":
         return slow_culprit(record, sources)
@@ -334,7 +334,7 @@ def wait_culprit(samples: Sequence[StackSample], sources: Sources) -> Culprit | 
 def chain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line the wait chain starts at (a wait the stacks do not show as one: a
     `flock` in the kernel), from the frame of the last sample standing at it."""
-    chain = (record.verdict.get("facts") or {}).get("wait_chain") or {}
+    chain = record.facts.get("wait_chain") or {}
     first = (chain.get("hops") or [{}])[0]
     samples = _samples(record.evidence)
     if not first.get("where") or not samples:
@@ -351,7 +351,7 @@ def chain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
 def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line of the odd rank's collective (the one the other ranks never joined),
     with the condition it is issued under."""
-    facts = record.verdict.get("facts") or {}
+    facts = record.facts
     odd = set(facts.get("odd_ranks") or [])
     ranks = record.evidence.get("ranks") or []
     for rank in sorted(ranks, key=lambda r: r.get("rank") not in odd):
@@ -395,7 +395,7 @@ def innermost_user_frame(text: str) -> tuple[str, int, str] | None:
 def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The line that raised: the verdict's ``where`` when it is the user's, else the
     innermost user frame of the traceback."""
-    facts = record.verdict.get("facts") or {}
+    facts = record.facts
     message = f"raised {facts.get('exception_type') or 'an exception'}"
     match = WHERE.match(str(facts.get("where") or ""))
     if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
@@ -416,7 +416,7 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     allocating (the profile's memory holder) that appends a tensor, not its value, to a
     container the loop does not create: what keeps every step's memory, rather than what
     allocates it. None when the growth, the holder or such a line is missing."""
-    facts = record.verdict.get("facts") or {}
+    facts = record.facts
     growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
     split = _split_where(str(facts.get("rss_holder") or facts.get("cuda_holder") or ""))
     if not growth or growth <= 0 or split is None:
@@ -444,7 +444,7 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
 def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The innermost user frame of the crashing thread in a faulthandler dump of the trial
     (or of a rank's or process's directory)."""
-    facts = record.verdict.get("facts") or {}
+    facts = record.facts
     signal = facts.get("signal_name") or "the signal"
     base = runfiles.trial_dir(record.trial_dir)
     for dump in runfiles.find(base, DUMP_NAME) if base is not None else []:

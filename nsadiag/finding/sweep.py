@@ -19,6 +19,7 @@ from nsadiag.finding.numbers import cost_ratio, sig, size
 from nsadiag.finding.trial import trial_finding
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, fit_quantity, row_from_record
+from nsadiag.verdict.thresholds import FASTER_THAN_SAVED
 
 PREDICT_FACTORS = (2, 4)
 """sweep-seq predicts the peak at these multiples of its longest OK length."""
@@ -206,7 +207,7 @@ def analyse_seq(rows: Sequence[SweepRow], memory: int) -> SweepFacts:
     if len(ok_rows) >= 2 and saved[0] and saved[-1] and rest[0] and rest[-1]:
         growth = {"from": xs[0], "to": xs[-1], "saved": saved[-1] / saved[0],
                   "rest": rest[-1] / rest[0]}
-        growth["outgrows"] = growth["rest"] > 1.5 * growth["saved"]
+        growth["outgrows"] = growth["rest"] > FASTER_THAN_SAVED * growth["saved"]
     peak = fits.get("peak_rss")
     cliff = None
     if peak is not None and not peak.poor:

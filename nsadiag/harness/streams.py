@@ -12,13 +12,13 @@ stall   no progress in any stream for the stall timeout. Progress is what
         unless the job's spec says otherwise) while a process may be starting Python,
         importing torch or building the model: busy on the CPU, or too busy in native
         code to send pulses. A process whose pulses show its main thread waiting (on the
-        CPU or asking for it IDLE_SHARE of the time or less since its last progress: a
+        CPU or asking for it WAITING_CPU_SHARE of the time or less since its last progress: a
         lock, a queue, a sleep) is doing none of these: once every
         process waits, the plain stall timeout holds (a lock wait before the first
         forward is a stall at the stall timeout). The clock counts the time the processes
         could have used: the run-queue wait of a stream's main thread (time it wanted
         the CPU and a loaded machine did not give it) does not count, so a busy machine
-        does not turn a slow step into a stall; after STRETCH stall windows of wall time
+        does not turn a slow step into a stall; after STALL_STRETCH stall windows of wall time
         the stall is declared anyway, and the verdict says the machine was contended.
 budget  the job's wall time reached the budget while it still progressed. A stream whose
         last step finished (its final "step" or "end" event) is not cut off: the job gets
@@ -42,16 +42,13 @@ from nsadiag.harness.heartbeat import OpenBackward
 from nsadiag.harness.machine import main_thread_clock
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
+from nsadiag.verdict.thresholds import STALL_STRETCH, WAITING_CPU_SHARE, WAITING_MIN_S
 
 UNBOUNDED_STEPS = 2**62
 """The step count of a stream with none (a user's process): it ends when the process does."""
 KEEP_EVENTS = 400
 KEEP_PULSES = 120
-STRETCH = 10.0
 FINISH_GRACE_S = 10.0
-IDLE_SHARE = 0.1
-"""A main thread that used at most this share of the wall time on the CPU since its last
-progress is waiting, not starting up (see the module docstring)."""
 
 
 class EventTail:
@@ -146,13 +143,13 @@ class Stream:
 
     def waiting(self) -> bool:
         """Whether the pulses since the process's last progress show its main thread
-        waiting: a second or more with at most IDLE_SHARE of it on the CPU or asking for
+        waiting: WAITING_MIN_S or more with at most WAITING_CPU_SHARE of it on the CPU or asking for
         it (a thread a loaded machine keeps off the CPU is not waiting)."""
         if self.cpu_now is None or self.cpu_at_progress is None:
             return False
         elapsed = self.cpu_now[0] - self.cpu_at_progress[0]
         used = self.cpu_now[1] - self.cpu_at_progress[1]
-        return elapsed >= 1.0 and used <= IDLE_SHARE * elapsed
+        return elapsed >= WAITING_MIN_S and used <= WAITING_CPU_SHARE * elapsed
 
     def mark_run_queue(self) -> None:
         """Remember the main thread's run-queue seconds now (the job progressed)."""
@@ -174,7 +171,7 @@ class Due:
     quiet_s: float
     opportunity_s: float
     limit_s: float
-    stretched: bool  # the stall was declared at STRETCH windows, not by opportunity
+    stretched: bool  # the stall was declared at STALL_STRETCH windows, not by opportunity
 
 
 class StallClock:
@@ -232,7 +229,7 @@ class StallClock:
         waited = max((s.run_queue_since_mark() for s in self.streams), default=0.0) \
             if quiet > limit else 0.0
         opportunity = quiet - waited
-        if quiet > limit and (opportunity >= limit or quiet >= STRETCH * limit):
+        if quiet > limit and (opportunity >= limit or quiet >= STALL_STRETCH * limit):
             return Due("stall", quiet, opportunity, limit, opportunity < limit)
         elapsed = now - self.started
         if elapsed > self.budget_s:

@@ -1,6 +1,8 @@
 """Reports of run directories: one package for Markdown, summary.json and plots; what is
 hidden before anything is shared is nsadiag.redact (the run directory records it too).
 
+    skeleton.py  the layout every report.md shares: top block, Summary, Results, sections
+    top.py       the top block and the bullet lists of a finding
     markdown.py  the formatting every report shares (units, tables, evidence, reproduction)
     summary.py   summary.json as a typed model (nsadiag/schemas/summary.schema.json)
     plots.py     the PNG plots

@@ -15,8 +15,9 @@ from typing import Any
 from nsadiag.evidence import StackSample
 from nsadiag.finding.attach import attach_finding
 from nsadiag.report.markdown import fold_native
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, recommendations
 
 LABEL = "attach"
 
@@ -60,18 +61,19 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
     verdict, processes = stored["verdict"], stored["processes"]
     state = stored["state"]
     finding = attach_finding(stored, meta)
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
-    md += ["", "## Processes", "", "| pid | rank | state | CPU | collective | own frame |",
-           "|---|---|---|---|---|---|"]
+    report = Report.of(finding)
+    table = report.add("Processes", ["| pid | rank | state | CPU | collective | own frame |",
+                                     "|---|---|---|---|---|---|"]).body
     for p in processes:
         rank = "-" if p["rank"] is None else p["rank"]
-        md.append(f"| {p['pid']} | {rank} | **{p['state']}** | {_cpu(p)} | "
-                  f"{p.get('collective_frame') or '-'} | {p.get('user_frame') or '-'} |")
-    md += ["", "## Evidence"]
+        table.append(f"| {p['pid']} | {rank} | **{p['state']}** | {_cpu(p)} | "
+                     f"{p.get('collective_frame') or '-'} | {p.get('user_frame') or '-'} |")
+    md: list[str] = []
     for p in processes:
         label = f"rank {p['rank']} (pid {p['pid']})" if p["rank"] is not None \
             else f"pid {p['pid']}"
-        md += ["", f"### {label}: {p['state']}", "", f"`{p.get('cmdline') or ''}`", ""]
+        md += [*([""] if md else []), f"### {label}: {p['state']}", "",
+               f"`{p.get('cmdline') or ''}`", ""]
         md += [f"- {reason}" for reason in (p.get("verdict") or {}).get("reasons", [])]
         stall = p.get("stall") or {}
         md += [f"- evidence unavailable: {why}" for why in stall.get("unavailable", [])]
@@ -82,8 +84,9 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
             md += ["", "Last stack sample, innermost frame first:", "", "```"]
             md += _stack_lines(StackSample.from_dict(samples[-1]))
             md.append("```")
-    md += ["", "## Root cause", ""] + cause_section(finding)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+    report.add("Evidence", md)
+    report.add("Root cause", cause_section(finding))
+    report.add("Recommendations", recommendations(finding))
     summary = Summary(
         command="attach", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(LABEL, verdict["name"])],
@@ -96,4 +99,4 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
                                 "collective_frame": p.get("collective_frame")}
                                for p in processes],
                  "odd_ranks": verdict.get("facts", {}).get("odd_ranks")})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

@@ -16,8 +16,9 @@ from typing import Any
 from nsadiag.checks import CheckResult
 from nsadiag.finding.check import check_finding, known_causes
 from nsadiag.report.markdown import config_table, dict_table
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, recommendations
 
 
 def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
@@ -32,18 +33,19 @@ def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
                        argv: Sequence[str], world_size: int) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of the checks run on ``spec`` (a TrialSpec's JSON form)."""
     finding = check_finding(results, dict(spec), shlex.join(argv) if argv else None)
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    report = Report.of(finding)
     shown = {**spec, "n_layers": layers_run(results, spec.get("n_layers"))}
-    md += ["", "## Configuration", ""] + config_table(
+    report.add("Configuration", config_table(
         shown, ("target", "n_layers", "seq_len", "batch", "dtype", "backend", "device", "seed",
-                "stall_timeout_s", "budget_s", "overrides"), [("ddp world size", world_size)])
-    md += ["", "## Evidence"]
+                "stall_timeout_s", "budget_s", "overrides"), [("ddp world size", world_size)]))
+    evidence: list[str] = []
     for r in results:
-        md += ["", f"### {r.name}: {r.status}", ""] + dict_table(r.table)
-        md += [f"- {note}" for note in known_causes(r)]
-    md += ["", "## Root cause", ""] + cause_section(finding)
-    md += ["", "## Minimal reproduction", "", "```", shlex.join(argv), "```"]
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+        evidence += [*([""] if evidence else []), f"### {r.name}: {r.status}", "",
+                     *dict_table(r.table), *(f"- {note}" for note in known_causes(r))]
+    report.add("Evidence", evidence)
+    report.add("Root cause", cause_section(finding))
+    report.add("Minimal reproduction", ["```", shlex.join(argv), "```"])
+    report.add("Recommendations", recommendations(finding))
     summary = Summary(
         command="check", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(r.name, r.status, spec.get("n_layers"), spec.get("seq_len"))
@@ -52,4 +54,4 @@ def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
                       r.verdict.name == finding.verdict), None),
         details={"finding": finding.to_dict(), "passed": finding.status == "healthy",
                  "checks": [r.to_dict() for r in results]})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

@@ -15,8 +15,9 @@ from typing import Any
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import config_table, last_events, md_table, stack_excerpt
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import row_from_record
 
@@ -97,26 +98,28 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     rows = facts.get("ranks") or []
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {ddp.get('world_size')} ranks ({ddp.get('backend')})"
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    report = Report.of(finding)
     torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
-    md += ["", "## Configuration", ""] + config_table(
+    report.add("Configuration", config_table(
         record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
         [("world size", ddp.get("world_size")), ("ddp backend", ddp.get("backend")),
          ("process-group timeout", _pg_timeout(ddp))]
-        + ([("torch", torch_version)] if torch_version else []))
-    md += ["", "## Ranks", ""] + ranks_table(rows)
-    md += ["", "## Evidence", "", f"Verdict **{verdict['name']}** after {record.wall_s:.1f} s:",
-           ""]
+        + ([("torch", torch_version)] if torch_version else [])))
+    report.add("Ranks", ranks_table(rows))
+    md = [f"Verdict **{verdict['name']}** after {record.wall_s:.1f} s:", ""]
     md += [f"- {reason}" for reason in verdict["reasons"]] + [""]
     md += _flight_recorder(ddp)
     for rank in evidence.get("ranks") or []:
         md += _rank_evidence(rank)
-    md += ["## Root cause", ""] + cause_section(finding)
-    md += ["", "## Minimal reproduction", "", "```", shlex.join(ddp_rerun(record)), "```"]
-    md += ["", "## Recommendations", ""] + recommendations(finding)
-    text = "\n".join(md) + "\n"
+    # every block above ends in its blank line; the last one is the one before the next
+    # heading, which the skeleton writes
+    report.add("Evidence", md[:-1])
+    report.add("Root cause", cause_section(finding))
+    report.add("Minimal reproduction", ["```", shlex.join(ddp_rerun(record)), "```"])
+    report.add("Recommendations", recommendations(finding))
+    text = report.markdown()
     row = row_from_record(record, LABEL)
     slow_by = facts.get("slow_by")
     verdicts = [verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),

@@ -10,25 +10,36 @@ run.json named every kind are recognised by their files.
 
 ``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
 what `nsadiag report DIR` and every command end with. Both files are redacted
-(nsadiag.redact) unless ``no_redact``; a stored record that is malformed is one
-ValueError line, a record line of trials.jsonl that is torn is skipped and listed at the
-end of report.md and in summary.json's ``skipped_records``.
+(nsadiag.redact) unless ``no_redact``; a record line of trials.jsonl that is torn or
+malformed is skipped and listed at the end of report.md and in summary.json's
+``skipped_records``.
+
+A stored record is parsed where it is read: trials.jsonl lines and record.json against the
+trial schema, triage.json and checks.json into their typed state (nsadiag.rundir.
+parse_stored); one that does not parse is one RecordError line, and the renderers get
+typed records. attach.json, memory.json, trace-result.json and stacks.json are rendered
+from their JSON objects as read, with no parser of their own yet: for those kinds
+(DICT_KINDS) alone a key missing or a value of the wrong type met while rendering is
+reported as a malformed record.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
 from nsadiag.redact import Redactor
+from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
+    RecordError,
     TrialRecord,
     give_back_reserve,
     load_records,
     locked,
+    parse_stored,
     read_json,
     stored_redaction,
     write_json,
@@ -36,7 +47,13 @@ from nsadiag.rundir import (
 )
 from nsadiag.textsafe import clean, clean_obj
 
+if TYPE_CHECKING:
+    from nsadiag.checks import CheckResult
+    from nsadiag.triage.state import TriageState
+
 PLOTS = ("sweep.png", "memory.png", "flame.png")
+DICT_KINDS = ("attach", "memory", "trace", "stacks")
+"""Kinds whose stored JSON is rendered as read, not parsed into a typed record first."""
 LOCK_WAIT_S = 10.0
 """How long a render waits while another nsadiag holds the run directory."""
 
@@ -61,12 +78,23 @@ class Rendered:
         return self.summary["exit_code"]
 
 
+META_FIELDS = {"argv": (list, "a list"),
+               "branch": (str, "a string"), "env": (dict, "an object"),
+               "spec": (dict, "an object"), "labels": (dict, "an object")}
+"""The run.json fields the renderers read, with the JSON type each must have when set."""
+
+
 def read_meta(run_dir: Path) -> dict[str, Any]:
-    """run.json of a run directory ({} when there is none)."""
+    """run.json of a run directory ({} when there is none); RecordError (one line) when it
+    is not an object or a field the renderers read has the wrong type."""
     path = run_dir / "run.json"
     meta = read_json(path, "run.json") if path.exists() else {}
     if not isinstance(meta, dict):
-        raise ValueError(f"run.json: {path} is not a JSON object")
+        raise RecordError(f"run.json: {path} is not a JSON object")
+    for name, (kind, said) in META_FIELDS.items():
+        if meta.get(name) is not None and not isinstance(meta[name], kind):
+            raise RecordError(f"run.json: {name} must be {said}, got "
+                              f"{type(meta[name]).__name__}")
     return meta
 
 
@@ -127,7 +155,8 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     if kind == "triage":
         from nsadiag.report.triage import build_triage_report
 
-        return build_triage_report(run_dir, read_json(run_dir / "triage.json", "triage.json"))
+        return build_triage_report(run_dir, parse_stored(
+            "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
     if kind == "attach":
         from nsadiag.report.attach import build_attach_report
 
@@ -135,16 +164,15 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
-        record = TrialRecord.from_dict(read_json(run_dir / "record.json", "record.json"))
+        record = parse_stored("record.json", TrialRecord.from_dict,
+                              read_json(run_dir / "record.json", "record.json"))
         return build_run_report(located(record, run_dir), run_dir)
     if kind == "check":
-        from nsadiag.checks import CheckResult
         from nsadiag.report.check import build_check_report
 
-        stored = read_json(run_dir / "checks.json", "checks.json")
-        return build_check_report([CheckResult.from_dict(c) for c in stored["results"]],
-                                  stored["spec"], meta.get("argv") or [],
-                                  stored["world_size"])
+        results, spec, world_size = parse_stored(
+            "checks.json", checks, read_json(run_dir / "checks.json", "checks.json"))
+        return build_check_report(results, spec, meta.get("argv") or [], world_size)
     if kind == "memory":
         from nsadiag.report.memory import build_memory_report
 
@@ -158,6 +186,26 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
     from nsadiag.report.stacks import build_stacks_report
 
     return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
+
+
+def triage_state(stored: dict[str, Any]) -> TriageState:
+    """triage.json as its typed state, the check results it holds parsed too (the report
+    reads them as CheckResult)."""
+    from nsadiag.checks import CheckResult
+    from nsadiag.triage.state import TriageState
+
+    state = TriageState.from_dict(stored)
+    for result in state.checks.results if state.checks else []:
+        CheckResult.from_dict(result)
+    return state
+
+
+def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], dict[str, Any], int]:
+    """checks.json as (its results, the spec they ran with, the DDP world size)."""
+    from nsadiag.checks import CheckResult
+
+    return ([CheckResult.from_dict(c) for c in stored["results"]], dict(stored["spec"]),
+            int(stored["world_size"]))
 
 
 def build_confined(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
@@ -195,21 +243,25 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
+    # a typed record was parsed where it was read: a KeyError while rendering it is a fault
+    # of the renderer, not of the file, and goes up as itself
+    unparsed = (KeyError, TypeError, IndexError, AttributeError) if kind in DICT_KINDS else ()
     try:
         text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
-    except (KeyError, TypeError, IndexError, AttributeError) as err:
-        raise ValueError(f"report: a stored record of {run_dir} is malformed "
-                         f"({type(err).__name__}: {err})") from None
+    except unparsed as err:
+        raise RecordError(f"report: a stored record of {run_dir} is malformed "
+                          f"({type(err).__name__}: {err})") from None
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None
     if skipped:
-        text += "\n## Records skipped\n\n" + "".join(f"- {s}\n" for s in skipped)
+        text += Section("Records skipped", [f"- {s}" for s in skipped]).markdown()
         summary["skipped_records"] = skipped
     if not_read:
-        text += ("\n## Files not read\n\nWhat a record names is read only from inside this "
-                 "directory, as a regular file of a bounded size; here it was not:\n\n" +
-                 "".join(f"- {line}\n" for line in not_read))
+        text += Section("Files not read", [
+            "What a record names is read only from inside this directory, as a regular file "
+            "of a bounded size; here it was not:", "", *(f"- {line}" for line in not_read)
+        ]).markdown()
         summary["files_not_read"] = not_read
     # what a record holds is shown, never obeyed: no escape sequence reaches a terminal
     # that shows report.md or summary.json (nsadiag.textsafe)

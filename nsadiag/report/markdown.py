@@ -1,9 +1,9 @@
 """Markdown building blocks every report shares: numbers, tables, evidence, reproduction.
 
 Everything here is pure formatting of stored records and rows (no file is read): units
-(``fmt_s``, ``fmt_bytes``), tables from pandas DataFrames (``md_table``), a trial's
-evidence (verdict reasons, stall facts, last heartbeat events, the last stack sample,
-the traceback's tail), and the command that reproduces a failing trial.
+(nsadiag.fmt), tables from pandas DataFrames (``md_table``), a trial's evidence (verdict
+reasons, stall facts, last heartbeat events, the last stack sample, the traceback's tail),
+and the command that reproduces a failing trial.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsadiag.evidence import StackSample
+from nsadiag.evidence import StackSample, cpu_fraction
 from nsadiag.finding.commands import cli_value
-from nsadiag.finding.numbers import cost_ratio, sig
+from nsadiag.finding.numbers import cost_ratio
+from nsadiag.fmt import bytes_cell, seconds_cell, sig
 from nsadiag.probes.frames import threads_that_matter
 from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
@@ -24,20 +25,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 BRANCH_COLUMNS = ("cmp", "sel", "win")
-
-
-def fmt_s(value: float | None) -> str:
-    """Seconds with two decimals; "-" for no value."""
-    return "-" if value is None or value != value else f"{value:.2f}"
-
-
-def fmt_bytes(value: float | None) -> str:
-    """Bytes in KiB, MiB or GiB; "-" for no value."""
-    if value is None or value != value:
-        return "-"
-    if value >= 2**30:
-        return f"{value / 2**30:.2f} GiB"
-    return f"{value / 2**20:.0f} MiB" if value >= 2**20 else f"{value / 2**10:.0f} KiB"
 
 
 def cell(value: Any) -> str:
@@ -125,8 +112,8 @@ def results_table(rows: Sequence[Any]) -> list[str]:
                      *(f"saved {b}" for b in BRANCH_COLUMNS), "rest of the peak", "steps"]
     byte_columns = ["peak RSS", "peak CUDA", "saved for backward",
                     *(f"saved {b}" for b in BRANCH_COLUMNS), "rest of the peak"]
-    formats = {**{c: fmt_s for c in ("forward s", "backward s", "step s")},
-               **{c: fmt_bytes for c in byte_columns}, "layers": str, "steps": str,
+    formats = {**{c: seconds_cell for c in ("forward s", "backward s", "step s")},
+               **{c: bytes_cell for c in byte_columns}, "layers": str, "steps": str,
                "median of": lambda n: "-" if _missing(n) else str(int(n)),
                "vs expected cost": str}
     return md_table(table, formats)
@@ -198,7 +185,7 @@ def last_events(evidence: Mapping[str, Any], count: int = 8) -> list[str]:
         columns=["t", "kind", "phase", "step", "module", "edge", "rss"])
     frame["t"] = frame["t"] - events[0]["t"]
     frame.columns = ["t (s)", "kind", "phase", "step", "module", "edge", "RSS"]
-    return md_table(frame, {"t (s)": lambda v: f"{v:.2f}", "RSS": fmt_bytes,
+    return md_table(frame, {"t (s)": lambda v: f"{v:.2f}", "RSS": bytes_cell,
                             "step": lambda v: str(int(v))})
 
 
@@ -227,9 +214,7 @@ def stall_summary(record: TrialRecord) -> dict[str, Any] | None:
         return None
     return {"stacks_class": stall.get("stacks_class"),
             "unfinished_backward": stall.get("unfinished_backward") or [],
-            "cpu_fraction": (stall["cpu_delta_s"] / stall["window_s"]
-                             if stall.get("cpu_delta_s") is not None and stall.get("window_s")
-                             else None),
+            "cpu_fraction": cpu_fraction(stall.get("cpu_delta_s"), stall.get("window_s")),
             "unavailable": stall.get("unavailable") or [], "gpu": record.gpu}
 
 
@@ -254,7 +239,7 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines.append(f"- {record.gpu}")
     for device in record.gpu if isinstance(record.gpu, list) else []:
         lines.append(f"- GPU {device['index']} {device['name']}: {device['util_gpu_pct']}% busy, "
-                     f"{fmt_bytes(device['mem_used'])} of {fmt_bytes(device['mem_total'])}, "
+                     f"{bytes_cell(device['mem_used'])} of {bytes_cell(device['mem_total'])}, "
                      f"throttle reasons {device.get('throttle_reasons')}")
     exception = (evidence.get("result") or {}).get("exception")
     lines += ["", "Last heartbeat events:", ""] + last_events(evidence)
@@ -294,7 +279,7 @@ def spec_cell(key: str, value: Any) -> str:
     if value is None or value == {} or value == []:
         return DEFAULTS.get(key, "-")
     if key == "memory_cap_bytes" and isinstance(value, int):
-        return fmt_bytes(value)
+        return bytes_cell(value)
     return cell(value)
 
 

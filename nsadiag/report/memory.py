@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.measured import memory_finding
-from nsadiag.report.markdown import config_table, fmt_bytes, md_table
+from nsadiag.fmt import bytes_cell
+from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.plots import memory_plot
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
-from nsadiag.report.top import head, items
+from nsadiag.report.top import items
 
 SUMMARY_KEYS = ("device", "saved_total", "saved_by_module", "saved_by_branch", "per_layer",
                 "layer_standouts", "largest_saved", "step_s", "peak_rss", "cuda", "history",
@@ -39,10 +41,10 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
     found = history["summary"]
     sites = _frame(found["top_sites"], ["site", "bytes", "blocks"])
     sites.columns = ["allocation site (live at peak)", "bytes", "blocks"]
-    return md_table(sites, {"bytes": fmt_bytes, "blocks": str}) + [
-        "", f"Segments {found['segments']}: reserved {fmt_bytes(found['reserved'])}, allocated "
-            f"{fmt_bytes(found['allocated'])}, {found['free_blocks']} free blocks, largest free "
-            f"block {fmt_bytes(found['largest_free_block'])}, fragmentation "
+    return md_table(sites, {"bytes": bytes_cell, "blocks": str}) + [
+        "", f"Segments {found['segments']}: reserved {bytes_cell(found['reserved'])}, allocated "
+            f"{bytes_cell(found['allocated'])}, {found['free_blocks']} free blocks, largest free "
+            f"block {bytes_cell(found['largest_free_block'])}, fragmentation "
             f"{found['fragmentation']:.2f}. Snapshot: `{Path(history['snapshot']).name}` "
             f"(open in https://pytorch.org/memory_viz)."]
 
@@ -56,29 +58,29 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
     layers = measured.get("per_layer") or []
     finding = memory_finding(measured, spec)
     png = memory_plot(measured, run_dir / "memory.png")
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md = items(finding.results)
     if measured.get("saved_by_branch"):
         md += ["", "By NSA branch: " + ", ".join(
-            f"{b} {fmt_bytes(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
-    md += ["", "## Configuration", ""] + config_table(
+            f"{b} {bytes_cell(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
+    report = Report.of(finding, results=md)
+    report.add("Configuration", config_table(
         spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
-               "device", "steps", "overrides"))
-    md += ["", "## Per layer", ""]
+               "device", "steps", "overrides")))
+    md = report.add("Per layer", []).body
     per_layer = _frame(layers, ["layer", "saved", "cuda_delta"])
     per_layer.columns = ["layer", "saved for backward", "CUDA allocated delta"]
-    md += md_table(per_layer, {"saved for backward": fmt_bytes,
-                               "CUDA allocated delta": fmt_bytes})
+    md += md_table(per_layer, {"saved for backward": bytes_cell,
+                               "CUDA allocated delta": bytes_cell})
     if png:
         md += ["", f"![saved for backward per layer and branch]({png.name})"]
     modules = pd.DataFrame(list((measured.get("saved_by_module") or {}).items()),
                            columns=["module", "saved"])
-    md += ["", "## Per module", ""] + md_table(modules, {"saved": fmt_bytes},
-                                               limit=TOP_MODULES)
+    report.add("Per module", md_table(modules, {"saved": bytes_cell}, limit=TOP_MODULES))
     largest = _frame(measured.get("largest_saved") or [], ["module", "shape", "dtype", "nbytes"])
     largest.columns = ["largest saved tensors", "shape", "dtype", "size"]
-    md += ["", "## Largest saved tensors", ""] + md_table(
-        largest, {"size": fmt_bytes, "shape": lambda v: str(list(v))})
-    md += ["", "## Allocator", ""]
+    report.add("Largest saved tensors", md_table(
+        largest, {"size": bytes_cell, "shape": lambda v: str(list(v))}))
+    md = report.add("Allocator", []).body
     cuda = measured.get("cuda")
     md.append(cuda if isinstance(cuda, str) else ", ".join(f"{k} {v}" for k, v in cuda.items()))
     md += [""] + _history_lines(measured.get("history") or {})
@@ -87,11 +89,11 @@ def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mappin
     ab = measured.get("ab_expandable_segments")
     if ab:
         rows = pd.DataFrame(ab["rows"])
-        md += ["", "## Expandable segments A/B", ""] + md_table(
+        report.add("Expandable segments A/B", md_table(
             rows[["quantity", "baseline", "expandable", "change"]],
-            {"change": lambda v: f"x{v:.2f}"})
-    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
+            {"change": lambda v: f"x{v:.2f}"}))
+    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
     summary = Summary(command="memory", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(),
                                **{k: measured[k] for k in SUMMARY_KEYS if k in measured}})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

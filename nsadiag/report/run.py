@@ -19,8 +19,9 @@ from nsadiag.finding import Finding
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
 
 STDERR_LINES = 15
@@ -62,12 +63,13 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     process was profiled."""
     verdict, evidence = record.verdict, record.evidence
     finding = run_finding(record)
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
-    md += ["", "## Processes", "", "Every Python process the command started; at a stall "
-           "each was sampled at once (those without a heartbeat too, such as DataLoader "
-           "workers), so the odd one out (a rank that waits elsewhere) shows in the last "
-           "columns.", "", "| process | pid | what it is | events | stacks at the stop | "
-           "where it was |", "|---|---|---|---|---|---|"]
+    report = Report.of(finding)
+    md = report.add("Processes", [
+        "Every Python process the command started; at a stall each was sampled at once "
+        "(those without a heartbeat too, such as DataLoader workers), so the odd one out (a "
+        "rank that waits elsewhere) shows in the last columns.", "",
+        "| process | pid | what it is | events | stacks at the stop | where it was |",
+        "|---|---|---|---|---|---|"]).body
     for process in evidence.get("processes", []):
         counts = ", ".join(f"{kind} {n}" for kind, n in sorted(process["events"].items()))
         main = " (training)" if process["name"] == evidence.get("main_process") else ""
@@ -76,13 +78,13 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
                   f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
                   f"{(process.get('place') or '-').replace('|', '/')} |")
     md += containment_lines(evidence.get("containment"))
-    md += ["", "## Evidence", ""] + evidence_section(record)
+    md = report.add("Evidence", evidence_section(record)).body
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)
     if tail:
         md += ["", "The command's stderr (last lines):", "", "```", *tail, "```"]
-    md += ["", "## Root cause", ""] + cause_section(finding)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+    report.add("Root cause", cause_section(finding))
+    report.add("Recommendations", recommendations(finding))
     slow_by = (verdict.get("facts") or {}).get("slow_by")
     summary = Summary(
         command=finding.command, headline=finding.headline, status=finding.status,
@@ -91,4 +93,4 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         details={"finding": finding.to_dict(), "verdict": verdict["name"],
                  "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
                  "argv": list(record.spec["command"])})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

@@ -20,18 +20,18 @@ import psutil
 
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_seq_sweep
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     config_table,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     md_table,
     reproduction,
     rows_frame,
 )
 from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import Fit, SweepRow
 
@@ -49,7 +49,7 @@ def _fits_lines(fits: dict[str, Fit]) -> list[str]:
         return ["Fewer than three OK lengths: no fit."]
 
     def unit(name: str):
-        return fmt_bytes if name != "step_s" else (lambda v: f"{v:.3g} s")
+        return bytes_cell if name != "step_s" else (lambda v: f"{v:.3g} s")
 
     frame = pd.DataFrame([{
         "quantity": name, "per token (± s.e.)": f"{unit(name)(f.slope)} ± "
@@ -74,12 +74,12 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
     rows = result.rows
     records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
     first = records[0].spec if records else {}
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
-    md += ["", "## Configuration", ""] + config_table(first, (
+    report = Report.of(finding)
+    report.add("Configuration", config_table(first, (
         "target", "n_layers", "batch", "dtype", "grad_ckpt", "branches", "backend", "device",
-        "steps", "stall_timeout_s", "budget_s", "overrides"))
+        "steps", "stall_timeout_s", "budget_s", "overrides")))
     frame = rows_frame(rows)
-    md += ["", "## Measurements", ""]
+    md = report.add("Measurements", []).body
     if not frame.empty:
         table = frame[["seq_len", "verdict", "step_s", "peak_rss", "saved_bytes",
                        "steps_done"]].assign(rest=[_rest(r) for r in rows])
@@ -87,8 +87,8 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
                        "steps_done"]]
         table.columns = ["S", "verdict", "step", "peak RSS", "saved for backward",
                          "rest of the peak", "steps"]
-        md += md_table(table, {"S": str, "step": fmt_s, "peak RSS": fmt_bytes,
-                               "saved for backward": fmt_bytes, "rest of the peak": fmt_bytes,
+        md += md_table(table, {"S": str, "step": seconds_cell, "peak RSS": bytes_cell,
+                               "saved for backward": bytes_cell, "rest of the peak": bytes_cell,
                                "steps": str})
     else:
         md += ["No trial finished."]
@@ -99,14 +99,14 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
     if png:
         md += ["", f"![time and memory against the sequence length, the fits and the "
                    f"predicted cliff]({png.name})"]
-    md += ["", "## Evidence", ""] + (evidence_section(failing or records[-1]) if records
-                                     else ["No trial ran."])
+    md = report.add("Evidence", evidence_section(failing or records[-1]) if records
+                    else ["No trial ran."]).body
     if failing is not None:
         md += flame_section(failing, finding, run_dir)
-    md += ["", "## Root cause", ""] + cause_section(finding)
-    md += ["", "## Minimal reproduction", ""] + reproduction(
-        meta.get("argv"), reproduce(failing.spec) if failing else None)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+    report.add("Root cause", cause_section(finding))
+    report.add("Minimal reproduction", reproduction(
+        meta.get("argv"), reproduce(failing.spec) if failing else None))
+    report.add("Recommendations", recommendations(finding))
     summary = Summary(
         command="sweep-seq", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(LABEL, r.verdict, r.n_layers, r.seq_len, r.slow_by)
@@ -117,4 +117,4 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
         details={"finding": finding.to_dict(),
                  "rest_outgrows_saved": bool(facts.growth and facts.growth["outgrows"]),
                  "machine_memory": total, "predicted_cliff": facts.cliff})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

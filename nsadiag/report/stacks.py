@@ -17,8 +17,9 @@ from typing import Any
 from nsadiag.evidence import StackSample, ThreadStack
 from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes.frames import threads_that_matter, wait_frame
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
-from nsadiag.report.top import head, items
+from nsadiag.report.top import items
 
 FRAMES = 14
 SUMMARY_FRAMES = 8
@@ -69,7 +70,7 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
     """(markdown, summary.json) of a stacks run."""
     processes = [process_view(p) for p in stacks["processes"]]
     finding = stacks_finding(processes, list(stacks["odd_ones_out"]))
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md = items(finding.results)
     md += ["", "| pid | rank | state | CPU | samples | innermost frames |",
            "|---|---|---|---|---|---|"]
     for proc in processes:
@@ -80,8 +81,9 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
     if stacks["odd_ones_out"]:
         md += [""] + [f"Odd one out: pid {pid} differs from the other processes."
                       for pid in stacks["odd_ones_out"]]
+    report = Report.of(finding, results=md)
     for raw, proc in zip(stacks["processes"], processes, strict=True):
-        md += ["", f"## pid {proc['pid']}: {proc['state']}", "", f"`{proc['cmdline']}`", ""]
+        md = report.add(f"pid {proc['pid']}: {proc['state']}", [f"`{proc['cmdline']}`", ""]).body
         md += [f"- unavailable: {reason}" for reason in proc["unavailable"]]
         if not raw["samples"]:
             continue
@@ -99,12 +101,12 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
             md += ["", "Other threads:", ""]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
-    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
+    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
     summary = Summary(command="stacks", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(), "processes": processes,
                                "odd_ones_out": stacks["odd_ones_out"],
                                "clusters": stacks["clusters"]})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()
 
 
 def _thread_lines(thread: Mapping[str, Any]) -> list[str]:

@@ -20,20 +20,20 @@ import psutil
 from nsadiag.finding import Item
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_layer_sweep
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     config_table,
     env_rows,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     md_table,
     reproduction,
     results_table,
     stall_summary,
 )
 from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, items, recommendations
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import Fit, SweepRow
 
@@ -56,7 +56,7 @@ def fits_section(fits: Mapping[str, Fit], unit_x: str = "layer") -> list[str]:
         return [f"Fewer than three OK {unit_x} counts: no fit."]
 
     def unit(name: str):
-        return fmt_bytes if name in ("peak_rss", "peak_cuda", "saved_bytes", "rest_bytes",
+        return bytes_cell if name in ("peak_rss", "peak_cuda", "saved_bytes", "rest_bytes",
                                      "rest") else \
             (lambda v: f"{v:.3g} s")
 
@@ -85,9 +85,9 @@ def attribution_table(full: Sequence[SweepRow], alone: Sequence[SweepRow]) -> li
         "step s (branch)": both["step_s (branch)"],
         "share of time": [f"{100 * s:.0f}%" if s == s else "-" for s in share],
         "peak (all)": both["peak_rss (all)"], "peak (branch)": both["peak_rss (branch)"]})
-    return md_table(table, {"layers": str, "step s (all)": fmt_s, "step s (branch)": fmt_s,
-                            "share of time": str, "peak (all)": fmt_bytes,
-                            "peak (branch)": fmt_bytes})
+    return md_table(table, {"layers": str, "step s (all)": seconds_cell,
+                            "step s (branch)": seconds_cell, "share of time": str,
+                            "peak (all)": bytes_cell, "peak (branch)": bytes_cell})
 
 
 def labelled_results(results: Sequence[Item], rows: Sequence[SweepRow]) -> list[str]:
@@ -127,11 +127,10 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
     first = records[0].spec if records else {}
     png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
                      memory=memory, cliff=facts.cliff)
-    md = [*head(finding), "", "## Results", ""] + labelled_results(finding.results,
-                                                                    all_rows)
-    md += ["", "## Configuration", ""] + config_table(first, CONFIG_KEYS,
-                                                     env_rows(meta.get("env") or {}))
-    md += ["", "## Measurements", ""] + results_table(all_rows)
+    report = Report.of(finding, results=labelled_results(finding.results, all_rows))
+    report.add("Configuration", config_table(first, CONFIG_KEYS,
+                                             env_rows(meta.get("env") or {})))
+    md = report.add("Measurements", results_table(all_rows)).body
     for label, fits in result.fits.items():
         md += ["", f"### Fits against layers — {label}", ""] + fits_section(fits)
     if meta.get("branch") and len(groups) == 2:
@@ -139,14 +138,14 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         md += attribution_table(*groups.values())
     if png:
         md += ["", f"![time and memory against layers, with the fits]({png.name})"]
-    md += ["", "## Evidence", ""]
-    md += evidence_section(failing or records[-1]) if records else ["No trial ran."]
+    md = report.add("Evidence", evidence_section(failing or records[-1]) if records
+                    else ["No trial ran."]).body
     if failing is not None:
         md += flame_section(failing, finding, run_dir)
-    md += ["", "## Root cause", ""] + cause_section(finding)
-    md += ["", "## Minimal reproduction", ""] + reproduction(
-        meta.get("argv"), reproduce(failing.spec) if failing else None)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+    report.add("Root cause", cause_section(finding))
+    report.add("Minimal reproduction", reproduction(
+        meta.get("argv"), reproduce(failing.spec) if failing else None))
+    report.add("Recommendations", recommendations(finding))
     details: dict[str, Any] = {
         "finding": finding.to_dict(),
         "threshold": int(failing.spec["n_layers"]) if failing and failing.spec.get("n_layers")
@@ -163,4 +162,4 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         fits={label: {q: f.to_dict() for q, f in fits.items()}
               for label, fits in result.fits.items() if fits},
         failing=failing.verdict if failing else None, details=details)
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

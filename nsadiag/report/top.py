@@ -11,10 +11,11 @@
 with, for a stuck run, its wait chain after the line (``- **Waits:** the main thread waits
 for `stats_lock` at train.py:51 -> `stats_lock` is held by thread logger ...``),
 
-then ``summary_section`` (the finding's summary, at most 150 words), and the bullet lists
+then ``summary_text`` (the finding's summary, at most 150 words), and the bullet lists
 every report shares: ``items`` (✅ ok, ❌ fail, ⚠ warn, one line each) and
 ``cause_section`` (ruled out, implicated). Everything here lays out a
-``nsadiag.finding.Finding``; nothing is decided.
+``nsadiag.finding.Finding``; nothing is decided. The order of the parts is
+nsadiag.report.skeleton's.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def top_block(finding: Finding) -> list[str]:
             f"- **Next:** {finding.next_action}"]
 
 
-def summary_section(finding: Finding) -> list[str]:
-    return ["## Summary", "", " ".join(finding.summary) or finding.headline + "."]
+def summary_text(finding: Finding) -> str:
+    """The finding's summary as one paragraph (its headline when it has none)."""
+    return " ".join(finding.summary) or finding.headline + "."
 
 
 def items(found: Sequence[Item], empty: str = "nothing") -> list[str]:
@@ -72,10 +74,6 @@ def cause_section(finding: Finding) -> list[str]:
     return (["Ruled out:", ""] + items(finding.ruled_out, "nothing yet") +
             ["", "Implicated:", ""] + items(finding.implicated, "nothing: no failure"))
 
-
-def head(finding: Finding) -> list[str]:
-    """The top block, then the summary: how every report begins."""
-    return [*top_block(finding), "", *summary_section(finding)]
 
 
 def recommendations(finding: Finding) -> list[str]:

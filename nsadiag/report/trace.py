@@ -17,8 +17,9 @@ from typing import Any
 
 from nsadiag.finding.measured import trace_finding
 from nsadiag.report.markdown import config_table, md_table
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
-from nsadiag.report.top import head, items
+from nsadiag.report.top import items
 
 SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
                 "step_s_untraced_all", "overhead_pct", "events", "unused_parameters",
@@ -34,33 +35,34 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
 
     spec = meta.get("spec") or {}
     finding = trace_finding(result, spec)
-    md = [*head(finding), "", "## Results", ""] + items(finding.results)
+    md = items(finding.results)
     md += ["", f"Untraced and traced step medians: {result['step_s_untraced']:.3f} s and "
                f"{result['step_s_traced']:.3f} s. Timeline: `{Path(result['trace_json']).name}` "
                f"(Perfetto)."]
     if result.get("profiler_trace"):
         md += ["", f"torch.profiler trace with the same module and branch spans: "
                    f"`{Path(result['profiler_trace']).name}`."]
-    md += ["", "## Configuration", ""] + config_table(
+    report = Report.of(finding, results=md)
+    report.add("Configuration", config_table(
         spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
-               "device", "overrides"))
+               "device", "overrides")))
     spans = pd.DataFrame(result["timeline"]).reindex(
         columns=["module", "phase", "start_us", "duration_us"])
     spans["start_us"] = spans["start_us"] / 1000
     spans["duration_us"] = spans["duration_us"] / 1000
     spans.columns = ["module", "phase", "start ms", "duration ms"]
-    md += ["", f"## Longest spans (of {len(spans)} kept)", ""] + md_table(
+    report.add(f"Longest spans (of {len(spans)} kept)", md_table(
         spans, {"start ms": lambda v: f"{v:.1f}", "duration ms": lambda v: f"{v:.1f}"},
-        limit=SHOWN)
-    md += ["", "## Gradients", ""]
+        limit=SHOWN))
+    md = report.add("Gradients", []).body
     md.append("- Parameters without a gradient: " + (
         ", ".join(f"`{p}`" for p in result["unused_parameters"]) or "none"))
     md.append("- Gradients accumulated more than once in a step: " + (
         ", ".join(f"`{p}` ({n}x)" for p, n in result["repeated_gradients"].items()) or "none"))
     md.append("- Backward started and never finished: " + (
         ", ".join(f"`{m}`" for m in result["unfinished_backward"]) or "none"))
-    md += ["", "## Reproduction", "", "```", shlex.join(meta.get("argv") or []), "```"]
+    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
     summary = Summary(command="trace", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(),
                                **{k: result.get(k) for k in SUMMARY_KEYS}})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.numbers import share
+from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
     cost_text,
     evidence_section,
-    fmt_bytes,
-    fmt_s,
     results_table,
     spec_cell,
 )
 from nsadiag.report.plots import flame_section, sweep_plot
+from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
-from nsadiag.report.top import cause_section, head, items, recommendations
+from nsadiag.report.top import cause_section, items, recommendations
 from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.triage.decide import BASELINE
 from nsadiag.triage.finding import TriageResult, decide_triage, knob_text, time_text
@@ -123,7 +123,7 @@ def _efficiency_section(state: TriageState) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in refs:
         defect = {True: "yes", False: "no"}.get(r.defect, "-")
-        lines.append(f"| {r.trial} | {r.n_layers} | {r.verdict} | {fmt_s(r.step_s)} | "
+        lines.append(f"| {r.trial} | {r.n_layers} | {r.verdict} | {seconds_cell(r.step_s)} | "
                      f"{r.timed_steps} | {cost_text(r.expected_step_s, r.cost_ratio)} | "
                      f"{_percent(r.efficiency)} | {_percent(r.dense_efficiency)} | {defect} |")
     return lines
@@ -159,8 +159,9 @@ def _branches_section(state: TriageState, result: TriageResult) -> list[str]:
              "", "| branch | verdict | step s | peak RSS | trial |", "|---|---|---|---|---|"]
     for ref in branches.runs:
         row = rows.get(ref.trial)
-        lines.append(f"| {ref.branch} | {ref.verdict} | {fmt_s(row.step_s if row else None)} | "
-                     f"{fmt_bytes(row.peak_rss if row else None)} | {ref.trial} |")
+        lines.append(f"| {ref.branch} | {ref.verdict} | "
+                     f"{seconds_cell(row.step_s if row else None)} | "
+                     f"{bytes_cell(row.peak_rss if row else None)} | {ref.trial} |")
     return lines
 
 
@@ -183,7 +184,7 @@ def _bisection_section(state: TriageState) -> list[str]:
         (", ".join(t.applied or []) or "none (baseline)", t, t.reproduces) for t in b.tests]
     for label, test, again in shown:
         defect = {True: "yes", False: "no"}.get(test.defect, "-")
-        lines.append(f"| {label} | {test.verdict} | {fmt_s(test.step_s)} | "
+        lines.append(f"| {label} | {test.verdict} | {seconds_cell(test.step_s)} | "
                      f"{cost_text(test.expected_step_s, test.cost_ratio)} | {defect} | "
                      f"{'yes' if again else 'no'} | {test.trial} |")
     if b.minimal is not None:
@@ -216,7 +217,7 @@ def _regression_section(regression: dict[str, Any]) -> list[str]:
     lines += ["| run | layers | quantity | baseline | now | change | regression |",
               "|---|---|---|---|---|---|---|"]
     for d in deltas:
-        unit = fmt_bytes if d["quantity"] == "peak_rss" else fmt_s
+        unit = bytes_cell if d["quantity"] == "peak_rss" else seconds_cell
         lines.append(f"| {d['label'] or '-'} | {d['n_layers']} | {d['quantity']} | "
                      f"{unit(d['before'])} | {unit(d['after'])} | {d['change']:+.0%} | "
                      f"{'**yes**' if d['regressed'] else 'no'}"
@@ -256,30 +257,28 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
     records = _records(run_dir)
     result = decide_triage(state, records)
     finding = result.finding
-    md = [*head(finding)]
-    if result.machine_text:
-        md += ["", f"Machine: {result.machine_text}."]
-    md += ["", "## Results", ""] + items(finding.results)
-    md += ["", "## Environment", ""] + _env_section(state)
-    md += ["", "## Configuration comparison", ""] + _config_section(result, records)
-    md += ["", "## Systematic results", ""] + _results_section(state, result, run_dir)
+    report = Report.of(finding, summary_note=[f"Machine: {result.machine_text}."]
+                       if result.machine_text else [])
+    report.add("Environment", _env_section(state))
+    report.add("Configuration comparison", _config_section(result, records))
+    report.add("Systematic results", _results_section(state, result, run_dir))
     failing = records.get((result.failure or {}).get("trial") or "")
-    md += ["", "## Evidence", ""]
     if failing is not None:
-        md += evidence_section(failing) + flame_section(failing, finding, run_dir)
+        report.add("Evidence",
+                   evidence_section(failing) + flame_section(failing, finding, run_dir))
     else:
-        md += ["No failing trial: the evidence of every trial is in its "
-               "`trial-<n>/evidence.json`."]
-    md += ["", "## Root cause", ""] + cause_section(finding)
+        report.add("Evidence", ["No failing trial: the evidence of every trial is in its "
+                                "`trial-<n>/evidence.json`."])
+    cause = report.add("Root cause", cause_section(finding)).body
     if result.separately:
-        md += ["", "Found separately by the correctness checks (a defect of its own, not a "
-                   "cause of the failure above):", ""] + items(result.separately)
-    md += ["", "## Minimal reproduction", ""] + _reproduction(state, result)
-    md += ["", "## Recommendations", ""] + recommendations(finding)
+        cause += ["", "Found separately by the correctness checks (a defect of its own, not "
+                      "a cause of the failure above):", ""] + items(result.separately)
+    report.add("Minimal reproduction", _reproduction(state, result))
+    report.add("Recommendations", recommendations(finding))
     if result.regression:
-        md += ["", "## Regression against the baseline", ""] + \
-            _regression_section(result.regression)
-    md += ["", "## Time", "", time_text(state, result.not_reached)]
+        report.add("Regression against the baseline",
+                   _regression_section(result.regression))
+    report.add("Time", [time_text(state, result.not_reached)])
     regression = result.regression
     summary = Summary(
         command="triage", headline=finding.headline, status=finding.status,
@@ -303,4 +302,4 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
                                  "regressions": regression["regressed"]}
                                 if regression else None),
                  "elapsed_s": state.elapsed_s, "baseline_knobs": dict(BASELINE)})
-    return "\n".join(md) + "\n", summary.to_dict()
+    return report.markdown(), summary.to_dict()

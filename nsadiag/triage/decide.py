@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from nsadiag.finding.numbers import cost_ratio
-from nsadiag.verdict import FAILURES
+from nsadiag.verdict import TIMING, is_failure
 from nsadiag.verdict.thresholds import DEFECT_COST_RATIO, LOADED_PER_CPU
 
 T = TypeVar("T", bound=Hashable)
@@ -212,16 +212,12 @@ def confidence(verdicts: Sequence[str]) -> Confidence:
     return Confidence(chosen, top, len(verdicts), list(verdicts))
 
 
-TIMING_VERDICTS = frozenset({"SLOW", "STALL-BUSY", "INCONCLUSIVE"})
-"""Verdicts a loaded machine can produce on a healthy run: one of them counts only when the
-repeats confirm a failure."""
-
-
 def reproduced(first: str, found: Confidence) -> bool:
     """Whether the repeats confirm the first run's failure: always for a verdict no load can
     produce (a crash, a deadlock, an error seen once is real); for a timing verdict, only
-    when the verdict most runs agree on is a failure."""
-    return first not in TIMING_VERDICTS or found.verdict in FAILURES
+    when the verdict most runs agree on is a failure (INCONCLUSIVE is not one: is_failure's
+    default)."""
+    return first not in TIMING or is_failure(found.verdict)
 
 
 def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:

@@ -55,6 +55,7 @@ from typing import Any
 
 from nsadiag.checks import run_check
 from nsadiag.envinfo import collect_env
+from nsadiag.finding.trial import work_counts
 from nsadiag.harness.jobs import run_ddp_trial, run_trial
 from nsadiag.harness.targetcheck import inspect_target
 from nsadiag.rundir import (
@@ -94,6 +95,7 @@ from nsadiag.triage.state import (
     TriageState,
     TrialRef,
 )
+from nsadiag.verdict import is_failure
 from nsadiag.verdict.size_or_defect import slow_by
 
 MAX_RUNS = 3  # runs of the failing configuration when its verdicts disagree
@@ -211,13 +213,13 @@ def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
 def slow_by_size(record: TrialRecord) -> bool:
     """SLOW because the work outlasts the budget, not because of a defect
     (nsadiag.verdict.size_or_defect): big, not broken."""
-    return (record.verdict_name == "SLOW"
-            and (record.verdict.get("facts") or {}).get("slow_by") == "size")
+    return record.verdict_name == "SLOW" and record.slow_by == "size"
 
 
-def is_failure(record: TrialRecord) -> bool:
-    """A trial the triage chases: not OK, and not merely slow by size."""
-    return record.verdict_name != "OK" and not slow_by_size(record)
+def chased(record: TrialRecord) -> bool:
+    """A trial the triage chases: not OK, and not merely slow by size; an INCONCLUSIVE one
+    is chased too (is_failure with inconclusive_fails), its repeats decide."""
+    return is_failure(record.verdict_name, record.slow_by, inconclusive_fails=True)
 
 
 def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
@@ -230,7 +232,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
                     n_layers=record.spec.get("n_layers"), world_size=world_size,
                     reason=record.verdict["reasons"][0],
-                    slow_by=(record.verdict.get("facts") or {}).get("slow_by"),
+                    slow_by=record.slow_by,
                     defect=_defect_counted(record), step_s=row.step_s,
                     timed_steps=row.timed_steps, expected_step_s=row.expected_step_s,
                     cost_ratio=row.cost_ratio, efficiency=row.efficiency,
@@ -240,12 +242,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
 def _defect_counted(record: TrialRecord) -> bool | None:
     """Whether the counts of the trial's first forward say defect (host reads per token,
     tiny ops), None when no forward was counted."""
-    measured = record.evidence.get("result") or {}
-    if "host_reads_per_step" not in measured:
-        counted = [e for e in record.evidence.get("events") or []
-                   if "host_reads_per_step" in e]
-        measured = counted[-1] if counted else {}
-    found, _ = slow_by(measured, int(record.spec.get("seq_len") or 0))
+    found, _ = slow_by(work_counts(record), int(record.spec.get("seq_len") or 0))
     return None if found is None else found == "defect"
 
 
@@ -357,11 +354,11 @@ class Triage:
             records[n] = self._run(self._depth_spec(n))
             sweep.probed.append(_trial_ref(records[n]))
             sweep.deepest_ok, sweep.threshold = bracket(
-                {k: is_failure(r) for k, r in records.items()})
+                {k: chased(r) for k, r in records.items()})
             sweep.slow_by_size = sorted(k for k, r in records.items() if slow_by_size(r))
             if sweep.threshold is not None:  # known so far, should the time run out
                 sweep.failing = _trial_ref(records[sweep.threshold])
-            return is_failure(records[n])
+            return chased(records[n])
 
         found = find_threshold(fails, self.options.max_layers)
         sweep.threshold, sweep.deepest_ok, sweep.complete = (found.threshold, found.deepest_ok,

@@ -388,7 +388,7 @@ def _sweep_finding(state: TriageState, failure: dict[str, Any], record: TrialRec
                    culprit: Culprit | None, reproduction: list[str] | None) -> Finding:
     """The finding of the sweep's failing trial (``record`` None when trials.jsonl lost
     it: then what the state kept of it)."""
-    facts = (record.verdict.get("facts") or {}) if record is not None else \
+    facts = record.facts if record is not None else \
         {"slow_by": state.failing.slow_by if state.failing else None}
     kind = kind_of(failure["verdict"], facts.get("slow_by"))
     where = f" — {culprit.where()}" if culprit and culprit.line else ""

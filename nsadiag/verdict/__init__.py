@@ -6,11 +6,14 @@ a live process over an attach window; ``ranks`` decides a multi-rank job; ``prog
 one definition of progress, with rate and ETA; ``size_or_defect`` says why a run is slow;
 ``load`` reads a job's load figures; ``explain_exception`` gives the cause and fixes of a
 known error message (``known``); ``thresholds`` holds every figure these compare against;
-``is_failure`` says whether a verdict is a failure found (a SLOW by size is not).
+``VerdictName`` is every verdict's name; ``is_failure`` says whether a verdict is a failure
+found (a SLOW by size is not), ``VerdictName.is_timing`` whether a loaded machine can produce
+it on a healthy run (``TIMING``).
 """
 
 from nsadiag.verdict.known import explain_exception
-from nsadiag.verdict.names import FAILURES, NAMES, Verdict, is_failure
+from nsadiag.verdict.names import FAILURES, NAMES, TIMING, Verdict, VerdictName, is_failure
 from nsadiag.verdict.rules import decide
 
-__all__ = ["FAILURES", "NAMES", "Verdict", "decide", "explain_exception", "is_failure"]
+__all__ = ["FAILURES", "NAMES", "TIMING", "Verdict", "VerdictName", "decide",
+           "explain_exception", "is_failure"]

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
+from nsadiag.fmt import gib, mib
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
 from nsadiag.verdict.chain import add_chain, wait_chain
 from nsadiag.verdict.facts import (
@@ -50,10 +51,6 @@ from nsadiag.verdict.stall import classify_stall, contended
 from nsadiag.verdict.thresholds import DEFAULT_STALL_WINDOW_S, MIN_GROWTH_STEPS
 
 # ---- helpers for reasons ------------------------------------------------------------------
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def _signal_name(number: int, name: str | None) -> str:
@@ -120,19 +117,15 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:
-        reasons.append(f"peak RSS of {who} was {_gib(facts['peak_rss'])}")
+        reasons.append(f"peak RSS of {who} was {gib(facts['peak_rss'])}")
     peak_cuda = (evidence.result or {}).get("peak_cuda")
     if peak_cuda:
         facts["peak_cuda"] = peak_cuda
-        reasons.append(f"peak CUDA memory allocated was {_gib(peak_cuda)}")
+        reasons.append(f"peak CUDA memory allocated was {gib(peak_cuda)}")
     if evidence.outcome.memory_cap_bytes:
-        reasons.append(f"the runner capped memory at {_gib(evidence.outcome.memory_cap_bytes)}")
+        reasons.append(f"the runner capped memory at {gib(evidence.outcome.memory_cap_bytes)}")
     _add_memory_growth(evidence, facts, reasons)
     return Verdict("OOM", reasons, facts)
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
 
 
 def memory_growth(events: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
@@ -162,16 +155,16 @@ def _add_memory_growth(evidence: Evidence, facts: dict, reasons: list[str]) -> N
         growth = memory_growth(evidence.events, key)
         if growth is not None:
             facts[f"{key}_growth_per_step"] = growth["per_step"]
-            reasons.append(f"{label} grew {_mib(growth['per_step'])} per step over the last "
-                           f"{growth['steps']} steps (from {_mib(growth['first'])} to "
-                           f"{_mib(growth['last'])} at the step ends)")
+            reasons.append(f"{label} grew {mib(growth['per_step'])} per step over the last "
+                           f"{growth['steps']} steps (from {mib(growth['first'])} to "
+                           f"{mib(growth['last'])} at the step ends)")
         holder = (((evidence.profile or {}).get("memory") or {}).get(ledger) or {}).get(
             "holder")
         if holder:
             code = f" `{holder['code']}`" if holder.get("code") else ""
             facts[f"{ledger}_holder"] = holder["where"]
             reasons.append(f"the frame that keeps allocating across steps: {holder['where']}"
-                           f"{code} holds {_mib(holder['held'])} of {label}, taken in "
+                           f"{code} holds {mib(holder['held'])} of {label}, taken in "
                            f"{holder['steps']} steps and not given back")
 
 
@@ -194,9 +187,9 @@ def rule_signal(evidence: Evidence) -> Verdict | None:
     if name == "SIGKILL" and outcome.memory_cap_bytes:
         rss = facts.get("last_rss")
         reasons = [f"{said.who} died of SIGKILL, not sent by {said.runner}, under a memory cap "
-                   f"of {_gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
+                   f"of {gib(outcome.memory_cap_bytes)}: the kernel kills at the cap", where]
         if rss:
-            reasons.append(f"RSS at the last heartbeat was {_gib(rss)}")
+            reasons.append(f"RSS at the last heartbeat was {gib(rss)}")
         _add_memory_growth(evidence, facts, reasons)
         return Verdict("OOM", reasons, facts)
     reasons = [f"{said.who} died of {name} (signal {outcome.signal}) after "

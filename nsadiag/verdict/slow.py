@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nsadiag.evidence import Evidence
+from nsadiag.fmt import rounded_duration
 from nsadiag.probes.efficiency import step_cost
 from nsadiag.probes.loops import loop_location
 from nsadiag.verdict.facts import add_hot_frame, add_load, add_profile, position_facts, words
@@ -130,17 +131,6 @@ def _moving_loop(profile: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def _duration(seconds: float) -> str:
-    """"under a second", "40 s", "3 min", "2.5 h"."""
-    if seconds < 1:
-        return "under a second"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     """"forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min to finish this
     loop (model.py:57)"; when the last heartbeat put the process in another phase
@@ -159,7 +149,7 @@ def _loop_sentence(loop: dict[str, Any], phase_now: str | None = None) -> str:
     elif loop.get("eta_s") is not None and phase_now is not None:
         # "about" an estimate of seconds or more; "under a second" is already a bound
         about = "" if loop["eta_s"] < 1 else "about "
-        sentence += f": {about}{_duration(loop['eta_s'])} to finish this loop"
+        sentence += f": {about}{rounded_duration(loop['eta_s'])} to finish this loop"
     return f"{sentence} ({loop_location(loop)})"
 
 

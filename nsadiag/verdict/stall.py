@@ -262,7 +262,7 @@ def _stall_cpu_unknown(stall: StallEvidence, facts: dict, reasons: list[str]) ->
 
 
 def contended(stall: StallEvidence, verdict: Verdict) -> Verdict:
-    """INCONCLUSIVE: the stall was declared only after STRETCH windows of wall time because
+    """INCONCLUSIVE: the stall was declared only after STALL_STRETCH windows of wall time because
     the machine gave the job less CPU than the stall timeout in all that time."""
     opportunity = stall.opportunity_s
     facts = {**verdict.facts, "would_be": verdict.name, "contended": True}

@@ -43,11 +43,56 @@ record written before the field existed, evidence built by hand); the runners re
 (nsadiag.spec.STALL_TIMEOUT_S by default). A chosen figure, half that default, and so the
 stricter of the two: a gap this long before a kill reads as progress stopped."""
 
+WAITING_CPU_SHARE = IDLE_CPU_FRACTION
+"""A main thread that was on the CPU or asked for it at most this share of the wall time
+since its process's last progress is waiting (a lock, a queue, a sleep), not starting up
+(nsadiag.harness.streams): the bar of IDLE_CPU_FRACTION, read from the pulses of the
+progress sampler instead of /proc, and the run-queue time counted as use, so a thread a
+loaded machine keeps off the CPU is not taken for a waiting one."""
+
+WAITING_MIN_S = 1.0
+"""...over at least this many seconds of pulses: a shorter gap between two pulses is one
+sampler interval or a few, too few to tell a wait from a pause between two blocks."""
+
+STALL_STRETCH = 10.0
+"""A job quiet for this many stall windows of wall time is stalled even when a loaded
+machine kept its main threads on the run queue for most of that time, and the verdict says
+the machine was contended (nsadiag.harness.streams.StallClock.due, nsadiag.verdict.stall).
+A chosen bound: without one, a job starved of the CPU would never stall; ten windows is far
+past any slowdown the contention figures of this file call contended."""
+
 # ---- memory growth ---------------------------------------------------------------------------
 
 MIN_GROWTH_STEPS = 3
 """Memory growth per step is fitted over at least this many step ends: with two, the slope
 is the difference of two readings, which one allocation freed a step later makes."""
+
+# ---- growth laws over a sweep (nsadiag.sweep) -------------------------------------------
+
+GOOD_R2 = 0.9
+"""Below this R², or with a slope within SLOPE_STANDARD_ERRORS of zero, a sweep's fit is
+poor: no growth law and no extrapolation is read from it. A chosen margin: a straight line
+through measured step times or peaks of a healthy sweep explains nearly all of their spread;
+a tenth left unexplained is noise or a different law."""
+
+SLOPE_STANDARD_ERRORS = 2.0
+"""...the slope must lie more than this many standard errors from zero: about the 95 %
+bound of a normal error, so a flat series with noise does not read as growth."""
+
+SUPER_LINEAR_RESIDUAL = 0.25
+"""A quadratic fit that leaves less than this share of the straight line's squared residual
+(with a positive curvature) grows faster than linear: the curvature explains at least three
+quarters of what the line misses, not one noisy point."""
+
+SUPER_LINEAR_ABOVE = 1.1
+"""...and the last point lies at least this factor above the line through the points: a
+tenth above it, beyond the run-to-run spread of a step time or a peak on a quiet machine."""
+
+FASTER_THAN_SAVED = 1.5
+"""The rest of the peak (what is not saved activations) growing this many times faster than
+the saved bytes, from the first to the last OK point of a sweep, is called out: a temporary
+or a cache that grows faster than the activations sets the peak. A chosen margin: half as
+fast again is growth of another law, not the spread of two readings."""
 
 # ---- the pace of progress ------------------------------------------------------------------
 
@@ -98,6 +143,12 @@ STEAL_CAP = 0.9
 steal between two close /proc/stat readings."""
 
 # ---- slow by size or by defect ---------------------------------------------------------------
+
+MIN_EXPECTED_STEP_S = 0.01
+"""Below this expected step time (the dense reference's time here for the step's FLOPs),
+Python dispatch, the optimizer and the heartbeat outweigh the arithmetic: two nearly
+identical healthy trials of a tiny model measured 0.2x and 690x their expected cost. The
+ratio of such a step is too short to mean anything (nsadiag.finding.numbers.cost_ratio)."""
 
 TINY_OP_RATIO = 0.02
 """Ops averaging below this fraction of a dense block's FLOPs per op are tiny. Measured

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from nsadiag.harness import streams
-from nsadiag.harness.streams import FINISH_GRACE_S, STRETCH, StallClock, Stream
+from nsadiag.harness.streams import FINISH_GRACE_S, StallClock, Stream
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.sampler import ProgressJudge
+from nsadiag.verdict.thresholds import STALL_STRETCH
 
 # ---- the judge ------------------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ def test_progressing_pulses_hold_the_stall_clock_and_idle_ones_do_not(tmp_path):
 
 def test_run_queue_waits_do_not_count_until_the_stretch_limit(tmp_path, monkeypatch):
     # the main thread spent all but 1 s of every 10 s waiting for a core: no stall at 10 s
-    # of quiet, and at STRETCH windows the stall is declared as contended
+    # of quiet, and at STALL_STRETCH windows the stall is declared as contended
     waited = {"s": 0.0}
     monkeypatch.setattr(streams, "run_queue_seconds", lambda pid: waited["s"])
     watcher, path, clock = _watcher(tmp_path)
@@ -134,7 +135,7 @@ def test_run_queue_waits_do_not_count_until_the_stretch_limit(tmp_path, monkeypa
     watcher.read()
     clock.now, waited["s"] = 11.0, 9.9
     assert watcher.due() is None  # 11 s quiet, 1.1 s of it with the CPU
-    clock.now, waited["s"] = 10.0 * STRETCH + 1.0, 0.95 * (10.0 * STRETCH + 1.0)
+    clock.now, waited["s"] = 10.0 * STALL_STRETCH + 1.0, 0.95 * (10.0 * STALL_STRETCH + 1.0)
     due = watcher.due()
     assert due is not None and due.reason == "stall" and due.stretched is True
     assert due.opportunity_s < 10.0
