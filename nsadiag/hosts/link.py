@@ -1,0 +1,106 @@
+"""One host's link to the job's store: a TCPStore client with a short timeout, every
+operation counted, every failure turned into ``StoreGone``.
+
+Keys live under ``nsadiag/``: ``hosts`` (a counter) and ``host/<i>`` (the names of the
+hosts that joined), ``state/<host>`` (a host's published HostState), ``stall`` (the first
+stall any host decided: set once, by compare-and-set), ``read/<host>`` (a host read every
+other host's capture and may stop its ranks).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from nsadiag.hosts.address import StoreAddress
+from nsadiag.verdict.thresholds import HOSTS_STORE_TIMEOUT_S
+
+PREFIX = "nsadiag/"
+
+
+class StoreGone(RuntimeError):
+    """The store did not answer (its host is gone, or was never reachable)."""
+
+
+class HostLink:
+    """``host``'s client of the store at ``address``; ``ops`` counts the operations it
+    issued (the scale report's figure)."""
+
+    def __init__(self, address: StoreAddress, host: str, store: Any = None,
+                 timeout_s: float = HOSTS_STORE_TIMEOUT_S):
+        self.address, self.host, self.timeout_s = address, host, timeout_s
+        self.store = store
+        self.ops = 0
+        self.joined = False
+
+    def connect(self) -> None:
+        """Connect (once) and join the hosts' list; StoreGone when the store is not up."""
+        if self.store is None:
+            from torch.distributed import TCPStore
+
+            try:
+                self.store = TCPStore(self.address.host, self.address.port, is_master=False,
+                                      timeout=timedelta(seconds=self.timeout_s),
+                                      wait_for_workers=False)
+            except (RuntimeError, ValueError, OSError) as err:
+                raise StoreGone(f"no store at {self.address}: {err}") from None
+        if not self.joined:
+            index = self._op(lambda s: s.add(PREFIX + "hosts", 1)) - 1
+            self._op(lambda s: s.set(f"{PREFIX}host/{index}", self.host))
+            self.joined = True
+
+    def _op(self, call: Any) -> Any:
+        if self.store is None:
+            raise StoreGone(f"not connected to the store at {self.address}")
+        self.ops += 1
+        try:
+            return call(self.store)
+        except (RuntimeError, ValueError, OSError) as err:
+            raise StoreGone(f"the store at {self.address} did not answer: "
+                            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                            ) from None
+
+    def hosts(self) -> list[str]:
+        """The hosts that joined, in joining order."""
+        count = int(self._op(lambda s: s.add(PREFIX + "hosts", 0)))
+        keys = [f"{PREFIX}host/{i}" for i in range(count)]
+        if not keys:
+            return []
+        values = self._op(lambda s: s.multi_get(keys))
+        return [bytes(v).decode() for v in values]
+
+    def publish(self, state: dict[str, Any]) -> None:
+        """Set this host's state."""
+        payload = json.dumps(state, separators=(",", ":"), default=str)
+        self._op(lambda s: s.set(f"{PREFIX}state/{self.host}", payload))
+
+    def states(self, hosts: list[str]) -> dict[str, dict[str, Any]]:
+        """The published state of each of ``hosts`` that published one."""
+        keys = [f"{PREFIX}state/{h}" for h in hosts]
+        present = [h for h, key in zip(hosts, keys, strict=True)
+                   if self._op(lambda s, key=key: s.check([key]))]
+        if not present:
+            return {}
+        values = self._op(lambda s: s.multi_get([f"{PREFIX}state/{h}" for h in present]))
+        return {h: json.loads(bytes(v).decode()) for h, v in zip(present, values, strict=True)}
+
+    def say_stall(self, signal: dict[str, Any]) -> dict[str, Any]:
+        """Set the shared stall signal unless a host set it first; the signal in force."""
+        desired = json.dumps(signal, separators=(",", ":"))
+        held = self._op(lambda s: s.compare_set(PREFIX + "stall", "", desired))
+        return json.loads(bytes(held).decode())
+
+    def stall(self) -> dict[str, Any] | None:
+        """The shared stall signal, None while no host has decided a stall."""
+        if not self._op(lambda s: s.check([PREFIX + "stall"])):
+            return None
+        return json.loads(bytes(self._op(lambda s: s.get(PREFIX + "stall"))).decode())
+
+    def mark_read(self) -> None:
+        self._op(lambda s: s.set(f"{PREFIX}read/{self.host}", "1"))
+
+    def have_read(self, hosts: list[str]) -> bool:
+        """Whether each of ``hosts`` has read every capture."""
+        keys = [f"{PREFIX}read/{h}" for h in hosts]
+        return bool(self._op(lambda s: s.check(keys))) if keys else True
