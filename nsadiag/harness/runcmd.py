@@ -68,13 +68,16 @@ from nsadiag.harness.session import Interrupted, Tree, watch_session
 from nsadiag.harness.streams import UNBOUNDED_STEPS, Due, Stream
 from nsadiag.harness.times import WatchTimes
 from nsadiag.hosts.address import job_shape
+from nsadiag.hosts.merged import HostsView
 from nsadiag.hosts.names import rank_names
 from nsadiag.hosts.shared import SharedView
+from nsadiag.hosts.trace import hosts_trace
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
 from nsadiag.verdict.ranks import RankEvidence
 
 INJECT = Path(__file__).resolve().parent / "inject"
 STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
+HOSTS_TRACE = "hosts-trace.json"
 
 
 def command_env(run_dir: Path) -> dict[str, str]:
@@ -349,6 +352,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           extra=command_facts(end, main, outcome),
                           hosts=shared.view() if shared is not None else None,
                           remote=shared.remote_ranks() if shared is not None else ())
+    if shared is not None:
+        _write_hosts_trace(record, run_dir, shared.view())
     if command.lost():
         record.evidence["output_copies"] = command.lost()
     if command.not_shown():
@@ -358,6 +363,17 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         record.verdict = interrupted_verdict(record.verdict, end, main)
         record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
     return record
+
+
+def _write_hosts_trace(record: TrialRecord, run_dir: Path, view: HostsView) -> None:
+    """hosts-trace.json: every host's ranks on one timeline (nsadiag.hosts.trace); a copy
+    only, so a disk that refuses it costs the trace, not the verdict."""
+    ranks = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []]
+    if not ranks:
+        return
+    stopped_at = float(record.evidence.get("outcome", {}).get("ended_at") or 0.0)
+    with contextlib.suppress(ValueError):
+        write_json(run_dir / HOSTS_TRACE, hosts_trace(ranks, view, stopped_at), reserve=False)
 
 
 def _shared_view(argv: list[str]) -> SharedView | None:

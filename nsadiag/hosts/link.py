@@ -3,8 +3,10 @@ operation counted, every failure turned into ``StoreGone``.
 
 Keys live under ``nsadiag/``: ``hosts`` (a counter) and ``host/<i>`` (the names of the
 hosts that joined), ``state/<host>`` (a host's published HostState), ``stall`` (the first
-stall any host decided: set once, by compare-and-set), ``read/<host>`` (a host read every
-other host's capture and may stop its ranks).
+stall any host decided: set once, by compare-and-set), and the counters ``captured`` (hosts
+that published their capture) and ``read`` (hosts that read every capture and may stop
+their ranks): a host waits on one counter, one operation per look, whatever the number of
+hosts.
 """
 
 from __future__ import annotations
@@ -97,10 +99,6 @@ class HostLink:
             return None
         return json.loads(bytes(self._op(lambda s: s.get(PREFIX + "stall"))).decode())
 
-    def mark_read(self) -> None:
-        self._op(lambda s: s.set(f"{PREFIX}read/{self.host}", "1"))
-
-    def have_read(self, hosts: list[str]) -> bool:
-        """Whether each of ``hosts`` has read every capture."""
-        keys = [f"{PREFIX}read/{h}" for h in hosts]
-        return bool(self._op(lambda s: s.check(keys))) if keys else True
+    def count(self, name: str, by: int = 0) -> int:
+        """Add ``by`` to the counter ``name`` ("captured", "read"); its value after."""
+        return int(self._op(lambda s: s.add(PREFIX + name, by)))

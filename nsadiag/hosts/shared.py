@@ -143,35 +143,34 @@ class SharedView:
 
     def exchange(self, ranks: Sequence[RankEvidence], capture_window_s: float) -> None:
         """Publish this host's capture, read every other host's (see the module
-        docstring)."""
+        docstring): one counter is watched while the others capture, every state is read
+        once."""
         if not self._connected():
             return
-        assert self.link is not None
-
-        def all_captured() -> bool:
-            self._read()
-            others = [h for h in self.hosts if h != self.host]
-            return len(self.hosts) >= self._expected() and all(
-                self.states.get(h) is not None and self.states[h].phase != "live"
-                for h in others)
-
+        link = self.link
+        assert link is not None
         try:
             self._publish("captured", ranks)
+            link.count("captured", 1)
+            self.hosts = link.hosts()
         except StoreGone as err:
             self._gone(err)
             return
-        self._wait(all_captured, capture_window_s + HOSTS_CAPTURE_MARGIN_S)
+        expected = self._expected()
+        self._wait(lambda: link.count("captured") >= expected,
+                   capture_window_s + HOSTS_CAPTURE_MARGIN_S)
         if self.gone is not None:
+            return
+        try:
+            self._read()
+            captured = link.count("captured")
+            link.count("read", 1)
+        except StoreGone as err:
+            self._gone(err)
             return
         self.lost = [h for h in self.hosts if h != self.host and
                      (self.states.get(h) is None or self.states[h].phase == "live")]
-        try:
-            self.link.mark_read()
-        except StoreGone as err:
-            self._gone(err)
-            return
-        others = [h for h in self.hosts if h != self.host and h not in self.lost]
-        self._wait(lambda: self.link.have_read(others), HOSTS_CAPTURE_MARGIN_S)
+        self._wait(lambda: link.count("read") >= captured, HOSTS_CAPTURE_MARGIN_S)
 
     def settle(self, ranks: Sequence[RankEvidence]) -> None:
         """After a command that ended by itself: publish its end, and wait (up to

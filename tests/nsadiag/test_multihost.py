@@ -70,13 +70,22 @@ REFUSED = unshare_refused()
 two_hosts = pytest.mark.skipif(REFUSED is not None, reason=str(REFUSED))
 
 
-def _two_host_job(tmp_path, stuck: int, store_index: int = 0, stall_timeout: str = STALL_TIMEOUT):
-    hosts = make_hosts(tmp_path)
+@pytest.fixture
+def hosts(tmp_path):
+    """Two hosts; whatever still runs of them at the end of the test is killed."""
+    made = make_hosts(tmp_path)
+    yield made
+    for host in made:
+        if host.proc is not None and host.proc.poll() is None:
+            kill_host(host)
+            host.proc.communicate(timeout=60)
+
+
+def _two_host_job(hosts, stuck: int, store_index: int = 0, stall_timeout: str = STALL_TIMEOUT):
     store = hosts[store_index]
     command = torchrun(SCRIPT, store, free_port(store.address), "--stuck-rank", str(stuck))
     for host in hosts:
         start_host(host, ["--stall-timeout", stall_timeout, "--no-redact"], command)
-    return hosts
 
 
 def _finish(hosts) -> list[dict]:
@@ -113,10 +122,18 @@ def _assert_named(found: list[dict], rank: int, host: str, local: int) -> None:
 
 
 @two_hosts
-def test_two_hosts_name_the_stuck_rank_on_the_second_host_and_merge_agrees(tmp_path):
-    hosts = _two_host_job(tmp_path, stuck=3)
+def test_two_hosts_name_the_stuck_rank_on_the_second_host_and_merge_agrees(hosts):
+    _two_host_job(hosts, stuck=3)
     found = _finish(hosts)
     _assert_named(found, 3, "host2", 1)
+    # one timeline: a process per host, a thread per rank named by its host and ranks
+    trace = json.loads((hosts[1].run_dir / "hosts-trace.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["ph"] == "M"}
+    assert names[(1, 0)] == "host1" and names[(2, 0)] == "host2"
+    assert names[(2, 3)] == "rank 3 on host2 (local rank 1, node 1)"
+    waits = [(e["pid"], e["tid"]) for e in trace if e.get("name") == "all_reduce #1" and
+             e["args"]["status"] == "open at the stop"]
+    assert sorted(waits) == [(1, 0), (1, 1), (2, 2)]
     merged = nsadiag("merge", "--json", str(hosts[0].run_dir), str(hosts[1].run_dir))
     assert merged.returncode == 1, merged.stderr
     verdict = json.loads(merged.stdout)
@@ -129,19 +146,20 @@ def test_two_hosts_name_the_stuck_rank_on_the_second_host_and_merge_agrees(tmp_p
 @pytest.mark.slow
 @two_hosts
 @pytest.mark.parametrize("stuck, host, local", [(1, "host1", 1), (0, "host1", 0)])
-def test_the_culprit_on_the_stores_host_or_rank_0_is_named_by_both_hosts(tmp_path, stuck,
-                                                                         host, local):
-    _assert_named(_finish(_two_host_job(tmp_path, stuck)), stuck, host, local)
+def test_the_culprit_on_the_stores_host_or_rank_0_is_named_by_both_hosts(hosts, stuck, host,
+                                                                         local):
+    _two_host_job(hosts, stuck)
+    _assert_named(_finish(hosts), stuck, host, local)
 
 
 @pytest.mark.slow
 @two_hosts
-def test_a_host_killed_outright_is_named_by_the_other(tmp_path):
-    hosts = _two_host_job(tmp_path, stuck=3, stall_timeout="60")
+def test_a_host_killed_outright_is_named_by_the_other(hosts):
+    _two_host_job(hosts, stuck=3, stall_timeout="60")
     waiting = hosts[0].run_dir
 
     def host1_in_all_reduce() -> bool:
-        return sum('"edge": "start"' in p.read_text() and '"collective"' in p.read_text()
+        return sum('"kind":"collective"' in p.read_text()
                    for p in waiting.glob("proc-*/events.jsonl")) >= 2
 
     wait_for(host1_in_all_reduce, 240, "host1's two ranks to wait in all_reduce")
