@@ -220,7 +220,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         others=list(end.others),
         crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
     data: dict[str, Any]
-    if hosts is not None and (remote or hosts.lost or hosts.stall):
+    if hosts is not None and (hosts.lost or hosts.stall or (remote and not ended_ok)):
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)
                      for r, s in sorted(ranks.items())]

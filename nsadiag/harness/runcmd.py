@@ -241,9 +241,11 @@ class _CommandTree(Tree):
         self.streams += new
         return new
 
-    def ranks(self, stalls: dict[str, StallEvidence] | None = None) -> list[RankEvidence]:
-        """This host's ranks as they stand (with their capture, at a stall)."""
-        return [rank_evidence(rank, stream, stream_result(stream, False),
+    def ranks(self, stalls: dict[str, StallEvidence] | None = None, ended_ok: bool = False
+              ) -> list[RankEvidence]:
+        """This host's ranks as they stand (with their capture, at a stall; each ok when
+        the command ended well)."""
+        return [rank_evidence(rank, stream, stream_result(stream, ended_ok),
                               (stalls or {}).get(stream.name))
                 for rank, stream in sorted(rank_streams(self.streams).items())]
 
@@ -327,7 +329,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     except Interrupted as stopped:  # the diagnosis so far is kept (nsadiag.harness.interrupted)
         end = stopped.end
     if shared is not None and end.due is None and end.interrupted_at is None:
-        shared.settle(tree.ranks())
+        exited_ok = command.proc.returncode == 0
+        shared.settle(tree.ranks(ended_ok=exited_ok), exited_ok)
     returncode = command.proc.returncode
     never_ran = unopened_script(returncode, read_tail(run_dir / "stderr.txt",
                                                       STDERR_TAIL_BYTES)) \

@@ -126,7 +126,8 @@ def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView)
         where = "; ".join(f"{rank_label(r)}: {position(r)}" +
                           (f", waiting in {describe_collective(waiting_in(r))}"
                            if waiting_in(r) else "") for r in theirs) or "none published"
-        reasons.append(f"host {host} lost at {when}: nothing from it since; its ranks "
+        reasons.append(f"host {host} lost at {when} (its last publication in the store; "
+                       f"nothing from it since); its ranks "
                        f"{', '.join(str(r.rank) for r in theirs) or '(unknown)'} last seen "
                        f"at: {where}")
         rows.append({"host": host, "last_heard": state.published_at if state else None,

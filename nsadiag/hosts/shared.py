@@ -172,11 +172,18 @@ class SharedView:
                      (self.states.get(h) is None or self.states[h].phase == "live")]
         self._wait(lambda: link.count("read") >= captured, HOSTS_CAPTURE_MARGIN_S)
 
-    def settle(self, ranks: Sequence[RankEvidence]) -> None:
-        """After a command that ended by itself: publish its end, and wait (up to
-        HOSTS_LOST_AFTER_S) for a stall signal, or for every other host to publish again;
-        a host that stayed silent is lost."""
+    def settle(self, ranks: Sequence[RankEvidence], ended_ok: bool) -> None:
+        """After a command that ended by itself: publish its end; unless it ended well
+        (``ended_ok``: then the store's host may well be gone with its finished job, and
+        nobody is lost), wait (up to HOSTS_LOST_AFTER_S) for a stall signal, or for every
+        other host to publish again; a host that stayed silent is lost."""
         if self.link is None or self.link.store is None:
+            return
+        if ended_ok:
+            try:
+                self._publish("ended", ranks)
+            except StoreGone as err:
+                self._gone(err)
             return
         started = self.clock()
         seen = {h: s.published_at for h, s in self.states.items() if h != self.host}
@@ -222,6 +229,8 @@ class SharedView:
                          list(self.lost), self.link.ops if self.link is not None else 0)
 
     def remote_ranks(self) -> list[RankEvidence]:
-        """Every other host's ranks as last read."""
-        return [r for host, state in sorted(self.states.items()) if host != self.host
-                for r in state.ranks]
+        """Every other host's ranks as last read: those of a host that captured them or
+        ended, and those of a lost host (where they were last seen); a host still running
+        has no last word on its ranks yet."""
+        return [r for host, state in sorted(self.states.items()) if host != self.host and
+                (state.phase != "live" or host in self.lost) for r in state.ranks]
