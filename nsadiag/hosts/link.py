@@ -1,8 +1,8 @@
 """One host's link to the job's store: a TCPStore client with a short timeout, every
 operation counted, every failure turned into ``StoreGone``.
 
-Keys live under ``nsadiag/``: ``hosts`` (a counter) and ``host/<i>`` (the names of the
-hosts that joined), ``state/<host>`` (a host's published HostState), ``stall`` (the first
+Keys live under ``nsadiag/``: ``hosts`` (the names of the hosts that joined, one a line,
+each after its first state), ``state/<host>`` (a host's published HostState), ``stall`` (the first
 stall any host decided: set once, by compare-and-set), and the counters ``captured`` (hosts
 that published their capture) and ``read`` (hosts that read every capture and may stop
 their ranks): a host waits on one counter, one operation per look, whatever the number of
@@ -37,7 +37,7 @@ class HostLink:
         self.joined = False
 
     def connect(self) -> None:
-        """Connect (once) and join the hosts' list; StoreGone when the store is not up."""
+        """Connect (once); StoreGone when the store is not up."""
         if self.store is None:
             from torch.distributed import TCPStore
 
@@ -47,9 +47,12 @@ class HostLink:
                                       wait_for_workers=False)
             except (RuntimeError, ValueError, OSError) as err:
                 raise StoreGone(f"no store at {self.address}: {err}") from None
+
+    def join(self) -> None:
+        """Add this host to the hosts' list (once; after its first state is published, so
+        every listed host's state can be read in one operation)."""
         if not self.joined:
-            index = self._op(lambda s: s.add(PREFIX + "hosts", 1)) - 1
-            self._op(lambda s: s.set(f"{PREFIX}host/{index}", self.host))
+            self._op(lambda s: s.append(PREFIX + "hosts", self.host + "\n"))
             self.joined = True
 
     def _op(self, call: Any) -> Any:
@@ -65,12 +68,9 @@ class HostLink:
 
     def hosts(self) -> list[str]:
         """The hosts that joined, in joining order."""
-        count = int(self._op(lambda s: s.add(PREFIX + "hosts", 0)))
-        keys = [f"{PREFIX}host/{i}" for i in range(count)]
-        if not keys:
+        if not self._op(lambda s: s.check([PREFIX + "hosts"])):
             return []
-        values = self._op(lambda s: s.multi_get(keys))
-        return [bytes(v).decode() for v in values]
+        return bytes(self._op(lambda s: s.get(PREFIX + "hosts"))).decode().split()
 
     def publish(self, state: dict[str, Any]) -> None:
         """Set this host's state."""
@@ -78,14 +78,11 @@ class HostLink:
         self._op(lambda s: s.set(f"{PREFIX}state/{self.host}", payload))
 
     def states(self, hosts: list[str]) -> dict[str, dict[str, Any]]:
-        """The published state of each of ``hosts`` that published one."""
-        keys = [f"{PREFIX}state/{h}" for h in hosts]
-        present = [h for h, key in zip(hosts, keys, strict=True)
-                   if self._op(lambda s, key=key: s.check([key]))]
-        if not present:
+        """The published state of each of ``hosts`` (joined hosts: each has one)."""
+        if not hosts:
             return {}
-        values = self._op(lambda s: s.multi_get([f"{PREFIX}state/{h}" for h in present]))
-        return {h: json.loads(bytes(v).decode()) for h, v in zip(present, values, strict=True)}
+        values = self._op(lambda s: s.multi_get([f"{PREFIX}state/{h}" for h in hosts]))
+        return {h: json.loads(bytes(v).decode()) for h, v in zip(hosts, values, strict=True)}
 
     def say_stall(self, signal: dict[str, Any]) -> dict[str, Any]:
         """Set the shared stall signal unless a host set it first; the signal in force."""

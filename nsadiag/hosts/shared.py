@@ -2,7 +2,8 @@
 
 ``SharedView(shape, host)`` connects to the store (nsadiag.hosts.address) lazily, since
 the torchrun agent that hosts it starts after nsadiag; while the command runs,
-``tick(ranks)`` publishes this host's ranks (every HOSTS_PUBLISH_EVERY_S) and
+``tick(ranks)`` publishes this host's ranks (every HOSTS_PUBLISH_EVERY_S; the others'
+are read every HOSTS_READ_EVERY publications) and
 ``stall_elsewhere()`` says when another host has decided a stall. At a stall,
 ``say_stall()`` before the capture (the first host's signal stays in force), then
 ``exchange(ranks)`` after it: this host's capture is published, every other host's
@@ -36,6 +37,11 @@ PUBLISH_STARTED = 80
 """A rank's last events and started collectives that are published (the verdict reads
 the last step's; the rest stay in the host's own record)."""
 WAIT_STEP_S = 0.2
+HOSTS_READ_EVERY = 5
+"""While the command runs, the other hosts' states are read at every publication until
+every host has been seen with its ranks, then at every fifth (every 10 s): what a lost
+host's ranks were last seen doing; reading them at every publication would cost each host
+every other host's state every 2 s."""
 
 
 def _trimmed(rank: RankEvidence) -> RankEvidence:
@@ -63,6 +69,7 @@ class SharedView:
         self.lost: list[str] = []
         self.gone: str | None = None
         self.hosts: list[str] = []
+        self.ticks = 0
 
     # ---- the store, while it answers ------------------------------------------------------
 
@@ -90,6 +97,7 @@ class SharedView:
         state = HostState(self.host, phase, now, [_trimmed(r) for r in ranks])
         self.states[self.host] = state
         self.link.publish(state.to_dict())
+        self.link.join()
         self.published_at = now
 
     def tick(self, ranks: Callable[[], Sequence[RankEvidence]]) -> None:
@@ -100,9 +108,17 @@ class SharedView:
             return
         try:
             self._publish("live", ranks())
-            self._read()
+            self.ticks += 1
+            if self.ticks % HOSTS_READ_EVERY == 1 or not self._all_seen():
+                self._read()
         except StoreGone as err:
             self._gone(err)
+
+    def _all_seen(self) -> bool:
+        """Whether every host of the job has been read with its ranks (until then the
+        others are read at every publication)."""
+        return len(self.hosts) >= self._expected() and all(
+            self.states.get(h) is not None and self.states[h].ranks for h in self.hosts)
 
     def stall_elsewhere(self) -> bool:
         """Whether another host decided a stall (read at most once per poll)."""
