@@ -187,6 +187,9 @@ def proof_of(record: TrialRecord) -> str | None:
         return (f"load {sig(load.get('load_per_cpu', 0))} per usable CPU{got}: a timing "
                 f"this machine can stretch")
     steps = facts.get("steps_done")
+    if isinstance(steps, dict):  # a job of ranks: the steps of each (the fewest finished)
+        fewest = min(steps.values(), default=None)
+        return f"{count(fewest)} steps finished on every rank" if fewest is not None else None
     return f"{count(steps)} steps finished" if steps is not None else None
 
 
