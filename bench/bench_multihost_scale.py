@@ -106,18 +106,20 @@ def main() -> None:
     record = json.loads(args.record.read_text())
     template = [r for r in record["evidence"]["ranks"] if r.get("stall")]
     job = Evidence.from_dict({**record["evidence"], "spec": record["spec"]})
-    rows = [simulate(n, template, job, args.ranks_per_host) for n in args.hosts]
     print("| hosts | ranks | stall said -> every host read every capture (s) | merged "
           "verdict decided (s) | store ops per host (median / most) | published per host "
           "(kB) | read per host (MB) | verdict |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    for row in rows:
+    print("|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
+    rows = []
+    for n in args.hosts:  # each row as soon as it is measured: the largest N may not end
+        row = simulate(n, template, job, args.ranks_per_host)
+        rows.append(row)
         print(f"| {row['hosts']} | {row['ranks']} | {row['exchange_s']:.2f} | "
               f"{row['decide_s']:.2f} | {row['ops_median']:.0f} / {row['ops_max']} | "
               f"{row['published_bytes'] / 1e3:.0f} | {row['read_bytes_per_host'] / 1e6:.1f} | "
-              f"{row['verdict']} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+              f"{row['verdict']} |", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
