@@ -338,6 +338,27 @@ def compare_cmd(
     raise typer.Exit(EXIT_REGRESSION if result["regressions"] else 0)
 
 
+@app.command("merge", epilog="Example: nsadiag merge runs/host1 runs/host2")
+def merge_cmd(
+        run_dirs: Annotated[list[Path], typer.Argument(
+            metavar="DIR...", help="The run directories of one job's hosts, one per host.")],
+        as_json: AsJson = False) -> None:
+    """The verdict of a multi-host job from its hosts' `nsadiag run` directories, copied
+    together: every host's ranks decided together. Exit 1 when it is a failure."""
+    from nsadiag.hosts.offline import merge_run_dirs
+    from nsadiag.verdict.names import is_failure
+
+    verdict = call(merge_run_dirs, run_dirs)
+    if as_json:
+        term.json(verdict.to_dict())
+    else:
+        chain = (verdict.facts.get("wait_chain") or {}).get("printed")
+        for line in [f"{verdict.name}: {verdict.reasons[0]}",
+                     *([f"wait chain: {chain}"] if chain else [])]:
+            term.print(line)
+    raise typer.Exit(1 if is_failure(verdict.name, verdict.facts.get("slow_by")) else 0)
+
+
 # ---- one trial: ddp, run ----------------------------------------------------------------------
 
 

@@ -150,6 +150,8 @@ def _signal_number(facts: dict[str, Any]) -> int | None:
 def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
     """Which signal ended which process after how long, and where the ranks' collectives
     diverged when they did (the mismatch a rank died of)."""
+    if facts.get("lost_hosts"):  # a host of a multi-host job went away (nsadiag.hosts)
+        return str((record.verdict.get("reasons") or [""])[0])
     number = _signal_number(facts)
     name = facts.get("signal_name") or (f"signal {number}" if number else "a signal")
     numbered = f" (signal {number})" if number is not None and facts.get("signal_name") \
@@ -199,6 +201,9 @@ def proof_of(record: TrialRecord) -> str | None:
         return (f"load {sig(load.get('load_per_cpu', 0))} per usable CPU{got}: a timing "
                 f"this machine can stretch")
     steps = facts.get("steps_done")
+    if isinstance(steps, dict):  # a job of ranks: the steps of each (the fewest finished)
+        fewest = min(steps.values(), default=None)
+        return f"{count(fewest)} steps finished on every rank" if fewest is not None else None
     return f"{count(steps)} steps finished" if steps is not None else None
 
 
@@ -270,6 +275,11 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         if facts.get("fixes"):
             return f"{facts['fixes'][0][:1].upper()}{facts['fixes'][0][1:]}."
         return f"Fix the {facts.get('exception_type') or 'exception'} raised{where}."
+    if name == "CRASH" and facts.get("lost_hosts"):
+        lost = ", ".join(f"host {row['host']}" for row in facts["lost_hosts"])
+        return (f"Find why {lost} went away (its machine, its kernel log, the scheduler's "
+                f"record of the node): its ranks and its nsadiag stopped at once, so nothing "
+                f"on it recorded a fault; the other hosts' ranks only lost their peers.")
     if name == "CRASH" and facts.get("diverged_at"):
         return (f"Make every rank issue the same collectives in the same order{where}: "
                 f"the ranks' collectives diverged at #{facts['diverged_at']} and rank "

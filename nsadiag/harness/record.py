@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.session import SessionEnd
 from nsadiag.harness.streams import Stream
+from nsadiag.hosts.merged import HostsView, decide_hosts
 from nsadiag.probes import frames
 from nsadiag.probes.frames import describe_place, place_sentence
 from nsadiag.probes.profile import folded, read_profile
@@ -139,7 +141,8 @@ def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
                         crash=crash.read(stream.path.parent, stderr_path, stream.pid)
                         if result is None and stderr_path is not None else None,
                         thread_exceptions=thread_exceptions.read(
-                            stream.path.parent / thread_exceptions.FILE_NAME))
+                            stream.path.parent / thread_exceptions.FILE_NAME),
+                        names=stream.names)
 
 
 def _place(stall: StallEvidence | None) -> str | None:
@@ -193,13 +196,16 @@ def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
                  ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
                  total_steps: int, fallback: dict[str, Any] | None = None,
-                 extra: dict[str, Any] | None = None) -> TrialRecord:
+                 extra: dict[str, Any] | None = None, hosts: HostsView | None = None,
+                 remote: Sequence[RankEvidence] = ()) -> TrialRecord:
     """The record of a watched run (see the module docstring). ``main``: the stream whose
     Evidence is decided; ``ranks``: {rank: stream}, decided across ranks when two or more;
     ``ended_ok``: the run ended by itself, successfully (a process without a result then
     reads as ok); ``total_steps``: the steps the run was to take; ``fallback``: the
     exception to take when no process recorded one (the last traceback on a command's
-    stderr); ``extra``: facts added to the evidence as they are."""
+    stderr); ``extra``: facts added to the evidence as they are; ``hosts``: this host's
+    view of a job's other hosts, and ``remote`` their ranks (nsadiag.hosts): the verdict
+    is then decided over every host's ranks (nsadiag.hosts.merged)."""
     stderr_path = run_dir / "stderr.txt"
     for stream in end.streams:
         stall = end.stalls.get(stream.name)
@@ -224,7 +230,16 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         others=list(end.others) + ([] if len(ranks) >= 2 else _watched_peers(end, main)),
         crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
     data: dict[str, Any]
-    if len(ranks) >= 2:
+    if hosts is not None and (hosts.lost or hosts.stall or (remote and not ended_ok)):
+        rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
+                                   None if outcome.killed_by_runner else stderr_path)
+                     for r, s in sorted(ranks.items())]
+        own = {r.rank for r in rank_list}
+        rank_list += [r for r in remote if r.rank not in own]
+        verdict = decide_hosts(evidence, rank_list, hosts)
+        data = evidence.to_dict()
+        data["ranks"] = [r.to_dict() for r in sorted(rank_list, key=lambda r: r.rank)]
+    elif len(ranks) >= 2:
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)
                      for r, s in sorted(ranks.items())]
@@ -235,6 +250,8 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         verdict = decide(evidence)
         data = evidence.to_dict()
     data.update(extra or {})
+    if hosts is not None:
+        data["hosts"] = hosts.to_dict()
     # the code of the lines the evidence and the verdict's facts name, from this machine
     data["source"] = capture([data, verdict.to_dict()], run_dir)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence

@@ -50,6 +50,7 @@ from typing import IO, Any
 
 import psutil
 
+from nsadiag.evidence import StallEvidence
 from nsadiag.harness.capture import unwatched
 from nsadiag.harness.echo import Echo, LiveStatus
 from nsadiag.harness.interrupted import interrupted_verdict
@@ -58,16 +59,25 @@ from nsadiag.harness.record import (
     build_record,
     command_facts,
     outcome_of,
+    rank_evidence,
     rank_streams,
+    stream_result,
     training_stream,
 )
 from nsadiag.harness.session import Interrupted, Tree, watch_session
-from nsadiag.harness.streams import UNBOUNDED_STEPS, Stream
+from nsadiag.harness.streams import UNBOUNDED_STEPS, Due, Stream
 from nsadiag.harness.times import WatchTimes
+from nsadiag.hosts.address import job_shape
+from nsadiag.hosts.merged import HostsView
+from nsadiag.hosts.names import rank_names
+from nsadiag.hosts.shared import SharedView
+from nsadiag.hosts.trace import hosts_trace
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
+from nsadiag.verdict.ranks import RankEvidence
 
 INJECT = Path(__file__).resolve().parent / "inject"
 STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
+HOSTS_TRACE = "hosts-trace.json"
 
 
 def command_env(run_dir: Path) -> dict[str, str]:
@@ -211,10 +221,13 @@ class _CommandTree(Tree):
     its processes that write no heartbeat sampled at a stall, all of them killed at the
     end."""
 
-    def __init__(self, command: _Command, run_dir: Path):
+    def __init__(self, command: _Command, run_dir: Path, shared: SharedView | None = None,
+                 capture_window_s: float = 0.0):
         super().__init__([])
         self.command, self.run_dir = command, run_dir
         self.known: set[str] = set()
+        self.streams: list[Stream] = []
+        self.shared, self.capture_window_s = shared, capture_window_s
 
     def running(self) -> bool:
         return self.command.poll() is None
@@ -225,7 +238,33 @@ class _CommandTree(Tree):
             if path.parent.name not in self.known:
                 self.known.add(path.parent.name)
                 new.append(Stream(path.parent.name, path, UNBOUNDED_STEPS))
+        self.streams += new
         return new
+
+    def ranks(self, stalls: dict[str, StallEvidence] | None = None, ended_ok: bool = False
+              ) -> list[RankEvidence]:
+        """This host's ranks as they stand (with their capture, at a stall; each ok when
+        the command ended well)."""
+        return [rank_evidence(rank, stream, stream_result(stream, ended_ok),
+                              (stalls or {}).get(stream.name))
+                for rank, stream in sorted(rank_streams(self.streams).items())]
+
+    def wait(self, seconds: float) -> None:
+        if self.shared is not None:
+            self.shared.tick(self.ranks)
+        super().wait(seconds)
+
+    def stall_elsewhere(self) -> bool:
+        return self.shared is not None and self.shared.stall_elsewhere()
+
+    def before_capture(self, due: Due) -> None:
+        if self.shared is not None and due.reason == "stall" and self.shared.stall is None:
+            self.shared.say_stall()
+
+    def share(self, due: Due, streams: list[Stream], stalls: dict[str, StallEvidence]
+              ) -> None:
+        if self.shared is not None and due.reason == "stall":
+            self.shared.exchange(self.ranks(stalls), self.capture_window_s)
 
     def unwatched(self, watched: set[int]) -> list[psutil.Process]:
         return unwatched(self.command, watched)
@@ -283,11 +322,15 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
+    shared = _shared_view(argv)
+    tree = _CommandTree(command, run_dir, shared, times.capture_window_s)
     try:
-        end = watch_session(_CommandTree(command, run_dir), times,
-                            live.on_events if live is not None else None)
+        end = watch_session(tree, times, live.on_events if live is not None else None)
     except Interrupted as stopped:  # the diagnosis so far is kept (nsadiag.harness.interrupted)
         end = stopped.end
+    if shared is not None and end.due is None and end.interrupted_at is None:
+        exited_ok = command.proc.returncode == 0
+        shared.settle(tree.ranks(ended_ok=exited_ok), exited_ok)
     returncode = command.proc.returncode
     never_ran = unopened_script(returncode, read_tail(run_dir / "stderr.txt",
                                                       STDERR_TAIL_BYTES)) \
@@ -309,7 +352,11 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           ended_ok=ended_ok,
                           total_steps=main.counts.get("step", 0) if main and ended_ok else 0,
                           fallback=None if end.due is not None else _stderr_exception(run_dir),
-                          extra=command_facts(end, main, outcome))
+                          extra=command_facts(end, main, outcome),
+                          hosts=shared.view() if shared is not None else None,
+                          remote=shared.remote_ranks() if shared is not None else ())
+    if shared is not None:
+        _write_hosts_trace(record, run_dir, shared.view())
     if command.lost():
         record.evidence["output_copies"] = command.lost()
     if command.not_shown():
@@ -319,6 +366,28 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         record.verdict = interrupted_verdict(record.verdict, end, main)
         record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
     return record
+
+
+def _write_hosts_trace(record: TrialRecord, run_dir: Path, view: HostsView) -> None:
+    """hosts-trace.json: every host's ranks on one timeline (nsadiag.hosts.trace); a copy
+    only, so a disk that refuses it costs the trace, not the verdict."""
+    ranks = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []]
+    if not ranks:
+        return
+    stopped_at = float(record.evidence.get("outcome", {}).get("ended_at") or 0.0)
+    with contextlib.suppress(ValueError):
+        write_json(run_dir / HOSTS_TRACE, hosts_trace(ranks, view, stopped_at), reserve=False)
+
+
+def _shared_view(argv: list[str]) -> SharedView | None:
+    """The share of this host in a job of two or more hosts (torchrun's --nnodes, or
+    Slurm's SLURM_NNODES), None for a job on one host."""
+    shape = job_shape(argv, os.environ)
+    nodes = shape.nnodes or (int(os.environ["SLURM_NNODES"])
+                             if os.environ.get("SLURM_NNODES", "").isdigit() else 1)
+    if nodes < 2:
+        return None
+    return SharedView(shape, rank_names(os.environ).host)
 
 
 CANNOT_OPEN = re.compile(r"^(?P<program>\S+): can't open file (?P<path>'.*'|\".*\"): "

@@ -69,6 +69,17 @@ class Tree(ABC):
         nothing is done."""
         return None
 
+    def stall_elsewhere(self) -> bool:
+        """Whether a stall was decided outside this tree (another host of the job); by
+        default never."""
+        return False
+
+    def share(self, due: Due, streams: list[Stream], stalls: dict[str, StallEvidence]
+              ) -> None:
+        """Called with what was captured, before anything is stopped; by default nothing
+        is shared."""
+        return None
+
     def after_capture(self, due: Due) -> None:
         """Called after the processes were sampled; by default nothing is done."""
         return None
@@ -144,7 +155,7 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
             clocks.read({s.name: s.pid for s in clock.streams})
             if events and on_events:
                 on_events([e for e in events if e.get("kind") != "pulse"] or events[-1:])
-            due = clock.due()
+            due = clock.due() or (clock.stall_now() if tree.stall_elsewhere() else None)
             if due is not None:
                 decided_at = time.time()
                 pids = {s.name: s.pid for s in clock.streams if s.pid}
@@ -153,6 +164,8 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
                 others = tree.unwatched(set(pids.values()))
                 stalls = capture_all(pids, dirs, due, times.capture_window_s, others)
                 gpu = gpu_state()
+                clock.read()  # the events written up to the capture, for what is shared
+                tree.share(due, clock.streams, stalls)
                 tree.after_capture(due)
                 break
             tree.wait(times.poll_s)

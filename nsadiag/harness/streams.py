@@ -97,6 +97,7 @@ class Stream:
     collectives: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
     rank: int | None = None  # from the "start" event: the torchrun rank of the process
+    names: dict[str, Any] | None = None  # its host, global, local and node rank (hosts.names)
     started_training: bool = False
     finished: bool = False
     runq_mark: float | None = None  # run-queue seconds at the job's last progress
@@ -126,6 +127,7 @@ class Stream:
             if kind == "start" and event.get("pid") and self.pid is None:
                 self.pid = int(event["pid"])
                 self.rank = event.get("rank")
+                self.names = event.get("names")
             if event.get("phase") == "forward":
                 self.started_training = True
             if kind == "end" or (kind == "step" and
@@ -221,6 +223,11 @@ class StallClock:
 
     def quiet_s(self) -> float:
         return self.clock() - self.last_progress
+
+    def stall_now(self) -> Due:
+        """A stall declared now, whatever the clock says (another host decided one)."""
+        quiet = self.clock() - self.last_progress
+        return Due("stall", quiet, quiet, self.stall_limit(), False)
 
     def due(self) -> Due | None:
         """"stall", "budget" or None (see the module docstring)."""

@@ -72,6 +72,7 @@ from typing import Any
 
 from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
+from nsadiag.hosts.names import rank_names
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
 from nsadiag.probes.sampler import Sampler
@@ -119,7 +120,8 @@ class ProcessHeartbeat:
         self.directory = directory
         self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank(), buffered=True)
         self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
-                          argv=list(sys.argv), orig_argv=list(sys.orig_argv))
+                          argv=list(sys.argv), orig_argv=list(sys.orig_argv),
+                          names=rank_names(os.environ).to_dict())
         self.counters = WorkCounters(on_backward=self._on_backward)
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
                                counters=self.counters, context=self.writer.context,

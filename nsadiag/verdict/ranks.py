@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
+from nsadiag.hosts.names import RankNames
 from nsadiag.probes.frames import find_collective, odd_ones_out, user_frame
 from nsadiag.verdict.chain import Hop, WaitChain, at, wait_chain
 from nsadiag.verdict.names import Verdict
@@ -77,6 +78,8 @@ class RankEvidence:
     signature: str = ""
     crash: dict[str, Any] | None = None
     thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
+    names: dict[str, Any] | None = None
+    """Its host, global, local and node rank (nsadiag.hosts.names.RankNames.to_dict)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -93,13 +96,35 @@ class RankEvidence:
                    stall=StallEvidence.from_dict(stall) if stall else None,
                    state=data.get("state"), signature=data.get("signature", ""),
                    crash=data.get("crash"),
-                   thread_exceptions=list(data.get("thread_exceptions") or []))
+                   thread_exceptions=list(data.get("thread_exceptions") or []),
+                   names=data.get("names"))
 
     def as_evidence(self, job: Evidence) -> Evidence:
         """This rank seen as a single trial: the job's spec, outcome and limits."""
         return dataclasses.replace(job, events=self.events, event_counts=self.event_counts,
                                    result=self.result, stall=self.stall, crash=self.crash,
                                    thread_exceptions=self.thread_exceptions)
+
+
+def rank_label(rank: RankEvidence) -> str:
+    """"rank 3 on host2 (local rank 1, node 1)" when the rank's names are known, else
+    "rank 3"."""
+    if not rank.names:
+        return f"rank {rank.rank}"
+    return dataclasses.replace(RankNames.from_dict(rank.names), rank=rank.rank).label()
+
+
+def many_hosts(ranks: Sequence[RankEvidence]) -> bool:
+    """Whether the ranks run on two or more hosts (then each is named with its host)."""
+    return len({(r.names or {}).get("host") for r in ranks if r.names}) >= 2
+
+
+def _named(ranks: Sequence[RankEvidence], every: Sequence[RankEvidence]) -> str:
+    """"ranks 0, 1" on one host; "rank 0 on host1 (...), rank 2 on host2 (...)" across
+    hosts (``every``: all the job's ranks)."""
+    if not many_hosts(every):
+        return _ranks_words([r.rank for r in ranks])
+    return ", ".join(rank_label(r) for r in ranks)
 
 
 # ---- where a rank is ----------------------------------------------------------------------
@@ -311,7 +336,11 @@ def rank_table(ranks: Sequence[RankEvidence], now: float | None) -> list[dict[st
         waiting = waiting_in(r)
         last = (r.collectives or {}).get("last")
         since = now - waiting["t"] if waiting and now is not None and waiting.get("t") else None
-        rows.append({"rank": r.rank, "pid": r.pid, "state": r.state or _state_of(r),
+        names = r.names or {}
+        rows.append({"rank": r.rank, "host": names.get("host"),
+                     "local_rank": names.get("local_rank"),
+                     "node_rank": names.get("node_rank"),
+                     "pid": r.pid, "state": r.state or _state_of(r),
                      "issued": (r.collectives or {}).get("issued", 0),
                      "last_collective": describe_collective(last) if last else None,
                      "waiting": describe_collective(waiting) if waiting else None,
@@ -497,18 +526,19 @@ def collective_chain(job: Evidence, ranks: Sequence[RankEvidence],
     missing = [r for r in ranks if r.rank in split["odd"] and not waits[r.rank]]
     present = [r for r in ranks if waits[r.rank]]
     if missing and present:
-        first = Hop("collective", f"{_ranks_words([r.rank for r in present])} "
+        first = Hop("collective", f"{_named(present, ranks)} "
                                   f"{'wait' if len(present) > 1 else 'waits'} in "
                                   f"{describe_collective(waits[present[0].rank])}"
                                   f"{_rank_place(present[0])}")
         rank = missing[0]
+        who = rank_label(rank) if many_hosts(ranks) else f"rank {rank.rank}"
         inner = wait_chain(rank.as_evidence(job)) if rank.stall else None
-        lead = Hop("collective", f"rank {rank.rank} never issued #{split['n']}")
+        lead = Hop("collective", f"{who} never issued #{split['n']}")
         if inner is None:
-            return WaitChain((first, lead, Hop("unknown", f"where rank {rank.rank} stands is "
+            return WaitChain((first, lead, Hop("unknown", f"where {who} stands is "
                                                           f"unknown (no stack sample)")),
                              "unknown"), None
-        hops = (first, lead, *(Hop(h.kind, f"rank {rank.rank}: {h.text}", h.where, h.code)
+        hops = (first, lead, *(Hop(h.kind, f"{who}: {h.text}", h.where, h.code)
                                for h in inner.hops))
         return WaitChain(hops, inner.end, inner.subject), (rank.rank, inner)
     if len(present) >= 2:

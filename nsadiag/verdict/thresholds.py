@@ -218,3 +218,27 @@ block's backward is its recompute (one forward) plus the gradients (about two fo
 third of it; above half, the recomputed forward costs more than the gradients themselves.
 Measured on 2 shared cores: repro/scripts/checkpoint_recompute.py (a no-grad routing inside
 the checkpointed block) 0.77-0.78 quiet, 0.64 with two CPU burners."""
+
+HOSTS_PUBLISH_EVERY_S = 2.0
+"""Each host's nsadiag publishes its ranks' state to the job's store at most this often
+(nsadiag.hosts.shared): one JSON value of a few kB per host, so 256 hosts cost the store
+128 sets a second, and a peer's view is never older than the stall timeouts in use (10 s
+and up) can notice."""
+
+HOSTS_STORE_TIMEOUT_S = 2.0
+"""A store operation that has not answered in this long has failed: the store's host is
+gone or unreachable. On loopback an operation answers in well under a millisecond and
+across a data-centre network in a few; two seconds never delays the watch by more than
+one poll interval twice."""
+
+HOSTS_CAPTURE_MARGIN_S = 10.0
+"""After its own capture a host waits for every other host's capture for its capture
+window plus this long before it kills its ranks: a peer notices the shared stall signal
+within one poll (under a second) and then samples for the same capture window; ten
+seconds covers a loaded peer (measured with tests/nsadiag/test_multihost.py on 2 shared
+cores at load 7-13, four runs: the second host's capture was published 0.1-0.9 s after
+the first's, each capture taking 15-25 s)."""
+
+HOSTS_LOST_AFTER_S = 3 * HOSTS_PUBLISH_EVERY_S
+"""A host that published nothing for this long (three publishing intervals), while the
+other hosts' ranks lost their peers, is lost (its machine, or its nsadiag, is gone)."""

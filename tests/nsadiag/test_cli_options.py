@@ -14,7 +14,7 @@ from nsadiag.spec import TrialSpec
 from tests.helpers import nsadiag
 
 COMMANDS = ("env", "sweep-layers", "sweep-seq", "isolate-branch", "triage", "compare", "ddp",
-            "run", "memory", "trace", "check", "stacks", "attach", "report")
+            "run", "memory", "trace", "check", "stacks", "attach", "report", "merge")
 
 
 def test_help_imports_neither_torch_nor_pandas_nor_matplotlib():

@@ -1,0 +1,182 @@
+"""One verdict over every host's ranks (pure: no I/O, no clock).
+
+``HostsView`` is what one host knows of the others when it decides: how the hosts met
+(the store and where it came from, or per-host views and why), each host's last published
+state, the shared stall signal, and the hosts that were lost. ``decide_hosts`` decides:
+
+- a host lost (it published nothing for HOSTS_LOST_AFTER_S while this host's ranks lost
+  their peers, and no host had decided a stall): CRASH naming that host, when it was last
+  heard from and where each of its ranks was then;
+- a stall decided on some host: the ranks of every host decided together
+  (nsadiag.verdict.ranks.decide_ranks), as stopped at that stall; a rank of this host that
+  only lost its peers after the stop elsewhere is read as it stood before (that exception
+  is a consequence, said so, never this host's own ERROR);
+- otherwise the ranks of every host decided together as they ended.
+
+Each rank is named by host, global, local and node rank; a rank that waits in a
+collective is said to wait "in collective #N for rank R on host H" when the ranks that
+never issued #N are known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsadiag.evidence import Evidence
+from nsadiag.verdict.names import Verdict
+from nsadiag.verdict.ranks import (
+    RankEvidence,
+    decide_ranks,
+    describe_collective,
+    position,
+    rank_label,
+    waiting_in,
+)
+
+
+@dataclass
+class HostState:
+    """What one host published: its name, ``phase`` ("live" while its ranks run,
+    "captured" after its capture at a stall, "ended" when its command ended by itself),
+    when, and its ranks."""
+
+    host: str
+    phase: str
+    published_at: float
+    ranks: list[RankEvidence] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "phase": self.phase, "published_at": self.published_at,
+                "ranks": [r.to_dict() for r in self.ranks]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostState:
+        return cls(str(data["host"]), str(data["phase"]), float(data["published_at"]),
+                   [RankEvidence.from_dict(r) for r in data.get("ranks") or []])
+
+
+@dataclass
+class HostsView:
+    """One host's view of the job's hosts (see the module docstring). ``mode`` says how
+    the hosts met, in words; ``shared`` whether through a store."""
+
+    host: str
+    mode: str
+    shared: bool
+    states: dict[str, HostState] = field(default_factory=dict)
+    stall: dict[str, Any] | None = None
+    lost: list[str] = field(default_factory=list)
+    store_ops: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "mode": self.mode, "shared": self.shared,
+                "hosts": sorted(self.states), "stall": self.stall, "lost": self.lost,
+                "store_ops": self.store_ops,
+                "published_at": {h: s.published_at for h, s in self.states.items()},
+                "phase": {h: s.phase for h, s in self.states.items()}}
+
+
+def _host_of(rank: RankEvidence) -> str | None:
+    return (rank.names or {}).get("host")
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + " UTC"
+
+
+def _as_stopped(job: Evidence) -> Evidence:
+    """The job as stopped at the shared stall (the ranks were stopped by nsadiag there)."""
+    outcome = dataclasses.replace(job.outcome, killed_by_runner=True, kill_reason="stall")
+    return dataclasses.replace(job, outcome=outcome)
+
+
+def _before_loss(rank: RankEvidence) -> RankEvidence:
+    """A rank whose peers went away, read as it stood before: its exception dropped."""
+    return dataclasses.replace(rank, result=None, crash=None)
+
+
+def waiting_for(ranks: Sequence[RankEvidence], odd: Sequence[int]) -> list[str]:
+    """"rank 0 on host1 (...) waits in collective #1 (all_reduce, DDP bucket 0, 4 tensors)
+    for rank 3 on host2 (...)" for every rank that waits in a collective the ``odd`` ranks
+    never issued."""
+    culprits = [r for r in ranks if r.rank in set(odd)]
+    if not culprits:
+        return []
+    names = " and ".join(rank_label(r) for r in culprits)
+    said = []
+    for rank in ranks:
+        waiting = waiting_in(rank)
+        if rank in culprits or waiting is None:
+            continue
+        said.append(f"{rank_label(rank)} waits in {describe_collective(waiting)} "
+                    f"for {names}")
+    return said
+
+
+def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
+    reasons, rows = [], []
+    for host in view.lost:
+        state = view.states.get(host)
+        theirs = [r for r in ranks if _host_of(r) == host]
+        when = _clock(state.published_at) if state else "an unknown time (it never published)"
+        where = "; ".join(f"{rank_label(r)}: {position(r)}" +
+                          (f", waiting in {describe_collective(waiting_in(r))}"
+                           if waiting_in(r) else "") for r in theirs) or "none published"
+        reasons.append(f"host {host} lost at {when} (its last publication in the store; "
+                       f"nothing from it since); its ranks "
+                       f"{', '.join(str(r.rank) for r in theirs) or '(unknown)'} last seen "
+                       f"at: {where}")
+        rows.append({"host": host, "last_heard": state.published_at if state else None,
+                     "ranks": [r.rank for r in theirs]})
+    own = [r for r in ranks if _host_of(r) == view.host]
+    if own:
+        reasons.append(f"the ranks of {view.host} ("
+                       + ", ".join(str(r.rank) for r in own) + ") lost their peers: a "
+                       "consequence of the lost host, not a fault of their own")
+    first = next((r for r in ranks if _host_of(r) in view.lost), None)
+    facts = {"rank": first.rank if first else None, "world_size": len(ranks),
+             "signal_name": None, "crash": None, "lost_hosts": rows,
+             "hosts": view.to_dict()}
+    return Verdict("CRASH", reasons, facts)
+
+
+def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
+    """The verdict over every host's ranks (see the module docstring)."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    if view.lost and view.stall is None:
+        return _lost_verdict(job, ranks, view)
+    preface: list[str] = []
+    if view.stall is not None:
+        decided_by = view.stall.get("host")
+        lost_peers = [r for r in ranks if _host_of(r) == view.host and
+                      (r.result or {}).get("exception")]
+        if decided_by != view.host:
+            preface.append(f"host {decided_by} decided a stall at "
+                           f"{_clock(float(view.stall.get('t', 0)))}; every host captured "
+                           f"its ranks in the same window")
+        if lost_peers and not job.outcome.killed_by_runner:
+            preface.append(f"the ranks of {view.host} ("
+                           + ", ".join(str(r.rank) for r in lost_peers) + ") only lost "
+                           "their peers when the stall was stopped elsewhere; they are read "
+                           "as they stood before")
+        ranks = [_before_loss(r) if r in lost_peers else r for r in ranks]
+        job = _as_stopped(job)
+    verdict = decide_ranks(job, ranks)
+    facts = dict(verdict.facts)
+    odd = facts.get("odd_ranks") or []
+    waits = waiting_for(ranks, odd)
+    reasons = list(verdict.reasons)
+    if odd:
+        culprits = [r for r in ranks if r.rank in set(odd)]
+        reasons.insert(0, "culprit: " + " and ".join(rank_label(r) for r in culprits) +
+                       f" never issued collective #{facts.get('diverged_at')}: "
+                       + "; ".join(waits))
+        facts["culprit_ranks"] = [{"rank": r.rank, **(r.names or {})} for r in culprits]
+    reasons[1:1] = preface
+    facts["hosts"] = view.to_dict()
+    facts["waiting_for"] = waits
+    return Verdict(verdict.name, reasons, facts)

@@ -1,0 +1,62 @@
+"""``nsadiag merge DIR...``: the merged verdict from per-host run directories copied
+together afterwards (no store needed).
+
+Each directory holds one host's ``nsadiag run`` record (record.json): its own ranks (the
+ranks its ``hosts`` facts name as this host's) with their capture, and the stall signal it
+saw. The ranks of every directory are decided together (nsadiag.hosts.merged), as each
+host's nsadiag decided them through the store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from nsadiag.evidence import Evidence
+from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
+from nsadiag.rundir import TrialRecord
+from nsadiag.verdict.names import Verdict
+from nsadiag.verdict.ranks import RankEvidence
+
+
+def _record(run_dir: Path) -> TrialRecord:
+    path = run_dir / "record.json"
+    if not path.is_file():
+        raise ValueError(f"merge: {run_dir} holds no record.json (not an nsadiag run "
+                         f"directory)")
+    try:
+        return TrialRecord.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"merge: {path}: {str(err).splitlines()[0]}") from None
+
+
+def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
+    """The verdict over every host's ranks of ``run_dirs`` (one per host); ValueError (one
+    line) for fewer than two, a directory without a run record, one without host facts
+    (not a multi-host ``nsadiag run``), or two directories of the same host."""
+    if len(run_dirs) < 2:
+        raise ValueError("merge: give two or more run directories, one per host")
+    records = [(d, _record(d)) for d in run_dirs]
+    states: dict[str, HostState] = {}
+    ranks: list[RankEvidence] = []
+    stall = None
+    for run_dir, record in records:
+        hosts = record.evidence.get("hosts")
+        if not isinstance(hosts, dict) or not hosts.get("host"):
+            raise ValueError(f"merge: {run_dir} is not a run of a multi-host job (its record "
+                             f"names no host)")
+        host = str(hosts["host"])
+        if host in states:
+            raise ValueError(f"merge: {run_dir} is a second run directory of host {host}")
+        own = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []
+               if (r.get("names") or {}).get("host") == host]
+        states[host] = HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
+                                 float((hosts.get("published_at") or {}).get(host) or 0.0),
+                                 own)
+        ranks += own
+        stall = stall or hosts.get("stall")
+    job = Evidence.from_dict(records[0][1].evidence)
+    view = HostsView("merged", f"merged offline from {len(records)} run directories",
+                     False, states, stall)
+    return decide_hosts(job, ranks, view)
