@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 from nsadiag.harness import watched
-from nsadiag.harness.heartbeat import MODULE_EVENT_S
 from nsadiag.probes import counters as counters_mod
+from nsadiag.probes.sampler import INTERVAL_S
 
 BLOCKS, STEPS = 48, 12
 
@@ -85,9 +85,9 @@ def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: P
     assert all(len(block._forward_pre_hooks) == 0 for block in list(model)[:BLOCKS])
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     modules = [event for event in events if event["kind"] == "module"]
-    # at most one event per interval and one at each phase boundary (forward, backward,
+    # at most one event per sample and one at each phase boundary (forward, backward,
     # step), whatever the module count, standing together for every block entered
-    assert len(modules) <= 3 * STEPS + elapsed_s / MODULE_EVENT_S + 1
+    assert len(modules) <= 3 * STEPS + elapsed_s / INTERVAL_S + 1
     assert sum(event["edges"] for event in modules) == hooked * STEPS
     assert sum(event["kind"] == "step" for event in events) == STEPS
     assert len(walks) == 1  # the first backward only, not every tenth as before
