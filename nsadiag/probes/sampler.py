@@ -587,12 +587,18 @@ class Sampler(threading.Thread):
     def _observe_memory(self, user_stack: tuple[Frame, ...]) -> None:
         step = self._step()
         if self._statm is not None:
-            self.book.memory.setdefault("rss", MemoryLedger()).observe(
-                resident_bytes(self._statm), user_stack, step)
+            self._ledger("rss").observe(resident_bytes(self._statm), user_stack, step)
         allocated = cuda_allocated()
         if allocated is not None:
-            self.book.memory.setdefault("cuda", MemoryLedger()).observe(
-                allocated, user_stack, step)
+            self._ledger("cuda").observe(allocated, user_stack, step)
+
+    def _ledger(self, kind: str) -> MemoryLedger:
+        """The ledger of ``kind``, made at its first reading only (the marks read at every
+        step)."""
+        ledger = self.book.memory.get(kind)
+        if ledger is None:
+            ledger = self.book.memory[kind] = MemoryLedger()
+        return ledger
 
     def _work(self) -> tuple[int, ...]:
         calls, nodes = self._counters.snapshot() if self._counters else (0, 0)
