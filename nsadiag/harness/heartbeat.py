@@ -8,7 +8,7 @@ Every line has, in this order:
     phase          "build" | "forward" | "backward" | "optimizer"
     step           0-based step index
     module, edge   module events only: dotted module name, "enter" | "exit"
-    edges          module events of a watched user process only (``module_seen``): the
+    edges          module events of a watched user process only (``write_blocks``): the
                    block enters this event stands for, itself included
     rss            resident bytes of this process (/proc/self/statm)
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
