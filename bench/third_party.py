@@ -208,20 +208,21 @@ CODEBASES = [
 
 
 READING = (
-    "Reading the overhead: the Trainer's train_runtime covers its first step, so for "
-    "`--torch_compile` it holds Dynamo's tracing of the model, which traces nsadiag's (empty)"
-    " hooks as well: a compile-time cost, not a step-time one (the steady compiled step costs"
-    " +3.2 % wall and +4.0 % CPU time, `reports/bench_overhead.md`). Not in the table: litgpt"
-    " 0.5.13 (`litgpt pretrain`): it pins huggingface-hub<1.4, which trl's transformers 5 "
-    "cannot import, and in a virtualenv of its own its compiled pretraining did not reach a "
-    "logged iteration within five minutes here. chemprop's step is about 40 ms of small graph"
-    " operations, and its overhead is the largest here: quiet, in two pairs run by hand, its "
-    "last-epoch rate fell from 24.8 to 22.0 and from 24.6 to 20.2 it/s under nsadiag (-11 %, "
-    "-18 %), its wall time rose from 21 s to 26 s (nsadiag's start and report included). A "
-    "py-spy profile of the watched process puts 3 % of the main thread's samples in nsadiag's"
-    " own frames and the sampler thread under 4 %: the rest is not explained yet. The "
-    "two-burner row's +191 % is one last-epoch rate, in a pair during which the load rose "
-    "from 1.4 to 4.")
+    "Reading the overhead: the rows with one pair were measured on 2026-11-26 and 27, before "
+    "the block hooks only counted and before runs were paired five times; the trl sft row "
+    "with five pairs was measured on 2026-11-28 with other jobs on the machine (load 6.6 to "
+    "11.4 on 2 CPUs), where the Trainer's own step time of the same command moved from 81 to "
+    "252 ms plain (it is 35 ms on a quiet machine): its median (-10 %) and range (-58 % to "
+    "+46 %) are the load's, and say only that nsadiag's cost is below what that machine "
+    "resolves. All five watched runs were OK with the plain runs' recompiles (none). chemprop"
+    " was not measured again in pairs: a run took about two minutes at that load. The "
+    "Trainer's train_runtime covers its first step, so for `--torch_compile` it holds "
+    "Dynamo's tracing of the model, which traces nsadiag's (empty) hooks as well: a "
+    "compile-time cost, not a step-time one (the steady compiled step: "
+    "`reports/bench_overhead.md`). Not in the table: litgpt 0.5.13 (`litgpt pretrain`): it "
+    "pins huggingface-hub<1.4, which trl's transformers 5 cannot import, and in a virtualenv"
+    " of its own its compiled pretraining did not reach a logged iteration within five "
+    "minutes here.")
 
 
 def load_average() -> float:
