@@ -14,16 +14,16 @@ in virtualenvs of their own, installed from PyPI, without nsadiag: nsadiag, from
 project's environment, watches that interpreter (as a tool installed on its own would).
 Each codebase's own command line runs as its users run it, with random weights and local
 data (no download at run time); only the data and the random model a codebase reads are
-made here first (--work). Every command runs four times: plain and under `nsadiag run`, on
-the machine as it is and with two `python -c 'while True: pass'` burners, each pair after
-one unmeasured run that fills the caches (inductor's compiled kernels, the tokenized data
-set) for both. Reported, per codebase and load: the verdict, the time to
-the verdict (the `nsadiag run` wall time), the recompiles each run logged
-(TORCH_LOGS=recompiles), and the step-time overhead read from the codebase's own
-throughput figure (watched over plain, less one; one pair, on a shared machine: read it
-with the load beside it). Rows measured here replace the same rows of reports/third_party.json
-and the others are kept, each with the time it was measured; reports/third_party.md is
-written from them all.
+made here first (--work). Every command runs --pairs times (5) plain and under
+`nsadiag run`, alternately, after one unmeasured run that fills the caches (inductor's
+compiled kernels, the tokenized data set) for both, on the machine as it is (--burners 2
+adds two `python -c 'while True: pass'` burners). Reported, per codebase and load: the
+verdicts, the whole run's wall time (the `nsadiag run` wall time is the time to the verdict),
+the recompiles each run logged (TORCH_LOGS=recompiles), and the step-time overhead read
+from the codebase's own throughput figure (watched over plain, less one, per pair: the
+median and the range, with the load beside them). Rows measured here replace the same
+rows of reports/third_party.json and the others are kept, each with the time it was
+measured; reports/third_party.md is written from them all.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -207,20 +208,21 @@ CODEBASES = [
 
 
 READING = (
-    "Reading the overhead: the Trainer's train_runtime covers its first step, so for "
-    "`--torch_compile` it holds Dynamo's tracing of the model, which traces nsadiag's (empty)"
-    " hooks as well: a compile-time cost, not a step-time one (the steady compiled step costs"
-    " +3.2 % wall and +4.0 % CPU time, `reports/bench_overhead.md`). Not in the table: litgpt"
-    " 0.5.13 (`litgpt pretrain`): it pins huggingface-hub<1.4, which trl's transformers 5 "
-    "cannot import, and in a virtualenv of its own its compiled pretraining did not reach a "
-    "logged iteration within five minutes here. chemprop's step is about 40 ms of small graph"
-    " operations, and its overhead is the largest here: quiet, in two pairs run by hand, its "
-    "last-epoch rate fell from 24.8 to 22.0 and from 24.6 to 20.2 it/s under nsadiag (-11 %, "
-    "-18 %), its wall time rose from 21 s to 26 s (nsadiag's start and report included). A "
-    "py-spy profile of the watched process puts 3 % of the main thread's samples in nsadiag's"
-    " own frames and the sampler thread under 4 %: the rest is not explained yet. The "
-    "two-burner row's +191 % is one last-epoch rate, in a pair during which the load rose "
-    "from 1.4 to 4.")
+    "Reading the overhead: the rows with one pair were measured on 2026-11-26 and 27, before "
+    "the block hooks only counted and before runs were paired five times; the trl sft row "
+    "with five pairs was measured on 2026-11-28 with other jobs on the machine (load 6.6 to "
+    "11.4 on 2 CPUs), where the Trainer's own step time of the same command moved from 81 to "
+    "252 ms plain (it is 35 ms on a quiet machine): its median (-10 %) and range (-58 % to "
+    "+46 %) are the load's, and say only that nsadiag's cost is below what that machine "
+    "resolves. All five watched runs were OK with the plain runs' recompiles (none). chemprop"
+    " was not measured again in pairs: a run took about two minutes at that load. The "
+    "Trainer's train_runtime covers its first step, so for `--torch_compile` it holds "
+    "Dynamo's tracing of the model, which traces nsadiag's (empty) hooks as well: a "
+    "compile-time cost, not a step-time one (the steady compiled step: "
+    "`reports/bench_overhead.md`). Not in the table: litgpt 0.5.13 (`litgpt pretrain`): it "
+    "pins huggingface-hub<1.4, which trl's transformers 5 cannot import, and in a virtualenv"
+    " of its own its compiled pretraining did not reach a logged iteration within five "
+    "minutes here.")
 
 
 def load_average() -> float:
@@ -251,7 +253,7 @@ def run(argv: list[str], watched: bool, work: Path, tag: str) -> dict:
     return found
 
 
-def measure(codebase: Codebase, python: Path, work: Path, burners: int) -> dict:
+def measure(codebase: Codebase, python: Path, work: Path, burners: int, pairs: int) -> dict:
     tag = re.sub(r"\W+", "-", codebase.name)[:40] + f"-b{burners}"
 
     def command(run_tag: str) -> list[str]:  # OUT: a folder of the run's own
@@ -261,21 +263,36 @@ def measure(codebase: Codebase, python: Path, work: Path, burners: int) -> dict:
     run(command(tag + "-warm-up"), False, work, tag + "-warm-up")  # caches fall on neither
     spawned = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(burners)]
+    measured_pairs = []
     try:
-        plain = run(command(tag + "-plain"), False, work, tag + "-plain")
-        watched = run(command(tag + "-watched"), True, work, tag + "-watched")
+        for pair in range(pairs):  # alternated: the machine's drift falls on both alike
+            plain = run(command(f"{tag}-plain-{pair}"), False, work, f"{tag}-plain-{pair}")
+            watched = run(command(f"{tag}-watched-{pair}"), True, work,
+                          f"{tag}-watched-{pair}")
+            per_step = [codebase.seconds_per_step(r["output"]) for r in (plain, watched)]
+            for r in (plain, watched):
+                r["tail"] = r.pop("output")[-600:]
+            overhead = (per_step[1] / per_step[0] - 1) if all(per_step) else None
+            measured_pairs.append({"plain": plain, "watched": watched, "step_s": per_step,
+                                   "overhead": overhead})
+            print(f"  pair {pair}: step {per_step}, overhead {overhead}, verdict "
+                  f"{watched.get('verdict')}, load {plain['load'][0]:.1f}", flush=True)
     finally:
         for burner in spawned:
             burner.kill()
             burner.wait()
-    per_step = [codebase.seconds_per_step(r["output"]) for r in (plain, watched)]
-    overhead = (per_step[1] / per_step[0] - 1) if all(per_step) else None
-    for r in (plain, watched):
-        r["tail"] = r.pop("output")[-600:]
+    known = [p["overhead"] for p in measured_pairs if p["overhead"] is not None]
     measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return {"codebase": codebase.name, "burners": burners, "command": command(tag + "-plain"),
-            "python": str(python), "measured": measured, "plain": plain, "watched": watched,
-            "step_s": per_step, "overhead": overhead}
+    return {"codebase": codebase.name, "burners": burners, "command": command(tag + "-plain-0"),
+            "python": str(python), "measured": measured, "pairs": measured_pairs,
+            "overhead": statistics.median(known) if known else None}
+
+
+def pairs_of(row: dict) -> list[dict]:
+    """A row's pairs (a row measured before pairs were kept holds one, at its top level)."""
+    if "pairs" in row:
+        return row["pairs"]
+    return [{key: row[key] for key in ("plain", "watched", "step_s", "overhead")}]
 
 
 def merged(kept: list[dict], measured: list[dict]) -> list[dict]:
@@ -295,23 +312,36 @@ def markdown(rows: list[dict]) -> str:
              "own command line, unchanged, with random weights and local data; nsadiag watches "
              "that interpreter from this project's environment. Written by "
              "`bench/third_party.py`; TORCH_LOGS=recompiles in every run; the step time is the "
-             "codebase's own figure (listed under the table); one plain and one watched run per "
-             "row, so the overhead moves with the load beside it.", "",
-             "| codebase | load | verdict | time to verdict | recompiles plain / watched | "
-             "step plain / watched | overhead | 1-min load (plain, watched) | measured |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "codebase's own figure (listed under the table). Each row's runs alternate, plain "
+             "then watched, after one unmeasured run; the overhead is the median over the "
+             "pairs of watched over plain, less one, with the range beside it; the whole run's "
+             "wall time includes nsadiag's start and its report.", "",
+             "| codebase | load | pairs | verdicts | step plain / watched (medians) | overhead "
+             "(median) | range | whole run plain / watched (medians) | recompiles plain / "
+             "watched | 1-min load | measured |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        step = " / ".join("-" if s is None else f"{s * 1e3:.1f} ms" for s in r["step_s"])
+        pairs = pairs_of(r)
+        steps = [statistics.median(p["step_s"][i] for p in pairs) if
+                 all(p["step_s"][i] for p in pairs) else None for i in (0, 1)]
+        step = " / ".join("-" if s is None else f"{s * 1e3:.1f} ms" for s in steps)
+        known = [p["overhead"] for p in pairs if p["overhead"] is not None]
         overhead = "-" if r["overhead"] is None else f"{r['overhead']:+.1%}"
+        spread = f"{min(known):+.1%} to {max(known):+.1%}" if known else "-"
+        walls = " / ".join(f"{statistics.median(p[side]['wall_s'] for p in pairs):.1f} s"
+                           for side in ("plain", "watched"))
+        verdicts = ", ".join(f"{n} {v}" for v, n in Counter(
+            str(p["watched"].get("verdict")) for p in pairs).items())
+        recompiles = " / ".join(",".join(sorted({str(p[side]["recompiles"]) for p in pairs}))
+                                for side in ("plain", "watched"))
+        loads = [x for p in pairs for side in ("plain", "watched") for x in p[side]["load"]]
         load = "quiet" if not r["burners"] else f"{r['burners']} burners"
-        lines.append(f"| {r['codebase']} | {load} | {r['watched'].get('verdict')} | "
-                     f"{r['watched']['wall_s']:.0f} s | {r['plain']['recompiles']} / "
-                     f"{r['watched']['recompiles']} | {step} | {overhead} | "
-                     f"{r['plain']['load'][0]:.1f}, {r['watched']['load'][0]:.1f} | "
-                     f"{r['measured']} |")
+        lines.append(f"| {r['codebase']} | {load} | {len(pairs)} | {verdicts} | {step} | "
+                     f"{overhead} | {spread} | {walls} | {recompiles} | "
+                     f"{min(loads):.1f}-{max(loads):.1f} | {r['measured']} |")
     lines += ["", "Headlines:", ""]
-    lines += [f"- {r['codebase']}, {r['burners']} burner(s): {r['watched'].get('headline')}"
-              for r in rows]
+    lines += [f"- {r['codebase']}, {r['burners']} burner(s): "
+              f"{pairs_of(r)[-1]['watched'].get('headline')}" for r in rows]
     lines += ["", READING, "", "Each codebase: its virtualenv (`pip install` arguments; BIN is "
               "its bin/, WORK the work folder), its step time, its command:", ""]
     for name in dict.fromkeys(r["codebase"] for r in rows):
@@ -329,7 +359,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", nargs="*", default=None, help="codebase name prefixes")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "third_party")
-    parser.add_argument("--burners", nargs="+", type=int, default=[0, 2])
+    parser.add_argument("--burners", nargs="+", type=int, default=[0])
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="alternated plain and watched runs per codebase and load")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     chosen = [c for c in CODEBASES if not args.only or
@@ -342,11 +374,9 @@ def main() -> None:
     rows = []
     for codebase in chosen:
         for burners in args.burners:
-            rows.append(measure(codebase, args.python, args.work, burners))
-            r = rows[-1]
-            print(f"{codebase.name} ({burners} burners): {r['watched'].get('verdict')} in "
-                  f"{r['watched']['wall_s']:.0f} s, recompiles {r['plain']['recompiles']}/"
-                  f"{r['watched']['recompiles']}, overhead {r['overhead']}", flush=True)
+            rows.append(measure(codebase, args.python, args.work, burners, args.pairs))
+            print(f"{codebase.name} ({burners} burners): median overhead "
+                  f"{rows[-1]['overhead']}", flush=True)
             saved.write_text(json.dumps(merged(kept, rows), indent=1))
     report = markdown(merged(kept, rows))
     args.out.with_suffix(".md").write_text(report)

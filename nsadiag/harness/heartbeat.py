@@ -8,7 +8,7 @@ Every line has, in this order:
     phase          "build" | "forward" | "backward" | "optimizer"
     step           0-based step index
     module, edge   module events only: dotted module name, "enter" | "exit"
-    edges          module events of a watched user process only (``module_seen``): the
+    edges          module events of a watched user process only (``write_blocks``): the
                    block enters this event stands for, itself included
     rss            resident bytes of this process (/proc/self/statm)
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
@@ -30,14 +30,18 @@ backward hooks write "backward". Forward events inside a step's backward phase a
 gradient-checkpoint recomputation; their forward exit may be missing, because
 non-reentrant checkpointing stops the recompute as soon as the saved tensors are rebuilt.
 
-A watched user process (nsadiag.harness.watched) writes its blocks' events through
-``module_seen``: every block entered is counted in memory and at most one "module" event
-is written per MODULE_EVENT_S, the latest enter with ``edges`` for all it stands for, and
-the file is flushed at most every FLUSH_S or when any other event is written (a pulse, a
-step, a collective: the sampler pulses every second, so nothing waits longer than that to
-be read, and a process that aborts leaves every event but the latest block counts). A
-model of many small blocks would otherwise pay a JSON line and a write per block call
-(17 % of its step; bench/bench_overhead.py).
+A watched user process (nsadiag.harness.watched) counts its blocks' enters in memory,
+where its block hooks keep them (``count_blocks``: the enters so far and the block entered
+last), and ``write_blocks`` turns what was counted since the last "module" event into one
+event, the latest block with ``edges`` for all the enters it stands for: the progress
+sampler calls it at every sample (ten a second, far more often than the watcher polls, so
+the stall clock sees a progressing model), and every phase start, step and end calls it
+first, so the events of a phase stand for all its enters. The block hook itself only
+counts (no clock read, no call); the file is flushed at most every FLUSH_S or when any
+other event is written (a pulse, a step, a collective: the sampler pulses every second, so
+nothing waits longer than that to be read, and a process that aborts leaves every event
+but the latest block counts). A model of many small blocks would otherwise pay a JSON
+line and a write per block call (17 % of its step; bench/bench_overhead.py).
 
 Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
 This module does not import torch itself, so a trial can write its first "start" event
@@ -51,6 +55,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +68,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 """One encoder for every event: json.dumps with separators builds a new one per call, half
 the cost of writing an event."""
-MODULE_EVENT_S = 0.05
-"""At most one aggregated module event per this many seconds (``module_seen``): twenty a
-second, far more often than the watcher polls, so the stall clock sees a progressing model."""
 FLUSH_S = 0.05
 """A buffered writer (``buffered=True``) flushes at most this often, and at every pulse."""
 
@@ -87,12 +89,17 @@ class HeartbeatWriter:
         self.path = Path(path)
         self.buffered = buffered
         self._flushed = 0.0  # time.monotonic() of the last flush
-        self._edges = 0  # block edges counted by module_seen since its last event
-        self._module_written = 0.0
+        # a watched process's block enters (count_blocks): (enters so far, block entered
+        # last), the enters the module events written stand for, the enters at phase start
+        self._entered: Callable[[], tuple[int, str | None]] | None = None
+        self._enters_written = 0
+        self._enters_at_phase = 0
         self.rank = rank
         self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
         self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
-        self._lock = threading.Lock()
+        # reentrant: a phase start writes the block event and its own under one hold, so
+        # the sampler's block event never falls between them
+        self._lock = threading.RLock()
         self._seq = 0
         self.phase = "build"
         self.step = 0
@@ -104,10 +111,13 @@ class HeartbeatWriter:
 
     def start(self, phase: str, step: int = 0, **extra: Any) -> None:
         """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
-        self._write_edges(self.phase)
-        self.phase, self.step = phase, step
-        self._open.clear()
-        self._write("start", phase, **extra)
+        with self._lock:
+            self.write_blocks()
+            self.phase, self.step = phase, step
+            self._open.clear()
+            if self._entered is not None:
+                self._enters_at_phase = self._entered()[0]
+            self._write("start", phase, **extra)
 
     def module(self, name: str, phase: str, edge: str) -> None:
         """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
@@ -117,28 +127,32 @@ class HeartbeatWriter:
             del self._open[len(self._open) - 1 - self._open[::-1].index(name)]
         self._write("module", phase, module=name, edge=edge)
 
-    def module_seen(self, name: str, phase: str) -> None:
-        """A block of a watched user process entered (blocks are siblings: the one entered
-        last is the one running): counted, and written as a "module" enter event only when
-        MODULE_EVENT_S passed since the last one (see the module docstring)."""
-        self._open[:] = (name,)
-        self._edges += 1
-        now = time.monotonic()
-        if now - self._module_written >= MODULE_EVENT_S:
-            self._module_written = now
-            self._write_edges(phase)
+    def count_blocks(self, entered: Callable[[], tuple[int, str | None]]) -> None:
+        """Block enters are counted outside the writer (a watched process's block hooks):
+        ``entered()`` gives the enters so far and the block entered last (blocks are
+        siblings: the one entered last is the one running). See the module docstring."""
+        with self._lock:
+            self._entered = entered
+            self._enters_written = self._enters_at_phase = entered()[0]
 
-    def _write_edges(self, phase: str) -> None:
-        """The module event for the block enters counted and not written yet, if any: at
-        each interval, and before a phase starts, a step ends or the run ends (so the
-        events of a phase stand for all its enters). Called from the thread that runs the
-        model only, the one that counts them."""
-        if self._edges and self._open:
-            edges, self._edges = self._edges, 0
-            self._write("module", phase, module=self._open[-1], edge="enter", edges=edges)
+    def write_blocks(self) -> None:
+        """The "module" event for the block enters counted and not written yet, if any
+        (see the module docstring); from the sampler's thread and the model's alike."""
+        if self._entered is None:
+            return
+        with self._lock:
+            enters, block = self._entered()
+            if enters <= self._enters_written or block is None:
+                return
+            edges, self._enters_written = enters - self._enters_written, enters
+            self._write("module", self.phase, module=block, edge="enter", edges=edges)
 
     def context(self) -> tuple[str | None, str | None]:
-        """(phase, innermost open module) right now."""
+        """(phase, innermost open module) right now: for counted blocks, the block entered
+        last in this phase."""
+        if self._entered is not None:
+            enters, block = self._entered()
+            return self.phase, (block if enters > self._enters_at_phase else None)
         open_ = self._open
         return self.phase, (open_[-1] if open_ else None)
 
@@ -167,14 +181,16 @@ class HeartbeatWriter:
                   **measured: Any) -> None:
         """Step `self.step` finished (after the optimizer); ``measured`` adds fields such
         as the step's FLOPs and efficiency."""
-        self._write_edges(self.phase)
-        self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
-                    backward_s=backward_s, **measured)
+        with self._lock:
+            self.write_blocks()
+            self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
+                        backward_s=backward_s, **measured)
 
     def end(self, status: str) -> None:
         """The trial is over; status "ok" or "error"."""
-        self._write_edges(self.phase)
-        self._write("end", self.phase, status=status)
+        with self._lock:
+            self.write_blocks()
+            self._write("end", self.phase, status=status)
 
     def close(self) -> None:
         if not self._file.closed:

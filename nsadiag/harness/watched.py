@@ -9,8 +9,8 @@ it, with no edit to the user's code.
   the process (pid, rank under torchrun, argv), sampler pulses, and once torch is in use:
   a "forward" start at each call of the model in training mode, module events of that
   model's blocks (forward pre-hooks only: backward hooks would change the autograd graph
-  of a model we do not own; enters only, written at a bounded rate,
-  nsadiag.harness.heartbeat.module_seen),
+  of a model we do not own; enters only, counted in memory and written by the sampler at
+  its interval and at every phase edge, nsadiag.harness.heartbeat.write_blocks),
   a "backward" start at every
   ``torch.autograd.backward``, a "step" event at every ``Optimizer.step``, "collective"
   events (nsadiag.harness.collectives: every torch.distributed collective called through
@@ -42,9 +42,10 @@ Then hooks go on that model and its repeated blocks (nsadiag.targets find_blocks
 registered before the call goes on, so a model compiled later compiles with them in place
 and the guards never see them change; the global hook is removed. One model per process is
 watched so, the first one trained (another model trained later shows through its steps, its
-backward and the sampler). A block call costs a counted enter (the work counter ``calls``
-counts block calls here), the model's call a "forward" start and two memory marks: O(blocks)
-a step, whatever the number of modules.
+backward and the sampler). A block call costs torch's hook path and a counted enter (the
+work counter ``calls`` counts block calls here, ``block`` names the last; nothing is written
+or timed per block call), the model's call a "forward" start and two memory marks:
+O(blocks) a step, whatever the number of modules.
 
 Compiled code is left as it is: inside a region torch.compile traces, every hook does
 nothing and reads nothing (nsadiag.probes.counters.outside_compiled_code), so a compiled
@@ -126,7 +127,8 @@ class ProcessHeartbeat:
         self.sampler = Sampler(self.writer.pulse, directory / "profile.json",
                                counters=self.counters, context=self.writer.context,
                                events=lambda: self.writer.events,
-                               step=lambda: self.writer.step)
+                               step=lambda: self.writer.step,
+                               on_sample=self.writer.write_blocks)
         self.root: Any = None  # the model, once its first training call was seen
         self.finder: Any = None  # the global pre-hook's handle until then
         self.steps = 0
@@ -290,6 +292,7 @@ class ProcessHeartbeat:
         self.finder = None
         self.handles += [module.register_forward_pre_hook(outside_compiled_code(self._enter)),
                          module.register_forward_hook(outside_compiled_code(self._exit))]
+        self.writer.count_blocks(self.counters.entered)
         for name, block in self._find_blocks(module):
             self.handles += self._hook_block(name, block)
         self._enter(module, args)  # this call's pre-hooks were read before ours was added
@@ -297,13 +300,7 @@ class ProcessHeartbeat:
     def _hook_block(self, name: str, block: Any) -> list[Any]:
         """A pre-hook only: the block entered last is the one running (blocks are
         siblings), and a second hook per block would double what blocks cost."""
-        writer, counters = self.writer, self.counters
-
-        def enter(module: Any, args: Any) -> None:
-            counters.calls += 1
-            writer.module_seen(name, "forward")
-
-        return [block.register_forward_pre_hook(outside_compiled_code(enter))]
+        return [block.register_forward_pre_hook(self.counters.block_hook(name))]
 
     def _enter(self, module: Any, args: Any) -> None:
         if self.forked:

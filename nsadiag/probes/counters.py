@@ -59,6 +59,7 @@ class WorkCounters:
         self.calls = 0
         self.nodes = 0
         self.op: str | None = None
+        self.block: str | None = None  # the block entered last (``block_hook``)
         self.in_backward = 0  # backward calls now running (nested reentrant ones count)
         self._handles: list[Any] = []
         self._originals: dict[str, Callable[..., Any]] = {}
@@ -67,6 +68,32 @@ class WorkCounters:
 
     def snapshot(self) -> tuple[int, int]:
         return self.calls, self.nodes
+
+    def entered(self) -> tuple[int, str | None]:
+        """(calls so far, the block entered last): what a heartbeat writes of the blocks
+        (nsadiag.harness.heartbeat ``count_blocks``)."""
+        return self.calls, self.block
+
+    def block_hook(self, name: str) -> Callable[[Any, Any], None]:
+        """A forward pre-hook for one block of the watched model: counts its call in
+        ``calls`` and leaves its name in ``block``, and nothing more (the heartbeat writes
+        the counts at a bounded rate). Inside code torch.compile traces it does nothing,
+        as ``outside_compiled_code`` would make it, without that wrapper's second call: a
+        model of many small blocks runs it at every block call."""
+        import torch
+
+        is_compiling = torch.compiler.is_compiling
+
+        def enter(module: Any, args: Any) -> None:
+            if is_compiling():
+                return
+            if _PENDING:
+                skip_dynamo_frames()
+            self.calls += 1
+            self.block = name
+
+        _skip_in_dynamo(enter.__code__)
+        return enter
 
     # ---- installing -----------------------------------------------------------------------
 

@@ -105,9 +105,11 @@ MAX_SEGMENTS = 1024
 Frame = tuple[str, str, int]  # (function, file, line)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(path: str) -> bool:
     """A file of the user's own code: not the standard library, not an installed package,
-    not nsadiag itself, not a synthetic "<...>" file."""
+    not nsadiag itself, not a synthetic "<...>" file. Remembered per path: the memory marks
+    ask it of every frame of the model's thread at each step."""
     return bool(path) and not LIBRARY_PATH.search(path) and "/nsadiag/" not in path
 
 
@@ -343,6 +345,19 @@ def stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
+def user_stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
+    """``stack_of`` less the frames outside the user's files, without computing their
+    lines (what a memory mark on the model's thread costs is mostly this walk)."""
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
+        frame = frame.f_back
+    frames.reverse()
+    return tuple(frames)
+
+
 def frames_of(frame: FrameType | None) -> list[FrameType]:
     found = []
     while frame is not None:
@@ -412,13 +427,17 @@ class Sampler(threading.Thread):
                  events: Callable[[], int] | None = None, interval_s: float = INTERVAL_S,
                  pulse_s: float = PULSE_S, profile_s: float = PROFILE_S,
                  main: threading.Thread | None = None,
-                 step: Callable[[], int] | None = None):
+                 step: Callable[[], int] | None = None,
+                 on_sample: Callable[[], None] | None = None):
+        """``on_sample`` runs after every sample on this thread (a heartbeat's block
+        events, written here so the model's own hooks only count)."""
         super().__init__(name="nsadiag-sampler", daemon=True)
         self._emit, self._profile_path = emit, profile_path
         self._counters = counters
         self._context = context or (lambda: (None, None))
         self._events = events or (lambda: 0)
         self._step = step or (lambda: 0)
+        self._on_sample = on_sample
         self._interval, self._pulse_s, self._profile_s = interval_s, pulse_s, profile_s
         main = main or threading.main_thread()
         self._main_ident = main.ident
@@ -460,6 +479,8 @@ class Sampler(threading.Thread):
             now = time.monotonic()
             pulse, profile = now >= next_pulse, now >= next_profile
             self._guarded(self._sample)
+            if self._on_sample is not None:
+                self._guarded(self._on_sample)
             if pulse:
                 self._guarded(self._pulse)
                 next_pulse = now + self._pulse_s
@@ -558,7 +579,7 @@ class Sampler(threading.Thread):
         top-level module call begins and ends, so what the call allocated is attributed
         exactly to the line of the user's code that made it (the validation forward whose
         graph a list keeps, not the training forward beside it)."""
-        stack = tuple(frame for frame in stack_of(sys._getframe(1)) if is_user_file(frame[1]))
+        stack = user_stack_of(sys._getframe(1))
         with self._memory_lock:
             self._previous_stack = set(stack)
             self._observe_memory(stack)
@@ -566,12 +587,18 @@ class Sampler(threading.Thread):
     def _observe_memory(self, user_stack: tuple[Frame, ...]) -> None:
         step = self._step()
         if self._statm is not None:
-            self.book.memory.setdefault("rss", MemoryLedger()).observe(
-                resident_bytes(self._statm), user_stack, step)
+            self._ledger("rss").observe(resident_bytes(self._statm), user_stack, step)
         allocated = cuda_allocated()
         if allocated is not None:
-            self.book.memory.setdefault("cuda", MemoryLedger()).observe(
-                allocated, user_stack, step)
+            self._ledger("cuda").observe(allocated, user_stack, step)
+
+    def _ledger(self, kind: str) -> MemoryLedger:
+        """The ledger of ``kind``, made at its first reading only (the marks read at every
+        step)."""
+        ledger = self.book.memory.get(kind)
+        if ledger is None:
+            ledger = self.book.memory[kind] = MemoryLedger()
+        return ledger
 
     def _work(self) -> tuple[int, ...]:
         calls, nodes = self._counters.snapshot() if self._counters else (0, 0)

@@ -14,8 +14,8 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 from nsadiag.harness import watched
-from nsadiag.harness.heartbeat import MODULE_EVENT_S
 from nsadiag.probes import counters as counters_mod
+from nsadiag.probes.sampler import INTERVAL_S
 
 BLOCKS, STEPS = 48, 12
 
@@ -85,9 +85,51 @@ def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: P
     assert all(len(block._forward_pre_hooks) == 0 for block in list(model)[:BLOCKS])
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     modules = [event for event in events if event["kind"] == "module"]
-    # at most one event per interval and one at each phase boundary (forward, backward,
+    # at most one event per sample and one at each phase boundary (forward, backward,
     # step), whatever the module count, standing together for every block entered
-    assert len(modules) <= 3 * STEPS + elapsed_s / MODULE_EVENT_S + 1
+    assert len(modules) <= 3 * STEPS + elapsed_s / INTERVAL_S + 1
     assert sum(event["edges"] for event in modules) == hooked * STEPS
     assert sum(event["kind"] == "step" for event in events) == STEPS
     assert len(walks) == 1  # the first backward only, not every tenth as before
+
+
+class Waiting(nn.Module):
+    """A block that, when ``until`` is set, waits inside its forward until it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.until = None
+        self.held: bool | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.until is not None:
+            self.held = _wait(self.until)
+        return self.linear(x)
+
+
+def test_block_counts_reach_the_heartbeat_while_the_forward_runs(tmp_path: Path):
+    """The block hooks only count: the sampler's thread writes what they counted while the
+    model is still inside its forward, before any phase edge, so a long forward shows
+    progress; the phase edge after it writes the rest."""
+    model = nn.Sequential(*[Waiting() for _ in range(4)])
+    heartbeat = watched.ProcessHeartbeat(tmp_path)
+    heartbeat.start()
+    try:
+        assert _wait(lambda: heartbeat.finder is not None)
+        model[2].until = lambda: heartbeat.writer.module_events > 0
+        model(torch.randn(2, 4)).sum().backward()
+        assert model[2].held  # a module event was written while block 2 ran
+    finally:
+        heartbeat.stop(remove=True)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    modules = [event for event in events if event["kind"] == "module"]
+    backward = next(event for event in events if event["kind"] == "start" and
+                    event["phase"] == "backward")
+    # written mid-forward: blocks 0, 1 and 2 entered, block 2 the one running
+    assert (modules[0]["edges"], modules[0]["module"], modules[0]["phase"]) == (3, "2", "forward")
+    assert modules[0]["seq"] < backward["seq"]
+    # the backward's start wrote the last block's enter, before its own event
+    assert (modules[1]["edges"], modules[1]["module"]) == (1, "3")
+    assert modules[1]["seq"] < backward["seq"]
+    assert sum(event["edges"] for event in modules) == 4
