@@ -73,6 +73,7 @@ from typing import Any
 
 from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
+from nsadiag.harness.uncopied import keep_out_of_copies
 from nsadiag.hosts.names import rank_names
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
@@ -290,11 +291,15 @@ class ProcessHeartbeat:
         self.root = module
         self.finder.remove()
         self.finder = None
-        self.handles += [module.register_forward_pre_hook(outside_compiled_code(self._enter)),
-                         module.register_forward_hook(outside_compiled_code(self._exit))]
+        on_root = [module.register_forward_pre_hook(outside_compiled_code(self._enter)),
+                   module.register_forward_hook(outside_compiled_code(self._exit))]
+        keep_out_of_copies(module, on_root)  # torch.save(model) works as without nsadiag
+        self.handles += on_root
         self.writer.count_blocks(self.counters.entered)
         for name, block in self._find_blocks(module):
-            self.handles += self._hook_block(name, block)
+            on_block = self._hook_block(name, block)
+            keep_out_of_copies(block, on_block)
+            self.handles += on_block
         self._enter(module, args)  # this call's pre-hooks were read before ours was added
 
     def _hook_block(self, name: str, block: Any) -> list[Any]:
