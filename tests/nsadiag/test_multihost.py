@@ -146,7 +146,7 @@ def test_two_hosts_name_the_stuck_rank_on_the_second_host_and_merge_agrees(hosts
     assert verdict["facts"]["wait_chain"]["printed"] == own["facts"]["wait_chain"]["printed"]
 
 
-@pytest.mark.slow
+@pytest.mark.hosts
 @two_hosts
 @pytest.mark.parametrize("stuck, host, local", [(1, "host1", 1), (0, "host1", 0)])
 def test_the_culprit_on_the_stores_host_or_rank_0_is_named_by_both_hosts(hosts, stuck, host,
