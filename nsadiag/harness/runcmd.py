@@ -69,9 +69,9 @@ from nsadiag.harness.streams import UNBOUNDED_STEPS, Due, Stream
 from nsadiag.harness.times import WatchTimes
 from nsadiag.hosts.address import job_shape
 from nsadiag.hosts.merged import HostsView
-from nsadiag.hosts.names import rank_names
 from nsadiag.hosts.shared import SharedView
 from nsadiag.hosts.trace import hosts_trace
+from nsadiag.ranknames import rank_names
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
 from nsadiag.verdict.ranks import RankEvidence
 

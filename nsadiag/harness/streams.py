@@ -97,7 +97,7 @@ class Stream:
     collectives: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
     rank: int | None = None  # from the "start" event: the torchrun rank of the process
-    names: dict[str, Any] | None = None  # its host, global, local and node rank (hosts.names)
+    names: dict[str, Any] | None = None  # its host, global, local and node rank (nsadiag.ranknames)
     started_training: bool = False
     finished: bool = False
     runq_mark: float | None = None  # run-queue seconds at the job's last progress

@@ -74,10 +74,10 @@ from typing import Any
 from nsadiag.harness import thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.harness.uncopied import keep_out_of_copies
-from nsadiag.hosts.names import rank_names
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
 from nsadiag.probes.sampler import Sampler
+from nsadiag.ranknames import rank_names
 
 TORCH_POLL_S = 0.2
 TORCH_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed")

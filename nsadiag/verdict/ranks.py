@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.hosts.names import RankNames
 from nsadiag.probes.frames import find_collective, odd_ones_out, user_frame
+from nsadiag.ranknames import RankNames
 from nsadiag.verdict.chain import Hop, WaitChain, at, wait_chain
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.rules import decide
@@ -79,7 +79,7 @@ class RankEvidence:
     crash: dict[str, Any] | None = None
     thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
     names: dict[str, Any] | None = None
-    """Its host, global, local and node rank (nsadiag.hosts.names.RankNames.to_dict)."""
+    """Its host, global, local and node rank (nsadiag.ranknames.RankNames.to_dict)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

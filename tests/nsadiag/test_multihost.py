@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from nsadiag.cli import app
 from nsadiag.hosts.address import job_shape
-from nsadiag.hosts.names import rank_names
+from nsadiag.ranknames import rank_names
 from tests.helpers import TESTS, nsadiag
 from tests.procs import wait_for
 from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
