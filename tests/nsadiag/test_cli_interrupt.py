@@ -12,6 +12,8 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import psutil
 import pytest
@@ -79,23 +81,41 @@ def test_ctrl_c_mid_run_writes_the_record_and_the_report(tmp_path):
     assert "before a verdict: the training process" in reason and " steps" in reason
 
 
-def _sampling(output: str) -> bool:
-    """Whether nsadiag is sampling the stacks of a stall it decided (py-spy runs)."""
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.name() == "py-spy":
-                return True
-        except psutil.Error:
-            continue
-    return False
+class _Sampling:
+    """Whether nsadiag is sampling the stacks of a stall it decided: a py-spy process
+    under this test, looked for every 20 ms by a thread of its own (each py-spy dump lasts
+    a fraction of a second, and the pseudo-terminal's reader looks only when output comes
+    or every half second: it could miss all three)."""
+
+    def __init__(self) -> None:
+        self.seen = threading.Event()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set() and not self.seen.is_set():
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if child.name() == "py-spy":
+                        self.seen.set()
+                except psutil.Error:
+                    continue
+            time.sleep(0.02)
+
+    def __call__(self, output: str) -> bool:
+        return self.seen.is_set()
 
 
 def test_ctrl_c_mid_stall_keeps_the_verdict_already_decided(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     run = tmp_path / "run"
-    done = in_pty([*NSADIAG, "run", "--stall-timeout", "6", "--out", str(run), "--",
-                   sys.executable, str(tmp_path / "train.py"), "deadlock", "5"], DEADLINE_S,
-                  cwd=REPO, answer=_type_once(_sampling))
+    sampling = _Sampling()
+    try:
+        done = in_pty([*NSADIAG, "run", "--stall-timeout", "6", "--out", str(run), "--",
+                       sys.executable, str(tmp_path / "train.py"), "deadlock", "5"],
+                      DEADLINE_S, cwd=REPO, answer=_type_once(sampling))
+    finally:
+        sampling.done.set()
     assert done.ended, done.output[-2000:]
     assert done.returncode == 130, done.output[-2000:]
     assert "DEADLOCK" in done.output, done.output[-2000:]
