@@ -22,6 +22,11 @@ def _where(chain: WaitChain, index: int) -> str:
     return f" at {hops[index].where}"
 
 
+_SOCKET_TIMEOUT = ("give the socket a timeout (`settimeout(...)`, or the client call's "
+                   "`timeout=`) so that a peer that never answers fails the read")
+"""The half of a socket chain's Next that holds whatever the peer is."""
+
+
 def chain_next(chain: WaitChain) -> str | None:
     """One sentence: what to change where the chain ends (see the module docstring)."""
     subject = chain.subject or "it"
@@ -76,14 +81,10 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"alone), or set the DataLoader's `timeout`.")
     if end == "socket-peer":
         return (f"Make `{subject}` answer (the chain's last hop shows where it stands "
-                f"instead), and give the socket a timeout (`settimeout(...)`, or the client "
-                f"call's `timeout=`) so that a peer that never answers fails the read"
-                f"{_where(chain, 0)} rather than holding it.")
+                f"instead), and {_SOCKET_TIMEOUT}{_where(chain, 0)} rather than holding it.")
     if end == "socket-remote":
-        return (f"Find why {subject} sends nothing: the read{_where(chain, 0)} waits for it, "
-                f"and it is out of sight from this machine; give the socket a timeout "
-                f"(`settimeout(...)`, or the client call's `timeout=`) so that a peer that "
-                f"never answers fails the step rather than holding it.")
+        return (f"Find why {subject} sends nothing: it is out of sight from this machine; "
+                f"{_SOCKET_TIMEOUT}{_where(chain, 0)} rather than holding it.")
     if end == "uneven-steps":
         return (f"Give every rank the same number of steps (a `DistributedSampler` with "
                 f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
