@@ -234,6 +234,25 @@ def test_the_line_holding_most_memory_is_named_when_sparse_readings_gave_part_to
     assert (holder["where"], holder["held"]) == ("main (leak.py:32)", 672546816)
 
 
+def test_a_line_holding_more_than_the_lines_beside_it_is_named_under_a_caller_holding_more():
+    # a ledger of a heavily loaded machine: the heap growth the kept tensors forced showed
+    # partly under the backward and the optimizer step (which gave most of theirs back) and
+    # partly under the caller only; the validation line holds a third of what its caller
+    # holds, and more than the other lines of the loop together
+    profile = _ledger([(["<module>", SCRIPT, 38], 978 << 20, 21, 1060 << 20, 0),
+                       (["main", SCRIPT, 32], 351 << 20, 16, 351 << 20, 1),
+                       (["main", SCRIPT, 30], 144 << 20, 8, 335 << 20, 1),
+                       (["main", SCRIPT, 29], 100 << 20, 6, 164 << 20, 1),
+                       (["main", SCRIPT, 28], 38 << 20, 11, 38 << 20, 1)])
+    assert summarize(profile)["memory"]["rss"]["holder"]["where"] == "main (leak.py:32)"
+    # the same, with a line beside it keeping as much: no line is named over the caller
+    kept_beside = _ledger([(["<module>", SCRIPT, 38], 978 << 20, 21, 1060 << 20, 0),
+                           (["main", SCRIPT, 32], 351 << 20, 16, 351 << 20, 1),
+                           (["main", SCRIPT, 28], 351 << 20, 16, 351 << 20, 1)])
+    assert summarize(kept_beside)["memory"]["rss"]["holder"]["where"] == \
+        "<module> (leak.py:38)"
+
+
 def test_no_line_holding_half_names_the_frame_around_them():
     # two lines of one loop each keep a part: neither holds the majority, the loop's caller
     # holding both is named
