@@ -4,8 +4,8 @@ whether it is slow by its size or by a defect.
 The rule chain (nsadiag.verdict.rules.rule_budget) picks SLOW for a run its limit stopped
 while it still progressed; ``slow_verdict`` then states, each where it was measured:
 
-- the rate (module events per second at the end) and the fraction done
-  (nsadiag.verdict.progress);
+- the rate (steps per second at the end, from the blocks' entries and exits) and the
+  fraction done (nsadiag.verdict.progress);
 - the ETA of the run, or where the current loop stands by its loop counter and how long
   this pass has left;
 - the last step's time (forward and backward);
@@ -63,7 +63,7 @@ def slow_verdict(evidence: Evidence, gap: float | None, window: float) -> Verdic
                f"{evidence.outcome.wall_s:.1f} s: the last progress (heartbeat or sampler "
                f"pulse) came {when}"]
     if p.rate is not None:
-        reasons.append(f"{p.rate:.1f} module events/s over the last {p.window_s:.1f} s")
+        reasons.append(_rate_sentence(p.rate, p.window_s, evidence.expected_events_per_step))
     reasons.append(_fraction_sentence(p, evidence))
     seq_len = int(evidence.spec.get("seq_len") or 0)
     loop = find_token_loop(evidence.profile, seq_len) or _moving_loop(evidence.profile)
@@ -110,9 +110,20 @@ def _fraction_sentence(p: Progress, evidence: Evidence) -> str:
     if p.fraction is None:
         return "fraction done unknown: no step count"
     if p.events_expected is not None:
-        return (f"{p.fraction:.0%} done: {p.events_done} of {p.events_expected} module events "
-                f"({evidence.expected_events_per_step} per step x {evidence.total_steps} steps)")
+        return (f"{p.fraction:.0%} done: {p.events_done} of {p.events_expected} entries and "
+                f"exits of the model's blocks ({evidence.expected_events_per_step} per step x "
+                f"{evidence.total_steps} steps)")
     return f"{p.fraction:.0%} done by steps and the position inside the current step"
+
+
+def _rate_sentence(rate: float, window_s: float | None, per_step: int | None) -> str:
+    """The pace the hooks counted, in steps where a step's count was measured: what a person
+    compares with the steps still to go."""
+    over = f" over the last {window_s:.1f} s" if window_s else ""
+    if not per_step:
+        return f"{rate:.1f} entries and exits of the model's blocks per second{over}"
+    return (f"{rate / per_step:.3g} steps/s{over} ({rate:.1f} entries and exits of the "
+            f"model's blocks per second, {per_step} per step)")
 
 
 def _step_sentence(step: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ def test_evidence_round_trips_through_json(name):
 
 
 def test_budget_kill_while_progressing_is_slow_with_rate_fraction_and_eta():
-    # 605 of 21 x 72 = 1512 module events done at one event per 0.05 s (20/s):
+    # 605 of 21 x 72 = 1512 block entries and exits done at one event per 0.05 s (20/s):
     # fraction 605/1512 = 40.0 %, ETA (1512 - 605) / 20 = 45.35 s.
     verdict = decide(load("slow_budget.json"))
     assert verdict.name == "SLOW"
@@ -55,7 +55,13 @@ def test_budget_kill_while_progressing_is_slow_with_rate_fraction_and_eta():
     assert facts["hot_count"] == 3 and facts["native_below"] is False
     assert facts["last_module"] == "blocks.2.attn.win" and facts["last_step"] == 8
     assert facts["step_s"] == pytest.approx(3.602)
-    assert "40% done: 605 of 1512 module events (72 per step x 21 steps)" in verdict.reasons
+    assert ("40% done: 605 of 1512 entries and exits of the model's blocks (72 per step x 21 "
+            "steps)") in verdict.reasons
+    rate = next(r for r in verdict.reasons if "steps/s" in r)
+    assert rate.startswith("0.277 steps/s over the last ")  # 19.97/s measured / 72
+    assert rate.endswith(" s (20.0 entries and exits of the model's blocks per second, "
+                         "72 per step)")
+    assert not any("module events" in r for r in verdict.reasons)
     assert "ETA 45 s for the remainder at that pace" in verdict.reasons
 
 
