@@ -22,6 +22,11 @@ def _where(chain: WaitChain, index: int) -> str:
     return f" at {hops[index].where}"
 
 
+def _called(chain: WaitChain) -> str:
+    where = _where(chain, 0)
+    return f" (called{where})" if where else ""
+
+
 _SOCKET_TIMEOUT = ("give the socket a timeout (`settimeout(...)`, or the client call's "
                    "`timeout=`) so that a peer that never answers fails the read")
 """The half of a socket chain's Next that holds whatever the peer is."""
@@ -71,6 +76,14 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "child-waits":
         return (f"The child `{subject}` never exits: make what it waits for happen, or wait "
                 f"for it with a timeout (`wait(timeout=...)`){_where(chain, 0)}.")
+    if end == "compile-cxx":
+        return (f"torch.compile{_called(chain)} waits for `{subject}`, which its C++ build "
+                f"runs as the compiler (or a wrapper around it) and which does not exit: run "
+                f"that compiler by hand to see why, or point torch.compile at one that works "
+                f"(it runs the `CXX` environment variable when set, else `g++`).")
+    if end == "compile-child":
+        return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
+                f"and which does not exit: run it by hand to see why.")
     if end == "file-lock":
         return (f"The process holding the file lock on {subject} waits while it holds it"
                 f"{_where(chain, -1)}: release the lock before that wait, or take it here "

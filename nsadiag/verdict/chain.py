@@ -14,9 +14,11 @@ lock        ``with X:`` / ``X.acquire()``: the thread of the same process inside
 queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died of an
             exception (nsadiag.harness.thread_exceptions) is the producer that is gone;
             else the other live threads, none of which is known to feed it.
-child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``): the child
+child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
+            pipe whose write end a child holds (its output, read to the end): the child
             (pid, command) and where the kernel holds it; a child reading a pipe whose
-            write end this process holds is a pipe that never reaches end of file.
+            write end this process holds is a pipe that never reaches end of file. Inside
+            torch.compile the child is the program the compiler runs (its C++ compiler).
 file lock   ``flock``/``fcntl`` in the kernel: the pid that holds a lock on the same file
             (/proc/locks) and where it stands.
 worker      a wait inside the DataLoader: the worker processes sampled at the stall and
@@ -41,6 +43,7 @@ from pathlib import PurePath
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
+from nsadiag.probes.compiler import compiler_frame
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import ProcessWaits, Scope, SocketEnd, ThreadWait
@@ -50,7 +53,7 @@ HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "pr
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
-        "unknown")
+        "compile-cxx", "compile-child", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -64,14 +67,19 @@ end a process of this machine holds; socket-remote: a read on a TCP or UDP conne
 other end is out of sight (another machine, or a namespace this one does not show);
 uneven-steps: ranks that ran fewer steps wait in a collective after their loop while the
 others wait in a step's gradient collective;
-collective-differs: the ranks issued different collectives at the same number; unknown: the
-evidence names no next hop. A rank that never issued the collective the others wait in is
-followed as a process of its own, and the chain ends where its own chain ends."""
+collective-differs: the ranks issued different collectives at the same number;
+compile-cxx: torch.compile waits for the program it runs as its C++ compiler (its C++ build,
+torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-child: the
+same for another program torch.compile started; unknown: the evidence names no next hop.
+A rank that never issued the collective the others wait in is followed as a process of its
+own, and the chain ends where its own chain ends."""
 
 LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s*)?:|"
                        r"([\w.\[\]]+)\.acquire\(")
 QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
+TORCH_FILE = re.compile(r"/torch/")
+CPP_BUILD = re.compile(r"torch/_inductor/cpp_builder\.py$")
 DATALOADER = re.compile(r"/torch/utils/data/")
 SLEEP = re.compile(r"\bsleep\(|nanosleep")
 CHILD_WCHAN = ("do_wait", "wait_consider_task")
@@ -263,22 +271,59 @@ def _command(waits: ProcessWaits) -> str:
     return " ".join(waits.command) or f"pid {waits.pid}"
 
 
-def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None) -> WaitChain:
+def _pipe_writer(waits: ProcessWaits | None, os_wait: ThreadWait | None
+                 ) -> ProcessWaits | None:
+    """The child holding the write end of the pipe the thread is blocked reading (its
+    output, which the thread reads to the end); None when the read is not of such a pipe."""
+    if waits is None or os_wait is None or os_wait.syscall_name not in READ_SYSCALLS:
+        return None
+    read = waits.file(os_wait.first_arg)
+    if read is None or not read.is_pipe:
+        return None
+    return next((child for child in waits.children
+                 if any(f.inode == read.inode and "w" in f.mode for f in child.files)), None)
+
+
+def _in_compile(thread: ThreadStack) -> tuple[str, bool] | None:
+    """Where torch.compile stands in ``thread`` (" inside torch.compile (f at file:line)",
+    its innermost torch frame) and whether that is its C++ build; None when the thread is
+    not compiling."""
+    frames = thread.python_frames()  # innermost first
+    if compiler_frame((f.function, f.file, f.line) for f in reversed(frames)) is None:
+        return None
+    inner = next((f for f in frames if TORCH_FILE.search(f.file)), None)
+    if inner is None:
+        return None
+    cxx = any(CPP_BUILD.search(f.file) for f in frames)
+    return f" inside torch.compile ({inner.function} at {at(inner)})", cxx
+
+
+def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                 reading: ProcessWaits | None = None) -> WaitChain:
+    """The chain of a wait for a child: to exit, or (``reading``) to end the output this
+    thread reads from it."""
     waits = process.waits
     where = f" at {at(own)}" if own is not None else ""
     os_wait = _os_wait(waits, thread)
     children = waits.children if waits else ()
     waited = next((c for c in children if os_wait and c.pid == os_wait.first_arg), None)
-    child = waited or (children[0] if len(children) == 1 else None)
+    child = reading or waited or (children[0] if len(children) == 1 else None)
+    compiling = _in_compile(thread)
+    inside = compiling[0] if compiling else ""
     if child is None:
-        return WaitChain((Hop("child", f"{_label(thread)} waits for a child process{where}",
+        return WaitChain((Hop("child", f"{_label(thread)} waits for a child process"
+                                       f"{inside}{where}",
                               at(own) if own else None, own.code if own else None),
                           Hop("unknown", "which child, and what it waits on, is unknown")),
                          "unknown")
-    first = Hop("child", f"{_label(thread)} waits for child pid {child.pid} "
-                         f"(`{_command(child)}`) to exit{where}",
+    waits_for = (f"waits to read the output of child pid {child.pid} (`{_command(child)}`)"
+                 if reading is not None else
+                 f"waits for child pid {child.pid} (`{_command(child)}`) to exit")
+    first = Hop("child", f"{_label(thread)} {waits_for}{inside}{where}",
                 at(own) if own else None, own.code if own else None)
     main = child.thread(child.pid) or (child.threads[0] if child.threads else None)
+    waiting_end = "child-waits" if compiling is None else \
+        "compile-cxx" if compiling[1] else "compile-child"
     if main is None:
         return WaitChain((first, Hop("unknown", f"what pid {child.pid} waits on is unknown")),
                          "unknown", _command(child))
@@ -297,10 +342,10 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None)
         target = read.target if read is not None else "an unknown descriptor"
         return WaitChain((first, Hop("process", f"pid {child.pid} is blocked reading fd "
                                                 f"{main.first_arg}{stream} ({target})")),
-                         "child-waits", _command(child))
+                         waiting_end, _command(child))
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
-                                            f"{kernel}")), "child-waits", _command(child))
+                                            f"{kernel}")), waiting_end, _command(child))
 
 
 def _connection(end: SocketEnd) -> str:
@@ -456,10 +501,11 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         found = _file_lock_chain(process, thread, own, others)
         if found is not None:
             return found
+    writer = _pipe_writer(process.waits, os_wait)
     if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and frame is not None \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
-                                        os_wait.wchan in CHILD_WCHAN):
-        return _child_chain(process, thread, own)
+                                        os_wait.wchan in CHILD_WCHAN) or writer is not None:
+        return _child_chain(process, thread, own, writer)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
     socket_end = process.waits.socket(os_wait.first_arg) if process.waits and os_wait and \

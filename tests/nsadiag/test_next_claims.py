@@ -25,7 +25,7 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "put(timeout=...)", "get(timeout=...)", "wait(timeout=...)", "finally", "with",
             "try", "threading.RLock", "multiprocessing_context=\"spawn\"", "worker_init_fn",
             "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
-            "drop_last=True", "join", "settimeout(...)", "timeout="}
+            "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -70,6 +70,16 @@ CHAINS = [
                             "t.py:27", "t.py:27"),
                Hop("process", "pid 3 waits in the kernel at hrtimer_nanosleep")),
               "child-waits", "tool"),
+    WaitChain((Hop("child", "the main thread waits to read the output of child pid 3 (`sleep "
+                            "9`) inside torch.compile (cpp_compiler_search at "
+                            "cpp_builder.py:104) at t.py:5", "t.py:5"),
+               Hop("process", "pid 3 waits in the kernel at hrtimer_nanosleep")),
+              "compile-cxx", "sleep 9"),
+    WaitChain((Hop("child", "the main thread waits for child pid 3 (`ptxas -v`) to exit "
+                            "inside torch.compile (compile at triton_compat.py:9) at t.py:5",
+                   "t.py:5"),
+               Hop("process", "pid 3 is blocked reading fd 0 (its stdin) (/dev/tty)")),
+              "compile-child", "ptxas -v"),
     WaitChain((Hop("file-lock", "the main thread waits for the flock lock on /tmp/c at t.py:40",
                    "t.py:40"),
                Hop("holder", "it is held (write) by pid 8, by /proc/locks"),
@@ -127,9 +137,14 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert bool(LOCK_WORDS.search(said)) == (chain.has("lock") or chain.has("file-lock")), said
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
-        chain.end in ("pipe-eof", "uneven-steps", "collective-differs"), said
+        chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
+                      "compile-child"), said
     if chain.end == "poll":
         assert "timeout" in said and chain.subject in said
+    # torch.compile is named only where its frames are in the chain, its C++ compiler only
+    # where its C++ build is
+    assert ("torch.compile" in said) == ("inside torch.compile" in chain.printed()), said
+    assert ("C++" in said) == ("cpp_builder.py" in chain.printed()), said
     if chain.end == "lock-lost-fork":
         assert "fork" in said
     assert "per-token" not in said and "tensor ops" not in said

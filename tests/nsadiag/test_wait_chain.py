@@ -131,6 +131,45 @@ def test_a_child_reading_a_pipe_whose_write_end_we_hold_is_a_pipe_that_never_end
     assert other.end == "child-waits" and "write end" not in other.printed()
 
 
+SITE = "/venv/lib/python3.11/site-packages/torch"
+
+
+def test_a_read_of_a_childs_output_is_followed_to_the_child_and_inside_a_compile_named_so():
+    # torch.compile's C++ build reads its compiler's output (subprocess.run); the compiler
+    # (a wrapper that never answers) sleeps: the read is of a pipe the child writes
+    reading = thread(100, "MainThread",
+                     StackFrame("read", "/usr/lib/x86_64-linux-gnu/libc.so.6", 0, True),
+                     frame("communicate", 1196, "stdout = self.stdout.read()",
+                           "/usr/lib/python3.11/subprocess.py"),
+                     frame("cpp_compiler_search", 104, "subprocess.check_output(...)",
+                           f"{SITE}/_inductor/cpp_builder.py"),
+                     frame("compile_fx_inner", 837, "", f"{SITE}/_inductor/compile_fx.py"),
+                     frame("_compile", 2102, "", f"{SITE}/_dynamo/convert_frame.py"),
+                     frame("main", 5, "print(model(x).sum())"))
+    compiler = ProcessWaits(300, ("sleep", "9"),
+                            (ThreadWait(300, "hrtimer_nanosleep", 230, "clock_nanosleep", 0),),
+                            (OpenFile(1, "pipe:[77]", "w", 77),))
+    ours = ProcessWaits(100, ("python",), (ThreadWait(100, "anon_pipe_read", 0, "read", 10),),
+                        (OpenFile(10, "pipe:[77]", "r", 77),), (compiler,))
+    chain = roundtrip(wait_chain(evidence([reading], ours)))
+    assert chain.end == "compile-cxx" and chain.subject == "sleep 9"
+    assert chain.printed() == (
+        "the main thread waits to read the output of child pid 300 (`sleep 9`) inside "
+        "torch.compile (cpp_compiler_search at cpp_builder.py:104) at train.py:5 -> pid 300 "
+        "waits in the kernel at hrtimer_nanosleep")
+    # the same read outside any compile: a child that never exits, nothing of torch.compile
+    plain = thread(100, "MainThread", *reading.frames[:2],
+                   frame("main", 9, "out = subprocess.run(cmd, capture_output=True)"))
+    outside = roundtrip(wait_chain(evidence([plain], ours)))
+    assert outside.end == "child-waits" and "torch.compile" not in outside.printed()
+    assert outside.printed().startswith("the main thread waits to read the output of child "
+                                        "pid 300 (`sleep 9`) at train.py:9 -> ")
+    # a pipe no child writes is not a child's output: no child is named
+    nobody = ProcessWaits(100, ("python",), ours.threads, ours.files,
+                          (ProcessWaits(300, ("sleep", "9"), compiler.threads, ()),))
+    assert "child pid" not in roundtrip(wait_chain(evidence([plain], nobody))).printed()
+
+
 def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
     main = thread(100, "MainThread", frame("main", 40, "fcntl.flock(cache, fcntl.LOCK_SH)"))
     locks = (FileLock("FLOCK", "WRITE", 200, 9, False, "/tmp/cache.bin"),

@@ -84,3 +84,28 @@ def test_a_host_read_loop_in_the_loss_is_named_with_per_iteration_advice(tmp_pat
     assert summary["finding"]["next_action"].startswith(
         f"Replace the loop at loss_token_loop.py:{loop}-")
     assert f"(line {loop + 1} `token = " in summary["finding"]["next_action"]
+
+
+def test_a_compile_waiting_for_its_cxx_compiler_names_the_compiler_and_says_run_it(tmp_path):
+    # the site's CXX is a compiler wrapper that never answers; a fresh inductor cache, so
+    # no earlier build lets the compile skip the compiler
+    script, wrapper = SCRIPTS / "compiled_model_cpu.py", SCRIPTS / "cxx_wrapper_waits.sh"
+    done, summary, record, _ = nsadiag_run(
+        tmp_path, ["--stall-timeout", "6"],
+        ["bash", "-c", f"CXX={wrapper} TORCHINDUCTOR_CACHE_DIR={tmp_path / 'inductor'} "
+                       f"exec {sys.executable} {script}"])
+    assert done.returncode == 1, done.stderr
+    assert summary["verdict"] == "DEADLOCK", summary["headline"]
+    chain = record["verdict"]["facts"]["wait_chain"]
+    call = _line("compiled_model_cpu.py", "loss = (compiled(x) - x).pow(2).mean()", exact=True)
+    assert chain["end"] == "compile-cxx", chain["printed"]
+    assert chain["printed"].startswith("the main thread waits to read the output of child pid ")
+    assert "cxx_wrapper_waits.sh" in chain["subject"]
+    assert " inside torch.compile (" in chain["printed"] and "cpp_builder.py:" in \
+        chain["printed"]
+    assert f" at compiled_model_cpu.py:{call} -> pid " in chain["printed"]
+    assert f"- **Waits:** {redact(chain['printed'])}" in _top(tmp_path)
+    said = summary["finding"]["next_action"]
+    assert said.startswith(f"torch.compile (called at compiled_model_cpu.py:{call}) waits "
+                           f"for `"), said
+    assert "cxx_wrapper_waits.sh" in said and "`CXX`" in said and "lock" not in said
