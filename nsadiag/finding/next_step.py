@@ -22,6 +22,13 @@ def _where(chain: WaitChain, index: int) -> str:
     return f" at {hops[index].where}"
 
 
+def _where_queue(chain: WaitChain) -> str:
+    """" at file:line" of the chain's wait on a queue (after a join that led to it, the
+    joined thread's wait), the first hop's where it has none."""
+    index = next((i for i, hop in enumerate(chain.hops) if hop.kind == "queue"), 0)
+    return _where(chain, index)
+
+
 def _called(chain: WaitChain) -> str:
     where = _where(chain, 0)
     return f" (called{where})" if where else ""
@@ -65,10 +72,10 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "producer-died":
         return (f"Fix the exception that ended the thread feeding `{subject}` (the chain names "
                 f"it), and have that thread put a sentinel in a `finally` so the wait"
-                f"{_where(chain, 0)} ends when it dies (or `get(timeout=...)`).")
+                f"{_where_queue(chain)} ends when it dies (or `get(timeout=...)`).")
     if end == "no-producer":
         return (f"Make sure a thread feeds `{subject}` and puts a sentinel when it ends, or "
-                f"wait with a timeout{_where(chain, 0)}: no thread is known to feed it.")
+                f"wait with a timeout{_where_queue(chain)}: no thread is known to feed it.")
     if end == "pipe-eof":
         return (f"Close the write end before waiting for `{subject}` (`proc.stdin.close()`), "
                 f"or use `communicate()` / `subprocess.run(input=...)`, which send end of "

@@ -14,6 +14,8 @@ lock        ``with X:`` / ``X.acquire()``: the thread of the same process inside
 queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died of an
             exception (nsadiag.harness.thread_exceptions) is the producer that is gone;
             else the other live threads, none of which is known to feed it.
+join        ``Thread.join``: the process's one other live thread of the user's, followed as
+            the chain of its own (which of several is the one joined is not known).
 child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
             pipe whose write end a child holds (its output, read to the end): the child
             (pid, command) and where the kernel holds it; a child reading a pipe whose
@@ -48,7 +50,7 @@ from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import ProcessWaits, Scope, SocketEnd, ThreadWait
 
-HOPS = ("lock", "holder", "queue", "producer", "child", "pipe", "file-lock", "process",
+HOPS = ("lock", "holder", "queue", "join", "producer", "child", "pipe", "file-lock", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
@@ -78,6 +80,9 @@ LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s
                        r"([\w.\[\]]+)\.acquire\(")
 QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
+THREADING = re.compile(r"/threading\.py$")
+MAX_DEPTH = 3
+"""Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
 CPP_BUILD = re.compile(r"torch/_inductor/cpp_builder\.py$")
 DATALOADER = re.compile(r"/torch/utils/data/")
@@ -487,9 +492,35 @@ def _strip(text: str, thread: ThreadStack) -> str:
     return text.removeprefix(_label(thread) + " ")
 
 
-def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Process]
-                  ) -> WaitChain:
-    """The chain from ``thread`` of ``process`` (see the module docstring)."""
+def _joins_thread(thread: ThreadStack) -> bool:
+    """Whether the thread waits in ``Thread.join`` (threading.py), not a queue's join."""
+    return any(THREADING.search(f.file) and f.function.rsplit(".", 1)[-1] in
+               ("join", "_wait_for_tstate_lock") for f in thread.python_frames())
+
+
+def _join_chain(process: _Process, thread: ThreadStack, own: StackFrame, name: str,
+                others: Sequence[_Process], depth: int) -> WaitChain:
+    """A ``Thread.join``: the thread joined, when the process has one other live thread of
+    the user's (which of several is ``name`` is not in the evidence), followed."""
+    first = Hop("join", f"{_label(thread)} waits for thread `{name}` to finish at {at(own)}",
+                at(own), own.code)
+    candidates = [t for t in user_threads(process.sample) if t is not thread]
+    if len(candidates) != 1:
+        alive = "; ".join(_doing(t, process).text for t in candidates) or "none"
+        return WaitChain((first, Hop("unknown", f"which live thread is `{name}` is unknown; "
+                                                f"the other live threads: {alive}")),
+                         "unknown", name)
+    joined = candidates[0]
+    if depth >= MAX_DEPTH:
+        return WaitChain((first, _doing(joined, process)), "unknown", name)
+    inner = _thread_chain(process, joined, others, depth + 1)
+    return WaitChain((first, *inner.hops), inner.end, inner.subject)
+
+
+def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Process],
+                  depth: int = 0) -> WaitChain:
+    """The chain from ``thread`` of ``process`` (see the module docstring); ``depth`` counts
+    the threads already followed to reach it (a join leads to the joined thread)."""
     frame = wait_frame(thread)
     own = _own(thread)
     lock = _lock_name(own.code) if own is not None else None
@@ -513,6 +544,8 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
     if socket_end is not None:
         return _socket_chain(process, thread, own, socket_end, others)
     queued = QUEUE_CODE.search(own.code or "") if own is not None else None
+    if queued and frame is not None and queued[2] == "join" and _joins_thread(thread):
+        return _join_chain(process, thread, own, queued[1], others, depth)
     if queued and frame is not None:
         return _queue_chain(process, thread, own, queued[1], queued[2])
     polled = _poll_chain(process, thread)

@@ -111,6 +111,37 @@ def test_a_queue_whose_producer_died_names_the_exception_and_one_without_names_n
     assert nobody.end == "no-producer" and "no other thread" in nobody.printed()
 
 
+def test_a_thread_join_is_followed_into_the_joined_thread_and_a_queue_join_is_not():
+    joins = thread(100, "MainThread",
+                   frame("_wait_for_tstate_lock", 1132, "if lock.acquire(block, timeout):",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("Thread.join", 1112, "self._wait_for_tstate_lock()",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("<module>", 16, "t.join()"))
+    consumer = thread(101, "consumer", frame("wait", 320, "waiter.acquire()",
+                                             "/usr/lib/python3.11/threading.py"),
+                      frame("consume", 7, "item = jobs.get()"))
+    chain = roundtrip(wait_chain(evidence([joins, consumer], ProcessWaits(100, ()))))
+    assert chain.end == "no-producer" and chain.subject == "jobs"
+    assert chain.printed().startswith(
+        "the main thread waits for thread `t` to finish at train.py:16 -> thread consumer "
+        "waits for an item from `jobs` at train.py:7 -> which thread feeds it is unknown")
+    # two other threads: which one `t` is, is not in the evidence
+    other = thread(102, "logger", frame("run", 40, "time.sleep(1)"))
+    two = roundtrip(wait_chain(evidence([joins, consumer, other], ProcessWaits(100, ()))))
+    assert two.end == "unknown" and "which live thread is `t` is unknown" in two.printed()
+    assert "thread consumer" in two.printed() and "thread logger" in two.printed()
+    # a queue's join (queue.py, waiting for task_done) stays a queue wait
+    queue_join = thread(100, "MainThread", frame("wait", 320, "waiter.acquire()",
+                                                 "/usr/lib/python3.11/threading.py"),
+                        frame("Queue.join", 90, "self.all_tasks_done.wait()",
+                              "/usr/lib/python3.11/queue.py"),
+                        frame("<module>", 20, "jobs.join()"))
+    waited = roundtrip(wait_chain(evidence([queue_join, consumer], ProcessWaits(100, ()))))
+    assert waited.printed().startswith("the main thread waits for `jobs` to finish at "
+                                       "train.py:20 -> ")
+
+
 def test_a_child_reading_a_pipe_whose_write_end_we_hold_is_a_pipe_that_never_ends():
     wait = thread(100, "MainThread", frame("_try_wait", 1959, "(pid, sts) = os.waitpid()",
                                            "/usr/lib/python3.11/subprocess.py"),

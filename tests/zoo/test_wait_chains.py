@@ -57,6 +57,8 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
      "reward_server_reads_to_eof.py:", "Make `python reward_server_reads_to_eof.py serve "),
     ("poll_for_file.py", "poll", "polls `not os.path.exists(marker)` in a sleep loop at "
      "poll_for_file.py:", "Add a timeout to the polling loop at poll_for_file.py:"),
+    ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
+     "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])
 def test_each_stuck_script_names_its_chain_and_a_next_step_from_its_end(tmp_path, script, end,
                                                                           says, next_starts):
