@@ -91,6 +91,17 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "compile-child":
         return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
                 f"and which does not exit: run it by hand to see why.")
+    if end == "pool-lost-task":
+        return (f"A worker of the pool ended while it ran a task: `multiprocessing.Pool` starts "
+                f"a new worker but never returns that task's result, so the wait"
+                f"{_where(chain, 0)} never ends. Find why the worker ended (an out-of-memory "
+                f"kill shows in `dmesg`), and use `concurrent.futures.ProcessPoolExecutor`, "
+                f"which raises `BrokenProcessPool` when a worker dies, or "
+                f"`map_async(...).get(timeout=...)`.")
+    if end == "pool-worker":
+        return (f"The pool's worker stands{_where(chain, -1)} and never returns its task's "
+                f"result: make that line return (run the function once in the main process to "
+                f"see it alone), or wait with `map_async(...).get(timeout=...)`.")
     if end == "file-lock":
         return (f"The process holding the file lock on {subject} waits while it holds it"
                 f"{_where(chain, -1)}: release the lock before that wait, or take it here "

@@ -73,6 +73,14 @@ def _command(process: psutil.Process) -> str:
         return ""
 
 
+def _in_pool(sample: StackSample | None) -> bool:
+    """Whether a process runs a multiprocessing pool's worker loop."""
+    return sample is not None and any(
+        frame.file.endswith("/multiprocessing/pool.py") and
+        frame.function.rsplit(".", 1)[-1] == "worker"
+        for thread in sample.threads for frame in thread.python_frames())
+
+
 def roles(processes: Sequence[psutil.Process], samples: dict[int, StackSample | None]
           ) -> dict[int, str]:
     """{pid: what the process is} (see the module docstring); ``samples`` holds the last
@@ -102,7 +110,11 @@ def roles(processes: Sequence[psutil.Process], samples: dict[int, StackSample | 
             found[process.pid] = f"DataLoader worker {number} of {owner}"
         elif "torch.distributed.run" in command or "torchrun" in command:
             found[process.pid] = "the torchrun launcher"
+        elif _in_pool(samples.get(process.pid)):
+            found[process.pid] = "a multiprocessing pool worker"
         else:
             shown = command if len(command) <= 60 else command[:57] + "..."
-            found[process.pid] = f"a helper process ({shown})"
+            # a process that ended before its command line was read has none to show
+            found[process.pid] = f"a helper process ({shown})" if shown else \
+                "a helper process"
     return found

@@ -16,6 +16,8 @@ queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died 
             else the other live threads, none of which is known to feed it.
 join        ``Thread.join``: the process's one other live thread of the user's, followed as
             the chain of its own (which of several is the one joined is not known).
+pool        a wait for a ``multiprocessing.Pool``'s results: a worker that runs a task,
+            followed; every worker idle means no worker holds the awaited task.
 child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
             pipe whose write end a child holds (its output, read to the end): the child
             (pid, command) and where the kernel holds it; a child reading a pipe whose
@@ -50,12 +52,13 @@ from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import ProcessWaits, Scope, SocketEnd, ThreadWait
 
-HOPS = ("lock", "holder", "queue", "join", "producer", "child", "pipe", "file-lock", "process",
+HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
+        "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
-        "compile-cxx", "compile-child", "unknown")
+        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -72,7 +75,10 @@ others wait in a step's gradient collective;
 collective-differs: the ranks issued different collectives at the same number;
 compile-cxx: torch.compile waits for the program it runs as its C++ compiler (its C++ build,
 torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-child: the
-same for another program torch.compile started; unknown: the evidence names no next hop.
+same for another program torch.compile started; pool-lost-task: every worker of a
+multiprocessing pool waits idle for a task while the pool's results are awaited (the task
+went with a worker that ended); pool-worker: a pool worker stands at its frame; unknown:
+the evidence names no next hop.
 A rank that never issued the collective the others wait in is followed as a process of its
 own, and the chain ends where its own chain ends."""
 
@@ -81,6 +87,8 @@ LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s
 QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
+POOL = re.compile(r"/multiprocessing/pool\.py$")
+REPLACER = re.compile(r"\(_handle_workers\)")
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
@@ -488,6 +496,62 @@ def _worker_chain(process: _Process, thread: ThreadStack, own: StackFrame | None
     return WaitChain(hops, inner.end if inner.end != "unknown" else "worker", inner.subject)
 
 
+def _pool_thread(sample: StackSample) -> ThreadStack | None:
+    """The thread of a multiprocessing pool's worker process that runs the worker loop."""
+    return next((t for t in sample.threads if any(
+        POOL.search(f.file) and f.function.rsplit(".", 1)[-1] == "worker"
+        for f in t.python_frames())), None)
+
+
+def _runs_task(thread: ThreadStack) -> bool:
+    """Whether a pool worker's loop thread is inside a task: a frame of the user's code
+    inside the worker loop (a forked worker's stack also holds, outside the loop, the
+    parent's frames that created the pool)."""
+    for frame in thread.frames:  # innermost first
+        if POOL.search(frame.file) and frame.function.rsplit(".", 1)[-1] == "worker":
+            return False
+        if own_code(frame):
+            return True
+    return False
+
+
+def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                others: Sequence[_Process], depth: int) -> WaitChain:
+    """A wait for a multiprocessing pool's results: a worker that runs a task is followed;
+    every worker idle means the task is held by none (a worker that ended took it: the pool
+    starts another in its place and never returns the task)."""
+    where = f" at {at(own)}" if own is not None else ""
+    first = Hop("pool", f"{_label(thread)} waits for the results of a multiprocessing pool"
+                        f"{where}", at(own) if own else None, own.code if own else None)
+    workers = [(p, t) for p in others if (t := _pool_thread(p.sample)) is not None]
+    if not workers:
+        return WaitChain((first, Hop("unknown", "no worker of the pool was sampled: where "
+                                                "they stand is unknown")), "unknown")
+    busy = [(p, t) for p, t in workers if _runs_task(t)]
+    if busy and depth < MAX_DEPTH:
+        worker, loop = busy[0]
+        inner = _thread_chain(worker, loop, (), depth + 1)
+        said = f"pool worker pid {worker.sample.pid} {_strip(inner.hops[0].text, loop)}"
+        hops = (first, Hop(inner.hops[0].kind, said, inner.hops[0].where,
+                           inner.hops[0].code), *inner.hops[1:])
+        return WaitChain(hops, inner.end if inner.end != "unknown" else "pool-worker",
+                         inner.subject)
+    pids = ("pid " if len(workers) == 1 else "pids ") + \
+        ", ".join(str(p.sample.pid) for p, _ in workers)
+    # a worker the pool started after its first ones inherits the name of the pool's
+    # thread that starts the replacements
+    replaced = [p.sample.pid for p, t in workers if REPLACER.search(t.name or "")]
+    started = (f"; pid {', '.join(map(str, replaced))} was started by the pool's "
+               f"`_handle_workers` thread, which replaces a worker that ended"
+               if replaced else "")
+    noun = {1: "its one worker sampled", 2: "both its workers"}.get(
+        len(workers), f"all {len(workers)} of its workers")
+    verb = "waits" if len(workers) == 1 else "wait"
+    return WaitChain((first, Hop("pool", f"{noun} ({pids}) {verb} idle for a task: none "
+                                         f"runs the task whose result this waits for"
+                                         f"{started}")), "pool-lost-task")
+
+
 def _strip(text: str, thread: ThreadStack) -> str:
     return text.removeprefix(_label(thread) + " ")
 
@@ -539,6 +603,8 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _child_chain(process, thread, own, writer)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
+    if frame is not None and any(POOL.search(f.file) for f in thread.python_frames()):
+        return _pool_chain(process, thread, own, others, depth)
     socket_end = process.waits.socket(os_wait.first_arg) if process.waits and os_wait and \
         os_wait.syscall_name in READ_SYSCALLS else None
     if socket_end is not None:

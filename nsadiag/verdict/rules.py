@@ -36,7 +36,7 @@ from typing import Any
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
 from nsadiag.fmt import gib, mib
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
-from nsadiag.verdict.chain import add_chain, wait_chain
+from nsadiag.verdict.chain import WaitChain, add_chain, wait_chain
 from nsadiag.verdict.facts import (
     add_load,
     position_facts,
@@ -323,9 +323,10 @@ def _stall_verdict(evidence: Evidence, preface: list[str]) -> Verdict:
         unavailable=["no stall evidence was recorded"])
     verdict = classify_stall(stall, preface, position_facts(evidence), evidence.profile,
                              evidence.load)
-    _add_others(evidence, verdict)
+    chain = wait_chain(evidence)
+    _add_others(evidence, verdict, chain)
     _add_thread_exceptions(evidence, verdict)
-    _add_wait_chain(evidence, verdict)
+    add_chain(verdict, chain)
     if stall.stretched:
         return contended(stall, verdict)
     return verdict
@@ -354,17 +355,12 @@ def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
                               f"(a thread that waits for its work waits forever)")
 
 
-def _add_wait_chain(evidence: Evidence, verdict: Verdict) -> None:
-    """The wait chain of a stuck process (nsadiag.verdict.chain) followed with what only
-    the whole run knows: the exceptions of its other threads, its other processes."""
-    add_chain(verdict, wait_chain(evidence))
-
-
-def _add_others(evidence: Evidence, verdict: Verdict) -> None:
+def _add_others(evidence: Evidence, verdict: Verdict, chain: WaitChain | None) -> None:
     """Every other process of the job sampled at the stall, each by what it is and where
     it waits or works (facts "others"), and, when the watched process waits outside its own
-    code while other processes sit in theirs (a DataLoader worker inside the dataset), the
-    one that holds it up, second among the reasons (facts "held_by")."""
+    code while other processes sit in theirs (a DataLoader worker inside the dataset) and
+    its wait ``chain`` (nsadiag.verdict.chain) names nothing better, the one that holds it
+    up, second among the reasons (facts "held_by")."""
     places = []
     for other in evidence.others:
         samples = (other.get("stall") or {}).get("samples") or []
@@ -376,7 +372,8 @@ def _add_others(evidence: Evidence, verdict: Verdict) -> None:
     own = evidence.stall.samples[-1] if evidence.stall and evidence.stall.samples else None
     mine = describe_place(own) if own is not None else None
     if verdict.name not in ("DEADLOCK", "STALL-BUSY") or mine is None or \
-            mine["state"] != "waits" or _own_frame(mine["where"], own):
+            mine["state"] != "waits" or _own_frame(mine["where"], own) or \
+            chain is not None and chain.end != "unknown":
         return
     holders = [p for p in places if p["place"] and p["place"].get("own")]
     if not holders:

@@ -25,7 +25,9 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "put(timeout=...)", "get(timeout=...)", "wait(timeout=...)", "finally", "with",
             "try", "threading.RLock", "multiprocessing_context=\"spawn\"", "worker_init_fn",
             "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
-            "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++"}
+            "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++",
+            "multiprocessing.Pool", "concurrent.futures.ProcessPoolExecutor",
+            "BrokenProcessPool", "map_async(...).get(timeout=...)", "dmesg"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -80,6 +82,14 @@ CHAINS = [
                    "t.py:5"),
                Hop("process", "pid 3 is blocked reading fd 0 (its stdin) (/dev/tty)")),
               "compile-child", "ptxas -v"),
+    WaitChain((Hop("pool", "the main thread waits for the results of a multiprocessing pool "
+                           "at t.py:12", "t.py:12"),
+               Hop("pool", "both its workers (pids 4, 5) wait idle for a task: none runs the "
+                           "task whose result this waits for")), "pool-lost-task"),
+    WaitChain((Hop("pool", "the main thread waits for the results of a multiprocessing pool "
+                           "at t.py:12", "t.py:12"),
+               Hop("frame", "pool worker pid 4 runs t.py:30 `parse(doc)`", "t.py:30")),
+              "pool-worker"),
     WaitChain((Hop("file-lock", "the main thread waits for the flock lock on /tmp/c at t.py:40",
                    "t.py:40"),
                Hop("holder", "it is held (write) by pid 8, by /proc/locks"),
@@ -145,6 +155,8 @@ def test_each_next_claim_follows_from_its_chain(chain):
     # where its C++ build is
     assert ("torch.compile" in said) == ("inside torch.compile" in chain.printed()), said
     assert ("C++" in said) == ("cpp_builder.py" in chain.printed()), said
+    # a pool's worker is named only where the chain went through a pool
+    assert ("pool" in said.lower()) == chain.has("pool"), said
     if chain.end == "lock-lost-fork":
         assert "fork" in said
     assert "per-token" not in said and "tensor ops" not in said

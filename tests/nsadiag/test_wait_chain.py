@@ -219,6 +219,52 @@ def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
         "thread waits at train.py:28 `may_write.wait()`")
 
 
+MP = "/usr/lib/python3.11/multiprocessing"
+
+
+def _pool_worker(pid: int, name: str, *task: StackFrame) -> dict:
+    """A forked pool worker as sampled: its task's frames (if any) inside the worker loop,
+    below them the parent's frames that created the pool."""
+    loop = thread(pid, name, *task,
+                  frame("SimpleQueue.get", 364, "with self._rlock:", f"{MP}/queues.py"),
+                  frame("worker", 114, "task = get()", f"{MP}/pool.py"),
+                  frame("Pool.__init__", 215, "self._repopulate_pool()", f"{MP}/pool.py"),
+                  frame("main", 33, "with Pool(2) as pool:"))
+    if task:  # a worker inside its task is not in the queue's get
+        loop = thread(pid, name, *task, *loop.frames[2:])
+    return {"pid": pid, "role": "a multiprocessing pool worker", "stall": StallEvidence(
+        6.0, 2.0, 0.0, samples=[StackSample(1.0, pid, [loop])],
+        waits=ProcessWaits(pid, ("python", "prep.py"))).to_dict()}
+
+
+def test_a_pool_whose_workers_all_wait_idle_lost_the_awaited_task_and_a_busy_one_is_followed():
+    waits = thread(100, "MainThread", frame("wait", 327, "waiter.acquire()",
+                                            "/usr/lib/python3.11/threading.py"),
+                   frame("ApplyResult.wait", 765, "self._event.wait(timeout)", f"{MP}/pool.py"),
+                   frame("Pool.map", 367, "return self._map_async(...).get()", f"{MP}/pool.py"),
+                   frame("main", 34, "tokens = pool.map(tokenize, range(16))"))
+    idle = [_pool_worker(201, "MainThread"), _pool_worker(205, "Thread-1 (_handle_workers)")]
+    chain = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()), others=idle)))
+    assert chain.end == "pool-lost-task"
+    assert chain.printed() == (
+        "the main thread waits for the results of a multiprocessing pool at train.py:34 -> "
+        "both its workers (pids 201, 205) wait idle for a task: none runs the task whose "
+        "result this waits for; pid 205 was started by the pool's `_handle_workers` thread, "
+        "which replaces a worker that ended")
+    # a worker inside its task (the user's frame inside the worker loop) is followed
+    busy = [_pool_worker(201, "MainThread"),
+            _pool_worker(202, "MainThread", frame("tokenize", 22, "time.sleep(1)"))]
+    followed = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()), others=busy)))
+    assert followed.end == "pool-worker"
+    assert followed.printed().startswith(
+        "the main thread waits for the results of a multiprocessing pool at train.py:34 -> "
+        "pool worker pid 202 ")
+    assert "train.py:22" in followed.printed() and "idle" not in followed.printed()
+    # no worker sampled: nothing is claimed about them
+    alone = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()))))
+    assert alone.end == "unknown" and "no worker of the pool was sampled" in alone.printed()
+
+
 def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
     sleep = thread(100, "MainThread", frame("wait_for_eval", 24, "time.sleep(0.2)"))
     scopes = (Scope(100, TRAIN, "wait_for_eval", 24, (),
