@@ -91,6 +91,11 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "compile-child":
         return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
                 f"and which does not exit: run it by hand to see why.")
+    if end == "terminal-input":
+        return (f"Answer the prompt at the terminal: the program waits{_where(chain, 0)} for "
+                f"a line typed at the terminal ({subject}). For runs with no one there, give the "
+                f"script its answer another way (the script's own option for it, or stdin "
+                f"from a file: `< answers.txt`).")
     if end == "pool-lost-task":
         return (f"A worker of the pool ended while it ran a task: `multiprocessing.Pool` starts "
                 f"a new worker but never returns that task's result, so the wait"

@@ -18,6 +18,7 @@ join        ``Thread.join``: the process's one other live thread of the user's, 
             the chain of its own (which of several is the one joined is not known).
 pool        a wait for a ``multiprocessing.Pool``'s results: a worker that runs a task,
             followed; every worker idle means no worker holds the awaited task.
+terminal    a read of a terminal (``input()`` at a prompt): a person's answer, the end.
 child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
             pipe whose write end a child holds (its output, read to the end): the child
             (pid, command) and where the kernel holds it; a child reading a pipe whose
@@ -50,15 +51,16 @@ from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, T
 from nsadiag.probes.compiler import compiler_frame
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
-from nsadiag.waitfacts import ProcessWaits, Scope, SocketEnd, ThreadWait
+from nsadiag.waitfacts import OpenFile, ProcessWaits, Scope, SocketEnd, ThreadWait
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
-        "process",
+        "terminal", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
-        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "unknown")
+        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "terminal-input",
+        "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -77,8 +79,9 @@ compile-cxx: torch.compile waits for the program it runs as its C++ compiler (it
 torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-child: the
 same for another program torch.compile started; pool-lost-task: every worker of a
 multiprocessing pool waits idle for a task while the pool's results are awaited (the task
-went with a worker that ended); pool-worker: a pool worker stands at its frame; unknown:
-the evidence names no next hop.
+went with a worker that ended); pool-worker: a pool worker stands at its frame;
+terminal-input: a read of the terminal (a prompt waiting for its answer); unknown: the
+evidence names no next hop.
 A rank that never issued the collective the others wait in is followed as a process of its
 own, and the chain ends where its own chain ends."""
 
@@ -89,6 +92,7 @@ SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
 POOL = re.compile(r"/multiprocessing/pool\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
+TERMINAL = re.compile(r"^/dev/(pts/\d+|tty\w*|console)$")
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
@@ -556,6 +560,15 @@ def _strip(text: str, thread: ThreadStack) -> str:
     return text.removeprefix(_label(thread) + " ")
 
 
+def _terminal_read(waits: ProcessWaits | None, os_wait: ThreadWait | None) -> OpenFile | None:
+    """The terminal the thread is blocked reading (a prompt waiting for its answer); None
+    when the read is not of a terminal."""
+    if waits is None or os_wait is None or os_wait.syscall_name not in READ_SYSCALLS:
+        return None
+    read = waits.file(os_wait.first_arg)
+    return read if read is not None and TERMINAL.match(read.target) else None
+
+
 def _joins_thread(thread: ThreadStack) -> bool:
     """Whether the thread waits in ``Thread.join`` (threading.py), not a queue's join."""
     return any(THREADING.search(f.file) and f.function.rsplit(".", 1)[-1] in
@@ -605,6 +618,14 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _worker_chain(process, thread, own, others)
     if frame is not None and any(POOL.search(f.file) for f in thread.python_frames()):
         return _pool_chain(process, thread, own, others, depth)
+    terminal = _terminal_read(process.waits, os_wait)
+    if terminal is not None:
+        where = f" at {at(own)}" if own is not None else ""
+        stream = ", its stdin" if terminal.fd == 0 else ""
+        return WaitChain((Hop("terminal", f"{_label(thread)} waits for a line typed at the "
+                                          f"terminal ({terminal.target}, fd {terminal.fd}"
+                                          f"{stream}){where}", at(own) if own else None,
+                              own.code if own else None),), "terminal-input", terminal.target)
     socket_end = process.waits.socket(os_wait.first_arg) if process.waits and os_wait and \
         os_wait.syscall_name in READ_SYSCALLS else None
     if socket_end is not None:

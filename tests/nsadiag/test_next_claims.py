@@ -27,7 +27,7 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
             "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++",
             "multiprocessing.Pool", "concurrent.futures.ProcessPoolExecutor",
-            "BrokenProcessPool", "map_async(...).get(timeout=...)", "dmesg"}
+            "BrokenProcessPool", "map_async(...).get(timeout=...)", "dmesg", "< answers.txt"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -90,6 +90,9 @@ CHAINS = [
                            "at t.py:12", "t.py:12"),
                Hop("frame", "pool worker pid 4 runs t.py:30 `parse(doc)`", "t.py:30")),
               "pool-worker"),
+    WaitChain((Hop("terminal", "the main thread waits for a line typed at the terminal "
+                               "(/dev/pts/3, fd 0, its stdin) at t.py:5", "t.py:5"),),
+              "terminal-input", "/dev/pts/3"),
     WaitChain((Hop("file-lock", "the main thread waits for the flock lock on /tmp/c at t.py:40",
                    "t.py:40"),
                Hop("holder", "it is held (write) by pid 8, by /proc/locks"),
@@ -148,13 +151,14 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
-                      "compile-child"), said
+                      "compile-child", "terminal-input"), said
     if chain.end == "poll":
         assert "timeout" in said and chain.subject in said
     # torch.compile is named only where its frames are in the chain, its C++ compiler only
     # where its C++ build is
     assert ("torch.compile" in said) == ("inside torch.compile" in chain.printed()), said
     assert ("C++" in said) == ("cpp_builder.py" in chain.printed()), said
+    assert ("terminal" in said) == chain.has("terminal"), said
     # a pool's worker is named only where the chain went through a pool
     assert ("pool" in said.lower()) == chain.has("pool"), said
     if chain.end == "lock-lost-fork":

@@ -201,6 +201,19 @@ def test_a_read_of_a_childs_output_is_followed_to_the_child_and_inside_a_compile
     assert "child pid" not in roundtrip(wait_chain(evidence([plain], nobody))).printed()
 
 
+def test_a_read_of_the_terminal_is_a_prompt_waiting_for_its_answer():
+    prompt = thread(100, "MainThread", frame("main", 5, "answer = input('overwrite? [y/N] ')"))
+    ours = ProcessWaits(100, ("python",), (ThreadWait(100, "n_tty_read", 0, "read", 0),),
+                        (OpenFile(0, "/dev/pts/3", "rw", 6),))
+    chain = roundtrip(wait_chain(evidence([prompt], ours)))
+    assert chain.end == "terminal-input" and chain.subject == "/dev/pts/3"
+    assert chain.printed() == ("the main thread waits for a line typed at the terminal "
+                               "(/dev/pts/3, fd 0, its stdin) at train.py:5")
+    # stdin from a file or /dev/null is no terminal
+    piped = ProcessWaits(100, ("python",), ours.threads, (OpenFile(0, "/data/in.txt", "r", 9),))
+    assert roundtrip(wait_chain(evidence([prompt], piped))).end != "terminal-input"
+
+
 def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
     main = thread(100, "MainThread", frame("main", 40, "fcntl.flock(cache, fcntl.LOCK_SH)"))
     locks = (FileLock("FLOCK", "WRITE", 200, 9, False, "/tmp/cache.bin"),

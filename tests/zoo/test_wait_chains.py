@@ -4,12 +4,14 @@ chain's end."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 from nsadiag.redact import redact
 from tests.helpers import SCRIPTS
+from tests.pty_cli import in_pty, screen
 from tests.zoo.test_run_scripts import _line, nsadiag_run
 
 
@@ -113,3 +115,22 @@ def test_a_compile_waiting_for_its_cxx_compiler_names_the_compiler_and_says_run_
     assert said.startswith(f"torch.compile (called at compiled_model_cpu.py:{call}) waits "
                            f"for `"), said
     assert "cxx_wrapper_waits.sh" in said and "`CXX`" in said and "lock" not in said
+
+
+def test_a_prompt_left_unanswered_in_a_terminal_says_to_answer_it(tmp_path):
+    out = tmp_path / "run"
+    done = in_pty([sys.executable, "-m", "nsadiag.cli", "run", "--stall-timeout", "4", "--out",
+                   str(out), "--", sys.executable, str(SCRIPTS / "prompt_before_overwrite.py")],
+                  300, cwd=tmp_path)
+    assert done.ended and done.returncode == 1, done.output[-2000:]
+    assert "exists; overwrite it? [y/N]" in screen(done.output)  # the prompt was shown
+    summary = json.loads((out / "summary.json").read_text())
+    chain = json.loads((out / "record.json").read_text())["verdict"]["facts"]["wait_chain"]
+    line = _line("prompt_before_overwrite.py", "answer = input(", exact=False)
+    assert chain["end"] == "terminal-input", chain["printed"]
+    assert chain["printed"].startswith("the main thread waits for a line typed at the "
+                                       "terminal (/dev/pts/")
+    assert chain["printed"].endswith(f", fd 0, its stdin) at prompt_before_overwrite.py:{line}")
+    assert summary["finding"]["next_action"].startswith(
+        f"Answer the prompt at the terminal: the program waits at "
+        f"prompt_before_overwrite.py:{line} for a line typed at the terminal")
