@@ -91,6 +91,9 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "compile-child":
         return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
                 f"and which does not exit: run it by hand to see why.")
+    if end == "sleep":
+        return (f"Remove or shorten the sleep{_where(chain, 0)} (`{subject}`): the thread does "
+                f"nothing else while it sleeps, and the evidence shows no other work going on.")
     if end == "terminal-input":
         return (f"Answer the prompt at the terminal: the program waits{_where(chain, 0)} for "
                 f"a line typed at the terminal ({subject}). For runs with no one there, give the "

@@ -33,7 +33,8 @@ socket      a read on a socket (the kernel's read/recv on a descriptor that is o
             end (its pid and command, from /proc) and where it stands when it was sampled;
             an end on another machine (or one this machine does not show) is said to be
             out of sight.
-poll        a ``while`` loop around a sleep: the condition it polls.
+poll        a ``while`` loop around a sleep: the condition it polls; a sleep in straight
+            code or a ``for`` loop is a sleep, with the time written in the line.
 
 A hop the evidence does not name is stated as unknown, never guessed. The chain's ``end``
 (``ENDS``) is what the next step is derived from (nsadiag.finding.trial).
@@ -54,13 +55,13 @@ from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import OpenFile, ProcessWaits, Scope, SocketEnd, ThreadWait
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
-        "terminal", "process",
+        "terminal", "sleep", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
         "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "terminal-input",
-        "unknown")
+        "sleep", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -80,8 +81,9 @@ torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-c
 same for another program torch.compile started; pool-lost-task: every worker of a
 multiprocessing pool waits idle for a task while the pool's results are awaited (the task
 went with a worker that ended); pool-worker: a pool worker stands at its frame;
-terminal-input: a read of the terminal (a prompt waiting for its answer); unknown: the
-evidence names no next hop.
+terminal-input: a read of the terminal (a prompt waiting for its answer); sleep: a sleep
+written in the user's line, outside a polling loop; unknown: the evidence names no next
+hop.
 A rank that never issued the collective the others wait in is followed as a process of its
 own, and the chain ends where its own chain ends."""
 
@@ -99,6 +101,8 @@ TORCH_FILE = re.compile(r"/torch/")
 CPP_BUILD = re.compile(r"torch/_inductor/cpp_builder\.py$")
 DATALOADER = re.compile(r"/torch/utils/data/")
 SLEEP = re.compile(r"\bsleep\(|nanosleep")
+TRAILING_COMMENT = re.compile(r"\s+#[^'\"]*$")
+SLEEP_SECONDS = re.compile(r"\bsleep\(\s*(\d[\d_]*(?:\.\d+)?)\s*\)")
 CHILD_WCHAN = ("do_wait", "wait_consider_task")
 FILE_LOCK_WCHAN = re.compile(r"lock_inode_wait|flock|posix_lock|locks_")
 READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "recvmsg", "preadv")
@@ -470,13 +474,28 @@ def _poll_chain(process: _Process, thread: ThreadStack) -> WaitChain | None:
         SLEEP.search(f.function) for f in thread.frames if f.is_native)
     scope = next((s for s in scopes if s.thread_id == thread.thread_id and own is not None
                   and s.file == own.file and s.line == own.line), None)
-    if not sleeping or scope is None or scope.loop is None:
+    if not sleeping:
         return None
+    if scope is None or scope.loop is None or not scope.loop[0].startswith("while"):
+        # a sleep in straight code or in a `for` loop waits for its time, not for a condition
+        return _sleep_chain(thread, own)
     header, line = scope.loop
     condition = header.removeprefix("while ").removesuffix(":")
     return WaitChain((Hop("poll", f"{_label(thread)} polls `{condition}` in a sleep loop at "
                                   f"{_at_scope(scope.file, line)}, still looping at the stall",
                           _at_scope(scope.file, line), header),), "poll", condition)
+
+
+def _sleep_chain(thread: ThreadStack, own: StackFrame | None) -> WaitChain | None:
+    """A sleep written in the user's own line (not in a polling loop): the line, and the
+    time it asks for when that is a number written there."""
+    if own is None or not own.code or not SLEEP.search(own.code):
+        return None
+    literal = SLEEP_SECONDS.search(own.code)
+    asked = f" ({float(literal[1].replace('_', '')):g} s, as written)" if literal else ""
+    call = TRAILING_COMMENT.sub("", own.code)
+    return WaitChain((Hop("sleep", f"{_label(thread)} sleeps at {at(own)} `{own.code}`{asked}",
+                          at(own), own.code),), "sleep", call)
 
 
 def _worker_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,

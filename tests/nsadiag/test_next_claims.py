@@ -90,6 +90,8 @@ CHAINS = [
                            "at t.py:12", "t.py:12"),
                Hop("frame", "pool worker pid 4 runs t.py:30 `parse(doc)`", "t.py:30")),
               "pool-worker"),
+    WaitChain((Hop("sleep", "the main thread sleeps at t.py:8 `time.sleep(3600)  # debug` "
+                            "(3600 s, as written)", "t.py:8"),), "sleep", "time.sleep(3600)"),
     WaitChain((Hop("terminal", "the main thread waits for a line typed at the terminal "
                                "(/dev/pts/3, fd 0, its stdin) at t.py:5", "t.py:5"),),
               "terminal-input", "/dev/pts/3"),
@@ -151,7 +153,10 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
-                      "compile-child", "terminal-input"), said
+                      "compile-child", "terminal-input", "sleep"), said
+    # advice about a sleep only where the chain's end is one (a command quoted may hold the
+    # word)
+    assert "the sleep" not in said or chain.has("sleep"), said
     if chain.end == "poll":
         assert "timeout" in said and chain.subject in said
     # torch.compile is named only where its frames are in the chain, its C++ compiler only

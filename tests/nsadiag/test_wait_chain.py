@@ -266,7 +266,7 @@ def test_a_pool_whose_workers_all_wait_idle_lost_the_awaited_task_and_a_busy_one
         "which replaces a worker that ended")
     # a worker inside its task (the user's frame inside the worker loop) is followed
     busy = [_pool_worker(201, "MainThread"),
-            _pool_worker(202, "MainThread", frame("tokenize", 22, "time.sleep(1)"))]
+            _pool_worker(202, "MainThread", frame("tokenize", 22, "ids = vocab.encode(doc)"))]
     followed = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()), others=busy)))
     assert followed.end == "pool-worker"
     assert followed.printed().startswith(
@@ -285,6 +285,14 @@ def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
     chain = roundtrip(wait_chain(evidence([sleep], ProcessWaits(100, (), scopes=scopes))))
     assert chain.end == "poll" and chain.subject == "not os.path.exists(marker)"
     assert chain.hops[0].where == "train.py:23"
+    # a sleep in a `for` loop (or in straight code) waits for its time, not for a condition
+    nap = thread(100, "MainThread", frame("main", 8, "time.sleep(3_600)  # from debugging"))
+    in_for = (Scope(100, TRAIN, "main", 8, (), ("for step in range(100):", 4)),)
+    slept = roundtrip(wait_chain(evidence([nap], ProcessWaits(100, (), scopes=in_for))))
+    assert slept.end == "sleep" and slept.subject == "time.sleep(3_600)"
+    assert slept.printed() == ("the main thread sleeps at train.py:8 `time.sleep(3_600)  # "
+                               "from debugging` (3600 s, as written)")
+    assert "polls" not in slept.printed()
     odd = thread(100, "MainThread", frame("main", 12, "result = future.result()"))
     unknown = roundtrip(wait_chain(evidence([odd], ProcessWaits(100, ()))))
     assert unknown.end == "unknown" and unknown.hops[-1].kind == "unknown"
