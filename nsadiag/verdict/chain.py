@@ -629,14 +629,17 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         if found is not None:
             return found
     writer = _pipe_writer(process.waits, os_wait)
-    if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and frame is not None \
+    if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and \
+            (frame is not None or writer is not None) \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
-                                        os_wait.wchan in CHILD_WCHAN) or writer is not None:
+                                        os_wait.wchan in CHILD_WCHAN):
         return _child_chain(process, thread, own, writer)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
     if frame is not None and any(POOL.search(f.file) for f in thread.python_frames()):
         return _pool_chain(process, thread, own, others, depth)
+    if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
+        return _child_chain(process, thread, own, writer)
     terminal = _terminal_read(process.waits, os_wait)
     if terminal is not None:
         where = f" at {at(own)}" if own is not None else ""
