@@ -318,9 +318,12 @@ def test_a_run_waiting_on_slow_storage_is_data_bound_naming_its_workers(tmp_path
     assert cause["asked_at"] == f"main (slow_storage_loader.py:{loop})"
     read = _line("slow_storage_loader.py", "time.sleep(READ_LATENCY_S)")
     assert [w["worker"] for w in cause["workers"]] == [0, 1]
-    assert all(w["where"] == f"read_record (slow_storage_loader.py:{read})"
-               for w in cause["workers"])
-    assert summary["finding"]["culprit"]["where"] == f"slow_storage_loader.py:{read}"
+    # where each worker stood most in the samples taken at the kill: the read's sleep, or
+    # on a loaded machine the record's decoding just after it (two samples a worker)
+    body = {f"slow_storage_loader.py:{n}" for n in range(read, read + 3)}
+    assert all(w["where"].startswith("read_record (") and w["where"][13:-1] in body
+               for w in cause["workers"]), cause["workers"]
+    assert summary["finding"]["culprit"]["where"] in body
     said = summary["finding"]["next_action"]
     assert said.startswith("Make the batches arrive faster: the main process waited for "
                            f"them in {cause['share']:.0%} of its samples")
