@@ -85,8 +85,10 @@ class WatchTimes:
     @property
     def evidence_by_s(self) -> float:
         """When, after the last progress, a stall's evidence is taken at the latest: the
-        stall timeout, the capture window and one sample's time limit."""
-        return self.stall_timeout_s + self.capture_window_s + SAMPLE_TIMEOUT_S
+        stall timeout, then the capture window or a first sample's time limit if longer
+        (nsadiag.harness.capture), then what is read after the samples."""
+        return self.stall_timeout_s + max(self.capture_window_s, SAMPLE_TIMEOUT_S) + \
+            CAPTURE_FINISH_S
 
     def collective_outlasts_capture(self) -> bool:
         """Whether a collective that never completes still waits while the stall's
