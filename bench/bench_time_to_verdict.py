@@ -171,7 +171,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      f"+{_seconds(row['decided_s'])} | +{_seconds(row['report_s'])} | "
                      f"{row['load_1min']:.2f} |")
     lines += ["", "| case | condition | report.md after the stall timeout: median (s) | "
-              "max (s) | runs |", "|---|---|---|---|---|"]
+              "max (s) | reports (one per host and run) |", "|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         if row["report_s"] is not None:
