@@ -3,6 +3,7 @@
     python bench/bench_time_to_verdict.py [--cases single,twohosts] [--runs 3]
                                           [--conditions quiet,loaded] [--stall-timeout 10]
                                           [--json PATH] [--from-json PATH ...] [--out PATH]
+                                          [--keep DIR]
 
 Cases:
 single    one process: repro/scripts/two_locks_opposite_order.py (two threads take two locks
@@ -25,7 +26,8 @@ report    report.md written.
 
 Each is printed in seconds after `stall`, with the 1-min load average read when the run
 ended. --out writes the table as Markdown; --json keeps the rows, --from-json writes the
-table from rows kept earlier instead of measuring.
+table from rows kept earlier instead of measuring; --keep keeps every run directory under
+DIR (outside /tmp for twohosts: each simulated host covers /tmp with its own tmpfs).
 """
 
 from __future__ import annotations
