@@ -45,6 +45,7 @@ import shutil
 import sys
 import termios
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,7 +67,7 @@ from nsadiag.harness.record import (
 )
 from nsadiag.harness.session import Interrupted, Tree, watch_session
 from nsadiag.harness.streams import UNBOUNDED_STEPS, Due, Stream
-from nsadiag.harness.times import WatchTimes
+from nsadiag.harness.times import CAPTURE_WINDOW_MIN_S, WatchTimes
 from nsadiag.hosts.address import job_shape
 from nsadiag.hosts.merged import HostsView
 from nsadiag.hosts.shared import SharedView
@@ -260,6 +261,17 @@ class _CommandTree(Tree):
     def before_capture(self, due: Due) -> None:
         if self.shared is not None and due.reason == "stall" and self.shared.stall is None:
             self.shared.say_stall()
+
+    def capture_ends(self, window_s: float) -> float:
+        """The window the hosts share, when there is one: a host that saw the stall later
+        ends its capture with the others, but samples for CAPTURE_WINDOW_MIN_S at least
+        (and never longer than ``window_s``, whatever the other host's clock says)."""
+        ends = super().capture_ends(window_s)
+        agreed = self.shared.window_ends(window_s) if self.shared is not None else None
+        if agreed is None:
+            return ends
+        now = time.monotonic()
+        return min(ends, max(now + CAPTURE_WINDOW_MIN_S, now + agreed - time.time()))
 
     def share(self, due: Due, streams: list[Stream], stalls: dict[str, StallEvidence]
               ) -> None:

@@ -10,9 +10,10 @@ whether it is stopped at the end.
 streams join the stall clock (nsadiag.harness.streams), their events are read, and each
 main thread's CPU clock is read (nsadiag.harness.machine). When the clock says stop (a
 stall, or the budget while it progresses) every process is captured at once
-(nsadiag.harness.capture) and the loop ends; it also ends when the tree does. The tree is
-stopped on every way out, Ctrl-C included (``Tree.stop``: every process killed for a tree
-nsadiag started, nothing for one it only watches). ``SessionEnd`` holds what the record
+(nsadiag.harness.capture; a stall's capture ends by ``Tree.capture_ends``) and the loop
+ends; it also ends when the tree does. The tree is stopped on every way out, Ctrl-C
+included (``Tree.stop``: every process killed for a tree nsadiag started, nothing for one
+it only watches). ``SessionEnd`` holds what the record
 is built from (nsadiag.harness.record); a session the user interrupts raises
 ``Interrupted`` (a KeyboardInterrupt) with what was seen up to then, a stop already
 decided included, so that a caller can keep the diagnosis so far.
@@ -73,6 +74,11 @@ class Tree(ABC):
         """Whether a stall was decided outside this tree (another host of the job); by
         default never."""
         return False
+
+    def capture_ends(self, window_s: float) -> float:
+        """When a stall's capture, called now, must end (a time.monotonic() reading); by
+        default ``window_s`` from now."""
+        return time.monotonic() + window_s
 
     def share(self, due: Due, streams: list[Stream], stalls: dict[str, StallEvidence]
               ) -> None:
@@ -161,8 +167,9 @@ def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = No
                 pids = {s.name: s.pid for s in clock.streams if s.pid}
                 dirs = {s.name: s.path.parent for s in clock.streams}
                 tree.before_capture(due)
+                ends = tree.capture_ends(times.capture_window_s)
                 others = tree.unwatched(set(pids.values()))
-                stalls = capture_all(pids, dirs, due, times.capture_window_s, others)
+                stalls = capture_all(pids, dirs, due, times.capture_window_s, others, ends)
                 gpu = gpu_state()
                 clock.read()  # the events written up to the capture, for what is shared
                 tree.share(due, clock.streams, stalls)

@@ -30,6 +30,12 @@ CAPTURE_WINDOW_MAX_S = 6.0
 """A longer window adds little (a frozen stack stays frozen) and delays the verdict."""
 SAMPLE_TIMEOUT_S = 8.0
 """Each py-spy sample of a stalled process is given this long (a loaded machine)."""
+CAPTURE_FINISH_S = 2.0
+"""After a stalled process's last stack sample its capture reads its CPU clocks, takes its
+faulthandler dump and reads what it waits on (/proc): tenths of a second on a loaded
+2-core machine. A process's capture still running this long after the capture window's
+end is cut off (nsadiag.harness.capture.capture_all), so one wedged probe cannot hold the
+verdict."""
 PG_TIMEOUT_MARGIN_S = 60.0
 """The derived process-group timeout's margin beyond twice the stall timeout: a minute, so
 a collective that never completes still ends in minutes, not torch's default 30."""
@@ -79,8 +85,10 @@ class WatchTimes:
     @property
     def evidence_by_s(self) -> float:
         """When, after the last progress, a stall's evidence is taken at the latest: the
-        stall timeout, the capture window and one sample's time limit."""
-        return self.stall_timeout_s + self.capture_window_s + SAMPLE_TIMEOUT_S
+        stall timeout, then the capture window or a first sample's time limit if longer
+        (nsadiag.harness.capture), then what is read after the samples."""
+        return self.stall_timeout_s + max(self.capture_window_s, SAMPLE_TIMEOUT_S) + \
+            CAPTURE_FINISH_S
 
     def collective_outlasts_capture(self) -> bool:
         """Whether a collective that never completes still waits while the stall's

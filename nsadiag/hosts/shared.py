@@ -5,7 +5,8 @@ the torchrun agent that hosts it starts after nsadiag; while the command runs,
 ``tick(ranks)`` publishes this host's ranks (every HOSTS_PUBLISH_EVERY_S; the others'
 are read every HOSTS_READ_EVERY publications) and
 ``stall_elsewhere()`` says when another host has decided a stall. At a stall,
-``say_stall()`` before the capture (the first host's signal stays in force), then
+``say_stall()`` before the capture (the first host's signal stays in force; every host's
+capture ends by ``window_ends``, the signal's time plus the capture window), then
 ``exchange(ranks)`` after it: this host's capture is published, every other host's
 capture is waited for (its capture window plus HOSTS_CAPTURE_MARGIN_S at most), read,
 and this host says it has read them, then waits (briefly) for the others to have read
@@ -140,6 +141,13 @@ class SharedView:
             self.stall = self.link.say_stall({"host": self.host, "t": self.clock()})
         except StoreGone as err:
             self._gone(err)
+
+    def window_ends(self, capture_window_s: float) -> float | None:
+        """When the capture window the hosts share ends (time.time()): the first host's
+        stall signal plus the capture window; None without a signal."""
+        if self.stall is None or not isinstance(self.stall.get("t"), (int, float)):
+            return None
+        return float(self.stall["t"]) + capture_window_s
 
     def _expected(self) -> int:
         return max(self.shape.nnodes or 0, len(self.hosts), 1)

@@ -14,6 +14,7 @@ import pytest
 from nsadiag.harness.session import Tree, watch_session
 from nsadiag.harness.streams import UNBOUNDED_STEPS, Stream
 from nsadiag.harness.times import (
+    CAPTURE_FINISH_S,
     CAPTURE_WINDOW_MAX_S,
     CAPTURE_WINDOW_MIN_S,
     SAMPLE_TIMEOUT_S,
@@ -105,7 +106,8 @@ def test_the_times_derive_and_check_each_other():
     assert times.capture_window_s == CAPTURE_WINDOW_MAX_S
     assert WatchTimes(stall_timeout_s=1.0).capture_window_s == CAPTURE_WINDOW_MIN_S
     assert WatchTimes(stall_timeout_s=5.0).capture_window_s == 2.5
-    assert times.evidence_by_s == 60.0 + CAPTURE_WINDOW_MAX_S + SAMPLE_TIMEOUT_S
+    assert times.evidence_by_s == 60.0 + max(CAPTURE_WINDOW_MAX_S, SAMPLE_TIMEOUT_S) + \
+        CAPTURE_FINISH_S
     assert times.collective_outlasts_capture()
     # a process-group timeout given on purpose shorter than the stall is kept, and said
     short = WatchTimes(stall_timeout_s=40.0, pg_timeout_s=4.0)
