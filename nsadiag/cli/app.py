@@ -349,6 +349,7 @@ def merge_cmd(
     from nsadiag.verdict.names import is_failure
 
     verdict = call(merge_run_dirs, run_dirs)
+    term.show_hosts((verdict.facts.get("hosts") or {}).get("hosts") or [])
     if as_json:
         term.json(verdict.to_dict())
     else:
