@@ -76,8 +76,8 @@ _SHOWN = re.compile("\ue000([0-9]+)\ue001")
 characters around its index: no pattern above matches them)."""
 MAX_HOST_NAME = 253
 """The longest DNS name; a longer "host name" in a record is not one."""
-_INTERNAL_HOST = re.compile(r"(?<![\w.-])(?:[a-zA-Z0-9-]++\.)+"
-                            r"(?:internal|local|lan|corp|intra|localdomain)(?![\w-])")
+_INTERNAL_DOMAIN = r"(?:internal|local|lan|corp|intra|localdomain)"
+_INTERNAL_HOST = re.compile(rf"(?<![\w.-])(?:[a-zA-Z0-9-]++\.)+{_INTERNAL_DOMAIN}(?![\w-])")
 
 
 def machine_names() -> tuple[set[str], set[str]]:
@@ -157,6 +157,13 @@ def _whole_word(name: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
 
 
+def _shown_word(name: str) -> re.Pattern[str]:
+    """A shown host's name as a whole word, with the internal domain written after it, if
+    any (dropped: "node3.cluster.internal" is shown as node3's name alone)."""
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}"
+                      rf"(?:(?:\.[a-zA-Z0-9-]++)*?\.{_INTERNAL_DOMAIN})?(?![\w-])")
+
+
 class Redactor:
     """The redaction of one machine and process (names and secret values read once)."""
 
@@ -176,8 +183,9 @@ class Redactor:
         # the FQDN before its first label, whether shown or hidden: longest first
         names = sorted({*self.hosts, *self.shown}, key=len, reverse=True)
         self._shown_names = [name for name in names if name in self.shown]
-        self._host_words = [(_whole_word(name), f"\ue000{self._shown_names.index(name)}\ue001"
-                             if name in self.shown else "<host>") for name in names]
+        self._host_words = [
+            (_shown_word(name), f"\ue000{self._shown_names.index(name)}\ue001")
+            if name in self.shown else (_whole_word(name), "<host>") for name in names]
         self._user_words = [_whole_word(u) for u in self.users]
 
     @classmethod

@@ -2,21 +2,21 @@
 -- torchrun ...`): each rank named by its host, global rank, local rank and node rank, then
 where it stood.
 
-The rows are the verdict's (nsadiag.verdict.ranks.rank_table, kept in its facts), or, for
-a verdict that kept none, the same rows made from the record's ranks. A name no launcher
-gave (a rank started without torchrun or Slurm, a record written before ranks were named)
-is the word UNKNOWN in its cell, never a guess; summary.json carries the same rows, with
-null for it.
+The rows are the verdict's (nsadiag.verdict.ranks.rank_table, kept in its facts). A name
+no launcher gave (a rank started without torchrun or Slurm, a record written before ranks
+were named) is the word "unknown" in its cell, never a guess; summary.json carries the
+same rows, with null for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nsadiag.ranknames import RankNames
 from nsadiag.report.markdown import md_table
 from nsadiag.rundir import TrialRecord
-from nsadiag.verdict.ranks import RankEvidence, rank_label, rank_table
 
 UNKNOWN = "unknown"
 NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank"),
@@ -25,14 +25,9 @@ NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank")
 
 
 def rank_rows(record: TrialRecord) -> list[dict[str, Any]]:
-    """The per-rank rows of ``record`` (see the module docstring); [] for a run without
-    ranks."""
-    rows = (record.verdict.get("facts") or {}).get("ranks")
-    if rows:
-        return list(rows)
-    ranks = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []]
-    ended_at = (record.evidence.get("outcome") or {}).get("ended_at")
-    return rank_table(ranks, ended_at if isinstance(ended_at, (int, float)) else None)
+    """The per-rank rows of ``record``'s verdict (see the module docstring); [] for a run
+    without ranks."""
+    return list((record.verdict.get("facts") or {}).get("ranks") or [])
 
 
 def _name(row: Mapping[str, Any], key: str) -> str:
@@ -67,7 +62,10 @@ def ranks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def rank_heading(rank: Mapping[str, Any]) -> str:
     """"Rank 3 on host2 (local rank 1, node 1)" for a rank of the record (a
     RankEvidence's dict), "Rank 3" when no launcher named it."""
-    label = rank_label(RankEvidence.from_dict(dict(rank)))
+    names = rank.get("names")
+    if not isinstance(names, dict) or not names:
+        return f"Rank {rank['rank']}"
+    label = dataclasses.replace(RankNames.from_dict(names), rank=rank["rank"]).label()
     return label[:1].upper() + label[1:]
 
 

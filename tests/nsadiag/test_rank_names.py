@@ -204,4 +204,7 @@ def test_shown_hosts_give_way_to_user_names_and_cannot_be_forged():
     assert pseudonyms == {"node7": "host-1", "node2": "host-2"}
     bundle = Redactor({"node7"}, set(), set(), pseudonyms)
     assert bundle.text("node2 waits for node7; node7.x") == "host-2 waits for host-1; host-1.x"
+    # an internal domain goes with the name; a public one stays
+    assert bundle.text("node2.cluster.internal, node2.example.com") == \
+        "host-2, host-2.example.com"
     assert bundle.text(bundle.text("node2 node7")) == "host-2 host-1"
