@@ -126,6 +126,7 @@ def _announce(sentence: str | None) -> None:
 
 def redaction(no_redact: bool) -> None:
     term.redact = not no_redact
+    term.show_hosts([])  # shown once this command's report names them
 
 
 def argv() -> list[str]:

@@ -5,15 +5,21 @@ every file). Synthetic records of a 2 x 2 job, no processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tarfile
 
+import pytest
+from typer.testing import CliRunner
+
+from nsadiag.cli import app
 from nsadiag.evidence import Evidence, ProcessOutcome
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
-from nsadiag.redact import Redactor, host_pseudonyms
+from nsadiag.ranknames import rank_names
+from nsadiag.redact import GENERIC_HOSTS, Redactor, host_pseudonyms
 from nsadiag.report.bundle import write_bundle
 from nsadiag.report.dispatch import render_run
 from nsadiag.report.ranks import ranks_table
@@ -22,9 +28,10 @@ from nsadiag.spec import TrialSpec
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks
 
 T0 = 1000.0
-NODES = {0: ("host1", 0, 0), 1: ("host1", 1, 0), 2: ("host2", 0, 1), 3: ("host2", 1, 1)}
-"""global rank -> (host, local rank, node rank) of the 2 x 2 job."""
-THIS_HOST, THIS_FQDN = "host2", "host2.cluster.example.internal"
+HOSTS = ("host1", "host2")
+NODES = {0: (0, 0, 0), 1: (0, 1, 0), 2: (1, 0, 1), 3: (1, 1, 1)}
+"""global rank -> (index of its host in HOSTS, local rank, node rank) of the 2 x 2 job."""
+THIS_FQDN = "host2.cluster.example.internal"
 
 
 def _collective(n: int, edge: str, t: float) -> dict:
@@ -33,7 +40,7 @@ def _collective(n: int, edge: str, t: float) -> dict:
             "detail": "DDP bucket 0, 4 tensors", "shapes": [[100]] if edge == "start" else []}
 
 
-def _rank(r: int, named: bool = True) -> RankEvidence:
+def _rank(r: int, named: bool = True, hosts: tuple[str, str] = HOSTS) -> RankEvidence:
     """Rank ``r`` after one finished all_reduce; every rank but 3 waits in #2, rank 3
     polls in forward and never issued it."""
     events = [_collective(1, "start", T0 + 1), {**_collective(1, "end", T0 + 2),
@@ -43,7 +50,7 @@ def _rank(r: int, named: bool = True) -> RankEvidence:
     module = {"t": T0 + 3, "kind": "module", "module": "blocks.0",
               "phase": "backward" if r != 3 else "forward", "step": 1, "edge": "enter"}
     host, local, node = NODES[r]
-    names = {"host": host, "rank": r, "local_rank": local, "node_rank": node,
+    names = {"host": hosts[host], "rank": r, "local_rank": local, "node_rank": node,
              "world_size": 4, "slurm_job": None} if named else None
     return RankEvidence(rank=r, pid=100 + r, events=[module, *events], event_counts={},
                         result=None, started=[e for e in events if e["edge"] == "start"],
@@ -59,20 +66,21 @@ def _job() -> Evidence:
                     expected_events_per_step=None, total_steps=0, stall_timeout_s=10.0)
 
 
-def _view(ranks: list[RankEvidence]) -> HostsView:
+def _view(ranks: list[RankEvidence], this: str, hosts: tuple[str, str] = HOSTS
+          ) -> HostsView:
     states = {h: HostState(h, "captured", T0 + 9, [r for r in ranks if r.names and
-                                                   r.names["host"] == h])
-              for h in ("host1", "host2")}
-    return HostsView(THIS_HOST, "shared through the test's store", True, states,
-                     {"host": "host1", "t": T0 + 8})
+                                                   r.names["host"] == h]) for h in hosts}
+    return HostsView(this, "shared through the test's store", True, states,
+                     {"host": hosts[0], "t": T0 + 8})
 
 
-def _run_dir(tmp_path):
-    """host2's run directory of the 2 x 2 job, recorded as if this machine were host2."""
-    run = tmp_path / "run"
+def _run_dir(tmp_path, this: int = 1, hosts: tuple[str, str] = HOSTS):
+    """The run directory of ``hosts[this]`` in the 2 x 2 job, recorded as if this machine
+    were that host (its FQDN: THIS_FQDN)."""
+    run = tmp_path / hosts[this]
     run.mkdir()
-    ranks = [_rank(r) for r in range(4)]
-    view = _view(ranks)
+    ranks = [_rank(r, hosts=hosts) for r in range(4)]
+    view = _view(ranks, hosts[this], hosts)
     job = _job()
     verdict = decide_hosts(job, ranks, view)
     evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
@@ -82,9 +90,9 @@ def _run_dir(tmp_path):
     write_json(run / "record.json", record.to_dict())
     write_json(run / "hosts-trace.json", hosts_trace(ranks, view, T0 + 10))
     write_private_json(run / "redaction.json", {"schema_version": 1, "users": [],
-                                                "hosts": [THIS_HOST, THIS_FQDN],
+                                                "hosts": [hosts[this], THIS_FQDN],
                                                 "secrets": []})
-    (run / "stderr.txt").write_text(f"[rank2]: watchdog on {THIS_FQDN} ({THIS_HOST})\n")
+    (run / "stderr.txt").write_text(f"[rank2]: watchdog on {THIS_FQDN} ({hosts[this]})\n")
     return run, verdict
 
 
@@ -112,20 +120,19 @@ def test_a_many_host_report_names_every_host_even_this_one(tmp_path):
     report = (run / "report.md").read_text()
     cells = _table(report)
     assert cells[0][:4] == ["host", "rank", "local rank", "node rank"]
-    assert [row[:4] for row in cells[2:]] == [[h, str(r), str(lo), str(no)] for r, (h, lo, no)
-                                             in NODES.items()]
+    assert [row[:4] for row in cells[2:]] == [[HOSTS[h], str(r), str(lo), str(no)]
+                                             for r, (h, lo, no) in NODES.items()]
     culprit = "rank 3 on host2 (local rank 1, node 1)"
     assert verdict.reasons[0].startswith(f"culprit: {culprit} never issued collective #2")
     assert culprit in report
     assert f"collective #2 differs between ranks: {culprit} waits in no collective; rank 0 " \
            f"on host1 (local rank 0, node 0) waits in all_reduce #2" in report
     # this machine's name names its ranks; its FQDN still names nothing and stays hidden
-    assert f"watchdog on <host> ({THIS_HOST})" in report
-    assert THIS_FQDN not in report and "on <host> (" not in report.replace(
-        f"watchdog on <host> ({THIS_HOST})", "")
+    assert "watchdog on <host> (host2)" in report and THIS_FQDN not in report
     summary = json.loads((run / "summary.json").read_text())
     assert [(row["rank"], row["host"], row["local_rank"], row["node_rank"])
-            for row in summary["ranks"]] == [(r, *n) for r, n in NODES.items()]
+            for row in summary["ranks"]] == [(r, HOSTS[h], lo, no)
+                                             for r, (h, lo, no) in NODES.items()]
     assert summary["hosts"] == ["host1", "host2"] == rendered.hosts
 
 
@@ -157,7 +164,7 @@ def test_a_single_host_ddp_report_names_its_host_and_an_unnamed_rank_is_unknown(
 
 def test_the_trace_has_one_process_per_host_and_a_thread_per_rank():
     ranks = [_rank(r) for r in range(4)]
-    trace = hosts_trace(ranks, _view(ranks), T0 + 10)["traceEvents"]
+    trace = hosts_trace(ranks, _view(ranks, "host2"), T0 + 10)["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace
                if e["name"] == "thread_name"}
@@ -208,3 +215,44 @@ def test_shown_hosts_give_way_to_user_names_and_cannot_be_forged():
     assert bundle.text("node2.cluster.internal, node2.example.com") == \
         "host-2, host-2.example.com"
     assert bundle.text(bundle.text("node2 node7")) == "host-2 host-1"
+
+
+def _this_machine() -> str:
+    """The name nsadiag gives this machine's ranks (nsadiag.ranknames)."""
+    host = rank_names({}).host
+    if len(host) < 2 or host.lower() in GENERIC_HOSTS:
+        pytest.skip(f"this machine's name {host!r} is one redaction never hides")
+    return host
+
+
+def test_the_terminal_names_the_jobs_hosts_this_one_too(tmp_path):
+    here = _this_machine()
+    hosts = ("peer-7", here)
+    runs = [_run_dir(tmp_path, i, hosts)[0] for i in (0, 1)]
+    culprit = f"rank 3 on {here} (local rank 1, node 1)"
+    done = CliRunner().invoke(app, ["report", str(runs[1])])
+    assert done.exit_code == 0, done.output
+    assert f"proof: collective #2 differs between ranks: {culprit} waits in no collective" \
+        in done.stdout
+    merged = CliRunner().invoke(app, ["merge", str(runs[0]), str(runs[1])])
+    assert merged.exit_code == 1, merged.output
+    assert merged.stdout.startswith(f"STALL-COLLECTIVE: culprit: {culprit} never issued "
+                                    f"collective #2: rank 0 on peer-7 (local rank 0, node 0)")
+    # a command whose report names no rank hides this machine's name as before
+    cleared = CliRunner().invoke(app, ["report", str(runs[1] / "nowhere")])
+    assert cleared.exit_code == 2, cleared.output
+    assert f"/{here}/nowhere" not in cleared.stderr and "/<host>/nowhere" in cleared.stderr
+
+
+def test_a_lost_host_keeps_its_ranks_in_the_table():
+    ranks = [_rank(r) for r in range(4)]
+    view = _view(ranks, "host1")
+    view.states["host2"].phase = "live"
+    view.stall, view.lost = None, ["host2"]
+    job = dataclasses.replace(_job(), outcome=ProcessOutcome(
+        exit_code=1, signal=None, killed_by_runner=False, kill_reason=None, wall_s=20.0,
+        ended_at=T0 + 10))
+    verdict = decide_hosts(job, ranks, view)
+    assert verdict.name == "CRASH"
+    assert [(row["rank"], row["host"], row["node_rank"]) for row in verdict.facts["ranks"]] \
+        == [(0, "host1", 0), (1, "host1", 0), (2, "host2", 1), (3, "host2", 1)]
