@@ -55,7 +55,7 @@ def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
     assert "marked as ready twice" in report
     assert "late-bound closure `lambda x: blk(x)`" in report
     assert "functools.partial(checkpoint, blk)" in report
-    assert "| rank | pid | state |" in report
+    assert "| host | rank | local rank | node rank | pid | state |" in report
 
 
 @pytest.mark.parametrize("args, message", [
