@@ -20,6 +20,12 @@
 - this machine's host names (the name, its FQDN and its bare short name), internal host
   names (``*.internal``, ``*.local``, ``*.corp``, ...), and this process's user names.
 
+The hosts a job's ranks are named by (``shown_hosts``: name -> how it is shown) are the
+exception: a many-host verdict is about them, so a report on the job's own machines shows
+them as they are (``{name: name}``), and a bundle made for other eyes shows each under one
+pseudonym everywhere (``host_pseudonyms``: host-1, host-2, ... in the order of their first
+rank), so its verdict still reads. A name that is also a user name stays hidden.
+
 ``redact_obj(value)`` redacts a JSON value structurally: every string, the whole value of
 a key that names a secret, and the list element after a credential-like flag; a message
 that itself holds JSON is redacted as text before any quoting, so escaped quotes cannot
@@ -39,7 +45,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nsadiag.secret_patterns import REDACTED, hide_secrets, is_secret_flag, is_secret_name
@@ -65,8 +71,13 @@ _IPV6 = re.compile(
     rf"::1|::ffff(?::{_H}){{1,2}})(?:%[\w.]+)?(?![\w:(<])")
 _HOME = re.compile(r"/(home|Users)/[^/\s\"'`]+")
 _PYTEST_USER = re.compile(r"pytest-of-[^/\s\"'`]+")
-_INTERNAL_HOST = re.compile(r"(?<![\w.-])(?:[a-zA-Z0-9-]++\.)+"
-                            r"(?:internal|local|lan|corp|intra|localdomain)(?![\w-])")
+_SHOWN = re.compile("\ue000([0-9]+)\ue001")
+"""Where a shown host's name stands while the other host patterns run (private-use
+characters around its index: no pattern above matches them)."""
+MAX_HOST_NAME = 253
+"""The longest DNS name; a longer "host name" in a record is not one."""
+_INTERNAL_DOMAIN = r"(?:internal|local|lan|corp|intra|localdomain)"
+_INTERNAL_HOST = re.compile(rf"(?<![\w.-])(?:[a-zA-Z0-9-]++\.)+{_INTERNAL_DOMAIN}(?![\w-])")
 
 
 def machine_names() -> tuple[set[str], set[str]]:
@@ -146,11 +157,19 @@ def _whole_word(name: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])")
 
 
+def _shown_word(name: str) -> re.Pattern[str]:
+    """A shown host's name as a whole word, with the internal domain written after it, if
+    any (dropped: "node3.cluster.internal" is shown as node3's name alone)."""
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}"
+                      rf"(?:(?:\.[a-zA-Z0-9-]++)*?\.{_INTERNAL_DOMAIN})?(?![\w-])")
+
+
 class Redactor:
     """The redaction of one machine and process (names and secret values read once)."""
 
     def __init__(self, hosts: Iterable[str] | None = None, users: Iterable[str] | None = None,
-                 secrets: Iterable[str] | None = None):
+                 secrets: Iterable[str] | None = None,
+                 shown_hosts: Mapping[str, str] | None = None):
         found_hosts, found_users = machine_names() if hosts is None or users is None \
             else (set(), set())
         self.hosts = sorted(set(found_hosts if hosts is None else hosts), key=len, reverse=True)
@@ -158,16 +177,26 @@ class Redactor:
         values = secret_env_values() | argv_secret_values(sys.argv) if secrets is None \
             else set(secrets)
         self.secrets = sorted(values, key=len, reverse=True)
-        self._host_words = [_whole_word(h) for h in self.hosts]
+        self.shown = {name: str(alias) for name, alias in
+                      list((shown_hosts or {}).items())[:MAX_RECORDED]
+                      if 2 <= len(name) <= MAX_HOST_NAME and name not in self.users}
+        # the FQDN before its first label, whether shown or hidden: longest first
+        names = sorted({*self.hosts, *self.shown}, key=len, reverse=True)
+        self._shown_names = [name for name in names if name in self.shown]
+        self._host_words = [
+            (_shown_word(name), f"\ue000{self._shown_names.index(name)}\ue001")
+            if name in self.shown else (_whole_word(name), "<host>") for name in names]
         self._user_words = [_whole_word(u) for u in self.users]
 
     @classmethod
-    def with_recorded(cls, stored: dict[str, Any] | None) -> Redactor:
-        """This process's redaction and what a run recorded (``record_of_this_process``)."""
+    def with_recorded(cls, stored: dict[str, Any] | None,
+                      shown_hosts: Mapping[str, str] | None = None) -> Redactor:
+        """This process's redaction and what a run recorded (``record_of_this_process``),
+        the job's hosts shown as ``shown_hosts`` says (see the module docstring)."""
         hosts, users = machine_names()
         more = _recorded(stored)
         return cls(hosts | more[0], users | more[1],
-                   secret_env_values() | argv_secret_values(sys.argv) | more[2])
+                   secret_env_values() | argv_secret_values(sys.argv) | more[2], shown_hosts)
 
     def text(self, text: str) -> str:
         """``text`` with everything the module docstring lists hidden."""
@@ -179,11 +208,15 @@ class Redactor:
         text = _IPV6.sub("<ip>", text)
         text = _HOME.sub(r"/\1/<user>", text)
         text = _PYTEST_USER.sub("pytest-of-<user>", text)
-        for word in self._host_words:  # the FQDN before its first label
-            text = word.sub("<host>", text)
+        if self._shown_names:  # a record's own marks would read as a shown host
+            text = text.replace("\ue000", "").replace("\ue001", "")
+        for word, shown in self._host_words:
+            text = word.sub(shown, text)
         text = _INTERNAL_HOST.sub("<host>", text)
         for word in self._user_words:
             text = word.sub("<user>", text)
+        if self._shown_names:
+            text = _SHOWN.sub(lambda m: self.shown[self._shown_names[int(m[1])]], text)
         return text
 
     def obj(self, value: Any) -> Any:
@@ -199,6 +232,12 @@ class Redactor:
             return [REDACTED if i and isinstance(v, str) and isinstance(value[i - 1], str) and
                     is_secret_flag(value[i - 1]) else self.obj(v) for i, v in enumerate(value)]
         return value
+
+
+def host_pseudonyms(hosts: Sequence[str]) -> dict[str, str]:
+    """host-1, host-2, ... for ``hosts`` in their order (a bundle's names for the job's
+    hosts: the same host under the same name in every file)."""
+    return {host: f"host-{i}" for i, host in enumerate(dict.fromkeys(hosts), 1)}
 
 
 def redact(text: str, hosts: set[str] | None = None, users: set[str] | None = None,

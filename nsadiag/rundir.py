@@ -188,7 +188,7 @@ WRITTEN = frozenset({
     "memory.json", "trace-result.json", "trace.json", "profiler-trace.json", "stacks.json",
     "attach.json", "block.json", "events.jsonl", "profile.json", "profile.folded",
     "faulthandler.txt", "stdout.txt", "stderr.txt", "watch-helper.txt", "dump-request",
-    "sweep.png", "memory.png", "flame.png", "snapshot.pickle"})
+    "hosts-trace.json", "sweep.png", "memory.png", "flame.png", "snapshot.pickle"})
 """The names of the files nsadiag writes into a run directory (and its trial, rank, process,
 check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
 _WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"

@@ -126,6 +126,7 @@ def _announce(sentence: str | None) -> None:
 
 def redaction(no_redact: bool) -> None:
     term.redact = not no_redact
+    term.show_hosts([])  # shown once this command's report names them
 
 
 def argv() -> list[str]:
@@ -349,6 +350,7 @@ def merge_cmd(
     from nsadiag.verdict.names import is_failure
 
     verdict = call(merge_run_dirs, run_dirs)
+    term.show_hosts((verdict.facts.get("hosts") or {}).get("hosts") or [])
     if as_json:
         term.json(verdict.to_dict())
     else:

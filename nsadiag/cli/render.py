@@ -2,7 +2,8 @@
 
 Both streams go through the run's redaction (nsadiag.redact) unless the command was
 given --no-redact, so a secret in an exception message, a host name or an address never
-reaches the terminal. A closed stream (``| head -n 1``) is ``OutputClosed``, one line on
+reaches the terminal; the hosts a job's ranks are named by are shown once its report
+names them. A closed stream (``| head -n 1``) is ``OutputClosed``, one line on
 stderr and a non-zero exit, not a traceback. Progress: a live bar or spinner on a terminal,
 one plain line per step elsewhere (CI logs, pipes). Rich is imported when something is
 printed, not before. What is printed is stripped of control characters first
@@ -86,6 +87,7 @@ class Terminal:
     def __init__(self) -> None:
         self.redact = True
         self._redactor: Any = None
+        self._shown: list[str] = []
         self._out: Console | None = None
         self._err: Console | None = None
 
@@ -95,8 +97,14 @@ class Terminal:
         if self._redactor is None:
             from nsadiag.redact import Redactor
 
-            self._redactor = Redactor()
+            self._redactor = Redactor(shown_hosts={h: h for h in self._shown})
         return self._redactor.text(text)
+
+    def show_hosts(self, hosts: Sequence[str]) -> None:
+        """Show ``hosts`` (the job's hosts its ranks are named by) as they are from now on,
+        as the run's report does (nsadiag.redact)."""
+        self._shown = list(hosts)
+        self._redactor = None
 
     @property
     def out(self) -> Console:
@@ -181,6 +189,7 @@ def wrote(term: Terminal, rendered: Rendered, extra: Sequence[Path] = (),
     """The headline and the files the run wrote (on stderr after --json, so stdout stays
     JSON); returns the exit code the run stands for."""
     files = [*rendered.files, *extra]
+    term.show_hosts(rendered.hosts)
     if as_json:
         term.json(rendered.summary)
         for path in files:

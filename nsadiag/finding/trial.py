@@ -18,6 +18,7 @@ from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import culprit_of
 from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
+from nsadiag.ranknames import RankNames
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
 from nsadiag.verdict.chain import WaitChain
@@ -123,16 +124,26 @@ def stall_proof(facts: dict[str, Any]) -> str:
     return quiet + used + frozen
 
 
+def _rank_name(row: dict[str, Any], many_hosts: bool) -> str:
+    """"rank 3", or across hosts "rank 3 on host2 (local rank 1, node 1)" (a row of
+    nsadiag.verdict.ranks.rank_table)."""
+    if not many_hosts or not row.get("host"):
+        return f"rank {row['rank']}"
+    return RankNames(host=str(row["host"]), rank=row.get("rank"),
+                     local_rank=row.get("local_rank"), node_rank=row.get("node_rank")).label()
+
+
 def collective_proof(facts: dict[str, Any]) -> str:
     """Which collective differs and what each rank waits in, for how long."""
     rows = facts.get("ranks") or []
     odd = set(facts.get("odd_ranks") or [])
+    many = len({row.get("host") for row in rows if row.get("host")}) >= 2
     parts = []
     for row in sorted(rows, key=lambda r: r.get("rank") not in odd):
         waiting = re.sub(r", from .*\)$", ")", row.get("waiting") or "no collective")
         since = (f" for {sig(row['waiting_since_s'])} s"
                  if row.get("waiting_since_s") is not None else "")
-        parts.append(f"rank {row['rank']} waits in {waiting}{since}")
+        parts.append(f"{_rank_name(row, many)} waits in {waiting}{since}")
     head = f"collective #{facts['diverged_at']} differs between ranks: " \
         if facts.get("diverged_at") else ""
     return head + ("; ".join(parts) or "the ranks wait in different collectives")

@@ -49,6 +49,7 @@ from nsadiag.harness.rank import RankEnv, die_with_parent, rank_env
 from nsadiag.harness.trial import Progress
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.sampler import Sampler
+from nsadiag.ranknames import rank_names
 from nsadiag.spec import JobSpec, TrialSpec
 
 _dump_file: IO[str] | None = None  # open for the process lifetime: faulthandler writes it
@@ -109,7 +110,7 @@ def run(job: JobSpec, rank: RankEnv | None, directory: Path) -> dict[str, Any]:
     """Set up, run the job, and describe what happened (every exception is caught)."""
     writer = HeartbeatWriter(directory / "events.jsonl", rank.rank if rank else None)
     writer.start("build", pid=os.getpid(), rank=rank.rank if rank else None,
-                 job=job.kind)
+                 job=job.kind, names=rank_names(os.environ).to_dict() if rank else None)
     counters = WorkCounters()
     sampler = Sampler(writer.pulse, directory / "profile.json", counters=counters,
                       context=writer.context, events=lambda: writer.events,

@@ -34,6 +34,7 @@ from nsadiag.verdict.ranks import (
     describe_collective,
     position,
     rank_label,
+    rank_table,
     waiting_in,
 )
 
@@ -140,7 +141,7 @@ def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView)
     first = next((r for r in ranks if _host_of(r) in view.lost), None)
     facts = {"rank": first.rank if first else None, "world_size": len(ranks),
              "signal_name": None, "crash": None, "lost_hosts": rows,
-             "hosts": view.to_dict()}
+             "hosts": view.to_dict(), "ranks": rank_table(ranks, job.outcome.ended_at)}
     return Verdict("CRASH", reasons, facts)
 
 

@@ -5,6 +5,7 @@ hidden before anything is shared is nsadiag.redact (the run directory records it
     top.py       the top block and the bullet lists of a finding
     markdown.py  the formatting every report shares (units, tables, evidence, reproduction)
     summary.py   summary.json as a typed model (nsadiag/schemas/summary.schema.json)
+    ranks.py     the per-rank table: each rank by host, global, local and node rank
     plots.py     the PNG plots
     sweep.py, seq.py, ddp.py, check.py, triage.py, memory.py, trace.py, stacks.py, run.py,
     attach.py

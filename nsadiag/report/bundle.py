@@ -3,7 +3,10 @@
 The run directory itself keeps raw data (trial heartbeats, stacks, the command's output);
 the bundle holds a redacted copy of the text files nsadiag wrote there (JSON structurally,
 JSON Lines line by line, the rest as text; see nsadiag.redact) and its plots, after
-re-rendering report.md and summary.json redacted, all under the directory's lock.
+re-rendering report.md and summary.json redacted, all under the directory's lock. The
+hosts the job's ranks are named by (which the report on the job's machines shows) appear
+under pseudonyms, host-1, host-2, ..., the same for the same host in every file, so the
+verdict still reads.
 
 A run directory may come from someone else, so nothing in it is taken on trust. A file
 goes into the bundle only when nsadiag's own manifest names it (nsadiag.rundir's
@@ -32,7 +35,7 @@ import time
 import zlib
 from pathlib import Path, PurePosixPath
 
-from nsadiag.redact import Redactor
+from nsadiag.redact import Redactor, host_pseudonyms
 from nsadiag.report.dispatch import LOCK_WAIT_S, render_run
 from nsadiag.rundir import (
     FILE_MODE,
@@ -160,13 +163,14 @@ def write_bundle(run_dir: Path) -> Path:
     ValueError (one line) when the directory holds no run, is in use or cannot be
     written."""
     with locked(run_dir, LOCK_WAIT_S):
-        render_run(run_dir)
-        return _write(run_dir)
+        rendered = render_run(run_dir)
+        return _write(run_dir, rendered.hosts)
 
 
-def _write(run_dir: Path) -> Path:
+def _write(run_dir: Path, hosts: list[str]) -> Path:
     target = bundle_path(run_dir)
-    redactor = Redactor.with_recorded(stored_redaction(run_dir))
+    aliases = host_pseudonyms(hosts)
+    redactor = Redactor.with_recorded(stored_redaction(run_dir), aliases)
     left_out: list[str] = []
     root = redactor.text(run_dir.resolve().name)
     try:
@@ -187,8 +191,11 @@ def _write(run_dir: Path) -> Path:
                 _add(tar, f"{root}/{name}", data)
             manifest = ["A redacted copy of an nsadiag run directory (nsadiag report --bundle).",
                         "Host names, IP addresses, user names and secret-looking values are "
-                        "hidden in every file; only files nsadiag wrote there are copied.", "",
-                        "Left out:"]
+                        "hidden in every file; only files nsadiag wrote there are copied.",
+                        *([f"The job's {len(aliases)} host(s) are named "
+                           f"{', '.join(aliases.values())} (in the order of their first rank), "
+                           "the same name for the same host in every file."]
+                          if aliases else []), "", "Left out:"]
             manifest += [f"- {entry}" for entry in left_out] or ["- nothing"]
             _add(tar, f"{root}/BUNDLE.txt", ("\n".join(manifest) + "\n").encode())
             tar.close()

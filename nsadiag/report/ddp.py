@@ -1,8 +1,9 @@
 """The report of an `nsadiag ddp` run: one DDP trial, every rank side by side.
 
 The top block and summary of the finding (nsadiag.finding.trial: the odd rank's line, the
-collective that differs), then results, configuration, the per-rank table (rank, pid,
-state, collectives issued, last collective, waiting in, position), each rank's last
+collective that differs), then results, configuration, the per-rank table (host, global,
+local and node rank, pid, state, collectives issued, last collective, waiting in,
+position: nsadiag.report.ranks), each rank's last
 heartbeats and stacks, root cause, minimal reproduction and recommendations, built only
 from the stored record.
 """
@@ -14,7 +15,8 @@ from typing import Any
 
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
-from nsadiag.report.markdown import config_table, last_events, md_table, stack_excerpt
+from nsadiag.report.markdown import config_table, last_events, stack_excerpt
+from nsadiag.report.ranks import job_hosts, rank_heading, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
@@ -24,31 +26,8 @@ from nsadiag.sweep import row_from_record
 LABEL = "ddp"
 
 
-def ranks_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per rank: pid, state, collectives issued, the last one, what it waits in
-    (and for how long), where it is."""
-    import pandas as pd
-
-    if not rows:
-        return ["No rank reported."]
-
-    def waiting(row: dict[str, Any]) -> Any:
-        if row.get("waiting") and row.get("waiting_since_s") is not None:
-            return f"{row['waiting']}, {row['waiting_since_s']:.1f} s"
-        return row.get("waiting")
-
-    frame = pd.DataFrame({
-        "rank": [r["rank"] for r in rows], "pid": [r.get("pid") for r in rows],
-        "state": [r.get("state") for r in rows],
-        "collectives issued": [r.get("issued") for r in rows],
-        "last collective": [r.get("last_collective") for r in rows],
-        "waiting in": [waiting(r) for r in rows],
-        "position": [r.get("position") for r in rows]}, dtype=object)
-    return md_table(frame)
-
-
 def _rank_evidence(rank: dict[str, Any]) -> list[str]:
-    lines = [f"### Rank {rank['rank']}", ""]
+    lines = [f"### {rank_heading(rank)}", ""]
     exception = (rank.get("result") or {}).get("exception")
     if exception:
         lines += [f"Raised {exception.get('type')}:", "", "```",
@@ -95,7 +74,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     verdict, evidence = record.verdict, record.evidence
     ddp = evidence.get("ddp") or {}
     facts = verdict.get("facts") or {}
-    rows = facts.get("ranks") or []
+    rows = rank_rows(record)
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {ddp.get('world_size')} ranks ({ddp.get('backend')})"
     report = Report.of(finding)
@@ -130,6 +109,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
         details={"finding": finding.to_dict(), "verdict": verdict["name"], "slow_by": slow_by,
                  "world_size": ddp.get("world_size"),
                  "ddp_backend": ddp.get("backend"), "ranks": rows,
+                 "hosts": job_hosts(record, rows),
                  "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
                  "flight_recorder": ddp.get("flight_recorder") or []})
     return text, summary.to_dict()

@@ -10,8 +10,9 @@ run.json named every kind are recognised by their files.
 
 ``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
 what `nsadiag report DIR` and every command end with. Both files are redacted
-(nsadiag.redact) unless ``no_redact``; a record line of trials.jsonl that is torn or
-malformed is skipped and listed at the end of report.md and in summary.json's
+(nsadiag.redact) unless ``no_redact``, except for the hosts the job's ranks are named by
+(``job_hosts``): a report on the job's machines names them. A record line of trials.jsonl
+that is torn or malformed is skipped and listed at the end of report.md and in summary.json's
 ``skipped_records``.
 
 A stored record is parsed where it is read: trials.jsonl lines and record.json against the
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 PLOTS = ("sweep.png", "memory.png", "flame.png")
 DICT_KINDS = ("attach", "memory", "trace", "stacks")
 """Kinds whose stored JSON is rendered as read, not parsed into a typed record first."""
+RANKED_KINDS = ("ddp", "run", "watch")
+"""Kinds whose summary names the job's hosts (``hosts``: nsadiag.report.ranks)."""
 LOCK_WAIT_S = 10.0
 """How long a render waits while another nsadiag holds the run directory."""
 
@@ -68,6 +71,8 @@ class Rendered:
     summary_path: Path
     summary: dict[str, Any]
     files: list[Path] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    """The job's hosts its ranks are named by (shown, not redacted: nsadiag.redact)."""
 
     @property
     def headline(self) -> str:
@@ -266,11 +271,20 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     # what a record holds is shown, never obeyed: no escape sequence reaches a terminal
     # that shows report.md or summary.json (nsadiag.textsafe)
     text, summary = clean(text), clean_obj(summary)
+    hosts = job_hosts(kind, summary)
     if not no_redact:
-        redactor = Redactor.with_recorded(stored_redaction(run_dir))
+        redactor = Redactor.with_recorded(stored_redaction(run_dir), {h: h for h in hosts})
         text, summary = redactor.text(text), redactor.obj(summary)
     report = write_text(run_dir / "report.md", text)
     written = write_json(run_dir / "summary.json", summary)
     plots = [run_dir / name for name in PLOTS if (run_dir / name).exists()]
-    return Rendered(report, written, summary, [report, written, *plots])
+    return Rendered(report, written, summary, [report, written, *plots], hosts)
+
+
+def job_hosts(kind: str, summary: dict[str, Any]) -> list[str]:
+    """The hosts a job's ranks are named by (summary.json's ``hosts`` of a ddp, run or watch
+    run; none for the other kinds): its report shows them, a bundle gives each a
+    pseudonym (nsadiag.redact)."""
+    named = summary.get("hosts") if kind in RANKED_KINDS else None
+    return [h for h in named if isinstance(h, str) and h] if isinstance(named, list) else []
 

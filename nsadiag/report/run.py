@@ -2,11 +2,13 @@
 block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 
 report.md: the top block and summary of the finding (nsadiag.finding.trial), the results,
-every watched process (its events by kind), the evidence of the training process (stacks,
+every watched process (its events by kind), the ranks of a job of several (by host, global,
+local and node rank: nsadiag.report.ranks), the evidence of the training process (stacks,
 last events, the profile's loop and line, a flame graph), the tail of the command's
 stderr, and what to do next. summary.json: the common envelope plus the finding, the
-verdict, the command's own exit code and argv. The record is record.json in the run
-directory (written by nsadiag.commands.run).
+verdict, the command's own exit code and argv, the per-rank rows (``ranks``) and the
+job's hosts (``hosts``). The record is record.json in the run directory (written by
+nsadiag.commands.run).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nsadiag.finding import Finding
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
+from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
@@ -78,6 +81,9 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
                   f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
                   f"{(process.get('place') or '-').replace('|', '/')} |")
     md += containment_lines(evidence.get("containment"))
+    rows = rank_rows(record)
+    if rows:
+        report.add("Ranks", ranks_table(rows))
     md = report.add("Evidence", evidence_section(record)).body
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)
@@ -92,5 +98,6 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         failing=verdict if verdict["name"] != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict["name"],
                  "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
-                 "argv": list(record.spec["command"])})
+                 "argv": list(record.spec["command"]), "ranks": rows,
+                 "hosts": job_hosts(record, rows)})
     return report.markdown(), summary.to_dict()

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from nsadiag.cli import app
 from nsadiag.harness.jobs import run_ddp_trial
+from nsadiag.ranknames import rank_names
 from nsadiag.spec import TrialSpec
 from repro import DDP_ZOO
 from tests.helpers import nsadiag
@@ -30,6 +31,10 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
         assert [c["origin"] for c in rank["started"]] == ["ddp", "call", "ddp", "call"]
     # the loss each rank reports is the mean over ranks, so both hold the same numbers
     assert ranks[0]["result"]["loss"] == ranks[1]["result"]["loss"]
+    # each rank named by this host and torchrun's local and node rank (one node: node 0)
+    host = rank_names({}).host
+    assert [(r["host"], r["rank"], r["local_rank"], r["node_rank"])
+            for r in record.verdict["facts"]["ranks"]] == [(host, 0, 0, 0), (host, 1, 1, 0)]
 
 
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
@@ -50,7 +55,7 @@ def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
     assert "marked as ready twice" in report
     assert "late-bound closure `lambda x: blk(x)`" in report
     assert "functools.partial(checkpoint, blk)" in report
-    assert "| rank | pid | state |" in report
+    assert "| host | rank | local rank | node rank | pid | state |" in report
 
 
 @pytest.mark.parametrize("args, message", [

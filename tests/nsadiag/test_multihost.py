@@ -126,6 +126,16 @@ def test_two_hosts_name_the_stuck_rank_on_the_second_host_and_merge_agrees(hosts
     _two_host_job(hosts, stuck=3)
     found = _finish(hosts)
     _assert_named(found, 3, "host2", 1)
+    # the Ranks table and summary.json name every rank by host, global, local, node rank
+    for seen, host in zip(found, hosts, strict=True):
+        report = (host.run_dir / "report.md").read_text()
+        for rank, (name, local, node) in enumerate([("host1", 0, 0), ("host1", 1, 0),
+                                                    ("host2", 0, 1), ("host2", 1, 1)]):
+            assert f"| {name} | {rank} | {local} | {node} |" in report, report
+        assert seen["summary"]["hosts"] == ["host1", "host2"]
+        assert [(r["host"], r["local_rank"], r["node_rank"]) for r in
+                seen["summary"]["ranks"]] == [("host1", 0, 0), ("host1", 1, 0),
+                                              ("host2", 0, 1), ("host2", 1, 1)]
     # one timeline: a process per host, a thread per rank named by its host and ranks
     trace = json.loads((hosts[1].run_dir / "hosts-trace.json").read_text())["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}

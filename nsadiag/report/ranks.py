@@ -1,0 +1,79 @@
+"""The per-rank table every report of a job with ranks shares (`nsadiag ddp`, `nsadiag run
+-- torchrun ...`): each rank named by its host, global rank, local rank and node rank, then
+where it stood.
+
+The rows are the verdict's (nsadiag.verdict.ranks.rank_table, kept in its facts). A name
+no launcher gave (a rank started without torchrun or Slurm, a record written before ranks
+were named) is the word "unknown" in its cell, never a guess; summary.json carries the
+same rows, with null for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nsadiag.ranknames import RankNames
+from nsadiag.report.markdown import md_table
+from nsadiag.rundir import TrialRecord
+
+UNKNOWN = "unknown"
+NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank"),
+                ("node rank", "node_rank"))
+"""(column heading, row key) of a rank's names, in the order the table shows them."""
+
+
+def rank_rows(record: TrialRecord) -> list[dict[str, Any]]:
+    """The per-rank rows of ``record``'s verdict (see the module docstring); [] for a run
+    without ranks."""
+    return list((record.verdict.get("facts") or {}).get("ranks") or [])
+
+
+def _name(row: Mapping[str, Any], key: str) -> str:
+    value = row.get(key)
+    return UNKNOWN if value is None or value == "" else str(value)
+
+
+def ranks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per rank: host, global, local and node rank, then pid, state, collectives
+    issued, the last one, what it waits in (and for how long), where it is."""
+    import pandas as pd
+
+    if not rows:
+        return ["No rank reported."]
+
+    def waiting(row: Mapping[str, Any]) -> Any:
+        if row.get("waiting") and row.get("waiting_since_s") is not None:
+            return f"{row['waiting']}, {row['waiting_since_s']:.1f} s"
+        return row.get("waiting")
+
+    columns: dict[str, list[Any]] = {
+        heading: [_name(r, key) for r in rows] for heading, key in NAME_COLUMNS}
+    columns.update({
+        "pid": [r.get("pid") for r in rows], "state": [r.get("state") for r in rows],
+        "collectives issued": [r.get("issued") for r in rows],
+        "last collective": [r.get("last_collective") for r in rows],
+        "waiting in": [waiting(r) for r in rows],
+        "position": [r.get("position") for r in rows]})
+    return md_table(pd.DataFrame(columns, dtype=object))
+
+
+def rank_heading(rank: Mapping[str, Any]) -> str:
+    """"Rank 3 on host2 (local rank 1, node 1)" for a rank of the record (a
+    RankEvidence's dict), "Rank 3" when no launcher named it."""
+    names = rank.get("names")
+    if not isinstance(names, dict) or not names:
+        return f"Rank {rank['rank']}"
+    label = dataclasses.replace(RankNames.from_dict(names), rank=rank["rank"]).label()
+    return label[:1].upper() + label[1:]
+
+
+def job_hosts(record: TrialRecord, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The job's hosts: those the rows name, in the order of their first rank, then any
+    other host the record's shared view lists (one lost before its ranks were
+    published)."""
+    view = record.evidence.get("hosts")
+    listed = view.get("hosts") if isinstance(view, dict) else None
+    found = [row.get("host") for row in rows] + (listed if isinstance(listed, list) else [])
+    return list(dict.fromkeys(h for h in found if isinstance(h, str) and h))
