@@ -20,6 +20,7 @@ from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
 from nsadiag.report.skeleton import Report
+from nsadiag.report.straggler import straggler_section
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
@@ -78,6 +79,9 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
                   f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
                   f"{(process.get('place') or '-').replace('|', '/')} |")
     md += containment_lines(evidence.get("containment"))
+    straggler = straggler_section(evidence)
+    if straggler:
+        report.add("Straggler", straggler)
     md = report.add("Evidence", evidence_section(record)).body
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)
@@ -92,5 +96,6 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         failing=verdict if verdict["name"] != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict["name"],
                  "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
-                 "argv": list(record.spec["command"])})
+                 "argv": list(record.spec["command"]),
+                 "straggler": (evidence.get("hosts") or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

@@ -242,3 +242,20 @@ the first's, each capture taking 15-25 s)."""
 HOSTS_LOST_AFTER_S = 3 * HOSTS_PUBLISH_EVERY_S
 """A host that published nothing for this long (three publishing intervals), while the
 other hosts' ranks lost their peers, is lost (its machine, or its nsadiag, is gone)."""
+
+STRAGGLER_STEPS = 5
+"""A straggler stands out at each of this many steps in a row (the latest every rank
+finished, step 0 left out; nsadiag.verdict.straggler): one slow step is a hiccup of the
+machine (a page fault storm, a descheduled process), five in a row by the same rank are
+that rank's."""
+
+STRAGGLER_RATIO = 2.0
+STRAGGLER_MIN_GAP_S = 0.05
+"""A straggler's time outside collectives is at least this many times, and this many
+seconds more than, the median of the other ranks' at each of those steps. Even ranks do
+not come near: in tests/multihost_train.py's 2 x 2 gloo job on 2 shared cores the largest
+rank's own time over the median of the others' was at most 1.6x at any one step, and the
+same rank was never the largest five steps in a row, quiet (load 1-3) and with two CPU
+burners (load 6-9); a rank that sleeps 0.2 s more per step stands at 20x and more.
+The gap keeps a tiny model's steps (a few ms outside collectives, where a 2x ratio is a
+millisecond of scheduling) from deciding."""

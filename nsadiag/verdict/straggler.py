@@ -1,0 +1,189 @@
+"""A straggler: one rank of a job that still progresses taking longer than the others at
+every one of its latest steps (pure: no I/O, no clock).
+
+In synchronous data parallel training every rank's step lasts as long as the slowest
+one's: the others wait for it in the step's collectives. So a rank's wall step time does
+not single out a straggler; its own time does, the step's time outside collectives
+(``StepPace.own_s``). A straggler's own time stands out while the others' time goes into
+waiting in collectives for it. Own times are durations on each rank's own clock, so the
+hosts' clocks need not agree.
+
+``step_paces(events)`` reads a rank's finished steps from its heartbeat events (the "step"
+events and its collectives' start and end); ``find_straggler(paces, names)`` decides from
+every rank's paces (what each host published in the job's store): a straggler is the same
+rank with the largest own time at each of the last STRAGGLER_STEPS steps that every rank
+finished (step 0, which pays one-off costs, left out), by at least STRAGGLER_RATIO times
+and STRAGGLER_MIN_GAP_S more than the median of the other ranks' own times at that step.
+A machine that is busy for every rank slows every rank alike: no rank stands out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
+
+
+@dataclass(frozen=True)
+class StepPace:
+    """One finished step of one rank: its index, when it ended (the rank's clock), how
+    long it took, how much of that the rank spent inside collectives (issued and not yet
+    completed), and how long it took before its backward began (loading the batch and
+    forward) and in backward."""
+
+    step: int
+    t: float
+    step_s: float
+    waited_s: float
+    forward_s: float
+    backward_s: float
+
+    @property
+    def own_s(self) -> float:
+        """The step's time outside collectives."""
+        return max(self.step_s - self.waited_s, 0.0)
+
+    def to_list(self) -> list[float]:
+        """The compact form published in the store."""
+        return [self.step, round(self.t, 3), round(self.step_s, 4), round(self.waited_s, 4),
+                round(self.forward_s, 4), round(self.backward_s, 4)]
+
+    @classmethod
+    def from_list(cls, row: Sequence[Any]) -> StepPace:
+        step, t, step_s, waited_s, forward_s, backward_s = row
+        return cls(int(step), float(t), float(step_s), float(waited_s), float(forward_s),
+                   float(backward_s))
+
+
+def _covered(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by the union of ``spans``."""
+    clipped = sorted((max(a, start), min(b, end)) for a, b in spans if b > start and a < end)
+    total, reach = 0.0, start
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def step_paces(events: Sequence[dict[str, Any]]) -> list[StepPace]:
+    """The finished steps of a rank whose events (oldest first) hold the whole step: a
+    step that began before the first event kept is left out, since its collectives may
+    have been dropped."""
+    times = [float(e["t"]) for e in events if isinstance(e.get("t"), (int, float))]
+    if not times:
+        return []
+    first = min(times)
+    opened: dict[Any, float] = {}
+    spans: list[tuple[float, float]] = []
+    for event in events:
+        if event.get("kind") != "collective" or not isinstance(event.get("t"), (int, float)):
+            continue
+        if event.get("edge") == "start":
+            opened[event.get("n")] = float(event["t"])
+        elif event.get("edge") == "end" and event.get("n") in opened:
+            spans.append((opened.pop(event.get("n")), float(event["t"])))
+    paces = []
+    for event in events:
+        if event.get("kind") != "step" or not isinstance(event.get("step_s"), (int, float)):
+            continue
+        end, step_s = float(event["t"]), float(event["step_s"])
+        if end - step_s < first:
+            continue
+        paces.append(StepPace(int(event.get("step", -1)), end, step_s,
+                              _covered(spans, end - step_s, end),
+                              float(event.get("forward_s") or 0.0),
+                              float(event.get("backward_s") or 0.0)))
+    return paces
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slow rank (``rank``, and ``label``: its host, global and local rank in words)
+    over ``steps``: the medians over those steps of its own time and of the other ranks'
+    (the per-step median of the others), its wall step time, the others' time waiting in
+    collectives, and its time before and in backward."""
+
+    rank: int
+    label: str
+    host: str | None
+    local_rank: int | None
+    steps: tuple[int, ...]
+    others: int
+    own_s: float
+    others_own_s: float
+    step_s: float
+    others_waited_s: float
+    forward_s: float
+    backward_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.own_s / self.others_own_s if self.others_own_s > 0 else float("inf")
+
+    def sentence(self) -> str:
+        """The finding in words, every figure from the published paces."""
+        first, last = self.steps[0], self.steps[-1]
+        times = "x" if self.ratio == float("inf") else f"{self.ratio:.1f}x"
+        where = f" ({self.host}'s figures)" if self.host else ""
+        rest = max(self.step_s - self.forward_s - self.backward_s, 0.0)
+        return (f"straggler: {self.label} takes {self.own_s:.3f} s per step outside "
+                f"collectives against a median of {self.others_own_s:.3f} s for the other "
+                f"{self.others} rank(s) ({times}), at each of steps {first}-{last}; the others "
+                f"wait a median {self.others_waited_s:.3f} s per step in collectives. Where "
+                f"its {self.step_s:.3f} s steps go{where}: {self.forward_s:.3f} s before its "
+                f"backward (loading the batch and forward), {self.backward_s:.3f} s in "
+                f"backward, {rest:.3f} s after (the optimizer and the rest)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "label": self.label, "host": self.host,
+                "local_rank": self.local_rank, "steps": list(self.steps),
+                "others": self.others, "own_s": self.own_s, "others_own_s": self.others_own_s,
+                "ratio": None if self.others_own_s <= 0 else round(self.ratio, 3),
+                "step_s": self.step_s, "others_waited_s": self.others_waited_s,
+                "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "sentence": self.sentence()}
+
+
+def find_straggler(paces: Mapping[int, Sequence[StepPace]],
+                   names: Mapping[int, dict[str, Any]], labels: Mapping[int, str]
+                   ) -> Straggler | None:
+    """The straggler among the ranks of ``paces`` ({global rank: its finished steps}), or
+    None (see the module docstring); ``names`` and ``labels`` name each rank
+    (nsadiag.ranknames: host, local rank; the label in words)."""
+    ranks = sorted(r for r, p in paces.items() if p)
+    if len(ranks) < 2:
+        return None
+    by_step = {r: {p.step: p for p in paces[r]} for r in ranks}
+    common = sorted(set.intersection(*(set(s) for s in by_step.values())) - {0})
+    window = common[-STRAGGLER_STEPS:]
+    if len(window) < STRAGGLER_STEPS:
+        return None
+    slowest: set[int] = set()
+    for step in window:
+        own = {r: by_step[r][step].own_s for r in ranks}
+        top = max(ranks, key=lambda r: own[r])
+        rest = statistics.median(own[r] for r in ranks if r != top)
+        if own[top] < STRAGGLER_RATIO * rest or own[top] - rest < STRAGGLER_MIN_GAP_S:
+            return None
+        slowest.add(top)
+    if len(slowest) != 1:
+        return None
+    slow = slowest.pop()
+    mine = [by_step[slow][s] for s in window]
+    others = [r for r in ranks if r != slow]
+    names_of = names.get(slow) or {}
+    return Straggler(
+        rank=slow, label=labels.get(slow, f"rank {slow}"), host=names_of.get("host"),
+        local_rank=names_of.get("local_rank"), steps=tuple(window), others=len(others),
+        own_s=statistics.median(p.own_s for p in mine),
+        others_own_s=statistics.median(
+            statistics.median(by_step[r][s].own_s for r in others) for s in window),
+        step_s=statistics.median(p.step_s for p in mine),
+        others_waited_s=statistics.median(
+            statistics.median(by_step[r][s].waited_s for r in others) for s in window),
+        forward_s=statistics.median(p.forward_s for p in mine),
+        backward_s=statistics.median(p.backward_s for p in mine))
