@@ -10,11 +10,14 @@ hosts' clocks need not agree.
 
 ``step_paces(events)`` reads a rank's finished steps from its heartbeat events (the "step"
 events and its collectives' start and end); ``find_straggler(paces, names)`` decides from
-every rank's paces (what each host published in the job's store): a straggler is the same
-rank with the largest own time at each of the last STRAGGLER_STEPS steps that every rank
-finished (step 0, which pays one-off costs, left out), by at least STRAGGLER_RATIO times
-and STRAGGLER_MIN_GAP_S more than the median of the other ranks' own times at that step.
-A machine that is busy for every rank slows every rank alike: no rank stands out.
+every rank's paces (what each host published in the job's store): a straggler is a rank
+whose own time at every one of its latest STRAGGLER_STEPS finished steps (step 0, which
+pays one-off costs, left out) is at least STRAGGLER_RATIO times, and STRAGGLER_MIN_GAP_S
+more than, the median of the other ranks' own times (each rank's median over its latest
+steps), while no other rank's is. A machine that is busy for every rank slows every rank
+alike: no rank stands out. Each rank's latest steps are its own: hosts publish every few
+seconds, so the ranks of another host may be some steps behind in what was read of them,
+and the decision does not need the same steps of every rank.
 """
 
 from __future__ import annotations
@@ -103,9 +106,9 @@ def step_paces(events: Sequence[dict[str, Any]]) -> list[StepPace]:
 @dataclass(frozen=True)
 class Straggler:
     """The slow rank (``rank``, and ``label``: its host, global and local rank in words)
-    over ``steps``: the medians over those steps of its own time and of the other ranks'
-    (the per-step median of the others), its wall step time, the others' time waiting in
-    collectives, and its time before and in backward."""
+    over its latest ``steps``: its median and least own time, the median of the other
+    ranks' own times (each over its latest steps), its wall step time, the others' time
+    waiting in collectives, and its time before and in backward (medians)."""
 
     rank: int
     label: str
@@ -114,6 +117,7 @@ class Straggler:
     steps: tuple[int, ...]
     others: int
     own_s: float
+    least_s: float
     others_own_s: float
     step_s: float
     others_waited_s: float
@@ -131,9 +135,10 @@ class Straggler:
         where = f" ({self.host}'s figures)" if self.host else ""
         rest = max(self.step_s - self.forward_s - self.backward_s, 0.0)
         return (f"straggler: {self.label} takes {self.own_s:.3f} s per step outside "
-                f"collectives against a median of {self.others_own_s:.3f} s for the other "
-                f"{self.others} rank(s) ({times}), at each of steps {first}-{last}; the others "
-                f"wait a median {self.others_waited_s:.3f} s per step in collectives. Where "
+                f"collectives (at least {self.least_s:.3f} s at each of its steps "
+                f"{first}-{last}) against a median of {self.others_own_s:.3f} s for the other "
+                f"{self.others} rank(s) ({times}); the others wait a median "
+                f"{self.others_waited_s:.3f} s per step in collectives. Where "
                 f"its {self.step_s:.3f} s steps go{where}: {self.forward_s:.3f} s before its "
                 f"backward (loading the batch and forward), {self.backward_s:.3f} s in "
                 f"backward, {rest:.3f} s after (the optimizer and the rest)")
@@ -141,7 +146,8 @@ class Straggler:
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "label": self.label, "host": self.host,
                 "local_rank": self.local_rank, "steps": list(self.steps),
-                "others": self.others, "own_s": self.own_s, "others_own_s": self.others_own_s,
+                "others": self.others, "own_s": self.own_s, "least_s": self.least_s,
+                "others_own_s": self.others_own_s,
                 "ratio": None if self.others_own_s <= 0 else round(self.ratio, 3),
                 "step_s": self.step_s, "others_waited_s": self.others_waited_s,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
@@ -154,36 +160,27 @@ def find_straggler(paces: Mapping[int, Sequence[StepPace]],
     """The straggler among the ranks of ``paces`` ({global rank: its finished steps}), or
     None (see the module docstring); ``names`` and ``labels`` name each rank
     (nsadiag.ranknames: host, local rank; the label in words)."""
-    ranks = sorted(r for r, p in paces.items() if p)
-    if len(ranks) < 2:
+    windows = {r: [p for p in rows if p.step != 0][-STRAGGLER_STEPS:]
+               for r, rows in paces.items() if rows}
+    if len(windows) < 2 or any(len(w) < STRAGGLER_STEPS for w in windows.values()):
         return None
-    by_step = {r: {p.step: p for p in paces[r]} for r in ranks}
-    common = sorted(set.intersection(*(set(s) for s in by_step.values())) - {0})
-    window = common[-STRAGGLER_STEPS:]
-    if len(window) < STRAGGLER_STEPS:
+    typical = {r: statistics.median(p.own_s for p in w) for r, w in windows.items()}
+    least = {r: min(p.own_s for p in w) for r, w in windows.items()}
+    slow = max(windows, key=lambda r: least[r])
+    others = sorted(r for r in windows if r != slow)
+    rest = statistics.median(typical[r] for r in others)
+    if least[slow] < STRAGGLER_RATIO * rest or least[slow] - rest < STRAGGLER_MIN_GAP_S:
         return None
-    slowest: set[int] = set()
-    for step in window:
-        own = {r: by_step[r][step].own_s for r in ranks}
-        top = max(ranks, key=lambda r: own[r])
-        rest = statistics.median(own[r] for r in ranks if r != top)
-        if own[top] < STRAGGLER_RATIO * rest or own[top] - rest < STRAGGLER_MIN_GAP_S:
-            return None
-        slowest.add(top)
-    if len(slowest) != 1:
-        return None
-    slow = slowest.pop()
-    mine = [by_step[slow][s] for s in window]
-    others = [r for r in ranks if r != slow]
+    if any(typical[r] >= STRAGGLER_RATIO * rest for r in others):
+        return None  # two or more slow ranks: not one straggler
+    mine = windows[slow]
     names_of = names.get(slow) or {}
     return Straggler(
         rank=slow, label=labels.get(slow, f"rank {slow}"), host=names_of.get("host"),
-        local_rank=names_of.get("local_rank"), steps=tuple(window), others=len(others),
-        own_s=statistics.median(p.own_s for p in mine),
-        others_own_s=statistics.median(
-            statistics.median(by_step[r][s].own_s for r in others) for s in window),
+        local_rank=names_of.get("local_rank"), steps=tuple(p.step for p in mine),
+        others=len(others), own_s=typical[slow], least_s=least[slow], others_own_s=rest,
         step_s=statistics.median(p.step_s for p in mine),
         others_waited_s=statistics.median(
-            statistics.median(by_step[r][s].waited_s for r in others) for s in window),
+            statistics.median(p.waited_s for p in windows[r]) for r in others),
         forward_s=statistics.median(p.forward_s for p in mine),
         backward_s=statistics.median(p.backward_s for p in mine))
