@@ -46,27 +46,31 @@ from nsadiag.verdict.straggler import StepPace, Straggler, find_straggler
 class HostState:
     """What one host published: its name, ``phase`` ("live" while its ranks run,
     "captured" after its capture at a stall, "ended" when its command ended by itself),
-    when, its ranks, and each rank's latest finished steps ({global rank: paces}: its
-    events as published are too few to hold them)."""
+    when, its ranks, each rank's latest finished steps ({global rank: paces}: its events
+    as published are too few to hold them) and the user frame its sampler saw most
+    ({global rank: nsadiag.verdict.straggler.hot_frame})."""
 
     host: str
     phase: str
     published_at: float
     ranks: list[RankEvidence] = field(default_factory=list)
     paces: dict[int, list[StepPace]] = field(default_factory=dict)
+    frames: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "phase": self.phase, "published_at": self.published_at,
                 "ranks": [r.to_dict() for r in self.ranks],
                 "paces": {str(r): [p.to_list() for p in rows]
-                          for r, rows in self.paces.items()}}
+                          for r, rows in self.paces.items()},
+                "frames": {str(r): frame for r, frame in self.frames.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostState:
         return cls(str(data["host"]), str(data["phase"]), float(data["published_at"]),
                    [RankEvidence.from_dict(r) for r in data.get("ranks") or []],
                    {int(r): [StepPace.from_list(p) for p in rows]
-                    for r, rows in (data.get("paces") or {}).items()})
+                    for r, rows in (data.get("paces") or {}).items()},
+                   {int(r): dict(f) for r, f in (data.get("frames") or {}).items() if f})
 
 
 @dataclass
@@ -97,11 +101,13 @@ def hosts_straggler(states: dict[str, HostState]) -> Straggler | None:
     paces: dict[int, list[StepPace]] = {}
     names: dict[int, dict[str, Any]] = {}
     labels: dict[int, str] = {}
+    frames: dict[int, dict[str, Any]] = {}
     for state in states.values():
         paces.update(state.paces)
+        frames.update(state.frames)
         for rank in state.ranks:
             names[rank.rank], labels[rank.rank] = rank.names or {}, rank_label(rank)
-    return find_straggler(paces, names, labels)
+    return find_straggler(paces, names, labels, frames)
 
 
 def with_straggler(verdict: Verdict, straggler: dict[str, Any] | None) -> Verdict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from nsadiag.hosts.address import JobShape
 from nsadiag.hosts.link import HostLink, StoreGone
@@ -105,24 +106,30 @@ class SharedView:
         if found is not None:
             self.straggler = {**found.to_dict(), "seen_at": self.clock()}
 
-    def _publish(self, phase: str, ranks: Sequence[RankEvidence]) -> None:
+    def _publish(self, phase: str, ranks: Sequence[RankEvidence],
+                 frames: dict[int, dict[str, Any]] | None = None) -> None:
         assert self.link is not None
         now = self.clock()
         paces = {r.rank: step_paces(r.events)[-PUBLISH_PACES:] for r in ranks}
-        state = HostState(self.host, phase, now, [_trimmed(r) for r in ranks], paces)
+        if frames is None:  # a capture or an end: where its ranks were last seen stays
+            frames = self.states[self.host].frames if self.host in self.states else {}
+        state = HostState(self.host, phase, now, [_trimmed(r) for r in ranks], paces,
+                          dict(frames))
         self.states[self.host] = state
         self.link.publish(state.to_dict())
         self.link.join()
         self.published_at = now
 
-    def tick(self, ranks: Callable[[], Sequence[RankEvidence]]) -> None:
+    def tick(self, ranks: Callable[[], Sequence[RankEvidence]],
+             frames: Callable[[], dict[int, dict[str, Any]]] | None = None) -> None:
         """Publish this host's ranks when the last publication is HOSTS_PUBLISH_EVERY_S
-        old, and read the others' (``ranks`` is only called then)."""
+        old, and read the others' (``ranks`` and ``frames``, each rank's hot frame, are
+        only called then)."""
         if self.clock() - self.published_at < HOSTS_PUBLISH_EVERY_S or \
                 not self._connected():
             return
         try:
-            self._publish("live", ranks())
+            self._publish("live", ranks(), frames() if frames is not None else None)
             self.ticks += 1
             if self.ticks % HOSTS_READ_EVERY == 1 or not self._all_seen():
                 self._read()

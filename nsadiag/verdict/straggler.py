@@ -9,7 +9,8 @@ waiting in collectives for it. Own times are durations on each rank's own clock,
 hosts' clocks need not agree.
 
 ``step_paces(events)`` reads a rank's finished steps from its heartbeat events (the "step"
-events and its collectives' start and end); ``find_straggler(paces, names)`` decides from
+events and its collectives' start and end), ``hot_frame(pulses)`` the user frame its
+progress sampler saw most in its latest pulses; ``find_straggler(paces, ...)`` decides from
 every rank's paces (what each host published in the job's store): a straggler is a rank
 whose own time at every one of its latest STRAGGLER_STEPS finished steps (step 0, which
 pays one-off costs, left out) is at least STRAGGLER_RATIO times, and STRAGGLER_MIN_GAP_S
@@ -103,12 +104,27 @@ def step_paces(events: Sequence[dict[str, Any]]) -> list[StepPace]:
     return paces
 
 
+HOT_FRAME_PULSES = 10
+"""A rank's latest pulses (one a second) whose frames say where its time goes now."""
+
+
+def hot_frame(pulses: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The innermost user frame the sampler saw most in the latest HOT_FRAME_PULSES
+    pulses that name one ({"frame", "seen", "of"}), None when none names one."""
+    frames = [str(p["frame"]) for p in pulses if p.get("frame")][-HOT_FRAME_PULSES:]
+    if not frames:
+        return None
+    top = max(set(frames), key=lambda f: (frames.count(f), f))
+    return {"frame": top, "seen": frames.count(top), "of": len(frames)}
+
+
 @dataclass(frozen=True)
 class Straggler:
     """The slow rank (``rank``, and ``label``: its host, global and local rank in words)
     over its latest ``steps``: its median and least own time, the median of the other
     ranks' own times (each over its latest steps), its wall step time, the others' time
-    waiting in collectives, and its time before and in backward (medians)."""
+    waiting in collectives, and its time before and in backward (medians); ``frame``: where
+    its host's sampler saw it most (hot_frame), None when its host did not say."""
 
     rank: int
     label: str
@@ -123,6 +139,7 @@ class Straggler:
     others_waited_s: float
     forward_s: float
     backward_s: float
+    frame: dict[str, Any] | None = None
 
     @property
     def ratio(self) -> float:
@@ -141,7 +158,9 @@ class Straggler:
                 f"{self.others_waited_s:.3f} s per step in collectives. Where "
                 f"its {self.step_s:.3f} s steps go{where}: {self.forward_s:.3f} s before its "
                 f"backward (loading the batch and forward), {self.backward_s:.3f} s in "
-                f"backward, {rest:.3f} s after (the optimizer and the rest)")
+                f"backward, {rest:.3f} s after (the optimizer and the rest)"
+                + (f"; its sampler saw it at {self.frame['frame']} in {self.frame['seen']} of "
+                   f"its last {self.frame['of']} pulses" if self.frame else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "label": self.label, "host": self.host,
@@ -151,15 +170,17 @@ class Straggler:
                 "ratio": None if self.others_own_s <= 0 else round(self.ratio, 3),
                 "step_s": self.step_s, "others_waited_s": self.others_waited_s,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
-                "sentence": self.sentence()}
+                "frame": self.frame, "sentence": self.sentence()}
 
 
 def find_straggler(paces: Mapping[int, Sequence[StepPace]],
-                   names: Mapping[int, dict[str, Any]], labels: Mapping[int, str]
+                   names: Mapping[int, dict[str, Any]], labels: Mapping[int, str],
+                   frames: Mapping[int, dict[str, Any] | None] | None = None
                    ) -> Straggler | None:
     """The straggler among the ranks of ``paces`` ({global rank: its finished steps}), or
     None (see the module docstring); ``names`` and ``labels`` name each rank
-    (nsadiag.ranknames: host, local rank; the label in words)."""
+    (nsadiag.ranknames: host, local rank; the label in words), ``frames`` give each rank's
+    hot frame where its host knows it."""
     windows = {r: [p for p in rows if p.step != 0][-STRAGGLER_STEPS:]
                for r, rows in paces.items() if rows}
     if len(windows) < 2 or any(len(w) < STRAGGLER_STEPS for w in windows.values()):
@@ -183,4 +204,5 @@ def find_straggler(paces: Mapping[int, Sequence[StepPace]],
         others_waited_s=statistics.median(
             statistics.median(p.waited_s for p in windows[r]) for r in others),
         forward_s=statistics.median(p.forward_s for p in mine),
-        backward_s=statistics.median(p.backward_s for p in mine))
+        backward_s=statistics.median(p.backward_s for p in mine),
+        frame=(frames or {}).get(slow))

@@ -18,7 +18,7 @@ from nsadiag.hosts.merged import decide_hosts
 from nsadiag.hosts.shared import SharedView
 from nsadiag.report.straggler import straggler_section
 from nsadiag.verdict.ranks import RankEvidence
-from nsadiag.verdict.straggler import StepPace, find_straggler, step_paces
+from nsadiag.verdict.straggler import StepPace, find_straggler, hot_frame, step_paces
 from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
 from tests.helpers import TESTS, nsadiag
 from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
@@ -102,6 +102,13 @@ def test_a_step_that_began_before_the_first_event_kept_is_left_out():
     # from step 1's first collective on: step 1 began before it
     assert [p.step for p in step_paces([e for e in events if e["t"] > events[3]["t"]])] \
         == [2]
+
+
+def test_the_hot_frame_is_the_one_most_seen_in_the_latest_pulses():
+    pulses = [{"frame": "main (train.py:9)"}] * 20 + [{"frame": None}] * 3 + \
+        [{"frame": "load (data.py:4)"}] * 6 + [{"frame": "main (train.py:9)"}] * 4
+    assert hot_frame(pulses) == {"frame": "load (data.py:4)", "seen": 6, "of": 10}
+    assert hot_frame([{"frame": None}, {}]) is None
 
 
 # ---- the decision ---------------------------------------------------------------------------
@@ -229,8 +236,10 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
         view.tick(lambda: [])
     assert views[0].view().straggler is None
     clock.now += 10.0
+    sleeping = {3: {"frame": "main (train.py:31)", "seen": 9, "of": 10}}
     for i, view in enumerate(views):
-        view.tick(lambda i=i: [_rank(r, events[r]) for r in (2 * i, 2 * i + 1)])
+        view.tick(lambda i=i: [_rank(r, events[r]) for r in (2 * i, 2 * i + 1)],
+                  lambda i=i: sleeping if i == 1 else {})
     views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # not yet due: no-op
     clock.now += 10.0
     views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # reads host2's paces
@@ -241,6 +250,8 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
         assert found["steps"] == list(range(steps - STRAGGLER_STEPS, steps))
         assert found["own_s"] == near(0.432)
         assert found["others_own_s"] == near(0.032)
+        assert found["sentence"].endswith("; its sampler saw it at main (train.py:31) in 9 of "
+                                          "its last 10 pulses")
     assert seen[0]["seen_at"] == T0 + 20.0 and seen[1]["seen_at"] == T0 + 10.0
     # each host's report section, and the verdict decided over both hosts' ranks
     lines = straggler_section({"hosts": views[0].view().to_dict()})
@@ -256,12 +267,17 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
     verdict = decide_hosts(job, ranks, views[1].view())
     assert verdict.reasons[-1] == seen[1]["sentence"]
     assert verdict.facts["straggler"]["rank"] == 3
+    # host2's end, published without frames, keeps where its ranks were last seen
+    views[1].settle([_rank(r, events[r]) for r in (2, 3)], ended_ok=True)
+    assert views[1].states["host2"].frames == sleeping
 
 
 # ---- two hosts on one machine ---------------------------------------------------------------
 
 REFUSED = unshare_refused()
 SCRIPT = TESTS / "multihost_straggler.py"
+SLEEP_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
+                  if "time.sleep(args.slow_s)" in line)
 
 
 @pytest.mark.hosts
@@ -289,6 +305,7 @@ def test_two_hosts_both_name_the_slow_rank_on_the_second_host(tmp_path):
         assert (found["rank"], found["host"], found["local_rank"]) == (3, "host2", 1)
         assert found["ratio"] >= STRAGGLER_RATIO
         assert found["forward_s"] >= 0.3  # its sleep, before its backward
+        assert found["frame"]["frame"] == f"main (multihost_straggler.py:{SLEEP_LINE})"
         report = (host.run_dir / "report.md").read_text()
         assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in report
         summary = json.loads((host.run_dir / "summary.json").read_text())
