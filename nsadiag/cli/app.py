@@ -355,8 +355,10 @@ def merge_cmd(
         term.json(verdict.to_dict())
     else:
         chain = (verdict.facts.get("wait_chain") or {}).get("printed")
+        straggler = (verdict.facts.get("straggler") or {}).get("sentence")
         for line in [f"{verdict.name}: {verdict.reasons[0]}",
-                     *([f"wait chain: {chain}"] if chain else [])]:
+                     *([f"wait chain: {chain}"] if chain else []),
+                     *([straggler] if straggler else [])]:
             term.print(line)
     raise typer.Exit(1 if is_failure(verdict.name, verdict.facts.get("slow_by")) else 0)
 

@@ -75,6 +75,7 @@ from nsadiag.hosts.trace import hosts_trace
 from nsadiag.ranknames import rank_names
 from nsadiag.rundir import TrialRecord, create_file, prepare_run_dir, read_tail, write_json
 from nsadiag.verdict.ranks import RankEvidence
+from nsadiag.verdict.straggler import hot_frame
 
 INJECT = Path(__file__).resolve().parent / "inject"
 STDERR_TAIL_BYTES = 1 << 20  # where the last traceback is looked for
@@ -250,9 +251,15 @@ class _CommandTree(Tree):
                               (stalls or {}).get(stream.name))
                 for rank, stream in sorted(rank_streams(self.streams).items())]
 
+    def hot_frames(self) -> dict[int, dict[str, Any]]:
+        """Where each rank's sampler saw it most in its latest pulses, for a straggler."""
+        found = {rank: hot_frame(list(stream.pulses))
+                 for rank, stream in rank_streams(self.streams).items()}
+        return {rank: frame for rank, frame in found.items() if frame is not None}
+
     def wait(self, seconds: float) -> None:
         if self.shared is not None:
-            self.shared.tick(self.ranks)
+            self.shared.tick(self.ranks, self.hot_frames)
         super().wait(seconds)
 
     def stall_elsewhere(self) -> bool:

@@ -13,6 +13,9 @@ state, the shared stall signal, and the hosts that were lost. ``decide_hosts`` d
   is a consequence, said so, never this host's own ERROR);
 - otherwise the ranks of every host decided together as they ended.
 
+A straggler seen while the job progressed (nsadiag.verdict.straggler, from the step paces
+each host published) is added to the verdict's reasons and facts, whatever the verdict.
+
 Each rank is named by host, global, local and node rank; a rank that waits in a
 collective is said to wait "in collective #N for rank R on host H" when the ranks that
 never issued #N are known.
@@ -37,27 +40,38 @@ from nsadiag.verdict.ranks import (
     rank_table,
     waiting_in,
 )
+from nsadiag.verdict.straggler import StepPace, Straggler, find_straggler
 
 
 @dataclass
 class HostState:
     """What one host published: its name, ``phase`` ("live" while its ranks run,
     "captured" after its capture at a stall, "ended" when its command ended by itself),
-    when, and its ranks."""
+    when, its ranks, each rank's latest finished steps ({global rank: paces}: its events
+    as published are too few to hold them) and the user frame its sampler saw most
+    ({global rank: nsadiag.verdict.straggler.hot_frame})."""
 
     host: str
     phase: str
     published_at: float
     ranks: list[RankEvidence] = field(default_factory=list)
+    paces: dict[int, list[StepPace]] = field(default_factory=dict)
+    frames: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "phase": self.phase, "published_at": self.published_at,
-                "ranks": [r.to_dict() for r in self.ranks]}
+                "ranks": [r.to_dict() for r in self.ranks],
+                "paces": {str(r): [p.to_list() for p in rows]
+                          for r, rows in self.paces.items()},
+                "frames": {str(r): frame for r, frame in self.frames.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostState:
         return cls(str(data["host"]), str(data["phase"]), float(data["published_at"]),
-                   [RankEvidence.from_dict(r) for r in data.get("ranks") or []])
+                   [RankEvidence.from_dict(r) for r in data.get("ranks") or []],
+                   {int(r): [StepPace.from_list(p) for p in rows]
+                    for r, rows in (data.get("paces") or {}).items()},
+                   {int(r): dict(f) for r, f in (data.get("frames") or {}).items() if f})
 
 
 @dataclass
@@ -72,13 +86,37 @@ class HostsView:
     stall: dict[str, Any] | None = None
     lost: list[str] = field(default_factory=list)
     store_ops: int = 0
+    straggler: dict[str, Any] | None = None
+    """The latest straggler seen (Straggler.to_dict and ``seen_at``), None if none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "mode": self.mode, "shared": self.shared,
                 "hosts": sorted(self.states), "stall": self.stall, "lost": self.lost,
-                "store_ops": self.store_ops,
+                "store_ops": self.store_ops, "straggler": self.straggler,
                 "published_at": {h: s.published_at for h, s in self.states.items()},
                 "phase": {h: s.phase for h, s in self.states.items()}}
+
+
+def hosts_straggler(states: dict[str, HostState]) -> Straggler | None:
+    """The straggler among every host's ranks, from the paces each host published."""
+    paces: dict[int, list[StepPace]] = {}
+    names: dict[int, dict[str, Any]] = {}
+    labels: dict[int, str] = {}
+    frames: dict[int, dict[str, Any]] = {}
+    for state in states.values():
+        paces.update(state.paces)
+        frames.update(state.frames)
+        for rank in state.ranks:
+            names[rank.rank], labels[rank.rank] = rank.names or {}, rank_label(rank)
+    return find_straggler(paces, names, labels, frames)
+
+
+def with_straggler(verdict: Verdict, straggler: dict[str, Any] | None) -> Verdict:
+    """``verdict`` with the straggler's sentence after its reasons and in its facts."""
+    if straggler is None:
+        return verdict
+    return Verdict(verdict.name, [*verdict.reasons, str(straggler["sentence"])],
+                   {**verdict.facts, "straggler": straggler})
 
 
 def _host_of(rank: RankEvidence) -> str | None:
@@ -149,7 +187,7 @@ def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) 
     """The verdict over every host's ranks (see the module docstring)."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     if view.lost and view.stall is None:
-        return _lost_verdict(job, ranks, view)
+        return with_straggler(_lost_verdict(job, ranks, view), view.straggler)
     preface: list[str] = []
     if view.stall is not None:
         decided_by = view.stall.get("host")
@@ -180,4 +218,4 @@ def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) 
     reasons[1:1] = preface
     facts["hosts"] = view.to_dict()
     facts["waiting_for"] = waits
-    return Verdict(verdict.name, reasons, facts)
+    return with_straggler(Verdict(verdict.name, reasons, facts), view.straggler)

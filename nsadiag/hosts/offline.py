@@ -4,7 +4,9 @@ together afterwards (no store needed).
 Each directory holds one host's ``nsadiag run`` record (record.json): its own ranks (the
 ranks its ``hosts`` facts name as this host's) with their capture, and the stall signal it
 saw. The ranks of every directory are decided together (nsadiag.hosts.merged), as each
-host's nsadiag decided them through the store.
+host's nsadiag decided them through the store. A straggler is looked for in the ranks'
+recorded steps (their last events); where those show none, the latest one a host saw while
+the job ran is kept.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nsadiag.evidence import Evidence
-from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
+from nsadiag.hosts.merged import HostState, HostsView, decide_hosts, hosts_straggler
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.ranks import RankEvidence
+from nsadiag.verdict.straggler import step_paces
 
 
 def _record(run_dir: Path) -> TrialRecord:
@@ -41,6 +44,7 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
     states: dict[str, HostState] = {}
     ranks: list[RankEvidence] = []
     stall = None
+    seen: list[dict] = []
     for run_dir, record in records:
         hosts = record.evidence.get("hosts")
         if not isinstance(hosts, dict) or not hosts.get("host"):
@@ -53,10 +57,15 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
                if (r.get("names") or {}).get("host") == host]
         states[host] = HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
                                  float((hosts.get("published_at") or {}).get(host) or 0.0),
-                                 own)
+                                 own, {r.rank: step_paces(r.events) for r in own})
         ranks += own
         stall = stall or hosts.get("stall")
+        if isinstance(hosts.get("straggler"), dict):
+            seen.append(hosts["straggler"])
     job = Evidence.from_dict(records[0][1].evidence)
+    found = hosts_straggler(states)
+    latest = max(seen, key=lambda s: float(s.get("seen_at") or 0.0), default=None)
     view = HostsView("merged", f"merged offline from {len(records)} run directories",
-                     False, states, stall)
+                     False, states, stall,
+                     straggler=found.to_dict() if found is not None else latest)
     return decide_hosts(job, ranks, view)

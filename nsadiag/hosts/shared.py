@@ -16,17 +16,25 @@ peers) ``settle``\\ s: it waits up to HOSTS_LOST_AFTER_S for a stall signal or f
 that keep publishing, and names the hosts that went silent. A store that stops
 answering ends the sharing; what was read by then is kept. ``view()`` is the typed
 result for the record (nsadiag.hosts.merged.HostsView).
+
+Each publication carries every rank's latest PUBLISH_PACES finished steps (their times
+outside and inside collectives: nsadiag.verdict.straggler), and at every read of the
+others' states this host looks for a straggler among every host's ranks: the latest one
+seen goes into its record, so each host's report names it while the job still progresses
+(a read costs no operation more for it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from nsadiag.hosts.address import JobShape
 from nsadiag.hosts.link import HostLink, StoreGone
-from nsadiag.hosts.merged import HostState, HostsView
+from nsadiag.hosts.merged import HostState, HostsView, hosts_straggler
 from nsadiag.verdict.ranks import RankEvidence
+from nsadiag.verdict.straggler import step_paces
 from nsadiag.verdict.thresholds import (
     HOSTS_CAPTURE_MARGIN_S,
     HOSTS_LOST_AFTER_S,
@@ -37,6 +45,9 @@ PUBLISH_EVENTS = 40
 PUBLISH_STARTED = 80
 """A rank's last events and started collectives that are published (the verdict reads
 the last step's; the rest stay in the host's own record)."""
+PUBLISH_PACES = 8
+"""A rank's latest finished steps that are published (six numbers each): more than the
+STRAGGLER_STEPS a straggler is decided over, so that ranks a step apart still share them."""
 WAIT_STEP_S = 0.2
 HOSTS_READ_EVERY = 5
 """While the command runs, the other hosts' states are read at every publication until
@@ -71,6 +82,7 @@ class SharedView:
         self.gone: str | None = None
         self.hosts: list[str] = []
         self.ticks = 0
+        self.straggler: dict[str, object] | None = None
 
     # ---- the store, while it answers ------------------------------------------------------
 
@@ -91,24 +103,34 @@ class SharedView:
         self.hosts = self.link.hosts()
         for host, data in self.link.states([h for h in self.hosts if h != self.host]).items():
             self.states[host] = HostState.from_dict(data)
+        found = hosts_straggler(self.states)
+        if found is not None:
+            self.straggler = {**found.to_dict(), "seen_at": self.clock()}
 
-    def _publish(self, phase: str, ranks: Sequence[RankEvidence]) -> None:
+    def _publish(self, phase: str, ranks: Sequence[RankEvidence],
+                 frames: dict[int, dict[str, Any]] | None = None) -> None:
         assert self.link is not None
         now = self.clock()
-        state = HostState(self.host, phase, now, [_trimmed(r) for r in ranks])
+        paces = {r.rank: step_paces(r.events)[-PUBLISH_PACES:] for r in ranks}
+        if frames is None:  # a capture or an end: where its ranks were last seen stays
+            frames = self.states[self.host].frames if self.host in self.states else {}
+        state = HostState(self.host, phase, now, [_trimmed(r) for r in ranks], paces,
+                          dict(frames))
         self.states[self.host] = state
         self.link.publish(state.to_dict())
         self.link.join()
         self.published_at = now
 
-    def tick(self, ranks: Callable[[], Sequence[RankEvidence]]) -> None:
+    def tick(self, ranks: Callable[[], Sequence[RankEvidence]],
+             frames: Callable[[], dict[int, dict[str, Any]]] | None = None) -> None:
         """Publish this host's ranks when the last publication is HOSTS_PUBLISH_EVERY_S
-        old, and read the others' (``ranks`` is only called then)."""
+        old, and read the others' (``ranks`` and ``frames``, each rank's hot frame, are
+        only called then)."""
         if self.clock() - self.published_at < HOSTS_PUBLISH_EVERY_S or \
                 not self._connected():
             return
         try:
-            self._publish("live", ranks())
+            self._publish("live", ranks(), frames() if frames is not None else None)
             self.ticks += 1
             if self.ticks % HOSTS_READ_EVERY == 1 or not self._all_seen():
                 self._read()
@@ -203,9 +225,10 @@ class SharedView:
         other host to publish again; a host that stayed silent is lost."""
         if self.link is None or self.link.store is None:
             return
-        if ended_ok:
+        if ended_ok:  # and the others' latest steps, for the straggler
             try:
                 self._publish("ended", ranks)
+                self._read()
             except StoreGone as err:
                 self._gone(err)
             return
@@ -250,7 +273,8 @@ class SharedView:
                 mode += f"; it stopped answering ({self.gone})"
         return HostsView(self.host, mode, self.link is not None and self.link.store is not None,
                          dict(self.states), dict(self.stall) if self.stall else None,
-                         list(self.lost), self.link.ops if self.link is not None else 0)
+                         list(self.lost), self.link.ops if self.link is not None else 0,
+                         dict(self.straggler) if self.straggler else None)
 
     def remote_ranks(self) -> list[RankEvidence]:
         """Every other host's ranks as last read: those of a host that captured them or

@@ -23,6 +23,7 @@ from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
 from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
+from nsadiag.report.straggler import straggler_section
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
@@ -84,6 +85,9 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     rows = rank_rows(record)
     if rows:
         report.add("Ranks", ranks_table(rows))
+    straggler = straggler_section(evidence)
+    if straggler:
+        report.add("Straggler", straggler)
     md = report.add("Evidence", evidence_section(record)).body
     md += flame_section(record, finding, run_dir)
     tail = _stderr_tail(run_dir)
@@ -99,5 +103,6 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         details={"finding": finding.to_dict(), "verdict": verdict["name"],
                  "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
                  "argv": list(record.spec["command"]), "ranks": rows,
-                 "hosts": job_hosts(record, rows)})
+                 "hosts": job_hosts(record, rows),
+                 "straggler": (evidence.get("hosts") or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

@@ -242,3 +242,23 @@ the first's, each capture taking 15-25 s)."""
 HOSTS_LOST_AFTER_S = 3 * HOSTS_PUBLISH_EVERY_S
 """A host that published nothing for this long (three publishing intervals), while the
 other hosts' ranks lost their peers, is lost (its machine, or its nsadiag, is gone)."""
+
+STRAGGLER_STEPS = 5
+"""A straggler stands out at each of its latest this many finished steps (step 0 left out;
+nsadiag.verdict.straggler): one slow step is a hiccup of the machine (a descheduled
+process, a page-fault storm), five in a row are the rank's own. Even ranks on a loaded
+machine had the largest own time of a step up to 8 steps in a row (below), so the
+persistence alone would not do: the ratio is taken over the five steps' least."""
+
+STRAGGLER_RATIO = 2.0
+STRAGGLER_MIN_GAP_S = 0.05
+"""A straggler's least own time (outside collectives) over those steps is at least this
+many times, and this many seconds more than, the median of the other ranks' own times.
+Measured with tests/multihost_straggler.py, 2 hosts x 2 gloo ranks on 2 shared cores, 60
+steps: with even ranks of about 0.08 s own time per step (--width 4096) the largest rank's
+own time was up to 2.7x the others' median at single steps, but its least over five steps
+at most 1.48x the others' (load 9) and 1.54x with two CPU burners (load 8-9); a rank
+that sleeps 0.15 s more per step stood at 2.8-2.9x, its least 2.6x (burners, load 9-12),
+and one that sleeps 0.3 s on a tiny model at 180-220x. The gap keeps a tiny model from
+deciding: its even ranks spend about 1 ms per step outside collectives, where one rank
+was up to 7x the others at single steps with gaps of at most 8 ms (load 5-6)."""

@@ -1,0 +1,315 @@
+"""Stragglers across hosts: a rank's steps read from its heartbeat events (time outside
+and inside collectives), the decision over every rank's published paces (one rank slower
+at each of the latest steps; never everyone slow alike, never a one-off, never a few
+milliseconds), and two hosts' views through a real TCPStore: each names the slow rank of
+the other host with its figures, in its view, its report section and the merged verdict."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from nsadiag.evidence import Evidence
+from nsadiag.hosts.address import JobShape, StoreAddress
+from nsadiag.hosts.link import HostLink
+from nsadiag.hosts.merged import decide_hosts
+from nsadiag.hosts.shared import SharedView
+from nsadiag.report.straggler import straggler_section
+from nsadiag.verdict.ranks import RankEvidence
+from nsadiag.verdict.straggler import StepPace, find_straggler, hot_frame, step_paces
+from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
+from tests.helpers import TESTS, nsadiag
+from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
+
+T0 = 1_700_000_000.0
+SLACK = 0.002  # from the all_reduce's completion to the optimizer step's end
+
+
+def near(value: float):
+    """Equal to ``value`` within the resolution of a unix time (about 0.2 us)."""
+    return pytest.approx(value, abs=1e-5)
+
+
+def job_events(owns: dict[int, list[float]]) -> dict[int, list[dict]]:
+    """Every rank's events of a synchronous job: at step k rank r computes for owns[r][k]
+    seconds (60 % of it before its backward), then issues its gradient all_reduce, which
+    completes when the slowest rank has issued it; the step ends SLACK later."""
+    steps = len(next(iter(owns.values())))
+    events: dict[int, list[dict]] = {r: [{"t": T0 - 1.0, "kind": "start"}] for r in owns}
+    begin = T0
+    for k in range(steps):
+        period = max(owns[r][k] for r in owns)
+        step_s = period + SLACK
+        for r, own in owns.items():
+            events[r] += [
+                {"t": begin + own[k], "kind": "collective", "edge": "start", "n": k + 1},
+                {"t": begin + period, "kind": "collective", "edge": "end", "n": k + 1},
+                {"t": begin + step_s, "kind": "step", "step": k, "step_s": step_s,
+                 "forward_s": 0.6 * own[k], "backward_s": step_s - 0.6 * own[k]}]
+        begin += step_s
+    return events
+
+
+def names(rank: int, per_host: int = 2) -> dict:
+    node = rank // per_host
+    return {"host": f"host{node + 1}", "rank": rank, "local_rank": rank % per_host,
+            "node_rank": node}
+
+
+def label(rank: int) -> str:
+    n = names(rank)
+    return f"rank {rank} on {n['host']} (local rank {n['local_rank']}, node {n['node_rank']})"
+
+
+def decide(owns: dict[int, list[float]]):
+    events = job_events(owns)
+    return find_straggler({r: step_paces(e) for r, e in events.items()},
+                          {r: names(r) for r in owns}, {r: label(r) for r in owns})
+
+
+# ---- a rank's steps from its events ---------------------------------------------------------
+
+
+def test_a_steps_own_time_is_its_time_outside_its_collectives():
+    paces = step_paces(job_events({0: [0.05, 0.04], 1: [0.30, 0.25]})[0])
+    assert [p.step for p in paces] == [0, 1]
+    # rank 0 computed 0.05 s, then waited in all_reduce until rank 1 issued it at 0.30 s
+    assert paces[0].step_s == near(0.302)
+    assert paces[0].waited_s == near(0.25)
+    assert paces[0].own_s == near(0.052)
+    assert paces[1].own_s == near(0.042)
+    # overlapping collectives count once; one outside the step not at all
+    events = [{"t": 10.0, "kind": "start"},
+              {"t": 10.1, "kind": "collective", "edge": "start", "n": 1},
+              {"t": 10.2, "kind": "collective", "edge": "start", "n": 2},
+              {"t": 10.5, "kind": "collective", "edge": "end", "n": 1},
+              {"t": 10.6, "kind": "collective", "edge": "end", "n": 2},
+              {"t": 11.0, "kind": "step", "step": 3, "step_s": 1.0},
+              {"t": 11.1, "kind": "collective", "edge": "start", "n": 3},
+              {"t": 11.2, "kind": "collective", "edge": "end", "n": 3}]
+    (pace,) = step_paces(events)
+    assert (pace.step, pace.waited_s, pace.own_s) == (3, near(0.5), near(0.5))
+    assert StepPace.from_list(pace.to_list()) == pace
+
+
+def test_a_step_that_began_before_the_first_event_kept_is_left_out():
+    events = job_events({0: [0.1, 0.1, 0.1], 1: [0.1, 0.1, 0.1]})[0]
+    # from step 0's end on: step 1 began there, step 0 before
+    assert [p.step for p in step_paces([e for e in events if e["t"] >= events[3]["t"]])] \
+        == [1, 2]
+    # from step 1's first collective on: step 1 began before it
+    assert [p.step for p in step_paces([e for e in events if e["t"] > events[3]["t"]])] \
+        == [2]
+
+
+def test_the_hot_frame_is_the_one_most_seen_in_the_latest_pulses():
+    pulses = [{"frame": "main (train.py:9)"}] * 20 + [{"frame": None}] * 3 + \
+        [{"frame": "load (data.py:4)"}] * 6 + [{"frame": "main (train.py:9)"}] * 4
+    assert hot_frame(pulses) == {"frame": "load (data.py:4)", "seen": 6, "of": 10}
+    assert hot_frame([{"frame": None}, {}]) is None
+
+
+# ---- the decision ---------------------------------------------------------------------------
+
+
+def test_one_rank_slower_at_every_step_is_named_with_its_figures():
+    owns = {r: [0.02] * (1 + STRAGGLER_STEPS) for r in (0, 1, 2)}
+    owns[3] = [0.32, 0.30, 0.34, 0.32, 0.31, 0.33]
+    assert len(owns[3]) == 1 + STRAGGLER_STEPS
+    found = decide(owns)
+    assert found is not None
+    assert (found.rank, found.host, found.local_rank) == (3, "host2", 1)
+    assert found.steps == (1, 2, 3, 4, 5)
+    # its own time and the others' hold the SLACK after the all_reduce too
+    assert (found.own_s, found.least_s) == (near(0.322), near(0.302))
+    assert found.others_own_s == near(0.022)
+    assert found.ratio == pytest.approx(0.322 / 0.022, rel=1e-3)
+    assert found.step_s == near(0.322)
+    assert found.others_waited_s == near(0.30)
+    assert found.forward_s == near(0.192)
+    sentence = found.sentence()
+    assert sentence.startswith(
+        "straggler: rank 3 on host2 (local rank 1, node 1) takes 0.322 s per step outside "
+        "collectives (at least 0.302 s at each of its steps 1-5) against a median of 0.022 s "
+        "for the other 3 rank(s) (14.6x); the others wait a median 0.300 s per step in "
+        "collectives. Where its 0.322 s steps go (host2's figures): 0.192 s before its "
+        "backward (loading the batch and forward), 0.130 s in backward"), sentence
+
+
+def test_two_slow_ranks_are_not_one_straggler():
+    owns = {r: [0.02] * (1 + STRAGGLER_STEPS) for r in range(4)}
+    owns[2] = owns[3] = [0.3] * (1 + STRAGGLER_STEPS)
+    assert decide(owns) is None
+
+
+def test_the_ranks_latest_steps_need_not_be_the_same_steps():
+    paces = {r: step_paces(e) for r, e in
+             job_events({r: [0.02] * 12 if r != 1 else [0.4] * 12 for r in range(4)}).items()}
+    paces[2] = paces[2][:8]  # host2's ranks as read some steps ago
+    paces[3] = paces[3][:8]
+    found = find_straggler(paces, {r: names(r) for r in paces}, {r: label(r) for r in paces})
+    assert (found.rank, found.host, found.steps) == (1, "host1", (7, 8, 9, 10, 11))
+
+
+def test_even_ranks_with_noise_have_no_straggler():
+    noise = random.Random(7)
+    steps = 30
+    # every rank's own time wanders by up to +-40 % around 0.1 s, each step independently
+    owns = {r: [0.1 * noise.uniform(0.6, 1.4) for _ in range(steps)] for r in range(4)}
+    assert decide(owns) is None
+    # the same noise on a rank that takes five times as long stands out (its fastest step
+    # is still more than twice the slowest of the others)
+    owns[2] = [5 * own for own in owns[2]]
+    assert decide(owns).rank == 2
+
+
+def test_everyone_slow_alike_is_no_straggler():
+    steps = 1 + STRAGGLER_STEPS
+    assert decide({r: [2.0] * steps for r in range(4)}) is None
+
+
+def test_a_one_off_slow_step_or_a_short_run_is_no_straggler():
+    steps = 1 + STRAGGLER_STEPS
+    owns = {r: [0.02] * steps for r in range(4)}
+    owns[2][3] = 0.5  # one slow step inside the window
+    assert decide(owns) is None
+    owns = {r: [0.02] * STRAGGLER_STEPS for r in range(4)}  # step 0 does not count
+    owns[1] = [0.5] * STRAGGLER_STEPS
+    assert decide(owns) is None
+
+
+def test_the_slow_rank_must_be_the_same_at_every_step():
+    steps = 1 + STRAGGLER_STEPS
+    owns = {r: [0.02] * steps for r in range(4)}
+    for k in range(steps):
+        owns[k % 2][k] = 0.4  # ranks 0 and 1 take turns being slow
+    assert decide(owns) is None
+
+
+def test_a_few_milliseconds_more_are_no_straggler_whatever_the_ratio():
+    steps = 1 + STRAGGLER_STEPS
+    owns = {r: [0.005] * steps for r in range(4)}
+    owns[3] = [0.005 + STRAGGLER_MIN_GAP_S * 0.8] * steps  # 9x, but 40 ms
+    assert decide(owns) is None
+    owns[3] = [0.005 + STRAGGLER_MIN_GAP_S * 1.2] * steps
+    assert decide(owns).rank == 3
+
+
+# ---- two hosts through a store --------------------------------------------------------------
+
+
+class Clock:
+    """A clock the test moves: every tick of a view publishes."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store():
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def _rank(rank: int, events: list[dict]) -> RankEvidence:
+    return RankEvidence(rank=rank, pid=100 + rank, events=list(events), event_counts={},
+                        result=None, names=names(rank))
+
+
+def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_it(store):
+    steps = 12
+    owns = {r: [0.03] * steps for r in range(4)}
+    owns[3] = [0.43] * steps
+    events = job_events(owns)
+    address = StoreAddress("127.0.0.1", store.port, "a test store")
+    clock = Clock()
+    views = [SharedView(JobShape(address, 2), f"host{i + 1}",
+                        HostLink(address, f"host{i + 1}", timeout_s=30), clock=clock)
+             for i in range(2)]
+    for view in views:  # their first publications: no steps yet
+        view.tick(lambda: [])
+    assert views[0].view().straggler is None
+    clock.now += 10.0
+    sleeping = {3: {"frame": "main (train.py:31)", "seen": 9, "of": 10}}
+    for i, view in enumerate(views):
+        view.tick(lambda i=i: [_rank(r, events[r]) for r in (2 * i, 2 * i + 1)],
+                  lambda i=i: sleeping if i == 1 else {})
+    views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # not yet due: no-op
+    clock.now += 10.0
+    views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # reads host2's paces
+    seen = [view.view().straggler for view in views]
+    for found in seen:
+        assert found is not None
+        assert (found["rank"], found["host"], found["local_rank"]) == (3, "host2", 1)
+        assert found["steps"] == list(range(steps - STRAGGLER_STEPS, steps))
+        assert found["own_s"] == near(0.432)
+        assert found["others_own_s"] == near(0.032)
+        assert found["sentence"].endswith("; its sampler saw it at main (train.py:31) in 9 of "
+                                          "its last 10 pulses")
+    assert seen[0]["seen_at"] == T0 + 20.0 and seen[1]["seen_at"] == T0 + 10.0
+    # each host's report section, and the verdict decided over both hosts' ranks
+    lines = straggler_section({"hosts": views[0].view().to_dict()})
+    assert lines[0].startswith("straggler: rank 3 on host2 (local rank 1, node 1) takes "
+                               "0.432 s per step outside collectives")
+    assert lines[0].endswith("UTC, from the step times every host published in the job's "
+                             "store).")
+    assert lines[-1].startswith("| 3 | host2 | 1 | 7-11 | 0.432 | 0.032 | 13.5 |")
+    ranks = [_rank(r, events[r]) for r in range(4)]
+    job = Evidence.from_dict({"spec": {}, "events": [], "event_counts": {}, "result": None,
+                              "outcome": {"exit_code": 0, "signal": None,
+                                          "killed_by_runner": False, "wall_s": 5.0}})
+    verdict = decide_hosts(job, ranks, views[1].view())
+    assert verdict.reasons[-1] == seen[1]["sentence"]
+    assert verdict.facts["straggler"]["rank"] == 3
+    # host2's end, published without frames, keeps where its ranks were last seen
+    views[1].settle([_rank(r, events[r]) for r in (2, 3)], ended_ok=True)
+    assert views[1].states["host2"].frames == sleeping
+
+
+# ---- two hosts on one machine ---------------------------------------------------------------
+
+REFUSED = unshare_refused()
+SCRIPT = TESTS / "multihost_straggler.py"
+SLEEP_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
+                  if "time.sleep(args.slow_s)" in line)
+
+
+@pytest.mark.hosts
+@pytest.mark.skipif(REFUSED is not None, reason=str(REFUSED))
+def test_two_hosts_both_name_the_slow_rank_on_the_second_host(tmp_path):
+    hosts = make_hosts(tmp_path)
+    command = torchrun(SCRIPT, hosts[0], free_port(hosts[0].address), "--slow-rank", "3",
+                       "--steps", "60")
+    try:
+        for host in hosts:
+            start_host(host, ["--stall-timeout", "60", "--no-redact"], command)
+        for host in hosts:
+            code, _, err = host.communicate(timeout=300)
+            assert code == 0, (host.name, code, err[-3000:])
+    finally:
+        for host in hosts:
+            if host.proc is not None and host.proc.poll() is None:
+                kill_host(host)
+                host.proc.communicate(timeout=60)
+    for host in hosts:
+        record = json.loads((host.run_dir / "record.json").read_text())
+        assert record["verdict"]["name"] == "OK", record["verdict"]
+        found = record["evidence"]["hosts"]["straggler"]
+        assert found is not None, host.name
+        assert (found["rank"], found["host"], found["local_rank"]) == (3, "host2", 1)
+        assert found["ratio"] >= STRAGGLER_RATIO
+        assert found["forward_s"] >= 0.3  # its sleep, before its backward
+        assert found["frame"]["frame"] == f"main (multihost_straggler.py:{SLEEP_LINE})"
+        report = (host.run_dir / "report.md").read_text()
+        assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in report
+        summary = json.loads((host.run_dir / "summary.json").read_text())
+        assert summary["straggler"]["rank"] == 3
+    merged = nsadiag("merge", str(hosts[0].run_dir), str(hosts[1].run_dir))
+    assert merged.returncode == 0, merged.stderr
+    assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in merged.stdout
