@@ -10,6 +10,7 @@ The facts are frozen; ``to_dict``/``from_dict`` are their JSON form for the reco
 from __future__ import annotations
 
 import platform
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,12 @@ SYSCALLS_X86_64 = {0: "read", 1: "write", 7: "poll", 17: "pread64", 23: "select"
                    43: "accept", 19: "readv", 295: "preadv"}
 """x86_64 system call numbers of the waits the chain reads (arch/x86/entry/syscalls/
 syscall_64.tbl); other machines get the number only, and the wait channel."""
+READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "recvmsg", "preadv")
+"""The system calls of a blocking read."""
+TERMINAL = re.compile(r"^/dev/(pts/\d+|tty\w*|console)$")
+"""What a descriptor open on a terminal points at."""
+
+
 def syscall_name(number: int) -> str | None:
     return SYSCALLS_X86_64.get(number) if platform.machine() == "x86_64" else None
 

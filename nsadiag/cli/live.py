@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsadiag.fmt import clock
 from nsadiag.probes.profile import read_profile, summarize
+from nsadiag.probes.waits import reads_terminal
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
 
@@ -62,8 +63,10 @@ class RunStatus:
 
     def __init__(self, run_dir: Path, stall_timeout_s: float, startup_grace_s: float,
                  deadline_s: float = math.inf, redact: Callable[[str], str] = str,
-                 now: Callable[[], float] = time.monotonic):
+                 now: Callable[[], float] = time.monotonic,
+                 awaits_person: Callable[[int], bool] = reads_terminal):
         self.run_dir, self.redact, self.now = run_dir, redact, now
+        self.awaits_person = awaits_person
         self.stall_timeout_s, self.startup_grace_s = stall_timeout_s, startup_grace_s
         self.deadline_s = deadline_s
         self.started = self.last_progress = now()
@@ -149,6 +152,9 @@ class RunStatus:
 
     def _silence(self, now: float) -> str:
         quiet = now - self.last_progress
+        if quiet >= QUIET_SHOWN_S and any(self.awaits_person(pid) for pid in self.processes):
+            # the watch holds its stall clock for a prompt (nsadiag.harness.streams)
+            return "waiting for an answer typed at the terminal, no stall check meanwhile"
         limit = self.stall_timeout_s if self.training else \
             max(self.stall_timeout_s, self.startup_grace_s)
         if quiet < QUIET_SHOWN_S:

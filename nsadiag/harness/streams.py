@@ -19,7 +19,10 @@ stall   no progress in any stream for the stall timeout. Progress is what
         could have used: the run-queue wait of a stream's main thread (time it wanted
         the CPU and a loaded machine did not give it) does not count, so a busy machine
         does not turn a slow step into a stall; after STALL_STRETCH stall windows of wall time
-        the stall is declared anyway, and the verdict says the machine was contended.
+        the stall is declared anyway, and the verdict says the machine was contended. A
+        process whose main thread is blocked reading a terminal (an ``input()`` prompt
+        waiting for a person's answer) holds the stall clock: waiting for a person is
+        not a stall (nsadiag.probes.waits.reads_terminal; the live status line says so).
 budget  the job's wall time reached the budget while it still progressed. A stream whose
         last step finished (its final "step" or "end" event) is not cut off: the job gets
         FINISH_GRACE_S more to write its results and exit.
@@ -40,6 +43,7 @@ from typing import Any
 
 from nsadiag.harness.heartbeat import OpenBackward
 from nsadiag.harness.machine import main_thread_clock
+from nsadiag.probes.waits import reads_terminal
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
 from nsadiag.verdict.thresholds import STALL_STRETCH, WAITING_CPU_SHARE, WAITING_MIN_S
@@ -165,6 +169,11 @@ class Stream:
         return max(0.0, now - self.runq_mark) if now is not None else 0.0
 
 
+PERSON_CHECK_S = 1.0
+"""Quiet seconds after which the clock asks whether a process waits at a terminal prompt
+(two /proc reads a process at every poll from then on)."""
+
+
 @dataclass
 class Due:
     """Why the clock says stop: "stall" or "budget", with the clock readings."""
@@ -182,11 +191,13 @@ class StallClock:
 
     def __init__(self, streams: list[Stream], stall_timeout_s: float, budget_s: float,
                  clock: Callable[[], float] = time.monotonic,
-                 startup_grace_s: float = STARTUP_GRACE_S):
+                 startup_grace_s: float = STARTUP_GRACE_S,
+                 awaits_person: Callable[[int], bool] = reads_terminal):
         self.streams = streams
         self.stall_timeout_s, self.budget_s = stall_timeout_s, budget_s
         self.startup_grace_s = startup_grace_s
         self.clock = clock
+        self.awaits_person = awaits_person
         self.started = clock()
         self.last_progress = self.started
 
@@ -206,6 +217,10 @@ class StallClock:
             self.last_progress = now
             for stream in self.streams:
                 stream.mark_run_queue()
+        elif now - self.last_progress >= PERSON_CHECK_S and any(
+                stream.pid and not stream.finished and self.awaits_person(stream.pid)
+                for stream in self.streams):
+            self.last_progress = now  # a prompt waits for its answer: no stall clock runs
         return new
 
     @property

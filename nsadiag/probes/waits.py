@@ -25,6 +25,8 @@ import socket
 import struct
 
 from nsadiag.waitfacts import (
+    READ_SYSCALLS,
+    TERMINAL,
     FileLock,
     OpenFile,
     ProcessWaits,
@@ -36,8 +38,6 @@ from nsadiag.waitfacts import (
 
 CHILD_DEPTH = 2
 """How many generations of children are read (a shell between a process and its tool)."""
-READS = ("read", "readv", "recvfrom", "recvmsg", "pread64", "preadv")
-"""The system calls whose first argument is the descriptor a thread waits to read."""
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
               6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
               11: "CLOSING"}
@@ -73,6 +73,64 @@ def _thread_wait(pid: int, tid: int) -> ThreadWait | None:
     number, first = parse_syscall(syscall or "")
     return ThreadWait(tid, wchan.strip() if wchan and wchan.strip() not in ("", "0") else None,
                       number, syscall_name(number) if number is not None else None, first)
+
+
+def reads_terminal(pid: int) -> bool:
+    """Whether the main thread of ``pid`` is blocked reading a terminal and nothing else: a
+    prompt waiting for a person's answer, which is not a stall (nsadiag.harness.streams
+    holds the stall clock). ``input()`` on a terminal reads it through readline, which
+    waits in select/poll on the descriptor before it reads: those are read too (the
+    descriptor sets from the process's memory). False wherever /proc cannot be read."""
+    text = _read(f"/proc/{pid}/syscall")
+    parts = (text or "").split()
+    if len(parts) < 3 or not parts[0].isdigit():
+        return False
+    name = syscall_name(int(parts[0]))
+    args = [int(part, 16) for part in parts[1:7] if part.startswith("0x")]
+    fds = _waited_fds(pid, name, args)
+    if not fds:
+        return False
+    for fd in fds:
+        try:
+            if not TERMINAL.match(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+POLLIN = 0x1
+MAX_WAITED_FDS = 64
+"""More descriptors waited on than this is an event loop, not a prompt."""
+
+
+def _waited_fds(pid: int, name: str | None, args: list[int]) -> list[int]:
+    """The descriptors a thread blocked in system call ``name`` with ``args`` waits to
+    read; [] when it is not such a wait or its arguments cannot be read."""
+    if name in READ_SYSCALLS and args:
+        return [args[0]]
+    if name in ("select", "pselect6") and len(args) >= 2 and 0 < args[0] <= MAX_WAITED_FDS \
+            and args[1]:
+        mask = _memory(pid, args[1], (args[0] + 7) // 8)
+        return [fd for fd in range(args[0]) if mask and mask[fd // 8] >> (fd % 8) & 1]
+    if name in ("poll", "ppoll") and len(args) >= 2 and 0 < args[1] <= MAX_WAITED_FDS:
+        table = _memory(pid, args[0], 8 * args[1])
+        if table is None:
+            return []
+        entries = [struct.unpack_from("ihh", table, 8 * i) for i in range(args[1])]
+        return [fd for fd, events, _ in entries if fd >= 0 and events & POLLIN]
+    return []
+
+
+def _memory(pid: int, address: int, size: int) -> bytes | None:
+    """``size`` bytes of process ``pid``'s memory at ``address``; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+            memory.seek(address)
+            data = memory.read(size)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return data if len(data) == size else None
 
 
 MODES = {0: "r", 1: "w", 2: "rw"}
@@ -181,7 +239,7 @@ def _socket_end(pid: int, fd: int, inode: int) -> SocketEnd:
             return end
         wait = _thread_wait(owner, owner)
         try:
-            reads_it = wait is not None and wait.syscall_name in READS and \
+            reads_it = wait is not None and wait.syscall_name in READ_SYSCALLS and \
                 os.readlink(f"/proc/{owner}/fd/{wait.first_arg}") == f"socket:[{other}]"
         except OSError:
             reads_it = False
@@ -194,7 +252,7 @@ def _socket_end(pid: int, fd: int, inode: int) -> SocketEnd:
 def _read_sockets(pid: int, threads: tuple[ThreadWait, ...], files: tuple[OpenFile, ...]
                   ) -> tuple[SocketEnd, ...]:
     """The sockets some thread of ``pid`` sits reading."""
-    reading = {t.first_arg for t in threads if t.syscall_name in READS}
+    reading = {t.first_arg for t in threads if t.syscall_name in READ_SYSCALLS}
     return tuple(_socket_end(pid, f.fd, int(f.target[8:-1])) for f in files
                  if f.fd in reading and f.target.startswith("socket:[") and
                  f.target[8:-1].isdigit())

@@ -52,7 +52,15 @@ from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, T
 from nsadiag.probes.compiler import compiler_frame
 from nsadiag.probes.frames import own_code, user_threads, wait_frame
 from nsadiag.verdict.names import Verdict
-from nsadiag.waitfacts import OpenFile, ProcessWaits, Scope, SocketEnd, ThreadWait
+from nsadiag.waitfacts import (
+    READ_SYSCALLS,
+    TERMINAL,
+    OpenFile,
+    ProcessWaits,
+    Scope,
+    SocketEnd,
+    ThreadWait,
+)
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
         "terminal", "sleep", "process",
@@ -94,7 +102,6 @@ SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
 POOL = re.compile(r"/multiprocessing/pool\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
-TERMINAL = re.compile(r"^/dev/(pts/\d+|tty\w*|console)$")
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
@@ -105,7 +112,6 @@ TRAILING_COMMENT = re.compile(r"\s+#[^'\"]*$")
 SLEEP_SECONDS = re.compile(r"\bsleep\(\s*(\d[\d_]*(?:\.\d+)?)\s*\)")
 CHILD_WCHAN = ("do_wait", "wait_consider_task")
 FILE_LOCK_WCHAN = re.compile(r"lock_inode_wait|flock|posix_lock|locks_")
-READ_SYSCALLS = ("read", "readv", "pread64", "recvfrom", "recvmsg", "preadv")
 
 
 @dataclass(frozen=True)

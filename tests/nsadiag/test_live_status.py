@@ -76,6 +76,19 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
                              "(train.py:9)")
 
 
+def test_a_prompt_waiting_at_the_terminal_is_said_instead_of_a_stall_countdown(tmp_path):
+    now = [0.0]
+    prompting = {4242}
+    status = RunStatus(tmp_path, stall_timeout_s=60, startup_grace_s=30,
+                       now=lambda: now[0], awaits_person=lambda pid: pid in prompting)
+    status.on_events([{"kind": "start", "phase": "build", "pid": 4242, "t": 1.0}])
+    now[0] = 90
+    assert status.line() == ("nsadiag: 1 process, 1:30 | waiting for an answer typed at the "
+                             "terminal, no stall check meanwhile")
+    prompting.clear()
+    assert "stall timeout: checking" in status.line()
+
+
 def test_the_deadline_is_shown_in_its_last_minutes_and_when_it_is_reached(tmp_path):
     now = [0.0]
     status = RunStatus(tmp_path, stall_timeout_s=60, startup_grace_s=30, deadline_s=900,

@@ -155,3 +155,23 @@ def test_the_budget_cuts_a_progressing_run_but_a_finished_one_gets_its_grace(tmp
     assert watcher.finished and watcher.due() is None
     clock.now = 20.0 + FINISH_GRACE_S + 1.0
     assert watcher.due().reason == "budget"
+
+
+def test_a_prompt_waiting_at_the_terminal_holds_the_stall_clock(tmp_path):
+    # input() at a prompt: the main thread reads the terminal, no progress for minutes;
+    # waiting for a person is not a stall, and the clock runs again once the read ends
+    asked = {"waiting": True}
+    watcher, path, clock = _watcher(tmp_path, budget_s=1000.0)
+    watcher.awaits_person = lambda pid: pid == 4242 and asked["waiting"]
+    _write(path, {**FORWARD, "kind": "start", "pid": 4242, "phase": "build"}, FORWARD)
+    watcher.read()
+    for second in range(1, 300, 5):
+        clock.now = float(second)
+        watcher.read()
+        assert watcher.due() is None, second
+    asked["waiting"] = False  # answered, then stuck elsewhere
+    for second in range(300, 312):
+        clock.now = float(second)
+        watcher.read()
+    due = watcher.due()
+    assert due is not None and due.reason == "stall" and due.quiet_s > 10.0

@@ -8,6 +8,8 @@ import os
 import socket
 import threading
 
+import pytest
+
 from nsadiag.evidence import (
     Evidence,
     ProcessOutcome,
@@ -29,6 +31,7 @@ from nsadiag.probes.waits import (
     parse_net_unix,
     parse_syscall,
     read_waits,
+    reads_terminal,
 )
 from nsadiag.verdict.chain import WaitChain, wait_chain
 
@@ -423,3 +426,49 @@ def test_the_probe_finds_the_process_at_the_other_end_of_a_loopback_connection()
         reader.join(10)
         for each in (served, client, listener):
             each.close()
+
+
+def _blocked(pid: int) -> bool:
+    """Whether process ``pid`` sleeps in the kernel (it reached its blocking call)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(("waits", "stdout_on_terminal"), [
+    ("input('answer? ')", True), ("input('answer? ')", False),
+    ("import select; select.select([0], [], [])", False),
+    ("import select; p = select.poll(); p.register(0, select.POLLIN); p.poll()", False)],
+    ids=["input-on-terminal", "input-stdout-elsewhere", "select", "poll"])
+def test_a_process_at_an_input_prompt_reads_the_terminal_and_one_reading_a_pipe_does_not(
+        waits, stdout_on_terminal):
+    # a prompt reads the terminal, or waits for it in select/poll first (as a line editor
+    # does): either way it waits for a person
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    master, slave = pty.openpty()
+    prompt = subprocess.Popen([sys.executable, "-c", waits], stdin=slave,
+                              stdout=slave if stdout_on_terminal else subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    reader, writer = os.pipe()
+    piped = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=reader)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (reads_terminal(prompt.pid) and
+                                               _blocked(piped.pid)):
+            time.sleep(0.05)
+        assert reads_terminal(prompt.pid)
+        assert not reads_terminal(piped.pid)
+        assert not reads_terminal(os.getpid())  # this thread runs
+    finally:
+        for child in (prompt, piped):
+            child.kill()
+            child.wait()
+        for fd in (master, slave, reader, writer):
+            os.close(fd)
