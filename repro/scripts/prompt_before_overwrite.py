@@ -6,9 +6,9 @@ previous run and asks at the terminal whether to overwrite it; launched in a ter
 left alone (or under a wrapper that keeps the terminal), it waits for the answer with no
 CPU used, which looks like a hang.
 
-Expected verdict in a terminal: DEADLOCK at the `input(...)` line, the wait chain saying it
-waits for a line typed at the terminal, and the next step to answer the prompt (or give the
-script its answer another way):
+Expected in a terminal: no stall is called while the prompt waits for its answer (the
+live status line says it waits for an answer typed at the terminal); answered, the run
+goes on and ends OK:
 
     nsadiag run -- python repro/scripts/prompt_before_overwrite.py
 """
