@@ -75,6 +75,7 @@ from typing import IO, Any, TypeVar
 
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
+from nsadiag.verdict.names import Verdict, VerdictName
 
 
 class RecordError(ValueError):
@@ -113,19 +114,19 @@ class TrialRecord:
 
     spec: dict[str, Any]
     evidence: dict[str, Any]
-    verdict: dict[str, Any]
+    verdict: Verdict
     trial_dir: str
     wall_s: float
     gpu: list[dict[str, Any]] | str | None = None  # NVML state when the runner stopped it
 
     @property
-    def verdict_name(self) -> str:
-        return self.verdict["name"]
+    def verdict_name(self) -> VerdictName:
+        return self.verdict.name
 
     @property
     def facts(self) -> dict[str, Any]:
         """The verdict's facts ({} when it recorded none)."""
-        return self.verdict.get("facts") or {}
+        return self.verdict.facts
 
     @property
     def slow_by(self) -> str | None:
@@ -135,7 +136,8 @@ class TrialRecord:
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.items() if k != "spec"}
         return {"schema_version": SCHEMA_VERSION, "spec": self.spec, "evidence": evidence,
-                "verdict": self.verdict, "trial_dir": self.trial_dir, "wall_s": self.wall_s,
+                "verdict": self.verdict.to_dict(), "trial_dir": self.trial_dir,
+                "wall_s": self.wall_s,
                 "gpu": self.gpu}
 
     @classmethod
@@ -152,8 +154,17 @@ class TrialRecord:
         if found:
             raise RecordError(f"not a trial record ({found[0]})")
         evidence = {**data["evidence"], "spec": data["spec"]}
-        return cls(data["spec"], evidence, data["verdict"], data["trial_dir"],
+        return cls(data["spec"], evidence, _verdict_of(data["verdict"]), data["trial_dir"],
                    float(data["wall_s"]), data.get("gpu"))
+
+
+def _verdict_of(data: dict[str, Any]) -> Verdict:
+    """The Verdict of a stored record's verdict (its shape already checked by the schema);
+    RecordError for a name that is not a verdict's. Facts left out are read as none."""
+    try:
+        return Verdict(data["name"], list(data["reasons"]), dict(data.get("facts") or {}))
+    except ValueError as err:
+        raise RecordError(f"not a trial record ({err})") from None
 
 
 def check_schema_version(data: Any, what: str) -> None:

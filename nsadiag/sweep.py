@@ -228,7 +228,7 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
     device_peak = peak_cuda if peak_cuda is not None else peak
     state = result.get("state_bytes")
     cost = step_cost(result, step_s)
-    facts = record.verdict.get("facts") or {}
+    facts = record.verdict.facts
     return SweepRow(label=label, n_layers=int(record.spec["n_layers"] or 0),
                     verdict=record.verdict_name, forward_s=median("forward_s"),
                     backward_s=median("backward_s"), step_s=step_s,
@@ -354,7 +354,7 @@ def rest_outgrows_saved(rows: Sequence[SweepRow], key: str = "n_layers"
 def first_failure(records: Sequence[TrialRecord]) -> TrialRecord | None:
     """The first record that is a failure found (nsadiag.verdict.is_failure)."""
     return next((r for r in records if is_failure(
-        r.verdict_name, (r.verdict.get("facts") or {}).get("slow_by"))), None)
+        r.verdict_name, r.slow_by)), None)
 
 
 def analyse(rows: Sequence[SweepRow], extrapolate_count: int = 2) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def _row(record: TrialRecord, label: str) -> dict[str, Any]:
     spec = record.spec
     row: dict[str, Any] = {"trial": Path(record.trial_dir).name, "label": label,
                            "verdict": record.verdict_name,
-                           "reason": (record.verdict.get("reasons") or [None])[0],
+                           "reason": (record.verdict.reasons or [None])[0],
                            "wall_s": record.wall_s}
     for key in SPEC_COLUMNS:
         value = spec.get(key)

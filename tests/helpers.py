@@ -17,6 +17,7 @@ from nsa.config import NSAConfig
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.state import TriageState
+from nsadiag.verdict.names import Verdict
 
 # ---- paths ---------------------------------------------------------------------------------
 
@@ -92,9 +93,8 @@ def trial_record(spec: dict[str, Any], result: dict[str, Any] | None, verdict: s
         evidence["result"] = result
     if spec_in_evidence:
         evidence["spec"] = spec
-    return TrialRecord(spec, evidence, {"name": verdict,
-                                        "reasons": reasons or [f"{verdict} because"],
-                                        "facts": facts or {}}, trial_dir, wall_s)
+    return TrialRecord(spec, evidence, Verdict(verdict, reasons or [f"{verdict} because"],
+                                               facts or {}), trial_dir, wall_s)
 
 
 def one_step_record(n_layers: int = 1, trial_dir: str = "trial-0") -> TrialRecord:

@@ -191,7 +191,7 @@ def _out_of_time(name: str, cut: list[tuple[TrialSpec, TrialRecord]]) -> CheckRe
     rows = [{"seq_len": s.seq_len, "n_layers": s.n_layers, "verdict": r.verdict_name,
              "wall_s": round(r.wall_s, 1), "reached": _reached(r)} for s, r in cut]
     verdict = Verdict(UNDECIDED, [summary] + [reason for _, r in cut[:1]
-                                              for reason in r.verdict.get("reasons", [])],
+                                              for reason in r.verdict.reasons],
                       {"check": name, "attempts": rows})
     return CheckResult(name, False, verdict, None, summary, rows)
 
@@ -210,7 +210,9 @@ def run_checks(names: Sequence[str], spec: TrialSpec, out_dir: Path,
 
 
 def _did_not_finish(name: str, record: TrialRecord) -> CheckResult:
-    verdict = Verdict(**record.verdict)
+    # a copy: a check's result is amended later (fitted to its budget), its record is not
+    verdict = Verdict(record.verdict.name, list(record.verdict.reasons),
+                      dict(record.verdict.facts))
     modules = [e["module"] for e in record.evidence.get("events") or [] if e.get("module")]
     where = modules[-1] if modules else None
     summary = (f"the {name} check did not finish: {verdict.name}: {verdict.reasons[0]}"

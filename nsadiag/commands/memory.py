@@ -93,7 +93,7 @@ def _measure_in_child(spec: TrialSpec, top: int, expandable: bool,
     record = run_job(job, env={ALLOC_CONF: value})
     measured = (record.evidence.get("result") or {}).get("memory")
     if record.verdict_name != "OK" or measured is None:
-        reason = record.verdict["reasons"][0] if record.verdict["reasons"] else ""
+        reason = record.verdict.reasons[0] if record.verdict.reasons else ""
         raise RuntimeError(f"ab-expandable-segments: the measuring child "
                            f"(expandable_segments={expandable}) ended {record.verdict_name}: "
                            f"{reason}")

@@ -116,15 +116,15 @@ def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str]) -> Non
 
 def _headline(record: TrialRecord) -> str:
     verdict = record.verdict
-    return f"{verdict['name']}: {(verdict.get('reasons') or [''])[0]}"
+    return f"{verdict.name}: {(verdict.reasons or [''])[0]}"
 
 
 def _short_report(record: TrialRecord, run_dir: Path, no_redact: bool, why: str) -> None:
     """report.md with the verdict and its reasons only (best effort)."""
     verdict = record.verdict
-    lines = [f"# nsadiag run: {verdict['name']}", "",
+    lines = [f"# nsadiag run: {verdict.name}", "",
              f"`{shlex.join(record.spec['command'])}`", "",
-             *[f"- {reason}" for reason in verdict.get("reasons") or []], "",
+             *[f"- {reason}" for reason in verdict.reasons], "",
              f"The full report could not be written: {why}", ""]
     text = "\n".join(lines)
     if not no_redact:

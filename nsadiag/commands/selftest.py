@@ -78,7 +78,7 @@ def self_test(only: list[str] | None = None,
                     on_result(name, result)
             else:
                 record = run_trial(spec)
-                got, reason = record.verdict_name, record.verdict["reasons"][0]
+                got, reason = record.verdict_name, record.verdict.reasons[0]
                 if on_result:
                     on_result(name, record)
             rows.append({"entry": name, "expected": expected, "got": got,

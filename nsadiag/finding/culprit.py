@@ -223,7 +223,7 @@ def cause_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line a SLOW run's cause class names (nsadiag.verdict.slow_cause): the line
     its DataLoader workers were at (else where the main process asked for batches), the
     call that compiled again, the checkpointed call; None when it is not the user's."""
-    cause = (record.verdict.get("facts") or {}).get("slow_cause") or {}
+    cause = record.verdict.facts.get("slow_cause") or {}
     share = f"{cause.get('share', 0):.0%}"
     candidates: list[tuple[str | None, str]] = []
     if cause.get("kind") == "data-bound":

@@ -72,7 +72,7 @@ def defect_proof(record: TrialRecord) -> str | None:
         return (f"{count(ops)} compute ops in one forward for {count(seq_len)} tokens, "
                 f"{si(per_op, 'FLOP')} each where a dense block's average "
                 f"{si(dense, 'FLOP')} ({share(per_op / dense)} of it)")
-    findings = (record.verdict.get("facts") or {}).get("slow_findings") or []
+    findings = record.verdict.facts.get("slow_findings") or []
     return findings[0] if findings else None
 
 
@@ -162,7 +162,7 @@ def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
     """Which signal ended which process after how long, and where the ranks' collectives
     diverged when they did (the mismatch a rank died of)."""
     if facts.get("lost_hosts"):  # a host of a multi-host job went away (nsadiag.hosts)
-        return str((record.verdict.get("reasons") or [""])[0])
+        return str((record.verdict.reasons or [""])[0])
     number = _signal_number(facts)
     name = facts.get("signal_name") or (f"signal {number}" if number else "a signal")
     numbered = f" (signal {number})" if number is not None and facts.get("signal_name") \
@@ -172,15 +172,15 @@ def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
     when = f"after {sig(wall)} s" if facts.get("rank") is None else \
         f"in a job that ran {sig(wall)} s"
     proof = f"{who}killed by {name}{numbered} {when}, without a Python exception"
-    met = next((r for r in record.verdict.get("reasons") or [] if " met " in r), None)
+    met = next((r for r in record.verdict.reasons if " met " in r), None)
     return f"{proof}; {met}" if met and facts.get("diverged_at") else proof
 
 
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
-    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    name, facts = record.verdict_name, record.verdict.facts
     if name == "SLOW" and facts.get("still_starting"):
-        return (record.verdict.get("reasons") or ["still starting"])[0].split(", and no ")[0]
+        return (record.verdict.reasons or ["still starting"])[0].split(", and no ")[0]
     if name == "SLOW" and facts.get("slow_cause") and facts.get("slow_by") != "defect":
         return cause_proof(facts["slow_cause"])
     if name == "SLOW":
@@ -204,7 +204,7 @@ def proof_of(record: TrialRecord) -> str | None:
             (f" against the {size(cap)} cap" if cap else "") + \
             (f"; memory grew {size(growth)} per step" if growth and growth > 0 else "")
     if name == "INCONCLUSIVE" and facts.get("interrupted"):
-        return (record.verdict.get("reasons") or ["interrupted before a verdict"])[0]
+        return (record.verdict.reasons or ["interrupted before a verdict"])[0]
     if name == "INCONCLUSIVE":
         load = facts.get("load") or {}
         got = f", the main thread got {share(load['got'])} of the CPU it asked for" \
@@ -236,7 +236,7 @@ def _chain_next(name: str, facts: dict[str, Any]) -> str | None:
 
 def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
     """One concrete sentence: the fix at the culprit line, or the next step."""
-    return next_action(record.verdict_name, record.verdict.get("facts") or {}, culprit)
+    return next_action(record.verdict_name, record.verdict.facts, culprit)
 
 
 def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> str:
@@ -327,7 +327,7 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
 
 def verdict_sentence(record: TrialRecord) -> str:
     """What the verdict says happened, in one sentence with its numbers."""
-    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    name, facts = record.verdict_name, record.verdict.facts
     if name == "SLOW" and facts.get("still_starting"):
         return "Its time ran out while it was still starting: neither slow work nor a hang."
     if name == "SLOW":
@@ -338,14 +338,14 @@ def verdict_sentence(record: TrialRecord) -> str:
                 f"(no hang).")
     if name == "OK":
         return "It finished every step."
-    reason = (record.verdict.get("reasons") or [""])[0]
+    reason = (record.verdict.reasons or [""])[0]
     return reason[:1].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
 
 
 def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
     """The trial's verdict, line and proof as one-line items."""
     name = record.verdict_name
-    facts = record.verdict.get("facts") or {}
+    facts = record.verdict.facts
     mark = fail if is_failure(name, facts.get("slow_by")) else \
         warn if name == "INCONCLUSIVE" else ok
     items = [mark(f"{subject_of(record.spec)}: {name} ({kind_of(name, facts.get('slow_by'))})"
@@ -368,7 +368,7 @@ def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
 def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item],
                                                                           list[Item]]:
     """(ruled out, implicated) of one trial, each a measured fact."""
-    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    name, facts = record.verdict_name, record.verdict.facts
     ruled_out: list[Item] = []
     implicated: list[Item] = []
     since = facts.get("since_last_event_s")
@@ -404,7 +404,7 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
 def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -> Finding:
     """The finding of a run of one trial (run, watch, ddp): verdict, kind, culprit,
     proof, next action, summary and items; ``rerun`` is the command that repeats it."""
-    name, facts = record.verdict_name, record.verdict.get("facts") or {}
+    name, facts = record.verdict_name, record.verdict.facts
     kind = kind_of(name, facts.get("slow_by"))
     # a SLOW's class (data-bound, recompiles, checkpoint recompute) beside its kind
     said = f"{kind}: {facts['slow_cause']['kind']}" if name == "SLOW" and \
@@ -419,7 +419,7 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     summary = [f"{subject} ended {name} ({said}) after {record.wall_s:.0f} s"
                + (f" ({ended})." if ended else "."),
                verdict_sentence(record)]
-    position = next((r for r in record.verdict.get("reasons") or []
+    position = next((r for r in record.verdict.reasons
                      if r.startswith("last heartbeat")), None)
     if position and name != "SLOW":
         summary.append(position[:1].upper() + position[1:] + ".")

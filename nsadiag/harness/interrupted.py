@@ -16,6 +16,7 @@ from typing import Any
 from nsadiag.harness import stop
 from nsadiag.harness.session import SessionEnd
 from nsadiag.harness.streams import Stream
+from nsadiag.verdict.names import Verdict, VerdictName
 
 
 def when(at: float) -> str:
@@ -42,17 +43,14 @@ def _progress(main: Stream | None) -> str:
             f"{'' if events == 1 else 's'}")
 
 
-def interrupted_verdict(verdict: dict[str, Any], end: SessionEnd,
-                        main: Stream | None) -> dict[str, Any]:
+def interrupted_verdict(verdict: Verdict, end: SessionEnd, main: Stream | None) -> Verdict:
     """``verdict`` (what the rules said) as it stands for an interrupted session."""
     facts = interruption(end)
     said = f"interrupted by {facts['by']} at {when(facts['at'])} (after {facts['after_s']} s)"
     if facts["decided"]:
-        reasons = [*verdict.get("reasons", []),
+        reasons = [*verdict.reasons,
                    f"{said}, {facts['at'] - end.ended_at:.1f} s after this verdict was "
                    f"decided, while the processes were being sampled"]
-        return {**verdict, "reasons": reasons,
-                "facts": {**verdict.get("facts", {}), "interrupted": facts}}
-    return {"name": "INCONCLUSIVE",
-            "reasons": [f"{said}, before a verdict: {_progress(main)}"],
-            "facts": {"interrupted": facts}}
+        return Verdict(verdict.name, reasons, {**verdict.facts, "interrupted": facts})
+    return Verdict(VerdictName.INCONCLUSIVE,
+                   [f"{said}, before a verdict: {_progress(main)}"], {"interrupted": facts})

@@ -139,7 +139,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WAT
     except Interrupted as stopped:  # the trial so far, for the sweep to keep
         record = _record(job, times, trial_dir, stopped.end, launched.proc.returncode, False)
         record.verdict = interrupted_verdict(record.verdict, stopped.end, stopped.end.streams[0])
-        record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
+        record.evidence["interrupted"] = record.verdict.facts["interrupted"]
         raise TrialInterrupted(record) from None
     return _record(job, times, trial_dir, end, launched.proc.returncode,
                    _oom(oom_kills_before, cgroup_oom_kills()))

@@ -26,6 +26,7 @@ from nsadiag.probes.memory import (
     standouts,
 )
 from nsadiag.probes.snapshot import memory_history
+from nsadiag.rundir import write_bytes
 from nsadiag.spec import TrialSpec
 from nsadiag.targets import resolve
 
@@ -46,7 +47,7 @@ def measure_steps(spec: TrialSpec, out_dir: Path | None = None, top: int = 10
         if out_dir is None and device.type == "cuda":
             history = {"unavailable": "memory history: not recorded in this measurement"}
         else:
-            history = stack.enter_context(memory_history(device, out_dir))
+            history = stack.enter_context(memory_history(device, out_dir, write_bytes))
         for step in range(spec.steps):
             ids = torch.randint(target.vocab_size, (spec.batch, spec.seq_len + 1),
                                 device=device)

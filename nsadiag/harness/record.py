@@ -256,5 +256,5 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
     data["source"] = capture([data, verdict.to_dict()], run_dir)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", data, reserve=False)
-    return TrialRecord(spec=spec, evidence=data, verdict=verdict.to_dict(),
+    return TrialRecord(spec=spec, evidence=data, verdict=verdict,
                        trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=end.gpu)

@@ -383,7 +383,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     record.evidence["containment"] = command.containment
     if end.interrupted_at is not None:
         record.verdict = interrupted_verdict(record.verdict, end, main)
-        record.evidence["interrupted"] = record.verdict["facts"]["interrupted"]
+        record.evidence["interrupted"] = record.verdict.facts["interrupted"]
     return record
 
 

@@ -75,7 +75,7 @@ def inspect_target(spec: TrialSpec) -> TargetInfo:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     found = (record.evidence.get("result") or {}).get("target") or {}
-    reasons = record.verdict.get("reasons") or [""]
+    reasons = record.verdict.reasons or [""]
     if record.verdict_name == "OK":
         info = TargetInfo("OK", reasons[0], tuple(found.get("accepts") or ()),
                           bool(found.get("open_ended")), found.get("problem"))

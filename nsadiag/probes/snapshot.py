@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.probes.frames import LIBRARY_PATH
-from nsadiag.rundir import write_bytes
 
 NOT_AVAILABLE = "memory history: not available on this device ({device})"
 ALLOCATED = ("active_allocated", "active_pending_free")
@@ -143,11 +142,13 @@ def summarize_snapshot(snapshot: dict[str, Any], count: int = 10) -> dict[str, A
 
 
 @contextmanager
-def memory_history(device: Any, out_dir: Path, max_entries: int = 200_000
-                   ) -> Iterator[dict[str, Any]]:
+def memory_history(device: Any, out_dir: Path, write: Callable[[Path, bytes], Path],
+                   max_entries: int = 200_000) -> Iterator[dict[str, Any]]:
     """Record CUDA memory history inside the block; afterwards the yielded dict holds
     `snapshot` (path of snapshot.pickle) and `summary`, or `unavailable` (one line) off
-    CUDA. Recording is stopped on every way out."""
+    CUDA. Recording is stopped on every way out. ``write(path, data)`` stores the pickle:
+    the caller's run-directory writer (nsadiag.rundir.write_bytes), which the probes,
+    below the run directory, do not import."""
     import torch
 
     found: dict[str, Any] = {}
@@ -161,6 +162,6 @@ def memory_history(device: Any, out_dir: Path, max_entries: int = 200_000
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    path = write_bytes(Path(out_dir) / "snapshot.pickle", pickle.dumps(snapshot))
+    path = write(Path(out_dir) / "snapshot.pickle", pickle.dumps(snapshot))
     found["snapshot"] = str(path)
     found["summary"] = summarize_snapshot(snapshot)

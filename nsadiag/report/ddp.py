@@ -73,7 +73,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     record = records[-1]
     verdict, evidence = record.verdict, record.evidence
     ddp = evidence.get("ddp") or {}
-    facts = verdict.get("facts") or {}
+    facts = verdict.facts
     rows = rank_rows(record)
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {ddp.get('world_size')} ranks ({ddp.get('backend')})"
@@ -87,8 +87,8 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
          ("process-group timeout", _pg_timeout(ddp))]
         + ([("torch", torch_version)] if torch_version else [])))
     report.add("Ranks", ranks_table(rows))
-    md = [f"Verdict **{verdict['name']}** after {record.wall_s:.1f} s:", ""]
-    md += [f"- {reason}" for reason in verdict["reasons"]] + [""]
+    md = [f"Verdict **{verdict.name}** after {record.wall_s:.1f} s:", ""]
+    md += [f"- {reason}" for reason in verdict.reasons] + [""]
     md += _flight_recorder(ddp)
     for rank in evidence.get("ranks") or []:
         md += _rank_evidence(rank)
@@ -101,12 +101,12 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     text = report.markdown()
     row = row_from_record(record, LABEL)
     slow_by = facts.get("slow_by")
-    verdicts = [verdict_row(LABEL, verdict["name"], record.spec.get("n_layers"),
+    verdicts = [verdict_row(LABEL, verdict.name, record.spec.get("n_layers"),
                             record.spec.get("seq_len"), slow_by)]
     summary = Summary(
         command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
-        rows=[row.to_dict()], failing=verdict if verdict["name"] != "OK" else None,
-        details={"finding": finding.to_dict(), "verdict": verdict["name"], "slow_by": slow_by,
+        rows=[row.to_dict()], failing=verdict.to_dict() if verdict.name != "OK" else None,
+        details={"finding": finding.to_dict(), "verdict": verdict.name, "slow_by": slow_by,
                  "world_size": ddp.get("world_size"),
                  "ddp_backend": ddp.get("backend"), "ranks": rows,
                  "hosts": job_hosts(record, rows),

@@ -224,14 +224,14 @@ def evidence_section(record: TrialRecord) -> list[str]:
     verdict, evidence = record.verdict, record.evidence
     layers = record.spec.get("n_layers")
     shape = f" ({layers} layers)" if layers is not None else ""
-    lines = [f"Trial `{Path(record.trial_dir).name}`{shape}: **{verdict['name']}**", ""]
-    lines += [f"- {reason}" for reason in verdict["reasons"]]
+    lines = [f"Trial `{Path(record.trial_dir).name}`{shape}: **{verdict.name}**", ""]
+    lines += [f"- {reason}" for reason in verdict.reasons]
     stall = evidence.get("stall") or {}
     if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
         lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
                      f"{stall['cpu_delta_s']:.2f} s")
     lines += stall_lines(stall)
-    if verdict["name"] != "OK" and evidence.get("profile"):
+    if verdict.name != "OK" and evidence.get("profile"):
         lines += [""] + profile_tables(evidence["profile"]) + [""]
     for missing in stall.get("unavailable") or []:
         lines.append(f"- Evidence unavailable: {missing}")

@@ -27,7 +27,7 @@ NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank")
 def rank_rows(record: TrialRecord) -> list[dict[str, Any]]:
     """The per-rank rows of ``record``'s verdict (see the module docstring); [] for a run
     without ranks."""
-    return list((record.verdict.get("facts") or {}).get("ranks") or [])
+    return list(record.verdict.facts.get("ranks") or [])
 
 
 def _name(row: Mapping[str, Any], key: str) -> str:

@@ -95,12 +95,12 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         md += ["", "The command's stderr (last lines):", "", "```", *tail, "```"]
     report.add("Root cause", cause_section(finding))
     report.add("Recommendations", recommendations(finding))
-    slow_by = (verdict.get("facts") or {}).get("slow_by")
+    slow_by = record.slow_by
     summary = Summary(
         command=finding.command, headline=finding.headline, status=finding.status,
-        verdicts=[verdict_row(LABEL, verdict["name"], slow_by=slow_by)],
-        failing=verdict if verdict["name"] != "OK" else None,
-        details={"finding": finding.to_dict(), "verdict": verdict["name"],
+        verdicts=[verdict_row(LABEL, verdict.name, slow_by=slow_by)],
+        failing=verdict.to_dict() if verdict.name != "OK" else None,
+        details={"finding": finding.to_dict(), "verdict": verdict.name,
                  "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
                  "argv": list(record.spec["command"]), "ranks": rows,
                  "hosts": job_hosts(record, rows),

@@ -113,7 +113,7 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
                   for r in rows],
         rows=[r.to_dict() for r in rows],
         fits={LABEL: {q: f.to_dict() for q, f in facts.fits.items()}} if facts.fits else {},
-        failing=failing.verdict if failing else None,
+        failing=failing.verdict.to_dict() if failing else None,
         details={"finding": finding.to_dict(),
                  "rest_outgrows_saved": bool(facts.growth and facts.growth["outgrows"]),
                  "machine_memory": total, "predicted_cliff": facts.cliff})

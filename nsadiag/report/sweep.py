@@ -161,5 +161,5 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         rows=[r.to_dict() for r in all_rows],
         fits={label: {q: f.to_dict() for q, f in fits.items()}
               for label, fits in result.fits.items() if fits},
-        failing=failing.verdict if failing else None, details=details)
+        failing=failing.verdict.to_dict() if failing else None, details=details)
     return report.markdown(), summary.to_dict()

@@ -285,7 +285,7 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
         verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                   for r in result.rows],
         rows=[r.to_dict() for r in result.rows],
-        failing=(failing.verdict if failing is not None else next(
+        failing=(failing.verdict.to_dict() if failing is not None else next(
             (c["verdict"] for c in (state.checks.results if state.checks else [])
              if c["name"] == (result.failure or {}).get("check")), None)),
         details={"finding": finding.to_dict(), "target": state.target,

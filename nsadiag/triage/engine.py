@@ -231,7 +231,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     row = row_from_record(record)
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
                     n_layers=record.spec.get("n_layers"), world_size=world_size,
-                    reason=record.verdict["reasons"][0],
+                    reason=record.verdict.reasons[0],
                     slow_by=record.slow_by,
                     defect=_defect_counted(record), step_s=row.step_s,
                     timed_steps=row.timed_steps, expected_step_s=row.expected_step_s,

@@ -164,12 +164,13 @@ def test_a_stop_signal_keeps_the_diagnosis_and_exits_128_plus_it(tmp_path, signu
 
 def test_an_interrupted_trial_is_run_again_on_a_resume_and_its_rerun_stands_for_it(tmp_path):
     from nsadiag.rundir import append_record, load_records
+    from nsadiag.verdict import Verdict
     from tests.helpers import one_step_record
 
     trials = tmp_path / "trials.jsonl"
     interrupted = one_step_record(1, "trial-0")
-    interrupted.verdict = {"name": "INCONCLUSIVE", "reasons": ["interrupted by the user"],
-                           "facts": {"interrupted": {"signal": "SIGINT"}}}
+    interrupted.verdict = Verdict("INCONCLUSIVE", ["interrupted by the user"],
+                                  {"interrupted": {"signal": "SIGINT"}})
     interrupted.evidence["interrupted"] = {"signal": "SIGINT"}
     append_record(trials, interrupted)
     assert [r.verdict_name for r in load_records(trials)] == ["INCONCLUSIVE"]  # reported

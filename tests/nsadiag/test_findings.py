@@ -29,9 +29,9 @@ def _slow_record(profile, slow_by="defect"):
     events = [{"t": 1.0, "kind": "step", "phase": "optimizer", "step": 0,
                "host_reads_per_step": 512, "compute_ops_per_step": 1029,
                "flops_per_op": 7591.0, "dense_flops_per_op": 1537911.0}]
-    verdict = {"name": "SLOW", "reasons": ["still progressing at the budget kill"],
-               "facts": {"slow_by": slow_by, "since_last_event_s": 0.0, "rate": 35.0,
-                         "fraction_done": 0.86}}
+    verdict = Verdict("SLOW", ["still progressing at the budget kill"],
+                      {"slow_by": slow_by, "since_last_event_s": 0.0, "rate": 35.0,
+                       "fraction_done": 0.86})
     return TrialRecord(spec, {"events": events, "profile": profile}, verdict,
                        "/nonexistent/trial-0", 20.1)
 

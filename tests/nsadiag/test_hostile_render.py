@@ -248,7 +248,7 @@ def _escapes_dir(tmp_path: Path) -> Path:
         "status": "error", "exception": {"type": "RuntimeError", "message": HOSTILE_TEXT,
                                          "traceback": f"RuntimeError: {HOSTILE_TEXT}\n"}})
     record.spec["command"] = ["python", f"train{TITLE}.py", CURSOR]
-    record.verdict["reasons"] = [f"raised RuntimeError: {HOSTILE_TEXT}"]
+    record.verdict.reasons = [f"raised RuntimeError: {HOSTILE_TEXT}"]
     run = _plant_run(tmp_path / "escapes", record)
     (run / "stderr.txt").write_text(f"Traceback\nRuntimeError: {HOSTILE_TEXT}\n")
     return run

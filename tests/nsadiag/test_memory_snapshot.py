@@ -14,6 +14,7 @@ from nsadiag.probes.snapshot import (
     memory_history,
     summarize_snapshot,
 )
+from nsadiag.rundir import write_bytes
 from tests.helpers import nsadiag
 
 MiB = 2**20
@@ -101,7 +102,7 @@ def test_empty_snapshot_summarises_to_zeros():
 
 
 def test_memory_history_is_one_line_on_cpu(tmp_path):
-    with memory_history(torch.device("cpu"), tmp_path) as history:
+    with memory_history(torch.device("cpu"), tmp_path, write_bytes) as history:
         torch.ones(4).sum()
     assert history == {"unavailable": "memory history: not available on this device (cpu)"}
     assert list(tmp_path.iterdir()) == []
@@ -113,7 +114,7 @@ def test_memory_history_on_cuda_writes_a_snapshot_and_names_the_site(tmp_path):
     def hold():
         return torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
 
-    with memory_history(torch.device("cuda"), tmp_path) as history:
+    with memory_history(torch.device("cuda"), tmp_path, write_bytes) as history:
         kept = hold()
     assert (tmp_path / "snapshot.pickle").stat().st_size > 0
     # blocks that earlier tests left alive count as allocated before recording began

@@ -85,7 +85,7 @@ def _run_dir(tmp_path, this: int = 1, hosts: tuple[str, str] = HOSTS):
     verdict = decide_hosts(job, ranks, view)
     evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
                 "hosts": view.to_dict(), "processes": []}
-    record = TrialRecord(dict(job.spec), evidence, verdict.to_dict(), str(run), 20.0)
+    record = TrialRecord(dict(job.spec), evidence, verdict, str(run), 20.0)
     write_json(run / "run.json", {"command_name": "run", "argv": job.spec["command"]})
     write_json(run / "record.json", record.to_dict())
     write_json(run / "hosts-trace.json", hosts_trace(ranks, view, T0 + 10))
@@ -147,7 +147,7 @@ def test_a_single_host_ddp_report_names_its_host_and_an_unnamed_rank_is_unknown(
     run.mkdir()
     write_json(run / "run.json", {"command_name": "ddp"})
     (run / "trials.jsonl").write_text(json.dumps(
-        TrialRecord(spec, evidence, verdict.to_dict(), str(run), 20.0).to_dict()) + "\n")
+        TrialRecord(spec, evidence, verdict, str(run), 20.0).to_dict()) + "\n")
     write_private_json(run / "redaction.json", {"schema_version": 1, "users": [],
                                                 "hosts": ["host1"], "secrets": []})
     render_run(run)

@@ -7,8 +7,9 @@ import pytest
 
 from nsadiag.report import dispatch
 from nsadiag.report.dispatch import render_run
-from nsadiag.rundir import RecordError, append_record, parse_stored
-from tests.helpers import check_result, one_step_record
+from nsadiag.rundir import RecordError, TrialRecord, append_record, load_records, parse_stored
+from nsadiag.verdict import Verdict, VerdictName
+from tests.helpers import REPO, check_result, one_step_record
 
 
 def run_dir(tmp_path, command_name, **files):
@@ -72,3 +73,27 @@ def test_a_kind_rendered_from_its_json_as_read_still_says_malformed(tmp_path):
     run = run_dir(tmp_path, "stacks", stacks_json={"not": "stacks"})
     with pytest.raises(RecordError, match="a stored record of .* is malformed"):
         render_run(run)
+
+
+def test_a_stored_trial_record_reads_as_a_typed_verdict_and_writes_back_the_same_json():
+    stored = (REPO / "reports" / "sweep-layers-cuda" / "trials.jsonl").read_text()
+    for line in stored.splitlines():
+        record = TrialRecord.from_dict(json.loads(line))
+        assert isinstance(record.verdict, Verdict) and record.verdict.name is VerdictName.OK
+        assert json.dumps(record.to_dict()) == json.dumps(json.loads(line))
+
+
+def test_a_stored_verdict_without_facts_has_none_and_one_of_no_known_name_is_skipped(
+        tmp_path):
+    data = one_step_record(1).to_dict()
+    del data["verdict"]["facts"]
+    assert TrialRecord.from_dict(data).facts == {}
+    data["verdict"]["name"] = "MAYBE"
+    with pytest.raises(RecordError, match=r"^not a trial record \(Verdict.name: 'MAYBE' is "
+                                          r"not one of OK, "):
+        TrialRecord.from_dict(data)
+    trials = tmp_path / "trials.jsonl"
+    trials.write_text(json.dumps(data) + "\n")
+    skipped: list[str] = []
+    assert load_records(trials, skipped) == []
+    assert len(skipped) == 1 and "'MAYBE' is not one of" in skipped[0]

@@ -8,6 +8,7 @@ from nsadiag.redact import redact
 from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
+from nsadiag.verdict import Verdict
 from tests.helpers import nsadiag
 
 SECRETS = {
@@ -59,8 +60,7 @@ def _leaky_run(tmp_path):
                            "exception": {"type": "RuntimeError", "message": message,
                                          "traceback": f"RuntimeError: {message}"}},
                 "outcome": {"exit_code": 1}}
-    verdict = {"name": "ERROR", "reasons": [f"the child raised RuntimeError: {message}"],
-               "facts": {}}
+    verdict = Verdict("ERROR", [f"the child raised RuntimeError: {message}"])
     append_record(tmp_path / "trials.jsonl",
                   TrialRecord(spec, evidence, verdict, str(tmp_path / "trial-0"), 1.0))
     return tmp_path

@@ -16,6 +16,7 @@ from nsadiag.redact import argv_secret_values, redact, redact_obj
 from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import TrialRecord, append_record, prepare_run_dir, release_run_dir
 from nsadiag.spec import TrialSpec
+from nsadiag.verdict import Verdict
 from tests.helpers import nsadiag
 
 WANDB = "wandbkey-5f0c1e9d2b7a"
@@ -62,8 +63,7 @@ def _leaky_record(run: Path) -> None:
     evidence = {"events": [], "result": {"status": "error", "exception": {
         "type": "RuntimeError", "message": message, "traceback": f"RuntimeError: {message}"}},
         "outcome": {"exit_code": 1}}
-    verdict = {"name": "ERROR", "reasons": [f"the child raised RuntimeError: {message}"],
-               "facts": {}}
+    verdict = Verdict("ERROR", [f"the child raised RuntimeError: {message}"])
     append_record(run / "trials.jsonl",
                   TrialRecord(spec, evidence, verdict, str(run / "trial-0"), 1.0))
     (run / "run.json").write_text(json.dumps({"command_name": "sweep-layers"}))

@@ -11,6 +11,7 @@ from nsadiag.finding.source import Sources, capture, sources_of
 from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
+from nsadiag.verdict import Verdict
 from nsadiag.verdict.slow import _loop_sentence
 
 LOOP = {"variable": "t", "last": 1407, "end": 2048, "pass_rate_per_s": 3.7, "eta_s": 0.4,
@@ -63,14 +64,14 @@ def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
     facts = {"slow_by": None, "steps_done": 93, "step_s": 0.25, "rate": 9.4,
              "fraction_done": 0.5}
     record = TrialRecord(spec={"command": ["python", "train.py"]}, evidence={},
-                         verdict={"name": "SLOW", "reasons": ["slow"], "facts": facts},
+                         verdict=Verdict("SLOW", ["slow"], facts),
                          trial_dir="/nonexistent", wall_s=30.0)
     assert proof_of(record) == "93 steps done, the last in 0.25 s"
     assert verdict_sentence(record) == (
         "Still progressing when its time ran out at 4.0 steps/s (its last step's pace), 50% "
         "done: slow, not stuck (no hang).")
     # no finished step: no pace is claimed
-    record.verdict["facts"] = {"slow_by": None, "rate": 9.4}
+    record.verdict.facts = {"slow_by": None, "rate": 9.4}
     assert proof_of(record) == "still progressing at the kill"
     assert "/s" not in verdict_sentence(record)
 
@@ -83,7 +84,7 @@ def test_generated_code_is_never_the_users_own():
 
 def _crash(facts: dict, reasons: list[str], wall: float = 14.2) -> TrialRecord:
     return TrialRecord(spec={"command": ["torchrun", "train.py"]}, evidence={},
-                       verdict={"name": "CRASH", "reasons": reasons, "facts": facts},
+                       verdict=Verdict("CRASH", reasons, facts),
                        trial_dir="/nonexistent", wall_s=wall)
 
 
@@ -95,12 +96,12 @@ def test_a_ranks_crash_names_its_signal_number_the_jobs_time_and_the_mismatch():
                     ["rank 1 died of SIGABRT", met])
     assert proof_of(record) == (f"rank 1 killed by SIGABRT (signal 6) in a job that ran 14 s, "
                                 f"without a Python exception; {met}")
-    said = next_action("CRASH", record.verdict["facts"], None)
+    said = next_action("CRASH", record.verdict.facts, None)
     assert said.startswith("Make every rank issue the same collectives in the same order")
     single = _crash({"signal": 11, "signal_name": "SIGSEGV", "wall_s": 3.0}, ["died"])
     assert proof_of(single) == "killed by SIGSEGV (signal 11) after 3.0 s, without a Python " \
                                "exception"
-    assert "gdb" in next_action("CRASH", single.verdict["facts"], None)
+    assert "gdb" in next_action("CRASH", single.verdict.facts, None)
 
 
 LEAK = """import torch
@@ -119,8 +120,8 @@ def main(model, val_x):
 
 def _oom(script, facts: dict) -> TrialRecord:
     return TrialRecord(spec={"command": ["python", str(script)]}, evidence={},
-                       verdict={"name": "OOM", "reasons": ["the command raised MemoryError"],
-                                "facts": facts}, trial_dir="/nonexistent", wall_s=20.0)
+                       verdict=Verdict("OOM", ["the command raised MemoryError"], facts),
+                       trial_dir="/nonexistent", wall_s=20.0)
 
 
 def _retained(record: TrialRecord):

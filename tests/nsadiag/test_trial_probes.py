@@ -94,8 +94,8 @@ def test_stall_evidence_names_the_class_and_the_open_backward_without_py_spy(
                for s in stall["samples"])
     functions = {f["function"] for t in stall["samples"][-1]["threads"] for f in t["frames"]}
     assert "backward" in functions
-    assert "wait" in " ".join(record.verdict["reasons"]) or "blocked" in " ".join(
-        record.verdict["reasons"])
+    assert "wait" in " ".join(record.verdict.reasons) or "blocked" in " ".join(
+        record.verdict.reasons)
 
     text, summary = build_report(tmp_path, [record], {"command_name": "sweep-layers"})
     assert "- Stacks read as **waiting** over 3 sample(s) (stacks from faulthandler" in text

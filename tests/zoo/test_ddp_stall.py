@@ -31,7 +31,7 @@ def _run(tmp_path, pg_timeout_s=None, **changes):
 
 def _assert_names_rank_1(record):
     assert record.verdict_name == VERDICT, record.verdict
-    facts = record.verdict["facts"]
+    facts = record.verdict.facts
     assert facts["odd_ranks"] == [1]
     assert facts["diverged_at"] == 3  # step 0: bucket + loss; step 1: rank 1's extra first
     rows = {row["rank"]: row for row in facts["ranks"]}
@@ -46,11 +46,11 @@ def _assert_names_rank_1(record):
 def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     record = _run(tmp_path)
     _assert_names_rank_1(record)
-    facts = record.verdict["facts"]
+    facts = record.verdict.facts
     assert facts["pg_timeout"] is False
     assert record.evidence["ddp"]["pg_timeout_outlasts_capture"] is True
     assert record.evidence["outcome"]["kill_reason"] == "stall"
-    first = record.verdict["reasons"][0]
+    first = record.verdict.reasons[0]
     assert first.startswith("rank 1 waits in all_reduce #3") and "rank 0 waits in" in first
     # the report names the odd rank's collective: the line only rank 1 runs
     text, summary = build_ddp_report([record], {})
@@ -66,10 +66,10 @@ def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):
     rank; the verdict is still STALL-COLLECTIVE with the positions, not a bare ERROR."""
     record = _run(tmp_path, pg_timeout_s=4.0, stall_timeout_s=40.0)
     _assert_names_rank_1(record)
-    assert record.verdict["facts"]["pg_timeout"] is True
+    assert record.verdict.facts["pg_timeout"] is True
     assert record.evidence["ddp"]["pg_timeout_outlasts_capture"] is False
     text, _ = build_ddp_report([record], {})
     assert "4.0 s (shorter than the stall timeout plus the stack sampling" in text
     assert record.evidence["outcome"]["kill_reason"] is None  # the job ended by itself
-    assert "gave up on a collective first" in record.verdict["reasons"][0]
-    assert "Timed out" in record.verdict["reasons"][0]
+    assert "gave up on a collective first" in record.verdict.reasons[0]
+    assert "Timed out" in record.verdict.reasons[0]

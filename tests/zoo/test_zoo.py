@@ -51,7 +51,7 @@ def test_per_token_loop_is_slow_with_an_eta(tmp_path):
     record = _diagnose(tmp_path, "repro.per_token_loop:make", n_layers=2, seq_len=256,
                        steps=300, budget_s=20.0, stall_timeout_s=5.0)
     assert record.verdict_name == "SLOW", record.verdict
-    facts = record.verdict["facts"]
+    facts = record.verdict.facts
     assert facts["rate"] > 0
     assert 0 < facts["fraction_done"] < 1
     assert facts["eta_s"] > 0  # the remainder at the measured pace
@@ -64,7 +64,7 @@ def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect
                        **ZOO["sequential_prefill"][1])
     assert record.evidence["event_counts"].get("step", 0) == 0
     assert record.verdict_name == "SLOW", record.verdict
-    facts, reasons = record.verdict["facts"], record.verdict["reasons"]
+    facts, reasons = record.verdict.facts, record.verdict.reasons
     assert facts["slow_by"] == "defect"
     source = REPRO / "sequential_prefill.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1)
@@ -96,7 +96,7 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     assert _longest_quiet_s(events) > 2.0, "no module call outlasted the stall timeout"
     assert record.verdict_name == "SLOW", record.verdict
     assert any(pulse.get("progress") for pulse in record.evidence["pulses"])
-    facts = record.verdict["facts"]
+    facts = record.verdict.facts
     assert "per_token_loop.py" in facts["hot_line"]
     # the hot frame is the loop's line from the sampled profile, with its share
     assert facts["hot_frame"] == facts["hot_line"] and 0 < facts["hot_share"] <= 1
@@ -104,7 +104,7 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     # a read and a handful of tiny ops per token: slow by defect, whatever the load (from
     # the counted first forward, or, where a loaded machine did not finish that forward in
     # the budget, from the loop counter over the positions)
-    assert facts["slow_by"] == "defect", record.verdict["reasons"]
+    assert facts["slow_by"] == "defect", record.verdict.reasons
     assert any("a read per token" in finding or
                finding.startswith("a per-token loop at repro/per_token_loop.py:")
                for finding in facts["slow_findings"]), facts["slow_findings"]
@@ -121,8 +121,8 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
 def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
     record = _diagnose(tmp_path, "repro.python_spin:make")
     assert record.verdict_name == "STALL-BUSY", record.verdict
-    assert record.verdict["facts"]["demand"] > 0.5
-    assert "python_spin.py" in str(record.verdict["facts"].get("hot_frame"))
+    assert record.verdict.facts["demand"] > 0.5
+    assert "python_spin.py" in str(record.verdict.facts.get("hot_frame"))
     _, finding = _reported(tmp_path, record)  # the `while` it spins in, whole
     assert finding.culprit.where() == "repro/python_spin.py:24-25", finding.culprit
 
@@ -130,7 +130,7 @@ def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
 def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
     record = _diagnose(tmp_path, "repro.lock_deadlock:make")
     assert record.verdict_name == "DEADLOCK", record.verdict
-    assert "_wait_for_lock" in " ".join(record.verdict["reasons"])
+    assert "_wait_for_lock" in " ".join(record.verdict.reasons)
     assert record.evidence["stall"]["stacks_class"] == "waiting"
     text, finding = _reported(tmp_path, record)
     assert (finding.verdict, finding.kind) == ("DEADLOCK", "stuck")
@@ -141,8 +141,8 @@ def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
 def test_long_native_op_is_stall_busy(tmp_path):
     record = _diagnose(tmp_path, "repro.native_stall:make")
     assert record.verdict_name == "STALL-BUSY", record.verdict
-    assert "GrindingBlock" in str(record.verdict["facts"]) or \
-        "forward" in str(record.verdict["facts"].get("hot_frame"))
+    assert "GrindingBlock" in str(record.verdict.facts) or \
+        "forward" in str(record.verdict.facts.get("hot_frame"))
     _, finding = _reported(tmp_path, record)
     assert _line(finding.culprit) == ("repro/native_stall.py", 24), finding.culprit
 
@@ -150,8 +150,8 @@ def test_long_native_op_is_stall_busy(tmp_path):
 def test_exception_in_backward_is_an_error(tmp_path):
     record = _diagnose(tmp_path, "repro.backward_error:make")
     assert record.verdict_name == "ERROR", record.verdict
-    assert "RuntimeError" in record.verdict["reasons"][0]
-    assert "gradient buffer layout mismatch" in " ".join(record.verdict["reasons"])
+    assert "RuntimeError" in record.verdict.reasons[0]
+    assert "gradient buffer layout mismatch" in " ".join(record.verdict.reasons)
     _, finding = _reported(tmp_path, record)
     assert (finding.kind, _line(finding.culprit)) == ("crashed", ("repro/backward_error.py", 21))
 
@@ -159,7 +159,7 @@ def test_exception_in_backward_is_an_error(tmp_path):
 def test_segfault_is_a_crash(tmp_path):
     record = _diagnose(tmp_path, "repro.hard_crash:make")
     assert record.verdict_name == "CRASH", record.verdict
-    assert "SIGSEGV" in " ".join(record.verdict["reasons"])
+    assert "SIGSEGV" in " ".join(record.verdict.reasons)
     _, finding = _reported(tmp_path, record)  # the user frame of the faulthandler dump
     assert (finding.kind, _line(finding.culprit)) == ("crashed", ("repro/hard_crash.py", 18))
 
@@ -184,7 +184,7 @@ def test_verdict_still_comes_without_py_spy(tmp_path, monkeypatch):
     record = _diagnose(tmp_path, "repro.lock_deadlock:make")
     assert record.verdict_name == "DEADLOCK", record.verdict
     assert "py-spy: not found on PATH" in record.evidence["stall"]["unavailable"]
-    assert any("stacks unavailable" in reason for reason in record.verdict["reasons"])
+    assert any("stacks unavailable" in reason for reason in record.verdict.reasons)
 
 
 def test_late_bound_checkpoint_closure_is_wrong_through_the_ckpt_check(tmp_path):
