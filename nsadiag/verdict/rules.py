@@ -29,6 +29,7 @@ command), whose time limit is its deadline rather than a budget.
 
 from __future__ import annotations
 
+import re
 import signal as signals
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -91,6 +92,29 @@ def rule_ok(evidence: Evidence) -> Verdict | None:
     return Verdict("OK", reasons, facts)
 
 
+ORIGINAL_TRACEBACK = "Original Traceback (most recent call last):"
+"""How torch re-raises an exception from another process or thread (a DataLoader worker's,
+a pin-memory thread's): "Caught KeyError in DataLoader worker process 1." then this line,
+the original traceback, and the original exception's own line last."""
+
+
+def said_message(message: str) -> str:
+    """The line that says what went wrong: the message's first line, or, for an exception
+    torch re-raised from a DataLoader worker, the original exception's message with where it
+    was raised ('"record 37 has no label" (raised in DataLoader worker process 1)')."""
+    first = message.splitlines()[0] if message else ""
+    if ORIGINAL_TRACEBACK not in message:
+        return first
+    original = message.split(ORIGINAL_TRACEBACK, 1)[1].splitlines()
+    last = next((line for line in reversed(original) if line.strip() and
+                 not line.startswith(" ")), None)
+    if last is None:
+        return first
+    text = last.partition(":")[2].strip() or last.strip()
+    caught = re.match(r"Caught \w+ in (.+?)\.?$", first)
+    return f"{text} (raised in {caught[1]})" if caught else text
+
+
 def rule_exception(evidence: Evidence) -> Verdict | None:
     """OOM when the recorded exception names memory exhaustion (torch.OutOfMemoryError,
     MemoryError, "CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
@@ -101,7 +125,7 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
         return None
     kind = str(exception.get("type", "Exception"))
     message = str(exception.get("message", "")).strip()
-    first_line = message.splitlines()[0] if message else ""
+    first_line = said_message(message)
     where = project_frame(str(exception.get("traceback", "")))
     facts = {**position_facts(evidence), "exception_type": kind, "message": first_line,
              "where": where, "peak_rss": (evidence.result or {}).get("peak_rss")}

@@ -520,3 +520,22 @@ def test_a_budget_kill_after_a_quiet_gap_the_machine_explains_is_slow():
     assert decide(Evidence.from_dict(data)).name == "SLOW"
     data["stall"]["opportunity_s"] = 20.0
     assert decide(Evidence.from_dict(data)).name != "SLOW"
+
+
+def test_an_exception_reraised_from_a_dataloader_worker_says_the_original_message():
+    data = raw("runtime_error.json")
+    data["result"]["exception"] = {
+        "type": "KeyError",
+        "message": "Caught KeyError in DataLoader worker process 1.\n"
+                   "Original Traceback (most recent call last):\n"
+                   '  File "/venv/torch/utils/data/_utils/worker.py", line 374, in _worker_loop\n'
+                   "    data = fetcher.fetch(index)\n"
+                   '  File "/home/u/data.py", line 9, in __getitem__\n'
+                   "    raise KeyError(f\"record {i} has no 'label'\")\n"
+                   "KeyError: \"record 37 has no 'label'\"",
+        "traceback": data["result"]["exception"]["traceback"]}
+    verdict = decide(Evidence.from_dict(data))
+    assert verdict.name == "ERROR"
+    said = "\"record 37 has no 'label'\" (raised in DataLoader worker process 1)"
+    assert verdict.facts["message"] == said
+    assert verdict.reasons[0].endswith(f"raised KeyError: {said}")
