@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from nsadiag.evidence import StackSample
+from nsadiag.probes.frames import pool_worker_thread
 
 WORKER_LOOP = ("_worker_loop", "torch/utils/data/_utils/worker.py")
 
@@ -73,14 +74,6 @@ def _command(process: psutil.Process) -> str:
         return ""
 
 
-def _in_pool(sample: StackSample | None) -> bool:
-    """Whether a process runs a multiprocessing pool's worker loop."""
-    return sample is not None and any(
-        frame.file.endswith("/multiprocessing/pool.py") and
-        frame.function.rsplit(".", 1)[-1] == "worker"
-        for thread in sample.threads for frame in thread.python_frames())
-
-
 def roles(processes: Sequence[psutil.Process], samples: dict[int, StackSample | None]
           ) -> dict[int, str]:
     """{pid: what the process is} (see the module docstring); ``samples`` holds the last
@@ -110,7 +103,8 @@ def roles(processes: Sequence[psutil.Process], samples: dict[int, StackSample | 
             found[process.pid] = f"DataLoader worker {number} of {owner}"
         elif "torch.distributed.run" in command or "torchrun" in command:
             found[process.pid] = "the torchrun launcher"
-        elif _in_pool(samples.get(process.pid)):
+        elif (sample := samples.get(process.pid)) is not None and \
+                pool_worker_thread(sample) is not None:
             found[process.pid] = "a multiprocessing pool worker"
         else:
             shown = command if len(command) <= 60 else command[:57] + "..."

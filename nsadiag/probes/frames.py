@@ -410,3 +410,18 @@ def place_sentence(place: dict[str, Any]) -> str:
         own_code_text = f" `{place['own_code']}`" if place.get("own_code") else ""
         sentence += f", under {place['own']}{own_code_text}"
     return sentence
+
+
+POOL_FILE = re.compile(r"/multiprocessing/pool\.py$")
+
+
+def is_pool_worker_loop(frame: StackFrame) -> bool:
+    """Whether ``frame`` is a multiprocessing pool worker's loop (``pool.worker``)."""
+    return bool(POOL_FILE.search(frame.file)) and frame.function.rsplit(".", 1)[-1] == "worker"
+
+
+def pool_worker_thread(sample: StackSample) -> ThreadStack | None:
+    """The thread of a process that runs a multiprocessing pool worker's loop; None when the
+    process is no pool worker."""
+    return next((thread for thread in sample.threads
+                 if any(is_pool_worker_loop(frame) for frame in thread.python_frames())), None)

@@ -50,7 +50,14 @@ from typing import Any
 
 from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, ThreadStack
 from nsadiag.probes.compiler import compiler_frame
-from nsadiag.probes.frames import own_code, user_threads, wait_frame
+from nsadiag.probes.frames import (
+    POOL_FILE,
+    is_pool_worker_loop,
+    own_code,
+    pool_worker_thread,
+    user_threads,
+    wait_frame,
+)
 from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
@@ -100,7 +107,6 @@ LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s
 QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
-POOL = re.compile(r"/multiprocessing/pool\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
@@ -298,14 +304,19 @@ def _command(waits: ProcessWaits) -> str:
     return " ".join(waits.command) or f"pid {waits.pid}"
 
 
+def _read_file(waits: ProcessWaits | None, os_wait: ThreadWait | None) -> OpenFile | None:
+    """The open file a thread blocked in a read is reading; None when it is not in one."""
+    if waits is None or os_wait is None or os_wait.syscall_name not in READ_SYSCALLS:
+        return None
+    return waits.file(os_wait.first_arg)
+
+
 def _pipe_writer(waits: ProcessWaits | None, os_wait: ThreadWait | None
                  ) -> ProcessWaits | None:
     """The child holding the write end of the pipe the thread is blocked reading (its
     output, which the thread reads to the end); None when the read is not of such a pipe."""
-    if waits is None or os_wait is None or os_wait.syscall_name not in READ_SYSCALLS:
-        return None
-    read = waits.file(os_wait.first_arg)
-    if read is None or not read.is_pipe:
+    read = _read_file(waits, os_wait)
+    if waits is None or read is None or not read.is_pipe:
         return None
     return next((child for child in waits.children
                  if any(f.inode == read.inode and "w" in f.mode for f in child.files)), None)
@@ -525,19 +536,12 @@ def _worker_chain(process: _Process, thread: ThreadStack, own: StackFrame | None
     return WaitChain(hops, inner.end if inner.end != "unknown" else "worker", inner.subject)
 
 
-def _pool_thread(sample: StackSample) -> ThreadStack | None:
-    """The thread of a multiprocessing pool's worker process that runs the worker loop."""
-    return next((t for t in sample.threads if any(
-        POOL.search(f.file) and f.function.rsplit(".", 1)[-1] == "worker"
-        for f in t.python_frames())), None)
-
-
 def _runs_task(thread: ThreadStack) -> bool:
     """Whether a pool worker's loop thread is inside a task: a frame of the user's code
     inside the worker loop (a forked worker's stack also holds, outside the loop, the
     parent's frames that created the pool)."""
     for frame in thread.frames:  # innermost first
-        if POOL.search(frame.file) and frame.function.rsplit(".", 1)[-1] == "worker":
+        if is_pool_worker_loop(frame):
             return False
         if own_code(frame):
             return True
@@ -552,7 +556,7 @@ def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     where = f" at {at(own)}" if own is not None else ""
     first = Hop("pool", f"{_label(thread)} waits for the results of a multiprocessing pool"
                         f"{where}", at(own) if own else None, own.code if own else None)
-    workers = [(p, t) for p in others if (t := _pool_thread(p.sample)) is not None]
+    workers = [(p, t) for p in others if (t := pool_worker_thread(p.sample)) is not None]
     if not workers:
         return WaitChain((first, Hop("unknown", "no worker of the pool was sampled: where "
                                                 "they stand is unknown")), "unknown")
@@ -588,9 +592,7 @@ def _strip(text: str, thread: ThreadStack) -> str:
 def _terminal_read(waits: ProcessWaits | None, os_wait: ThreadWait | None) -> OpenFile | None:
     """The terminal the thread is blocked reading (a prompt waiting for its answer); None
     when the read is not of a terminal."""
-    if waits is None or os_wait is None or os_wait.syscall_name not in READ_SYSCALLS:
-        return None
-    read = waits.file(os_wait.first_arg)
+    read = _read_file(waits, os_wait)
     return read if read is not None and TERMINAL.match(read.target) else None
 
 
@@ -642,7 +644,7 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _child_chain(process, thread, own, writer)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
-    if frame is not None and any(POOL.search(f.file) for f in thread.python_frames()):
+    if frame is not None and any(POOL_FILE.search(f.file) for f in thread.python_frames()):
         return _pool_chain(process, thread, own, others, depth)
     if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
         return _child_chain(process, thread, own, writer)
