@@ -23,7 +23,7 @@ from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
 from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
-from nsadiag.report.straggler import straggler_section
+from nsadiag.report.straggler import straggler_section, with_straggler
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
@@ -44,7 +44,11 @@ def run_finding(record: TrialRecord) -> Finding:
     rerun = (f"nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} --deadline "
              f"{record.spec['deadline_s']:g} -- {shlex.join(record.spec['command'])}"
              if kind == "run" else None)
-    return trial_finding(record, kind, rerun)
+    # the straggler a host saw while the job ran (its record's hosts), or the one the
+    # verdict over every host's ranks found in their recorded steps
+    straggler = (record.evidence.get("hosts") or {}).get("straggler") or \
+        record.verdict.facts.get("straggler")
+    return with_straggler(trial_finding(record, kind, rerun), straggler)
 
 
 def containment_lines(containment: Any) -> list[str]:

@@ -23,6 +23,7 @@ and the decision does not need the same steps of every rank.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,8 @@ def step_paces(events: Sequence[dict[str, Any]]) -> list[StepPace]:
     return paces
 
 
+FRAME = re.compile(r"^(?P<function>\S+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+"""A hot frame as the progress sampler names it: "main (train.py:31)"."""
 HOT_FRAME_PULSES = 10
 """A rank's latest pulses (one a second) whose frames say where its time goes now."""
 
@@ -140,6 +143,7 @@ class Straggler:
     forward_s: float
     backward_s: float
     frame: dict[str, Any] | None = None
+    node_rank: int | None = None
 
     @property
     def ratio(self) -> float:
@@ -148,7 +152,7 @@ class Straggler:
     def sentence(self) -> str:
         """The finding in words, every figure from the published paces."""
         first, last = self.steps[0], self.steps[-1]
-        times = "x" if self.ratio == float("inf") else f"{self.ratio:.1f}x"
+        times = self.times()
         where = f" ({self.host}'s figures)" if self.host else ""
         rest = max(self.step_s - self.forward_s - self.backward_s, 0.0)
         return (f"straggler: {self.label} takes {self.own_s:.3f} s per step outside "
@@ -162,15 +166,64 @@ class Straggler:
                 + (f"; its sampler saw it at {self.frame['frame']} in {self.frame['seen']} of "
                    f"its last {self.frame['of']} pulses" if self.frame else ""))
 
+    def times(self) -> str:
+        """Its own time per step against the others', "2.9x" ("x" when theirs is nil)."""
+        return "x" if self.ratio == float("inf") else f"{self.ratio:.1f}x"
+
+    def frame_at(self) -> tuple[str, str] | None:
+        """(FILE:LINE, function) of its hot frame, None when its host did not say."""
+        found = FRAME.match(str((self.frame or {}).get("frame") or ""))
+        return (f"{found['file']}:{found['line']}", found["function"]) if found else None
+
+    def proof(self) -> str:
+        """Its own time per step against the others', as the top block's proof."""
+        return (f"{self.label} spends {self.own_s:.3f} s per step outside collectives "
+                f"(at least {self.least_s:.3f} s at each of its steps {self.steps[0]}-"
+                f"{self.steps[-1]}) against a median of {self.others_own_s:.3f} s for the "
+                f"other {self.others} rank(s): {self.times()}")
+
+    def next_step(self) -> str:
+        """What to do about it: look where its sampler saw it most, or (its host did not
+        say) at the part of its step that takes longest."""
+        at = self.frame_at()
+        if at is not None:
+            frame = self.frame or {}
+            where = (f"at {at[0]} (in {at[1]}; its sampler saw it there in {frame['seen']} "
+                     f"of its last {frame['of']} pulses): look there")
+        else:
+            before = self.forward_s >= self.backward_s
+            part = ("before its backward (loading the batch and forward)" if before
+                    else "in its backward")
+            where = (f"with {max(self.forward_s, self.backward_s):.3f} s of its "
+                     f"{self.step_s:.3f} s step {part}: look there (its host's sampler "
+                     f"named no frame)")
+        return (f"{self.label[:1].upper()}{self.label[1:]} spends {self.own_s:.3f} s per "
+                f"step outside collectives, {self.times()} the others' median "
+                f"({self.others_own_s:.3f} s), {where}; the other {self.others} "
+                f"rank(s) wait for it in collectives (a median {self.others_waited_s:.3f} s "
+                f"per step).")
+
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "label": self.label, "host": self.host,
-                "local_rank": self.local_rank, "steps": list(self.steps),
+                "local_rank": self.local_rank, "node_rank": self.node_rank,
+                "steps": list(self.steps),
                 "others": self.others, "own_s": self.own_s, "least_s": self.least_s,
                 "others_own_s": self.others_own_s,
                 "ratio": None if self.others_own_s <= 0 else round(self.ratio, 3),
                 "step_s": self.step_s, "others_waited_s": self.others_waited_s,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "frame": self.frame, "sentence": self.sentence()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Straggler:
+        """A straggler as a record holds it (to_dict; a record older than ``node_rank``
+        has none)."""
+        return cls(int(data["rank"]), str(data["label"]), data.get("host"),
+                   data.get("local_rank"), tuple(int(s) for s in data["steps"]),
+                   int(data["others"]), float(data["own_s"]), float(data["least_s"]),
+                   float(data["others_own_s"]), float(data["step_s"]),
+                   float(data["others_waited_s"]), float(data["forward_s"]),
+                   float(data["backward_s"]), data.get("frame"), data.get("node_rank"))
 
 
 def find_straggler(paces: Mapping[int, Sequence[StepPace]],
@@ -205,4 +258,4 @@ def find_straggler(paces: Mapping[int, Sequence[StepPace]],
             statistics.median(p.waited_s for p in windows[r]) for r in others),
         forward_s=statistics.median(p.forward_s for p in mine),
         backward_s=statistics.median(p.backward_s for p in mine),
-        frame=(frames or {}).get(slow))
+        frame=(frames or {}).get(slow), node_rank=names_of.get("node_rank"))

@@ -16,9 +16,19 @@ from nsadiag.hosts.address import JobShape, StoreAddress
 from nsadiag.hosts.link import HostLink
 from nsadiag.hosts.merged import decide_hosts
 from nsadiag.hosts.shared import SharedView
+from nsadiag.report.run import run_finding
 from nsadiag.report.straggler import straggler_section
+from nsadiag.report.top import top_block
+from nsadiag.rundir import TrialRecord
+from nsadiag.verdict import Verdict
 from nsadiag.verdict.ranks import RankEvidence
-from nsadiag.verdict.straggler import StepPace, find_straggler, hot_frame, step_paces
+from nsadiag.verdict.straggler import (
+    StepPace,
+    Straggler,
+    find_straggler,
+    hot_frame,
+    step_paces,
+)
 from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
 from tests.helpers import TESTS, nsadiag
 from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
@@ -272,6 +282,71 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
     assert views[1].states["host2"].frames == sleeping
 
 
+# ---- the top block of a run that finished with a straggler ------------------------------------
+
+
+def _finished(name: str, straggler: dict | None, facts: dict | None = None) -> TrialRecord:
+    spec = {"command": ["torchrun", "train.py"], "stall_timeout_s": 60.0,
+            "deadline_s": 600.0, "subject": "the command", "kind": "run"}
+    facts = {**(facts or {}), **({"straggler": straggler} if straggler else {})}
+    return TrialRecord(spec, {}, Verdict(name, ["r"], facts), "run", 30.0)
+
+
+def _slow_rank(frame: dict | None) -> dict:
+    owns = {r: [0.08] * (1 + STRAGGLER_STEPS) for r in (0, 1, 2)}
+    owns[3] = [0.23] * (1 + STRAGGLER_STEPS)
+    events = job_events(owns)
+    found = find_straggler({r: step_paces(e) for r, e in events.items()},
+                           {r: names(r) for r in owns}, {r: label(r) for r in owns},
+                           {3: frame} if frame else {})
+    assert found is not None
+    return {**found.to_dict(), "seen_at": T0}
+
+
+def test_a_finished_runs_top_block_names_the_straggler_its_figures_and_its_line():
+    found = _slow_rank({"frame": "main (train.py:31)", "seen": 9, "of": 10})
+    assert Straggler.from_dict(found).to_dict() == {k: v for k, v in found.items()
+                                                    if k != "seen_at"}
+    finding = run_finding(_finished("OK", found, {"steps_done": {"0": 6}}))
+    top = "\n".join(top_block(finding))
+    assert "Nothing to fix" not in top
+    assert finding.headline == ("OK (healthy); straggler: rank 3 on host2 (local rank 1, "
+                                "node 1), 2.8x")
+    assert finding.culprit is not None and finding.culprit.where() == "train.py:31"
+    assert finding.proof == (
+        "rank 3 on host2 (local rank 1, node 1) spends 0.232 s per step outside collectives "
+        "(at least 0.232 s at each of its steps 1-5) against a median of 0.082 s for the "
+        "other 3 rank(s): 2.8x")
+    assert finding.next_action == (
+        "Rank 3 on host2 (local rank 1, node 1) spends 0.232 s per step outside "
+        "collectives, 2.8x the others' median (0.082 s), at train.py:31 (in main; its "
+        "sampler saw it there in 9 of its last 10 pulses): look there; the other 3 rank(s) "
+        "wait for it in collectives (a median 0.150 s per step).")
+    assert f"- **Next:** {finding.next_action}" in top
+    assert "- **Line:** `train.py:31` — rank 3 on host2" in top
+    assert finding.to_dict()["next_action"] == finding.next_action  # summary.json's
+
+
+def test_without_its_frame_the_next_step_names_the_longer_part_of_its_step():
+    finding = run_finding(_finished("SLOW", _slow_rank(None)))
+    assert finding.culprit is None
+    assert finding.next_action.startswith("Rank 3 on host2 (local rank 1, node 1) spends "
+                                          "0.232 s per step outside collectives, 2.8x")
+    assert "(0.082 s), with 0.138 s of its 0.232 s step before its backward (loading the " \
+        "batch and forward): look there (its host's sampler named no frame); the other 3 " \
+        "rank(s) wait" in finding.next_action
+    # the SLOW's own next step stays, as the first recommendation
+    assert finding.recommendations[0].startswith("Give the run more time")
+
+
+def test_a_stuck_runs_top_block_keeps_its_own_culprit_and_a_run_without_one_is_unchanged():
+    found = _slow_rank({"frame": "main (train.py:31)", "seen": 9, "of": 10})
+    stuck = run_finding(_finished("STALL-BUSY", found))
+    assert "straggler" not in stuck.headline and "Rank 3" not in stuck.next_action
+    plain = run_finding(_finished("OK", None))
+    assert plain.next_action == "Nothing to fix: it finished."
+
+
 # ---- two hosts on one machine ---------------------------------------------------------------
 
 REFUSED = unshare_refused()
@@ -310,6 +385,14 @@ def test_two_hosts_both_name_the_slow_rank_on_the_second_host(tmp_path):
         assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in report
         summary = json.loads((host.run_dir / "summary.json").read_text())
         assert summary["straggler"]["rank"] == 3
+        # the top block and the one next step name it, its figures and its line
+        top = report.split("\n## ")[0]
+        assert "Nothing to fix" not in top
+        assert "straggler: rank 3 on host2 (local rank 1, node 1)" in top
+        step = summary["finding"]["next_action"]
+        assert step.startswith("Rank 3 on host2 (local rank 1, node 1) spends "), step
+        assert f"at multihost_straggler.py:{SLEEP_LINE} (in main;" in step
+        assert f"- **Next:** {step}" in top
     merged = nsadiag("merge", str(hosts[0].run_dir), str(hosts[1].run_dir))
     assert merged.returncode == 0, merged.stderr
     assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in merged.stdout
