@@ -97,8 +97,11 @@ class HostsView:
                 "phase": {h: s.phase for h, s in self.states.items()}}
 
 
-def hosts_straggler(states: dict[str, HostState]) -> Straggler | None:
-    """The straggler among every host's ranks, from the paces each host published."""
+def hosts_straggler(states: dict[str, HostState], named: int | None = None
+                    ) -> Straggler | None:
+    """The straggler among every host's ranks, from the paces each host published;
+    ``named``: the rank named at the previous look (find_straggler keeps it while it stays
+    near the bar)."""
     paces: dict[int, list[StepPace]] = {}
     names: dict[int, dict[str, Any]] = {}
     labels: dict[int, str] = {}
@@ -108,7 +111,7 @@ def hosts_straggler(states: dict[str, HostState]) -> Straggler | None:
         frames.update(state.frames)
         for rank in state.ranks:
             names[rank.rank], labels[rank.rank] = rank.names or {}, rank_label(rank)
-    return find_straggler(paces, names, labels, frames)
+    return find_straggler(paces, names, labels, frames, named)
 
 
 def with_straggler(verdict: Verdict, straggler: dict[str, Any] | None) -> Verdict:

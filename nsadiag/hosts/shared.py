@@ -83,6 +83,8 @@ class SharedView:
         self.hosts: list[str] = []
         self.ticks = 0
         self.straggler: dict[str, object] | None = None
+        self.named: int | None = None
+        """The straggler's rank at the latest read, None when none stood out then."""
 
     # ---- the store, while it answers ------------------------------------------------------
 
@@ -103,7 +105,8 @@ class SharedView:
         self.hosts = self.link.hosts()
         for host, data in self.link.states([h for h in self.hosts if h != self.host]).items():
             self.states[host] = HostState.from_dict(data)
-        found = hosts_straggler(self.states)
+        found = hosts_straggler(self.states, self.named)
+        self.named = found.rank if found is not None else None
         if found is not None:
             self.straggler = {**found.to_dict(), "seen_at": self.clock()}
 

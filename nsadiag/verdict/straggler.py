@@ -29,7 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
+from nsadiag.verdict.thresholds import (
+    STRAGGLER_KEEP_GAP_S,
+    STRAGGLER_KEEP_RATIO,
+    STRAGGLER_MIN_GAP_S,
+    STRAGGLER_RATIO,
+    STRAGGLER_STEPS,
+)
 
 
 @dataclass(frozen=True)
@@ -228,34 +234,44 @@ class Straggler:
 
 def find_straggler(paces: Mapping[int, Sequence[StepPace]],
                    names: Mapping[int, dict[str, Any]], labels: Mapping[int, str],
-                   frames: Mapping[int, dict[str, Any] | None] | None = None
-                   ) -> Straggler | None:
+                   frames: Mapping[int, dict[str, Any] | None] | None = None,
+                   named: int | None = None) -> Straggler | None:
     """The straggler among the ranks of ``paces`` ({global rank: its finished steps}), or
     None (see the module docstring); ``names`` and ``labels`` name each rank
     (nsadiag.ranknames: host, local rank; the label in words), ``frames`` give each rank's
-    hot frame where its host knows it."""
+    hot frame where its host knows it. ``named``: the rank named at the previous look, if
+    any. A rank near the bar would come and go between looks; once named, it is kept while
+    its least own time stays at STRAGGLER_KEEP_RATIO times, and STRAGGLER_KEEP_GAP_S more
+    than, the others' median (and no other rank is slow): it is dropped only when it falls
+    clearly below the bar."""
     windows = {r: [p for p in rows if p.step != 0][-STRAGGLER_STEPS:]
                for r, rows in paces.items() if rows}
     if len(windows) < 2 or any(len(w) < STRAGGLER_STEPS for w in windows.values()):
         return None
     typical = {r: statistics.median(p.own_s for p in w) for r, w in windows.items()}
     least = {r: min(p.own_s for p in w) for r, w in windows.items()}
-    slow = max(windows, key=lambda r: least[r])
-    others = sorted(r for r in windows if r != slow)
-    rest = statistics.median(typical[r] for r in others)
-    if least[slow] < STRAGGLER_RATIO * rest or least[slow] - rest < STRAGGLER_MIN_GAP_S:
-        return None
-    if any(typical[r] >= STRAGGLER_RATIO * rest for r in others):
-        return None  # two or more slow ranks: not one straggler
-    mine = windows[slow]
-    names_of = names.get(slow) or {}
-    return Straggler(
-        rank=slow, label=labels.get(slow, f"rank {slow}"), host=names_of.get("host"),
-        local_rank=names_of.get("local_rank"), steps=tuple(p.step for p in mine),
-        others=len(others), own_s=typical[slow], least_s=least[slow], others_own_s=rest,
-        step_s=statistics.median(p.step_s for p in mine),
-        others_waited_s=statistics.median(
-            statistics.median(p.waited_s for p in windows[r]) for r in others),
-        forward_s=statistics.median(p.forward_s for p in mine),
-        backward_s=statistics.median(p.backward_s for p in mine),
-        frame=(frames or {}).get(slow), node_rank=names_of.get("node_rank"))
+
+    def stands_out(slow: int, ratio: float, gap_s: float) -> Straggler | None:
+        others = sorted(r for r in windows if r != slow)
+        rest = statistics.median(typical[r] for r in others)
+        if least[slow] < ratio * rest or least[slow] - rest < gap_s:
+            return None
+        if any(typical[r] >= STRAGGLER_RATIO * rest for r in others):
+            return None  # two or more slow ranks: not one straggler
+        mine = windows[slow]
+        names_of = names.get(slow) or {}
+        return Straggler(
+            rank=slow, label=labels.get(slow, f"rank {slow}"), host=names_of.get("host"),
+            local_rank=names_of.get("local_rank"), steps=tuple(p.step for p in mine),
+            others=len(others), own_s=typical[slow], least_s=least[slow], others_own_s=rest,
+            step_s=statistics.median(p.step_s for p in mine),
+            others_waited_s=statistics.median(
+                statistics.median(p.waited_s for p in windows[r]) for r in others),
+            forward_s=statistics.median(p.forward_s for p in mine),
+            backward_s=statistics.median(p.backward_s for p in mine),
+            frame=(frames or {}).get(slow), node_rank=names_of.get("node_rank"))
+
+    kept = stands_out(named, STRAGGLER_KEEP_RATIO, STRAGGLER_KEEP_GAP_S) \
+        if named in windows else None
+    return kept or stands_out(max(windows, key=lambda r: least[r]), STRAGGLER_RATIO,
+                              STRAGGLER_MIN_GAP_S)

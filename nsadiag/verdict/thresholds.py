@@ -262,3 +262,13 @@ that sleeps 0.15 s more per step stood at 2.8-2.9x, its least 2.6x (burners, loa
 and one that sleeps 0.3 s on a tiny model at 180-220x. The gap keeps a tiny model from
 deciding: its even ranks spend about 1 ms per step outside collectives, where one rank
 was up to 7x the others at single steps with gaps of at most 8 ms (load 5-6)."""
+
+STRAGGLER_KEEP_RATIO = 1.6
+STRAGGLER_KEEP_GAP_S = 0.03
+"""Once named, a straggler is kept while its least own time over its latest steps stays at
+this many times, and this many seconds more than, the others' median (a lower bar than the
+one that names it: a rank near STRAGGLER_RATIO would otherwise come and go between two
+reads of the store). Both stay above what even ranks showed in the measurements above:
+the largest least own time of even ranks was 1.54x the others' median (two CPU burners,
+load 8-9), and their gaps on a tiny model at most 8 ms; a rank named at 2.0x is dropped
+once its least falls by a fifth."""

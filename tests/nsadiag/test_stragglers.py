@@ -29,7 +29,13 @@ from nsadiag.verdict.straggler import (
     hot_frame,
     step_paces,
 )
-from nsadiag.verdict.thresholds import STRAGGLER_MIN_GAP_S, STRAGGLER_RATIO, STRAGGLER_STEPS
+from nsadiag.verdict.thresholds import (
+    STRAGGLER_KEEP_GAP_S,
+    STRAGGLER_KEEP_RATIO,
+    STRAGGLER_MIN_GAP_S,
+    STRAGGLER_RATIO,
+    STRAGGLER_STEPS,
+)
 from tests.helpers import TESTS, nsadiag
 from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
 
@@ -263,6 +269,7 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
         assert found["sentence"].endswith("; its sampler saw it at main (train.py:31) in 9 of "
                                           "its last 10 pulses")
     assert seen[0]["seen_at"] == T0 + 20.0 and seen[1]["seen_at"] == T0 + 10.0
+    assert [view.named for view in views] == [3, 3]  # kept near the bar at the next read
     # each host's report section, and the verdict decided over both hosts' ranks
     lines = straggler_section({"hosts": views[0].view().to_dict()})
     assert lines[0].startswith("straggler: rank 3 on host2 (local rank 1, node 1) takes "
@@ -396,3 +403,53 @@ def test_two_hosts_both_name_the_slow_rank_on_the_second_host(tmp_path):
     merged = nsadiag("merge", str(hosts[0].run_dir), str(hosts[1].run_dir))
     assert merged.returncode == 0, merged.stderr
     assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in merged.stdout
+
+
+# ---- a straggler near the bar: named until it falls clearly below it ---------------------------
+
+
+def decide_after(owns: dict[int, list[float]], named: int | None):
+    events = job_events(owns)
+    return find_straggler({r: step_paces(e) for r, e in events.items()},
+                          {r: names(r) for r in owns}, {r: label(r) for r in owns},
+                          named=named)
+
+
+def _near_bar(times: float) -> dict[int, list[float]]:
+    """Even ranks at 0.1 s own time per step, rank 3 at ``times`` that (the SLACK after the
+    all_reduce comes on top of every rank's)."""
+    owns = {r: [0.1] * (1 + STRAGGLER_STEPS) for r in (0, 1, 2)}
+    owns[3] = [0.1 * times] * (1 + STRAGGLER_STEPS)
+    return owns
+
+
+def test_a_named_straggler_is_kept_just_below_the_bar_and_dropped_clearly_below_it():
+    assert STRAGGLER_KEEP_RATIO < STRAGGLER_RATIO and STRAGGLER_KEEP_GAP_S < STRAGGLER_MIN_GAP_S
+    named = decide_after(_near_bar(2.1), None)
+    assert named is not None and named.rank == 3
+    # at 1.8x it would not be named afresh, but once named it stays
+    assert decide_after(_near_bar(1.8), None) is None
+    kept = decide_after(_near_bar(1.8), named.rank)
+    assert kept is not None and kept.rank == 3 and kept.ratio < STRAGGLER_RATIO
+    # clearly below the bar (under STRAGGLER_KEEP_RATIO): dropped
+    assert decide_after(_near_bar(1.5), named.rank) is None
+
+
+def test_a_kept_straggler_needs_the_keep_gap_and_no_other_slow_rank():
+    tiny = {r: [0.01] * (1 + STRAGGLER_STEPS) for r in (0, 1, 2)}
+    tiny[3] = [0.035] * (1 + STRAGGLER_STEPS)  # 3x, but 25 ms more: under the keep gap
+    assert decide_after(tiny, 3) is None
+    both = _near_bar(2.5)
+    both[1] = both[3]  # now rank 1 is as slow: two slow ranks are not one straggler
+    assert decide_after(both, 3) is None
+
+
+def test_a_rank_that_was_not_named_gains_nothing_from_another_ranks_naming():
+    # rank 3 named before, rank 2 now at 1.8x and rank 3 even: nobody
+    owns = _near_bar(1.0)
+    owns[2] = [0.18] * (1 + STRAGGLER_STEPS)
+    assert decide_after(owns, 3) is None
+    # a new straggler over the full bar is named even when another was named before
+    owns[2] = [0.25] * (1 + STRAGGLER_STEPS)
+    found = decide_after(owns, 3)
+    assert found is not None and found.rank == 2
