@@ -10,6 +10,10 @@ nsadiag.probes.profile) and left out while it has not been measured:
     nsadiag: 1 process, 0:42 | progressing | step 14, 1.3 s/step | loop `t` in attend
     (model.py:88): 512/4096, 31/s, pass ETA 1:55
 
+In a job of several hosts, once the hosts' shared step times name a straggler
+(nsadiag.hosts.shared), the line names it after the steps: ``straggler: rank 3 on host2,
+2.9x`` (its own time per step against the others' median), until it is no longer named.
+
 At ``--deadline`` the line says the watch is checking (it samples the stacks, then stops
 the run: SLOW while it progressed); in the deadline's last ten minutes it shows the time
 left. The stall part repeats the watch's own rule (nsadiag.harness.streams): the stall check
@@ -52,6 +56,15 @@ QUIET_SHOWN_S = 2.0
 """A silence shorter than this is shown as progressing (pulses come every second)."""
 
 
+def straggler_text(found: dict[str, Any]) -> str:
+    """"straggler: rank 3 on host2, 2.9x" for a straggler (Straggler.to_dict): its global
+    rank, its host where known, its own time per step against the others' median."""
+    host = f" on {found['host']}" if found.get("host") else ""
+    ratio = found.get("ratio")
+    times = f", {ratio:.1f}x" if isinstance(ratio, (int, float)) else ""
+    return f"straggler: rank {found['rank']}{host}{times}"
+
+
 def pace(per_s: float, unit: str) -> str:
     """``3.2 steps/s`` or, below one a second, ``1.3 s/step``."""
     return f"{per_s:.1f} {unit}s/s" if per_s >= 1 else f"{1 / per_s:.1f} s/{unit}"
@@ -79,6 +92,7 @@ class RunStatus:
         self.frame: str | None = None
         self.loop: dict[str, Any] | None = None
         self._loop_read_at: float | None = None
+        self.straggler: dict[str, Any] | None = None
 
     def on_events(self, events: list[dict[str, Any]]) -> None:
         """Take one poll's events (the watch's thread)."""
@@ -100,13 +114,21 @@ class RunStatus:
                 if kind == "pulse" and event.get("frame"):
                     self.frame = str(event["frame"])
 
+    def on_straggler(self, found: dict[str, Any] | None) -> None:
+        """Take the straggler named at a read of the hosts' states, None when none is (the
+        watch's thread)."""
+        with self._lock:
+            self.straggler = found
+
     def line(self) -> str | None:
         """The status line now (the echo's thread)."""
         now = self.now()
         self._read_loop(now)
         with self._lock:
             # the stall part second: a narrow terminal cuts the line's end
-            parts = [self._watching(now), self._stall(now), self._steps(now), self._where()]
+            straggler = straggler_text(self.straggler) if self.straggler else None
+            parts = [self._watching(now), self._stall(now), self._steps(now), straggler,
+                     self._where()]
         return self.redact(" | ".join(part for part in parts if part))
 
     # ---- the parts -------------------------------------------------------------------

@@ -78,6 +78,9 @@ class LiveStatus(Protocol):
 
     def on_events(self, events: list[dict[str, Any]]) -> None: ...
 
+    def on_straggler(self, found: dict[str, Any] | None) -> None:
+        """Hear the straggler named at a read of the other hosts' states (None: none)."""
+
     def line(self) -> str | None: ...
 
 

@@ -342,6 +342,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
     shared = _shared_view(argv)
+    if shared is not None and live is not None:  # the status line names a straggler
+        shared.on_straggler = live.on_straggler
     tree = _CommandTree(command, run_dir, shared, times.capture_window_s)
     try:
         end = watch_session(tree, times, live.on_events if live is not None else None)

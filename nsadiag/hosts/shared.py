@@ -85,6 +85,8 @@ class SharedView:
         self.straggler: dict[str, object] | None = None
         self.named: int | None = None
         """The straggler's rank at the latest read, None when none stood out then."""
+        self.on_straggler: Callable[[dict[str, Any] | None], None] | None = None
+        """Hears the straggler at every read of the others' states (None: none then)."""
 
     # ---- the store, while it answers ------------------------------------------------------
 
@@ -109,6 +111,8 @@ class SharedView:
         self.named = found.rank if found is not None else None
         if found is not None:
             self.straggler = {**found.to_dict(), "seen_at": self.clock()}
+        if self.on_straggler is not None:
+            self.on_straggler(self.straggler if found is not None else None)
 
     def _publish(self, phase: str, ranks: Sequence[RankEvidence],
                  frames: dict[int, dict[str, Any]] | None = None) -> None:

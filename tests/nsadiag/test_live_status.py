@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 
-from nsadiag.cli.live import RunStatus, clock, pace
+from nsadiag.cli.live import RunStatus, clock, pace, straggler_text
 from nsadiag.harness import echo as echo_module
 from nsadiag.harness.echo import Echo
 from tests.helpers import REPO, nsadiag
@@ -74,6 +74,23 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
     assert status.line() == ("nsadiag: 1 process, 1:02 | no progress for 62 s, past the 60 s "
                              "stall timeout: checking | step 5, the last 62 s ago | in wait "
                              "(train.py:9)")
+
+
+def test_a_straggler_is_named_by_rank_host_and_ratio_while_it_is_named(tmp_path):
+    found = {"rank": 3, "host": "host2", "local_rank": 1, "ratio": 2.934}
+    assert straggler_text(found) == "straggler: rank 3 on host2, 2.9x"
+    # a host no launcher named, the others' own time nil (no ratio)
+    assert straggler_text({"rank": 0, "host": None, "ratio": None}) == "straggler: rank 0"
+    now = [100.0]
+    status = RunStatus(tmp_path, stall_timeout_s=60, startup_grace_s=30,
+                       now=lambda: now[0])
+    status.on_events([{"kind": "start", "phase": "forward", "pid": 7, "step": 0, "t": 1.0},
+                      {"kind": "step", "phase": "optimizer", "step": 0, "t": 2.0}])
+    status.on_straggler(found)
+    assert status.line() == ("nsadiag: 1 process, 0:00 | progressing | step 1 | straggler: "
+                             "rank 3 on host2, 2.9x")
+    status.on_straggler(None)  # no longer named at the next read
+    assert status.line() == "nsadiag: 1 process, 0:00 | progressing | step 1"
 
 
 def test_a_prompt_waiting_at_the_terminal_is_said_instead_of_a_stall_countdown(tmp_path):

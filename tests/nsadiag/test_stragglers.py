@@ -248,6 +248,8 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
     views = [SharedView(JobShape(address, 2), f"host{i + 1}",
                         HostLink(address, f"host{i + 1}", timeout_s=30), clock=clock)
              for i in range(2)]
+    heard: list = []
+    views[0].on_straggler = heard.append
     for view in views:  # their first publications: no steps yet
         view.tick(lambda: [])
     assert views[0].view().straggler is None
@@ -270,6 +272,8 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
                                           "its last 10 pulses")
     assert seen[0]["seen_at"] == T0 + 20.0 and seen[1]["seen_at"] == T0 + 10.0
     assert [view.named for view in views] == [3, 3]  # kept near the bar at the next read
+    # host1's status line heard none at its first read, then rank 3 at its later reads
+    assert heard[0] is None and heard[-1]["rank"] == 3
     # each host's report section, and the verdict decided over both hosts' ranks
     lines = straggler_section({"hosts": views[0].view().to_dict()})
     assert lines[0].startswith("straggler: rank 3 on host2 (local rank 1, node 1) takes "
