@@ -94,7 +94,10 @@ class HostsView:
                 "hosts": sorted(self.states), "stall": self.stall, "lost": self.lost,
                 "store_ops": self.store_ops, "straggler": self.straggler,
                 "published_at": {h: s.published_at for h, s in self.states.items()},
-                "phase": {h: s.phase for h, s in self.states.items()}}
+                "phase": {h: s.phase for h, s in self.states.items()},
+                # each rank's hot frame, so that `nsadiag merge` names a straggler's frame
+                "frames": {h: {str(r): f for r, f in s.frames.items()}
+                           for h, s in self.states.items() if s.frames}}
 
 
 def hosts_straggler(states: dict[str, HostState], named: int | None = None

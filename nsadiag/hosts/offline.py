@@ -5,7 +5,8 @@ Each directory holds one host's ``nsadiag run`` record (record.json): its own ra
 ranks its ``hosts`` facts name as this host's) with their capture, and the stall signal it
 saw. The ranks of every directory are decided together (nsadiag.hosts.merged), as each
 host's nsadiag decided them through the store. A straggler is looked for in the ranks'
-recorded steps (their last events); where those show none, the latest one a host saw while
+recorded steps (their last events), with where each rank's sampler saw it most (the hot
+frames its host's record keeps); where those show none, the latest one a host saw while
 the job ran is kept.
 """
 
@@ -55,9 +56,11 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
             raise ValueError(f"merge: {run_dir} is a second run directory of host {host}")
         own = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []
                if (r.get("names") or {}).get("host") == host]
+        frames = ((hosts.get("frames") or {}).get(host) or {}).items()
         states[host] = HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
                                  float((hosts.get("published_at") or {}).get(host) or 0.0),
-                                 own, {r.rank: step_paces(r.events) for r in own})
+                                 own, {r.rank: step_paces(r.events) for r in own},
+                                 {int(r): dict(f) for r, f in frames if f})
         ranks += own
         stall = stall or hosts.get("stall")
         if isinstance(hosts.get("straggler"), dict):

@@ -293,6 +293,47 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
     assert views[1].states["host2"].frames == sleeping
 
 
+# ---- nsadiag merge ------------------------------------------------------------------------------
+
+
+def _ended_run(root, host: str, ranks: list[RankEvidence], frames: dict) -> object:
+    """The run directory of ``host`` after the job ended well: its own ranks with their
+    steps, and the hot frames its sampler saw (``frames``, this host's ranks')."""
+    from nsadiag.hosts.merged import HostState, HostsView
+    from nsadiag.rundir import write_json
+
+    run = root / host
+    run.mkdir()
+    state = HostState(host, "ended", T0 + 30, ranks, {}, frames)
+    view = HostsView(host, "shared through the test's store", True, {host: state})
+    job = Evidence.from_dict({"spec": {"command": ["torchrun", "train.py"]}, "events": [],
+                              "event_counts": {}, "result": None,
+                              "outcome": {"exit_code": 0, "signal": None,
+                                          "killed_by_runner": False, "wall_s": 30.0}})
+    evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
+                "hosts": view.to_dict()}
+    record = TrialRecord(dict(job.spec), evidence, Verdict("OK", ["r"], {}), str(run), 30.0)
+    write_json(run / "record.json", record.to_dict())
+    return run
+
+
+def test_merge_names_the_straggler_with_the_frame_its_host_saw(tmp_path):
+    from nsadiag.hosts.offline import merge_run_dirs
+
+    owns = {r: [0.03] * 8 for r in range(4)}
+    owns[3] = [0.33] * 8
+    events = job_events(owns)
+    sleeping = {3: {"frame": "main (train.py:31)", "seen": 9, "of": 10}}
+    runs = [_ended_run(tmp_path, "host1", [_rank(r, events[r]) for r in (0, 1)], {}),
+            _ended_run(tmp_path, "host2", [_rank(r, events[r]) for r in (2, 3)], sleeping)]
+    verdict = merge_run_dirs(runs)
+    found = verdict.facts["straggler"]
+    assert (found["rank"], found["host"], found["node_rank"]) == (3, "host2", 1)
+    assert found["frame"] == sleeping[3]
+    assert verdict.reasons[-1].endswith("; its sampler saw it at main (train.py:31) in 9 of "
+                                        "its last 10 pulses")
+
+
 # ---- the top block of a run that finished with a straggler ------------------------------------
 
 
@@ -407,6 +448,8 @@ def test_two_hosts_both_name_the_slow_rank_on_the_second_host(tmp_path):
     merged = nsadiag("merge", str(hosts[0].run_dir), str(hosts[1].run_dir))
     assert merged.returncode == 0, merged.stderr
     assert "straggler: rank 3 on host2 (local rank 1, node 1) takes " in merged.stdout
+    assert f"its sampler saw it at main (multihost_straggler.py:{SLEEP_LINE}) in " \
+        in merged.stdout
 
 
 # ---- a straggler near the bar: named until it falls clearly below it ---------------------------
