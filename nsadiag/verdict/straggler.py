@@ -256,8 +256,11 @@ def find_straggler(paces: Mapping[int, Sequence[StepPace]],
         rest = statistics.median(typical[r] for r in others)
         if least[slow] < ratio * rest or least[slow] - rest < gap_s:
             return None
-        if any(typical[r] >= STRAGGLER_RATIO * rest for r in others):
+        if any(typical[r] >= STRAGGLER_RATIO * rest and
+               typical[r] - rest >= STRAGGLER_MIN_GAP_S for r in others):
             return None  # two or more slow ranks: not one straggler
+        # (a rank a few milliseconds over a tiny median is no second straggler: the gap
+        # holds the others to the bar the straggler met)
         mine = windows[slow]
         names_of = names.get(slow) or {}
         return Straggler(

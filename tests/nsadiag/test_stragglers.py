@@ -160,6 +160,15 @@ def test_two_slow_ranks_are_not_one_straggler():
     assert decide(owns) is None
 
 
+def test_a_rank_a_few_milliseconds_over_a_tiny_median_is_no_second_straggler():
+    # a tiny model: the even ranks spend 1-6 ms per step outside collectives, so one of them
+    # is 2.5x the others' median by a few milliseconds while rank 3 sleeps 0.3 s per step
+    owns = {0: [0.001] * (1 + STRAGGLER_STEPS), 1: [0.005] * (1 + STRAGGLER_STEPS),
+            2: [0.001] * (1 + STRAGGLER_STEPS), 3: [0.3] * (1 + STRAGGLER_STEPS)}
+    found = decide(owns)
+    assert found is not None and found.rank == 3
+
+
 def test_the_ranks_latest_steps_need_not_be_the_same_steps():
     paces = {r: step_paces(e) for r, e in
              job_events({r: [0.02] * 12 if r != 1 else [0.4] * 12 for r in range(4)}).items()}
