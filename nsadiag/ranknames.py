@@ -12,7 +12,10 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
@@ -70,3 +73,21 @@ def rank_names(env: Mapping[str, str], hostname: str | None = None) -> RankNames
                      node_rank=_first(env, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID"),
                      world_size=_first(env, "WORLD_SIZE", "SLURM_NTASKS"),
                      slurm_job=env.get("SLURM_JOB_ID") or None)
+
+
+def process_environ(pid: int, proc: Path = PROC) -> dict[str, str]:
+    """The environment another process started with (/proc/PID/environ: NUL-separated
+    NAME=VALUE), {} when it cannot be read (gone, or not ours to read)."""
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, sep, value in pairs if sep and name}
+
+
+def process_names(pid: int, proc: Path = PROC, hostname: str | None = None) -> RankNames:
+    """The names of another process of this machine (``nsadiag attach --ranks``), from the
+    environment its launcher gave it (see the module docstring): a name its environment
+    does not give, or an environment that cannot be read, is None."""
+    return rank_names(process_environ(pid, proc), hostname)

@@ -25,6 +25,7 @@ import psutil
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.harness.window import SAMPLES, WindowObservation, sample_all
 from nsadiag.processes import can_attach, rank_processes
+from nsadiag.ranknames import process_names
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
 from nsadiag.sourcelines import capture
@@ -101,9 +102,14 @@ def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
         on_start(f"sampling {len(targets)} process(es) for {duration_s:g} s")
     write_run_meta(run_dir, "attach", list(argv), pid=pid, duration_s=duration_s,
                    ranks=ranks)
+    # each rank's names from the environment its launcher gave it, read before the
+    # window (a rank may end during it)
+    names = {target: process_names(target).to_dict() for target, _ in targets} \
+        if ranks else {}
     verdict, observations = sample_all(targets, duration_s)
     stored = {"verdict": verdict.to_dict(), "state": state_of(verdict.name),
-              "processes": [o.to_dict() for o in observations]}
+              "processes": [{**o.to_dict(), **({"names": names[o.pid]} if o.pid in names
+                                                else {})} for o in observations]}
     stored["source"] = capture(stored)  # this machine's code of the lines it names
     write_json(run_dir / "attach.json", stored)
     return render_run(run_dir, no_redact)

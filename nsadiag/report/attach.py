@@ -10,11 +10,14 @@ process's state and frames, and the odd ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from nsadiag.evidence import StackSample
 from nsadiag.finding.attach import attach_finding
+from nsadiag.ranknames import RankNames
 from nsadiag.report.markdown import fold_native
+from nsadiag.report.ranks import name_cells
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
@@ -54,6 +57,30 @@ def _cpu(process: dict[str, Any]) -> str:
     return "-" if cpu is None else f"{cpu:.0%}"
 
 
+def _names_of(process: dict[str, Any]) -> RankNames:
+    """A process's names as its environment gave them, its global rank the one it was
+    attached as."""
+    return dataclasses.replace(RankNames.from_dict(process["names"]), rank=process["rank"])
+
+
+def _names_cells(process: dict[str, Any]) -> list[str]:
+    """Host, global, local and node rank of a process, "unknown" where its environment
+    does not say (nsadiag.report.ranks, as the Ranks table of a run)."""
+    if not isinstance(process.get("names"), dict):
+        return name_cells({"rank": process["rank"]})
+    return name_cells({**process["names"], "rank": process["rank"]})
+
+
+def _names_fields(process: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's host, local and node rank of a process (null where unknown), when
+    the ranks were named."""
+    names = process.get("names")
+    if not isinstance(names, dict):
+        return {}
+    return {"host": names.get("host"), "local_rank": names.get("local_rank"),
+            "node_rank": names.get("node_rank")}
+
+
 def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
                         ) -> tuple[str, dict[str, Any]]:
     """(report.md text, summary.json) of one attach; ``stored`` is attach.json, ``meta``
@@ -62,15 +89,20 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
     state = stored["state"]
     finding = attach_finding(stored, meta)
     report = Report.of(finding)
-    table = report.add("Processes", ["| pid | rank | state | CPU | collective | own frame |",
-                                     "|---|---|---|---|---|---|"]).body
+    named = any(isinstance(p.get("names"), dict) for p in processes)
+    heads = "| host | rank | local rank | node rank |" if named else "| rank |"
+    table = report.add("Processes", [f"| pid {heads} state | CPU | collective | own frame |",
+                                     "|---|---|" + "---|" * (heads.count("|") + 2)]).body
     for p in processes:
-        rank = "-" if p["rank"] is None else p["rank"]
-        table.append(f"| {p['pid']} | {rank} | **{p['state']}** | {_cpu(p)} | "
+        cells = " | ".join(_names_cells(p)) if named else \
+            "-" if p["rank"] is None else str(p["rank"])
+        table.append(f"| {p['pid']} | {cells} | **{p['state']}** | {_cpu(p)} | "
                      f"{p.get('collective_frame') or '-'} | {p.get('user_frame') or '-'} |")
     md: list[str] = []
     for p in processes:
-        label = f"rank {p['rank']} (pid {p['pid']})" if p["rank"] is not None \
+        label = f"{_names_of(p).label()} (pid {p['pid']})" \
+            if isinstance(p.get("names"), dict) and p["rank"] is not None else \
+            f"rank {p['rank']} (pid {p['pid']})" if p["rank"] is not None \
             else f"pid {p['pid']}"
         md += [*([""] if md else []), f"### {label}: {p['state']}", "",
                f"`{p.get('cmdline') or ''}`", ""]
@@ -93,7 +125,8 @@ def build_attach_report(stored: dict[str, Any], meta: dict[str, Any]
         failing=verdict if verdict["name"] != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict["name"], "state": state,
                  "pid": meta["pid"], "ranks": bool(meta["ranks"]),
-                 "processes": [{"pid": p["pid"], "rank": p["rank"], "state": p["state"],
+                 "processes": [{"pid": p["pid"], "rank": p["rank"],
+                                **_names_fields(p), "state": p["state"],
                                 "verdict": (p.get("verdict") or {}).get("name"),
                                 "user_frame": p.get("user_frame"),
                                 "collective_frame": p.get("collective_frame")}

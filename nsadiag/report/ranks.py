@@ -35,6 +35,12 @@ def _name(row: Mapping[str, Any], key: str) -> str:
     return UNKNOWN if value is None or value == "" else str(value)
 
 
+def name_cells(names: Mapping[str, Any]) -> list[str]:
+    """A rank's host, global, local and node rank as the table's cells (NAME_COLUMNS),
+    "unknown" where no launcher said."""
+    return [_name(names, key) for _, key in NAME_COLUMNS]
+
+
 def ranks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per rank: host, global, local and node rank, then pid, state, collectives
     issued, the last one, what it waits in (and for how long), where it is."""

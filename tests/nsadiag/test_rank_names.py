@@ -18,8 +18,9 @@ from nsadiag.evidence import Evidence, ProcessOutcome
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
-from nsadiag.ranknames import rank_names
+from nsadiag.ranknames import RankNames, process_names, rank_names
 from nsadiag.redact import GENERIC_HOSTS, Redactor, host_pseudonyms
+from nsadiag.report.attach import build_attach_report
 from nsadiag.report.bundle import write_bundle
 from nsadiag.report.dispatch import render_run
 from nsadiag.report.ranks import ranks_table
@@ -256,3 +257,55 @@ def test_a_lost_host_keeps_its_ranks_in_the_table():
     assert verdict.name == "CRASH"
     assert [(row["rank"], row["host"], row["node_rank"]) for row in verdict.facts["ranks"]] \
         == [(0, "host1", 0), (1, "host1", 0), (2, "host2", 1), (3, "host2", 1)]
+
+
+# ---- nsadiag attach --ranks: each rank named from its process's environment -----------------
+
+
+def _environ(proc, pid: int, pairs: dict[str, str] | None) -> None:
+    """A fake /proc/PID/environ under ``proc`` (NUL-separated NAME=VALUE); none for None."""
+    (proc / str(pid)).mkdir(parents=True)
+    if pairs is not None:
+        (proc / str(pid) / "environ").write_bytes(
+            b"\0".join(f"{k}={v}".encode() for k, v in pairs.items()) + b"\0")
+
+
+def test_an_attached_processs_names_come_from_its_environment_unknown_where_not(tmp_path):
+    _environ(tmp_path, 41, {"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1",
+                            "PATH": "/bin", "ODD": "a=b"})
+    _environ(tmp_path, 42, {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+                            "SLURMD_NODENAME": "node-2"})
+    _environ(tmp_path, 43, {"PATH": "/bin"})
+    _environ(tmp_path, 44, None)  # not ours to read, or gone
+    assert process_names(41, tmp_path, "host2") == RankNames("host2", 3, 1, 1)
+    assert process_names(42, tmp_path, "here") == RankNames("node-2", 5, 1, 2)
+    assert process_names(43, tmp_path, "host2") == RankNames("host2")
+    assert process_names(44, tmp_path, "host2") == RankNames("host2")
+
+
+def test_the_attach_report_names_each_rank_by_host_local_and_node_rank(tmp_path):
+    _environ(tmp_path, 41, {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"})
+    _environ(tmp_path, 42, {"RANK": "1"})  # a launcher that gives RANK only
+    waiting = {"name": "STALL-COLLECTIVE", "reasons": ["waits"], "facts": {}}
+    processes = [{"pid": pid, "rank": rank, "cmdline": "python train.py",
+                  "state": "waiting in a collective", "verdict": waiting,
+                  "cpu_fraction": 0.01, "user_frame": "main (train.py:9)",
+                  "collective_frame": "all_reduce (distributed_c10d.py:1)", "signature": "",
+                  "names": process_names(pid, tmp_path, "host1").to_dict()}
+                 for pid, rank in ((41, 0), (42, 1))]
+    stored = {"verdict": {"name": "STALL-COLLECTIVE", "reasons": ["both wait"],
+                          "facts": {"odd_ranks": []}},
+              "state": "waiting in a collective", "processes": processes}
+    markdown, summary = build_attach_report(stored, {"pid": 40, "duration_s": 3.0,
+                                                     "ranks": True})
+    section = markdown.split("## Processes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert rows[0] == ("| pid | host | rank | local rank | node rank | state | CPU | "
+                       "collective | own frame |")
+    assert rows[1].count("---") == 9
+    assert rows[2].startswith("| 41 | host1 | 0 | 0 | 0 | **waiting in a collective** |")
+    assert rows[3].startswith("| 42 | host1 | 1 | unknown | unknown | **waiting in")
+    assert "### rank 0 on host1 (local rank 0, node 0) (pid 41): waiting in a collective" \
+        in markdown
+    assert [(p["host"], p["rank"], p["local_rank"], p["node_rank"])
+            for p in summary["processes"]] == [("host1", 0, 0, 0), ("host1", 1, None, None)]
