@@ -6,7 +6,10 @@ state, the shared stall signal, and the hosts that were lost. ``decide_hosts`` d
 
 - a host lost (it published nothing for HOSTS_LOST_AFTER_S while this host's ranks lost
   their peers, and no host had decided a stall): CRASH naming that host, when it was last
-  heard from and where each of its ranks was then;
+  heard from and where each of its ranks was then; the same when a stall was decided
+  after a host had gone silent (it never captured, and its last publication is more than
+  HOSTS_LOST_AFTER_S older than the stall signal): the ranks that wait for its ranks are
+  a consequence of its loss;
 - a stall decided on some host: the ranks of every host decided together
   (nsadiag.verdict.ranks.decide_ranks), as stopped at that stall; a rank of this host that
   only lost its peers after the stop elsewhere is read as it stood before (that exception
@@ -41,6 +44,7 @@ from nsadiag.verdict.ranks import (
     waiting_in,
 )
 from nsadiag.verdict.straggler import StepPace, Straggler, find_straggler
+from nsadiag.verdict.thresholds import HOSTS_LOST_AFTER_S
 
 
 @dataclass
@@ -189,11 +193,34 @@ def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView)
     return Verdict("CRASH", reasons, facts)
 
 
+def silent_before_stall(view: HostsView) -> list[str]:
+    """The lost hosts that had gone silent before the stall was decided: their last
+    publication (or none) is more than HOSTS_LOST_AFTER_S older than the stall signal. A
+    host alive at the signal publishes every HOSTS_PUBLISH_EVERY_S until it sees it; one
+    that stopped well before is gone, and the stall (the other hosts' ranks waiting for
+    its ranks) is a consequence of its loss. A host that was alive then but did not
+    capture in time is not among them."""
+    if view.stall is None or not isinstance(view.stall.get("t"), (int, float)):
+        return []
+    said = float(view.stall["t"])
+    return [h for h in view.lost if h not in view.states or
+            view.states[h].published_at < said - HOSTS_LOST_AFTER_S]
+
+
 def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
     """The verdict over every host's ranks (see the module docstring)."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     if view.lost and view.stall is None:
         return with_straggler(_lost_verdict(job, ranks, view), view.straggler)
+    silent = silent_before_stall(view)
+    if silent:  # the stall clock ran out before the lost-host rule could apply
+        stall = view.stall or {}
+        lost = _lost_verdict(job, ranks, dataclasses.replace(view, lost=silent))
+        lost.reasons.insert(1, f"host {stall.get('host')} decided a stall at "
+                            f"{_clock(float(stall.get('t', 0)))}, after host(s) "
+                            f"{', '.join(silent)} had gone silent: its ranks waited for "
+                            f"ranks that were gone")
+        return with_straggler(lost, view.straggler)
     preface: list[str] = []
     if view.stall is not None:
         decided_by = view.stall.get("host")

@@ -7,12 +7,14 @@ the two run directories gives the same verdict. Also: the store's parsing and th
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
 
 from nsadiag.cli import app
-from nsadiag.hosts.address import job_shape
+from nsadiag.hosts.address import StoreAddress, job_shape
+from nsadiag.hosts.link import HostLink, StoreGone
 from nsadiag.ranknames import rank_names
 from tests.helpers import TESTS, nsadiag
 from tests.procs import wait_for
@@ -81,11 +83,26 @@ def hosts(tmp_path):
             host.proc.communicate(timeout=60)
 
 
-def _two_host_job(hosts, stuck: int, store_index: int = 0, stall_timeout: str = STALL_TIMEOUT):
+def _two_host_job(hosts, stuck: int, store_index: int = 0, stall_timeout: str = STALL_TIMEOUT
+                  ) -> StoreAddress:
+    """Start the job; where its store listens."""
     store = hosts[store_index]
-    command = torchrun(SCRIPT, store, free_port(store.address), "--stuck-rank", str(stuck))
+    port = free_port(store.address)
+    command = torchrun(SCRIPT, store, port, "--stuck-rank", str(stuck))
     for host in hosts:
         start_host(host, ["--stall-timeout", stall_timeout, "--no-redact"], command)
+    return StoreAddress(store.address, port, "the job's store, read by the test")
+
+
+def _published(address: StoreAddress) -> dict[str, dict]:
+    """Each host's state as published in the job's store now; {} while the store is not up
+    (nsadiag.hosts.link: the keys the hosts share)."""
+    link = HostLink(address, "the test", timeout_s=5)
+    try:
+        link.connect()
+        return link.states(link.hosts())
+    except StoreGone:
+        return {}
 
 
 def _finish(hosts, exit_code: int = 1) -> list[dict]:
@@ -165,10 +182,16 @@ def test_the_culprit_on_the_stores_host_or_rank_0_is_named_by_both_hosts(hosts, 
     _assert_named(_finish(hosts), stuck, host, local)
 
 
+def _published_after(store: StoreAddress, host: str, t: float) -> float:
+    """Now (time.time()), once ``host`` has published after ``t``; 0 until then."""
+    state = _published(store).get(host) or {}
+    return time.time() if float(state.get("published_at") or 0.0) > t else 0.0
+
+
 @pytest.mark.slow
 @two_hosts
 def test_a_host_killed_outright_is_named_by_the_other(hosts):
-    _two_host_job(hosts, stuck=3, stall_timeout="60")
+    store = _two_host_job(hosts, stuck=3, stall_timeout="60")
     waiting = hosts[0].run_dir
 
     def host1_in_all_reduce() -> bool:
@@ -176,9 +199,17 @@ def test_a_host_killed_outright_is_named_by_the_other(hosts):
                    for p in waiting.glob("proc-*/events.jsonl")) >= 2
 
     wait_for(host1_in_all_reduce, 240, "host1's two ranks to wait in all_reduce")
-    # a publication of host2's after its ranks started: what host1 last heard of them
-    wait_for(lambda: len(list(hosts[1].run_dir.glob("proc-*/events.jsonl"))) >= 3, 60,
-             "host2's ranks to start")
+    # host2's ranks published in the store, and host1 having read them: host1 reads the
+    # others right after each of its publications until it has seen every host with its
+    # ranks, so its second publication after host2's is past that read. (Its ranks start
+    # long before its nsadiag first publishes on a loaded machine: a host killed before
+    # any of its ranks were heard of cannot be named.)
+    seen = wait_for(lambda: len((_published(store).get("host2") or {}).get("ranks") or [])
+                    == 2 and time.time(), 120, "host2 to publish its two ranks")
+    first = wait_for(lambda: _published_after(store, "host1", seen), 60,
+                     "host1 to publish after host2's ranks were published")
+    wait_for(lambda: _published_after(store, "host1", first), 60,
+             "host1 to publish again")
     kill_host(hosts[1])
     code, _, err = hosts[0].communicate(timeout=300)
     assert code == 1, err[-2000:]

@@ -27,6 +27,7 @@ from nsadiag.report.ranks import ranks_table
 from nsadiag.rundir import TrialRecord, write_json, write_private_json
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks
+from nsadiag.verdict.thresholds import HOSTS_LOST_AFTER_S
 
 T0 = 1000.0
 HOSTS = ("host1", "host2")
@@ -257,6 +258,28 @@ def test_a_lost_host_keeps_its_ranks_in_the_table():
     assert verdict.name == "CRASH"
     assert [(row["rank"], row["host"], row["node_rank"]) for row in verdict.facts["ranks"]] \
         == [(0, "host1", 0), (1, "host1", 0), (2, "host2", 1), (3, "host2", 1)]
+
+
+def test_a_host_silent_before_this_hosts_own_stall_is_named_lost_not_the_stall():
+    # host2 was killed (its last publication at T0 + 2); host1's stall clock ran out at
+    # T0 + 8, before its ranks lost their peers: host1 decided the stall itself, and host2
+    # never captured
+    ranks = [_rank(r) for r in range(4)]
+    view = _view(ranks, "host1")
+    view.stall = {"host": "host1", "t": T0 + 8 + HOSTS_LOST_AFTER_S}
+    view.states["host2"].phase, view.states["host2"].published_at = "live", T0 + 2
+    view.lost = ["host2"]
+    verdict = decide_hosts(_job(), ranks, view)
+    assert verdict.name == "CRASH", verdict.reasons
+    assert verdict.reasons[0].startswith("host host2 lost at ")
+    assert verdict.reasons[1].startswith("host host1 decided a stall at ")
+    assert verdict.reasons[1].endswith(", after host(s) host2 had gone silent: its ranks "
+                                       "waited for ranks that were gone")
+    assert [row["host"] for row in verdict.facts["lost_hosts"]] == ["host2"]
+    # a host that published up to the signal but did not capture in time is not gone: the
+    # stall is decided over every host's ranks as last seen
+    view.states["host2"].published_at = view.stall["t"] - HOSTS_LOST_AFTER_S / 2
+    assert decide_hosts(_job(), ranks, view).name == "STALL-COLLECTIVE"
 
 
 # ---- nsadiag attach --ranks: each rank named from its process's environment -----------------
