@@ -41,9 +41,12 @@ def with_straggler(finding: Finding, found: dict[str, Any] | None) -> Finding:
                           f"last {frame['of']} sampler pulses, the straggler's most seen "
                           f"frame (in {at[1]})")
     kept = [] if finding.next_action.startswith("Nothing") else [finding.next_action]
+    seen = found.get("seen_at")  # the figures are those of the latest read that named it
+    when = (" (last seen at " + time.strftime("%H:%M:%S", time.gmtime(float(seen))) +
+            " UTC)" if isinstance(seen, (int, float)) else "")
     return dataclasses.replace(
         finding, headline=f"{finding.headline}; straggler: {slow.label}, {slow.times()}",
-        proof=slow.proof(), culprit=culprit, next_action=slow.next_step(),
+        proof=slow.proof() + when, culprit=culprit, next_action=slow.next_step(),
         recommendations=[*kept, *finding.recommendations])
 
 

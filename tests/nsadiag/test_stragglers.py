@@ -377,7 +377,7 @@ def test_a_finished_runs_top_block_names_the_straggler_its_figures_and_its_line(
     assert finding.proof == (
         "rank 3 on host2 (local rank 1, node 1) spends 0.232 s per step outside collectives "
         "(at least 0.232 s at each of its steps 1-5) against a median of 0.082 s for the "
-        "other 3 rank(s): 2.8x")
+        "other 3 rank(s): 2.8x (last seen at 22:13:20 UTC)")
     assert finding.next_action == (
         "Rank 3 on host2 (local rank 1, node 1) spends 0.232 s per step outside "
         "collectives, 2.8x the others' median (0.082 s), at train.py:31 (in main; its "
