@@ -33,7 +33,6 @@ from nsadiag.rundir import TrialRecord, load_records
 from nsadiag.triage.decide import BASELINE
 from nsadiag.triage.finding import TriageResult, decide_triage, knob_text, time_text
 from nsadiag.triage.state import TriageState
-from nsadiag.verdict import VerdictName
 
 CONFIG_FIELDS = ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "branches",
                  "backend", "world_size", "device", "steps", "budget_s", "overrides")
@@ -173,9 +172,8 @@ def _bisection_section(state: TriageState) -> list[str]:
              f"Changes against the baseline: {knob_text(b.changes)} (baseline: "
              f"{knob_text(b.baseline)}), at {b.n_layers} layer(s). "
              + ("A test reproduces a SLOW when its work shows the defect (its counts, or a "
-                "step far above its expected cost), whatever its verdict."
-                if b.verdict == VerdictName.SLOW else
-                f"A test reproduces the failure when it ends {b.verdict}."), ""]
+                "step far above its expected cost), whatever its verdict." if b.verdict ==
+                "SLOW" else f"A test reproduces the failure when it ends {b.verdict}."), ""]
     if not b.changes:
         return lines + ["No knob differs from the baseline: nothing to bisect."]
     lines += ["| changes applied | verdict | step s | vs expected cost | defect counted | "
