@@ -431,9 +431,10 @@ def _sweep_finding(state: TriageState, failure: TriageFailure, record: TrialReco
                    culprit: Culprit | None, reproduction: list[str] | None) -> Finding:
     """The finding of the sweep's failing trial (``record`` None when trials.jsonl lost
     it: then what the state kept of it)."""
-    facts = record.facts if record is not None else \
-        {"slow_by": state.failing.slow_by if state.failing else None}
-    kind = kind_of(failure.verdict, facts.get("slow_by"))
+    slow_by = record.slow_by if record is not None else \
+        state.failing.slow_by if state.failing else None
+    facts = record.facts if record is not None else {"slow_by": slow_by}
+    kind = kind_of(failure.verdict, slow_by)
     where = f" — {culprit.where()}" if culprit and culprit.line else ""
     action = next_action(failure.verdict, facts, culprit)
     if reproduction:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from nsadiag.checks import CheckResult
 from nsadiag.spec import TrialSpec
@@ -63,12 +63,22 @@ class TrialRef:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRef:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return _stored(cls, data)
 
 
-def _refs(items: list[dict[str, Any]] | None) -> list[TrialRef]:
-    return [TrialRef.from_dict(item) for item in items or []]
+Stored = TypeVar("Stored")
+
+
+def _stored(cls: type[Stored], data: dict[str, Any], **parsed: Any) -> Stored:
+    """``cls`` from the stored keys it declares (a key not stored keeps the field's default,
+    one it does not declare is left out), ``parsed`` replacing stored values that are
+    parsed into typed objects."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in data.items() if k in names}, **parsed})
+
+
+def _refs(data: dict[str, Any], key: str) -> list[TrialRef]:
+    return [TrialRef.from_dict(item) for item in data.get(key) or []]
 
 
 @dataclass
@@ -85,9 +95,8 @@ class ChecksStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChecksStage:
-        return cls(data.get("n_layers"),
-                   [CheckResult.from_dict(r) for r in data.get("results") or []],
-                   data.get("skipped"))
+        return _stored(cls, data,
+                       results=[CheckResult.from_dict(r) for r in data.get("results") or []])
 
 
 def finished(result: CheckResult) -> bool:
@@ -114,9 +123,8 @@ class SweepStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepStage:
         failing = data.get("failing")
-        return cls(_refs(data.get("probed")), data.get("threshold"), data.get("deepest_ok"),
-                   TrialRef.from_dict(failing) if failing else None,
-                   bool(data.get("complete")), list(data.get("slow_by_size") or []))
+        return _stored(cls, data, probed=_refs(data, "probed"),
+                       failing=TrialRef.from_dict(failing) if failing else None)
 
 
 @dataclass
@@ -136,8 +144,8 @@ class RepeatsStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RepeatsStage:
         conf = data.get("confidence")
-        return cls(_refs(data.get("runs")), Confidence.from_dict(conf) if conf else None,
-                   data.get("reproduced"))
+        return _stored(cls, data, runs=_refs(data, "runs"),
+                       confidence=Confidence.from_dict(conf) if conf else None)
 
 
 @dataclass
@@ -163,13 +171,13 @@ class Attribution:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
-        known = {"trial", "by_pattern", "span_s", "events", "events_total", "by_module"}
+        names = {f.name for f in dataclasses.fields(cls)}
         by_module = data.get("by_module")
-        return cls(data["trial"], [ModuleTime(**t) for t in data.get("by_pattern") or []],
-                   float(data.get("span_s") or 0.0), data.get("events"),
-                   data.get("events_total"),
-                   [ModuleTime(**t) for t in by_module] if by_module is not None else None,
-                   {k: v for k, v in data.items() if k not in known})
+        return _stored(cls, data,
+                       by_pattern=[ModuleTime(**t) for t in data.get("by_pattern") or []],
+                       by_module=[ModuleTime(**t) for t in by_module]
+                       if by_module is not None else None,
+                       extra={k: v for k, v in data.items() if k not in names})
 
 
 @dataclass
@@ -185,7 +193,7 @@ class BranchesStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BranchesStage:
-        return cls(data.get("n_layers"), _refs(data.get("runs")), data.get("skipped"))
+        return _stored(cls, data, runs=_refs(data, "runs"))
 
 
 @dataclass
@@ -208,9 +216,8 @@ class Bisection:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Bisection:
-        return cls(data["verdict"], data.get("n_layers"), dict(data["changes"]),
-                   dict(data["baseline"]), _refs(data.get("tests")), data.get("minimal"),
-                   data.get("minimal_trial"))
+        return _stored(cls, data, changes=dict(data["changes"]),
+                       baseline=dict(data["baseline"]), tests=_refs(data, "tests"))
 
 
 @dataclass
@@ -295,28 +302,17 @@ class TriageState:
     def from_dict(cls, data: dict[str, Any]) -> TriageState:
         """The state of a triage.json (KeyError, TypeError or ValueError for a malformed
         one): every stage, check result, confidence and the base spec parsed here, once."""
-        state = cls(target=data["target"], argv=list(data.get("argv") or []),
-                    max_layers=data["max_layers"], max_minutes=data["max_minutes"],
-                    trial_budget_s=data["trial_budget_s"],
-                    user_budget_s=data["user_budget_s"],
-                    base_spec=TrialSpec(**data["base_spec"]),
-                    world_size=data.get("world_size", 1),
-                    stages_done=list(data.get("stages_done") or []),
-                    stopped=data.get("stopped"), elapsed_s=data.get("elapsed_s"),
-                    env=data.get("env"), env_problems=list(data.get("env_problems") or []))
-        if "checks" in data:
-            state.checks = ChecksStage.from_dict(data["checks"])
-        if "sweep" in data:
-            state.sweep = SweepStage.from_dict(data["sweep"])
-        if "repeats" in data:
-            state.repeats = RepeatsStage.from_dict(data["repeats"])
-        if "attribution" in data:
-            state.attribution = Attribution.from_dict(data["attribution"])
-        if "branches" in data:
-            state.branches = BranchesStage.from_dict(data["branches"])
-        if data.get("bisection"):
-            state.bisection = Bisection.from_dict(data["bisection"])
-        if data.get("regression"):
-            r = data["regression"]
-            state.regression = Regression(r["path"], r["threshold"], list(r.get("rows") or []))
-        return state
+        # a stage is parsed when stored; the bisection and the regression only when not
+        # empty (an empty one was written before the state was typed)
+        stages = {name: kind.from_dict(data[name]) if name in data else None
+                  for name, kind in STAGE_TYPES.items()}
+        stages["bisection"] = (Bisection.from_dict(data["bisection"])
+                               if data.get("bisection") else None)
+        regression = data.get("regression")
+        return _stored(cls, data, base_spec=TrialSpec(**data["base_spec"]), **stages,
+                       regression=_stored(Regression, regression) if regression else None)
+
+
+STAGE_TYPES = {"checks": ChecksStage, "sweep": SweepStage, "repeats": RepeatsStage,
+               "attribution": Attribution, "branches": BranchesStage}
+"""The stages of triage.json parsed into their typed form whenever stored."""
