@@ -37,11 +37,9 @@ NAMED = {"causality": "the first block whose output before position t moved",
 """What the module a failed check names is."""
 
 
-def timed_out(result: CheckResult | dict[str, Any]) -> bool:
+def timed_out(result: CheckResult) -> bool:
     """Whether a check ran out of time (see the module docstring)."""
-    name = result.verdict.name if isinstance(result, CheckResult) else \
-        result["verdict"]["name"]
-    return name in CHECK_TIMED_OUT
+    return result.verdict.name in CHECK_TIMED_OUT
 
 
 def failed(result: CheckResult) -> bool:
