@@ -109,11 +109,15 @@ class TrialSpec:
         """A validated copy with `changes`."""
         return dataclasses.replace(self, **changes).validate()
 
-    def to_json(self) -> str:
-        """JSON text that `from_json` reads back into an equal spec."""
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's JSON form as a dict, keys sorted (branches a list)."""
         data = dataclasses.asdict(self)
         data["branches"] = list(self.branches) if self.branches is not None else None
-        return json.dumps(data, indent=1, sort_keys=True)
+        return dict(sorted(data.items()))
+
+    def to_json(self) -> str:
+        """JSON text that `from_json` reads back into an equal spec."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, source: str | Path) -> TrialSpec:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from nsa.config import NSAConfig
+from nsadiag.checks import CheckResult
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.state import TriageState
@@ -105,10 +106,10 @@ def one_step_record(n_layers: int = 1, trial_dir: str = "trial-0") -> TrialRecor
                         reasons=["fine"])
 
 
-TRIAGE_SPEC = {"target": "repro.late_bound_ckpt:make", "seq_len": 16, "batch": 1,
-               "device": "cpu", "stall_timeout_s": 60.0, "seed": 0, "backend": None,
-               "overrides": {"dim": 8}}
-"""The base spec of the triage states below."""
+TRIAGE_SPEC = TrialSpec(target="repro.late_bound_ckpt:make", seq_len=16, batch=1,
+                        device="cpu", stall_timeout_s=60.0, seed=0, backend=None,
+                        overrides={"dim": 8}).to_dict()
+"""The base spec of the triage states below, as triage.json stores it."""
 
 
 def triage_state(**changes: Any) -> TriageState:
@@ -128,11 +129,10 @@ def triage_state(**changes: Any) -> TriageState:
 
 def check_result(name: str, verdict: str, module: str | None = None,
                  summary: str = "fine") -> dict[str, Any]:
-    """A finished correctness check's result as a triage state stores it: passed when the
-    verdict is OK, ``summary`` as its one reason."""
-    return {"name": name, "passed": verdict == "OK", "module": module, "summary": summary,
-            "table": [], "finished": True,
-            "verdict": {"name": verdict, "reasons": [summary], "facts": {}}}
+    """A correctness check's result as a triage state stores it (CheckResult.to_dict() and
+    whether it finished): passed when the verdict is OK, ``summary`` as its one reason."""
+    result = CheckResult(name, verdict == "OK", Verdict(verdict, [summary]), module, summary)
+    return {**result.to_dict(), "finished": verdict in ("OK", "WRONG")}
 
 
 # ---- attention ops against the oracle -------------------------------------------------------

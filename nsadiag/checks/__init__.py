@@ -36,15 +36,10 @@ from nsadiag.harness.jobs import run_check_job
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import TIMING, Verdict, VerdictName
+from nsadiag.verdict.triage import CHECK_TIMED_OUT
 
 CHECK_NAMES = ("causality", "parity", "ckpt", "ddp")
 UNDECIDED = VerdictName.INCONCLUSIVE
-TIMED_OUT = TIMING - {VerdictName.STALL_BUSY}
-"""Final check verdicts that say the check ran out of time and decided nothing (SLOW: records
-written before checks were fitted to their budget). A job's timing verdict (TIMING) means the
-check was cut short by time: it is fitted to its budget and run again; but a STALL-BUSY at
-the smallest size stays a failure (a check that small ends in seconds), so it is no final
-"out of time"."""
 FIT_FLOOR = 128
 NOT_APPLICABLE = "NOT APPLICABLE"
 DDP_WORLD_SIZE = 2
@@ -78,7 +73,7 @@ class CheckResult:
     @property
     def failed(self) -> bool:
         """A failure found: the check did not pass and was not cut short by time."""
-        return not self.passed and self.verdict.name not in TIMED_OUT
+        return not self.passed and self.verdict.name not in CHECK_TIMED_OUT
 
     @property
     def status(self) -> str:

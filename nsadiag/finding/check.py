@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nsadiag.checks import TIMED_OUT, CheckResult
+from nsadiag.checks import CheckResult
 from nsadiag.finding import Culprit, Finding, Item, fail, ok, warn
 from nsadiag.verdict import explain_exception
+from nsadiag.verdict.triage import CHECK_TIMED_OUT
 
 ADVICE = {
     "causality": "A position reads the future: look at the named block for shifts, padding "
@@ -36,11 +37,9 @@ NAMED = {"causality": "the first block whose output before position t moved",
 """What the module a failed check names is."""
 
 
-def timed_out(result: CheckResult | dict[str, Any]) -> bool:
+def timed_out(result: CheckResult) -> bool:
     """Whether a check ran out of time (see the module docstring)."""
-    name = result.verdict.name if isinstance(result, CheckResult) else \
-        result["verdict"]["name"]
-    return name in TIMED_OUT
+    return result.verdict.name in CHECK_TIMED_OUT
 
 
 def failed(result: CheckResult) -> bool:

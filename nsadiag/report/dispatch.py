@@ -194,15 +194,11 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
 
 
 def triage_state(stored: dict[str, Any]) -> TriageState:
-    """triage.json as its typed state, the check results it holds parsed too (the report
-    reads them as CheckResult)."""
-    from nsadiag.checks import CheckResult
+    """triage.json as its typed state (its check results, confidence and base spec
+    parsed with it)."""
     from nsadiag.triage.state import TriageState
 
-    state = TriageState.from_dict(stored)
-    for result in state.checks.results if state.checks else []:
-        CheckResult.from_dict(result)
-    return state
+    return TriageState.from_dict(stored)
 
 
 def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], dict[str, Any], int]:

@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from nsadiag.checks import CheckResult
 from nsadiag.finding.numbers import share
 from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.report.markdown import (
@@ -82,9 +83,8 @@ def _checks_section(state: TriageState, result: TriageResult) -> list[str]:
     lines = [f"At {checks.n_layers} layer(s):", "", "| check | verdict | module | finding |",
              "|---|---|---|---|"]
     for c in checks.results:
-        status = result.check_status.get(c["name"], c["verdict"]["name"])
-        module = result.check_module.get(c["name"]) or "-"
-        lines.append(f"| {c['name']} | {status} | {module} | {c['summary']} |")
+        module = result.check_module[c.name] or "-"
+        lines.append(f"| {c.name} | {result.check_status[c.name]} | {module} | {c.summary} |")
     return lines
 
 
@@ -142,9 +142,8 @@ def _attribution_section(state: TriageState) -> list[str]:
              "| module (all layers) | phase | seconds | share | still open at the end |",
              "|---|---|---|---|---|"]
     for t in a.by_pattern:
-        share = f"{100 * t['seconds'] / a.span_s:.0f}%" if a.span_s > 0 else "-"
-        lines.append(f"| {t['module']} | {t['phase']} | {t['seconds']:.2f} | {share} | "
-                     f"{t['open']} |")
+        share = f"{100 * t.seconds / a.span_s:.0f}%" if a.span_s > 0 else "-"
+        lines.append(f"| {t.module} | {t.phase} | {t.seconds:.2f} | {share} | {t.open} |")
     return lines
 
 
@@ -201,9 +200,8 @@ def _results_section(state: TriageState, result: TriageResult, run_dir: Path) ->
     conf = state.repeats.confidence if state.repeats else None
     if conf:
         lines += ["", "### Repeats of the failing configuration", "",
-                  f"Verdicts: {', '.join(conf['verdicts'])} — **{conf['verdict']}** in "
-                  f"{conf['agreeing']} of {conf['total']} runs"
-                  + (" (flaky)." if conf["flaky"] else ".")]
+                  f"Verdicts: {', '.join(conf.verdicts)} — **{conf.verdict}** in "
+                  f"{conf.text()} runs" + (" (flaky)." if conf.flaky else ".")]
     return (lines + _attribution_section(state) + _branches_section(state, result)
             + _bisection_section(state))
 
@@ -228,24 +226,23 @@ def _regression_section(regression: dict[str, Any]) -> list[str]:
 
 def _reproduction(state: TriageState, result: TriageResult) -> list[str]:
     if result.reproduction is None and result.failure:
-        return [f"No recorded trial of this run ended {result.failure['verdict']}, so no "
+        return [f"No recorded trial of this run ended {result.failure.verdict}, so no "
                 f"configuration is named; the command that produced this report:", "", "```",
                 shlex.join(state.argv), "```"]
     if result.reproduction is None:
         return ["Nothing failed; the command that produced this report:", "", "```",
                 shlex.join(state.argv), "```"]
-    what = ("The failing check alone:" if result.failure and result.failure.get("check")
+    what = ("The failing check alone:" if result.failure and result.failure.check
             else "The smallest failing configuration of this run:")
     return [what, "", "```", shlex.join(result.reproduction), "```", "",
             "The triage itself, to rerun or resume:", "", "```", shlex.join(state.argv), "```"]
 
 
-def _check_row(check: dict[str, Any], result: TriageResult) -> dict[str, Any]:
+def _check_row(check: CheckResult, result: TriageResult) -> dict[str, Any]:
     """A check as summary.json lists it: its shown status and the module it names."""
-    status = result.check_status.get(check["name"], check["verdict"]["name"])
-    return {"name": check["name"], "passed": check["passed"],
-            "module": result.check_module.get(check["name"]),
-            "summary": check["summary"], "verdict": status}
+    return {"name": check.name, "passed": check.passed,
+            "module": result.check_module[check.name], "summary": check.summary,
+            "verdict": result.check_status[check.name]}
 
 
 def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
@@ -262,7 +259,7 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
     report.add("Environment", _env_section(state))
     report.add("Configuration comparison", _config_section(result, records))
     report.add("Systematic results", _results_section(state, result, run_dir))
-    failing = records.get((result.failure or {}).get("trial") or "")
+    failing = records.get(result.failure.trial or "") if result.failure else None
     if failing is not None:
         report.add("Evidence",
                    evidence_section(failing) + flame_section(failing, finding, run_dir))
@@ -280,19 +277,20 @@ def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
                    _regression_section(result.regression))
     report.add("Time", [time_text(state, result.not_reached)])
     regression = result.regression
+    failed_check = next((c for c in (state.checks.results if state.checks else [])
+                         if result.failure and c.name == result.failure.check), None)
     summary = Summary(
         command="triage", headline=finding.headline, status=finding.status,
         verdicts=[verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                   for r in result.rows],
         rows=[r.to_dict() for r in result.rows],
-        failing=(failing.verdict.to_dict() if failing is not None else next(
-            (c["verdict"] for c in (state.checks.results if state.checks else [])
-             if c["name"] == (result.failure or {}).get("check")), None)),
+        failing=(failing.verdict.to_dict() if failing is not None else
+                 failed_check.verdict.to_dict() if failed_check is not None else None),
         details={"finding": finding.to_dict(), "target": state.target,
                  "complete": not state.stopped, "stopped": state.stopped,
                  "threshold": state.sweep.threshold if state.sweep else None,
                  "deepest_ok": state.sweep.deepest_ok if state.sweep else None,
-                 "failure": result.failure,
+                 "failure": result.failure.to_dict() if result.failure else None,
                  "checks": [_check_row(c, result) for c in
                             (state.checks.results if state.checks else [])],
                  "env_problems": state.env_problems, "machine": result.machine,

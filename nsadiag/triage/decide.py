@@ -27,11 +27,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nsadiag.finding.numbers import cost_ratio
-from nsadiag.verdict import TIMING, is_failure
+from nsadiag.verdict import VerdictName, is_failure
 from nsadiag.verdict.thresholds import DEFECT_COST_RATIO, LOADED_PER_CPU
+
+if TYPE_CHECKING:
+    from nsadiag.triage.state import TrialRef
 
 T = TypeVar("T", bound=Hashable)
 
@@ -184,10 +187,14 @@ def ddmin(changes: Sequence[T], fails: Callable[[frozenset[T]], bool]) -> list[T
 class Confidence:
     """The verdict most repeats agree on: ``agreeing`` of ``total`` runs gave it."""
 
-    verdict: str
+    verdict: VerdictName
     agreeing: int
     total: int
-    verdicts: list[str]
+    verdicts: list[VerdictName]
+
+    def __post_init__(self) -> None:
+        self.verdict = VerdictName(self.verdict)
+        self.verdicts = [VerdictName(v) for v in self.verdicts]
 
     @property
     def flaky(self) -> bool:
@@ -198,6 +205,11 @@ class Confidence:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "flaky": self.flaky}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Confidence:
+        """A stored confidence (``flaky`` is derived, not read)."""
+        return cls(data["verdict"], data["agreeing"], data["total"], list(data["verdicts"]))
 
 
 def confidence(verdicts: Sequence[str]) -> Confidence:
@@ -217,7 +229,7 @@ def reproduced(first: str, found: Confidence) -> bool:
     produce (a crash, a deadlock, an error seen once is real); for a timing verdict, only
     when the verdict most runs agree on is a failure (INCONCLUSIVE is not one: is_failure's
     default)."""
-    return first not in TIMING or is_failure(found.verdict)
+    return not VerdictName(first).is_timing or is_failure(found.verdict)
 
 
 def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:
@@ -227,8 +239,8 @@ def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:
     return len(verdicts) < 2 or len(set(verdicts)) > 1
 
 
-def reproduces(failing: str, test: Mapping[str, Any]) -> bool:
-    """Whether a bisection test (a trial reference: ``verdict``, ``slow_by``, ``defect``,
+def reproduces(failing: str, test: TrialRef) -> bool:
+    """Whether a bisection test (its trial reference: ``verdict``, ``slow_by``, ``defect``,
     ``cost_ratio``) reproduces a failure whose verdict is ``failing``.
 
     A SLOW failure is slow by defect (a slow by size is never chased): a property of the
@@ -241,14 +253,14 @@ def reproduces(failing: str, test: Mapping[str, Any]) -> bool:
     measurement the verdict decides (SLOW, not by size). A ratio whose expected time is
     too short to time (nsadiag.finding.numbers.MIN_EXPECTED_STEP_S) is no measurement. Any
     other failure: the same verdict."""
-    if failing != "SLOW":
-        return test.get("verdict") == failing
-    defect, ratio = test.get("defect"), test.get("cost_ratio")
-    expected = test.get("expected_step_s")
+    if failing != VerdictName.SLOW:
+        return test.verdict == failing
+    defect, ratio = test.defect, test.cost_ratio
+    expected = test.expected_step_s
     if expected is not None and ratio is not None and cost_ratio(expected, ratio) is None:
         ratio = None  # a step too short to time: its ratio means nothing
     if defect is None and ratio is None:
-        return test.get("verdict") == "SLOW" and test.get("slow_by") != "size"
+        return test.verdict == VerdictName.SLOW and test.slow_by != "size"
     return bool(defect) or (ratio is not None and ratio >= DEFECT_COST_RATIO)
 
 
@@ -382,12 +394,23 @@ def time_by_module(events: Sequence[Mapping[str, Any]], end: float | None = None
     return sorted(inner, key=lambda t: t.seconds, reverse=True)
 
 
-def attribute_time(evidence: Mapping[str, Any], top: int = 8) -> dict[str, Any]:
-    """Where a trial's time went, from its evidence's heartbeat events: ``span_s`` (from
-    the first training event kept to the later of the stop and the last event), ``events``
-    kept of ``events_total`` (the evidence keeps the most recent ones only, so the span can
-    be the run's last part), and the ``top`` entries of ``by_pattern`` (layers summed) and
-    ``by_module`` (time_by_module)."""
+@dataclass
+class TimeSpent:
+    """Where a trial's time went: ``span_s`` (from the first training event kept to the
+    later of the stop and the last event), ``events`` kept of ``events_total`` (the
+    evidence keeps the most recent ones only, so the span can be the run's last part), the
+    top entries ``by_pattern`` (layers summed) and ``by_module`` (time_by_module)."""
+
+    span_s: float
+    events: int
+    events_total: int
+    by_pattern: list[ModuleTime]
+    by_module: list[ModuleTime]
+
+
+def attribute_time(evidence: Mapping[str, Any], top: int = 8) -> TimeSpent:
+    """Where a trial's time went, from its evidence's heartbeat events (TimeSpent), the
+    ``top`` entries of each list."""
     events = evidence.get("events") or []
     # the runner decides to stop before it samples the stacks, and the child goes on
     # meanwhile: its last events can come after the decision
@@ -399,10 +422,9 @@ def attribute_time(evidence: Mapping[str, Any], top: int = 8) -> dict[str, Any]:
     start = training[0] if training else (events[0]["t"] if events else 0.0)
     total = sum(n for kind, n in (evidence.get("event_counts") or {}).items()
                 if kind != "pulse")
-    return {"span_s": (end if end is not None else start) - start,
-            "events": len(events), "events_total": max(total, len(events)),
-            "by_pattern": [t.to_dict() for t in by_layer_pattern(inner)[:top]],
-            "by_module": [t.to_dict() for t in inner[:top]]}
+    return TimeSpent(span_s=(end if end is not None else start) - start, events=len(events),
+                     events_total=max(total, len(events)),
+                     by_pattern=by_layer_pattern(inner)[:top], by_module=inner[:top])
 
 
 def share(part: float, whole: float) -> float | None:

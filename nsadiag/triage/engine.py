@@ -157,7 +157,7 @@ class _Book:
         """The next record of ``spec`` on ``world_size`` processes (budget and directory
         filled in here); OutOfTime when the limit leaves no room, or when a trial shortened
         by it ended SLOW; TriageStop when its budget ran out before training started."""
-        key = _config_key({**json.loads(spec.to_json()), "world_size": world_size})
+        key = _config_key({**spec.to_dict(), "world_size": world_size})
         index = self.used[key]
         stored = [r for r in self.stored.get(key, []) if not _cut_short(r, self.limit)]
         if index < len(stored):
@@ -280,7 +280,7 @@ class Triage:
         self.state = TriageState(
             target=base.target, argv=list(argv), max_layers=options.max_layers,
             max_minutes=options.max_minutes, trial_budget_s=planned,
-            user_budget_s=base.budget_s, base_spec=json.loads(base.to_json()),
+            user_budget_s=base.budget_s, base_spec=base,
             world_size=options.world_size)
 
     # ---- driving -------------------------------------------------------------------------
@@ -339,10 +339,8 @@ class Triage:
             budget = self.limit.trial_budget(self.clock())
             spec = self._depth_spec(stage.n_layers, budget_s=budget,
                                     stall_timeout_s=min(self.base.stall_timeout_s, budget))
-            found = run_check(name, spec, self.run_dir / "checks",
-                              world_size=max(2, self.options.world_size)).to_dict()
-            found["finished"] = found["verdict"]["name"] in ("OK", "WRONG")
-            stage.results.append(found)
+            stage.results.append(run_check(name, spec, self.run_dir / "checks",
+                                           world_size=max(2, self.options.world_size)))
             self._save()
 
     def sweep(self) -> None:
@@ -374,10 +372,10 @@ class Triage:
         self.state.repeats = stage
         while needs_repeat([r.verdict for r in stage.runs], MAX_RUNS):
             stage.runs.append(_trial_ref(self._run(spec)))
-            stage.confidence = confidence([r.verdict for r in stage.runs]).to_dict()
+            # kept after every run: a stop by the time limit keeps what the runs so far say
+            stage.confidence = confidence([r.verdict for r in stage.runs])
         found = confidence([r.verdict for r in stage.runs])
-        stage.confidence = found.to_dict()
-        stage.reproduced = reproduced(stage.runs[0].verdict, found)
+        stage.confidence, stage.reproduced = found, reproduced(stage.runs[0].verdict, found)
 
     def attribution(self) -> None:
         if not self.failing:
@@ -385,8 +383,8 @@ class Triage:
         record = self._record(self.failing.trial)
         found = attribute_time(record.evidence)
         self.state.attribution = Attribution(
-            self.failing.trial, found.pop("by_pattern"), found.pop("span_s"),
-            found.pop("events"), found.pop("events_total"), found)
+            self.failing.trial, found.by_pattern, found.span_s, found.events,
+            found.events_total, found.by_module)
 
     def branches(self) -> None:
         if not (self.failing and self.options.isolate):
@@ -424,7 +422,7 @@ class Triage:
             spec = self._depth_spec(depth, **_as_spec_fields(knobs))
             ref = _trial_ref(self._run(spec, world_size),
                              applied=sorted(subset, key=list(changes).index))
-            ref.reproduces = reproduces(verdict, ref.to_dict())
+            ref.reproduces = reproduces(verdict, ref)
             bisection.tests.append(ref)
             by_subset[subset] = ref
             return ref.reproduces

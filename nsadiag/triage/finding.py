@@ -43,8 +43,11 @@ from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import SweepRow, analyse, row_from_record
+from nsadiag.triage.decide import Confidence, ModuleTime
 from nsadiag.triage.state import STAGES, TriageState, TrialRef
+from nsadiag.verdict import VerdictName
 from nsadiag.verdict.load import machine_sentence, worst_contention
+from nsadiag.verdict.triage import check_verdict, triage_verdict
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "
@@ -62,6 +65,37 @@ KNOB_ADVICE = {
     "world_size": "the failure needs several processes: run `nsadiag ddp` and compare the "
                   "ranks' collectives",
 }
+
+
+@dataclass
+class TriageFailure:
+    """What failed, as summary.json's ``failure`` carries it: the verdict, the depth and
+    trial (a check's failure: the check, at the checks' depth, no trial), the first
+    reason, the repeats' confidence, the module the time went to (a check: the module it
+    names), the branches that alone reproduce it, the hottest profiled line, the culprit's
+    place and the bisection's minimal knobs and trial."""
+
+    verdict: VerdictName
+    n_layers: int | None
+    trial: str | None
+    reason: str
+    check: str | None = None
+    confidence: Confidence | None = None
+    module: str | None = None
+    branches: list[str] = field(default_factory=list)
+    hot_frame: str | None = None
+    culprit: str | None = None
+    minimal: dict[str, Any] | None = None
+    minimal_trial: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's form: ``check`` only for a check's failure, after ``trial``."""
+        return {"verdict": self.verdict, "n_layers": self.n_layers, "trial": self.trial,
+                **({"check": self.check} if self.check else {}), "reason": self.reason,
+                "confidence": self.confidence.to_dict() if self.confidence else None,
+                "module": self.module, "branches": self.branches,
+                "hot_frame": self.hot_frame, "culprit": self.culprit,
+                "minimal": self.minimal, "minimal_trial": self.minimal_trial}
 
 
 @dataclass
@@ -89,7 +123,7 @@ class TriageResult:
     """
 
     finding: Finding
-    failure: dict[str, Any] | None
+    failure: TriageFailure | None
     check_status: dict[str, str]
     check_module: dict[str, str | None]
     columns: list[tuple[str, str]]
@@ -112,36 +146,48 @@ class TriageResult:
 
 
 def _results(state: TriageState) -> list[CheckResult]:
-    return [CheckResult.from_dict(c) for c in (state.checks.results if state.checks else [])]
+    return state.checks.results if state.checks else []
 
 
 def check_status(result: CheckResult) -> str:
-    """INCONCLUSIVE for a check that ran out of time, else its status."""
-    return "INCONCLUSIVE" if timed_out(result) else result.status
+    """The check's status as shown: the verdict it stands for when that is not its own
+    (INCONCLUSIVE for one that ran out of time: nsadiag.verdict.triage.check_verdict), else
+    its status (its verdict, or NOT APPLICABLE)."""
+    verdict = check_verdict(result.verdict.name)
+    return result.status if verdict == result.verdict.name else verdict
 
 
 def check_module(result: CheckResult) -> str | None:
     """The module a check names: its own, but none for a check that passed or ran out of
     time (INCONCLUSIVE: it decided nothing about any module)."""
-    return None if check_status(result) in ("OK", "INCONCLUSIVE") else result.module
+    return None if check_status(result) in (VerdictName.OK, VerdictName.INCONCLUSIVE) \
+        else result.module
 
 
-def unreproduced(state: TriageState) -> dict[str, Any] | None:
-    """The sweep's timing verdict its repeats did not confirm: the verdict, the depth,
-    every run's verdict; None otherwise."""
+@dataclass
+class Unreproduced:
+    """The sweep's timing verdict its repeats did not confirm: the failing trial's
+    reference and every run's verdict."""
+
+    failing: TrialRef
+    verdicts: list[VerdictName]
+
+    def text(self) -> str:
+        verdict = self.failing.verdict
+        same = sum(v == verdict for v in self.verdicts)
+        return (f"{verdict} at {self.failing.n_layers} layer(s) in {same} of "
+                f"{len(self.verdicts)} runs ({', '.join(self.verdicts)}), not reproduced: a "
+                f"timing verdict the repeats do not confirm (a loaded machine, or a run close "
+                f"to its budget)")
+
+
+def unreproduced(state: TriageState) -> Unreproduced | None:
+    """The sweep's timing verdict its repeats did not confirm; None otherwise."""
     failing = state.sweep.failing if state.sweep else None
     if state.repeats is None or state.repeats.reproduced is not False or failing is None:
         return None
-    return {"verdict": failing.verdict, "n_layers": failing.n_layers, "trial": failing.trial,
-            "verdicts": (state.repeats.confidence or {}).get("verdicts") or [failing.verdict]}
-
-
-def unreproduced_text(found: dict[str, Any]) -> str:
-    verdicts = found["verdicts"]
-    same = sum(v == found["verdict"] for v in verdicts)
-    return (f"{found['verdict']} at {found['n_layers']} layer(s) in {same} of "
-            f"{len(verdicts)} runs ({', '.join(verdicts)}), not reproduced: a timing verdict "
-            f"the repeats do not confirm (a loaded machine, or a run close to its budget)")
+    conf = state.repeats.confidence
+    return Unreproduced(failing, conf.verdicts if conf else [failing.verdict])
 
 
 def efficiency_ref(state: TriageState) -> TrialRef | None:
@@ -154,7 +200,7 @@ def efficiency_ref(state: TriageState) -> TrialRef | None:
     return chosen or max(measured, key=lambda r: r.n_layers or 0, default=None)
 
 
-def hot_module(state: TriageState) -> dict[str, Any] | None:
+def hot_module(state: TriageState) -> ModuleTime | None:
     patterns = state.attribution.by_pattern if state.attribution else []
     return patterns[0] if patterns else None
 
@@ -229,9 +275,9 @@ def _stage_items(state: TriageState, rows: Mapping[str, SweepRow]) -> list[Item]
             found.append(Item(item.mark, f"{item.text} ({ref.trial})"))
     if state.repeats and state.repeats.confidence:
         conf = state.repeats.confidence
-        text = (f"repeats: {conf['verdict']} in {conf['agreeing']} of {conf['total']} runs "
-                f"({', '.join(conf['verdicts'])})")
-        found.append(warn(text + ": flaky") if conf.get("flaky") else
+        text = (f"repeats: {conf.verdict} in {conf.text()} runs "
+                f"({', '.join(conf.verdicts)})")
+        found.append(warn(text + ": flaky") if conf.flaky else
                      fail(text) if state.repeats.reproduced else warn(text))
     branches = state.branches
     if branches is not None and branches.skipped:
@@ -252,7 +298,7 @@ def _stage_items(state: TriageState, rows: Mapping[str, SweepRow]) -> list[Item]
 # ---- the cause --------------------------------------------------------------------------------
 
 
-def _cause(state: TriageState, failure: dict[str, Any] | None, culprit: Culprit | None
+def _cause(state: TriageState, failure: TriageFailure | None, culprit: Culprit | None
            ) -> tuple[list[Item], list[Item], list[Item]]:
     """(ruled out, implicated, found separately by the checks)."""
     ruled_out: list[Item] = []
@@ -271,17 +317,17 @@ def _cause(state: TriageState, failure: dict[str, Any] | None, culprit: Culprit 
             item = fail(f"`{result.module or result.name}` ({result.name} check, "
                         f"{result.verdict.name}): {result.summary}.")
             # a wrong result is not the cause of a slowness or stall measured without it
-            (separately if failure and not failure.get("check") else implicated).append(item)
-    if not failure or failure.get("check"):
+            (separately if failure and not failure.check else implicated).append(item)
+    if not failure or failure.check:
         if not failure:
             implicated.append(ok("Nothing: no trial ended other than OK."))
         return ruled_out, implicated, separately
-    verdict = failure["verdict"]
+    verdict = failure.verdict
     if culprit is not None:
         code = f" `{culprit.code}`" if culprit.code else ""
         implicated.append(fail(f"{culprit.where()}{code}: {culprit.why}."))
-    implicated.append(fail(f"Depth: {failure['n_layers']} layer(s) end {verdict} (trial "
-                           f"`{failure['trial']}`)."))
+    implicated.append(fail(f"Depth: {failure.n_layers} layer(s) end {verdict} (trial "
+                           f"`{failure.trial}`)."))
     if verdict == "SLOW":
         ruled_out.append(ok("A hang: it was still progressing (heartbeats or sampler pulses) "
                             "when the budget ran out."))
@@ -292,8 +338,8 @@ def _cause(state: TriageState, failure: dict[str, Any] | None, culprit: Culprit 
         ruled_out.append(ok(f"Branch(es) {', '.join(good)}: alone they are OK."))
     hot = hot_module(state)
     if hot and state.attribution and state.attribution.span_s > 0:
-        implicated.append(fail(f"`{hot['module']}` {hot['phase']}: "
-                               f"{share(hot['seconds'] / state.attribution.span_s)} of "
+        implicated.append(fail(f"`{hot.module}` {hot.phase}: "
+                               f"{share(hot.seconds / state.attribution.span_s)} of "
                                f"{span_text(state)}."))
     bisection = state.bisection
     if bisection is not None and bisection.minimal is not None:
@@ -318,107 +364,103 @@ def _cause(state: TriageState, failure: dict[str, Any] | None, culprit: Culprit 
 
 
 def _failure(state: TriageState, runs: list[TrialRecord], culprit: Culprit | None
-             ) -> dict[str, Any] | None:
+             ) -> TriageFailure | None:
     """summary.json's ``failure``: the sweep's reproduced failing trial, else the first
     failed check; None when healthy or inconclusive."""
     failing = state.failing
     bad = [r for r in _results(state) if failed(r)]
     if failing is None and bad:
         check = bad[0]
-        return {"verdict": check.verdict.name, "n_layers": state.checks.n_layers,
-                "trial": None, "check": check.name, "reason": check.summary,
-                "confidence": None, "module": check.module, "branches": [],
-                "hot_frame": None, "culprit": None, "minimal": None, "minimal_trial": None}
+        return TriageFailure(check.verdict.name, state.checks.n_layers, None, check.summary,
+                             check=check.name, module=check.module)
     if failing is None:
         return None
     hot = hot_module(state)
     bisection = state.bisection
-    return {"verdict": failing.verdict, "n_layers": failing.n_layers,
-            "trial": failing.trial, "reason": failing.reason,
-            "confidence": state.repeats.confidence if state.repeats else None,
-            "module": f"{hot['module']} {hot['phase']}" if hot else None,
-            "branches": branch_split(state, failing.verdict)[0],
-            "hot_frame": _profile_hot_line(runs),
-            "culprit": culprit.where() if culprit else None,
-            "minimal": bisection.minimal if bisection else None,
-            "minimal_trial": bisection.minimal_trial if bisection else None}
+    return TriageFailure(
+        failing.verdict, failing.n_layers, failing.trial, failing.reason,
+        confidence=state.repeats.confidence if state.repeats else None,
+        module=f"{hot.module} {hot.phase}" if hot else None,
+        branches=branch_split(state, failing.verdict)[0], hot_frame=_profile_hot_line(runs),
+        culprit=culprit.where() if culprit else None,
+        minimal=bisection.minimal if bisection else None,
+        minimal_trial=bisection.minimal_trial if bisection else None)
 
 
-def _summary(state: TriageState, failure: dict[str, Any], record: TrialRecord | None
+def _summary(state: TriageState, failure: TriageFailure, record: TrialRecord | None
              ) -> list[str]:
     """The failing configuration in a few sentences (the top block has the line, the proof
     and the next step)."""
-    conf = failure["confidence"]
-    same = sum(v == failure["verdict"] for v in conf["verdicts"]) if conf else 1
-    runs = f" in {same} of {conf['total']} runs" if conf else ""
+    conf = failure.confidence
+    same = sum(v == failure.verdict for v in conf.verdicts) if conf else 1
+    runs = f" in {same} of {conf.total} runs" if conf else ""
     deepest = state.sweep.deepest_ok if state.sweep else None
-    sentences = [f"The target fails at {failure['n_layers']} layer(s) with {failure['verdict']}"
+    sentences = [f"The target fails at {failure.n_layers} layer(s) with {failure.verdict}"
                  f"{runs}; " + (f"{deepest} layer(s) are OK." if deepest else
                                 "even one layer fails."),
                  verdict_sentence(record) if record is not None else
-                 failure["reason"][:1].upper() + failure["reason"][1:] + "."]
-    if conf and conf.get("flaky"):
-        sentences.append(f"The verdict is flaky: the runs gave {', '.join(conf['verdicts'])}.")
+                 failure.reason[:1].upper() + failure.reason[1:] + "."]
+    if conf and conf.flaky:
+        sentences.append(f"The verdict is flaky: the runs gave {', '.join(conf.verdicts)}.")
     hot = hot_module(state)
     if hot and state.attribution and state.attribution.span_s > 0:
-        sentences.append(f"Time goes to `{hot['module']}` in {hot['phase']} "
-                         f"({share(hot['seconds'] / state.attribution.span_s)} of "
+        sentences.append(f"Time goes to `{hot.module}` in {hot.phase} "
+                         f"({share(hot.seconds / state.attribution.span_s)} of "
                          f"{span_text(state)}).")
-    if failure["branches"]:
-        sentences.append(f"The {', '.join(failure['branches'])} branch alone reproduces "
-                         f"{failure['verdict']}.")
+    if failure.branches:
+        sentences.append(f"The {', '.join(failure.branches)} branch alone reproduces "
+                         f"{failure.verdict}.")
     ref = efficiency_ref(state)
     ratio = cost_ratio(ref.expected_step_s, ref.cost_ratio) if ref else None
     if ratio is not None:
         sentences.append(f"A step took {sig(ratio)}x its expected cost (a dense block's time "
                          f"here for the same FLOPs).")
-    if failure["minimal"] is not None:
-        sentences.append(("It needs only " + knob_text(failure["minimal"]) + " on top of the "
-                          "healthy baseline.") if failure["minimal"] else
+    if failure.minimal is not None:
+        sentences.append(("It needs only " + knob_text(failure.minimal) + " on top of the "
+                          "healthy baseline.") if failure.minimal else
                          ("The defect shows with every knob at the healthy baseline too."
-                          if failure["verdict"] == "SLOW" else
+                          if failure.verdict == VerdictName.SLOW else
                           "It fails with every knob at the healthy baseline too."))
-    if failure["verdict"] == "SLOW" and state.trial_budget_s < state.user_budget_s:
+    if failure.verdict == VerdictName.SLOW and state.trial_budget_s < state.user_budget_s:
         sentences.append(f"The time limit lowered each trial's budget to "
                          f"{state.trial_budget_s:.0f} s.")
     return sentences
 
 
-def _sweep_finding(state: TriageState, failure: dict[str, Any], record: TrialRecord | None,
+def _sweep_finding(state: TriageState, failure: TriageFailure, record: TrialRecord | None,
                    culprit: Culprit | None, reproduction: list[str] | None) -> Finding:
     """The finding of the sweep's failing trial (``record`` None when trials.jsonl lost
     it: then what the state kept of it)."""
-    facts = record.facts if record is not None else \
-        {"slow_by": state.failing.slow_by if state.failing else None}
-    kind = kind_of(failure["verdict"], facts.get("slow_by"))
+    slow_by = record.slow_by if record is not None else \
+        state.failing.slow_by if state.failing else None
+    facts = record.facts if record is not None else {"slow_by": slow_by}
+    kind = kind_of(failure.verdict, slow_by)
     where = f" — {culprit.where()}" if culprit and culprit.line else ""
-    action = next_action(failure["verdict"], facts, culprit)
+    action = next_action(failure.verdict, facts, culprit)
     if reproduction:
         action += f" The smallest failing configuration: `{shlex.join(reproduction)}`."
     advice = [KNOB_ADVICE[k][:1].upper() + KNOB_ADVICE[k][1:] + "."
-              for k in failure["minimal"] or {}]
-    conf = failure["confidence"] or {}
-    if conf.get("flaky"):
+              for k in failure.minimal or {}]
+    if failure.confidence and failure.confidence.flaky:
         advice.append("The verdict is flaky: rerun the minimal reproduction several times "
                       "before and after a fix.")
-    return Finding(command="triage", verdict=failure["verdict"], kind=kind, status="failure",
-                   headline=f"{failure['verdict']} ({kind}) at {failure['n_layers']} "
+    return Finding(command="triage", verdict=failure.verdict, kind=kind, status="failure",
+                   headline=f"{failure.verdict} ({kind}) at {failure.n_layers} "
                             f"layer(s){where}",
                    subject=_subject(state), next_action=action, culprit=culprit,
-                   proof=proof_of(record) if record is not None else failure["reason"],
+                   proof=proof_of(record) if record is not None else failure.reason,
                    summary=_summary(state, failure, record),
                    recommendations=advice)
 
 
 def _subject(state: TriageState) -> str:
-    spec = state.base_spec
     ranks = f", {state.world_size} ranks" if state.world_size > 1 else ""
-    return (f"{state.target}, S={spec.get('seq_len')}, up to {state.max_layers} layer(s)"
+    return (f"{state.target}, S={state.base_spec.seq_len}, up to {state.max_layers} layer(s)"
             f"{ranks}, {state.max_minutes:g} min")
 
 
 def _check_finding(state: TriageState, check: CheckResult, command: list[str]) -> Finding:
-    kind = "wrong" if check.verdict.name == "WRONG" else kind_of(check.verdict.name)
+    kind = kind_of(check.verdict.name)
     where = f" in {check.module}" if check.module else ""
     layer_text = healthy_headline(state)
     return Finding(command="triage", verdict=check.verdict.name, kind=kind, status="failure",
@@ -465,18 +507,20 @@ def _healthy_proof(state: TriageState) -> str | None:
 
 
 def _healthy_finding(state: TriageState, regressed: list[dict[str, Any]],
-                     unsure: dict[str, Any] | None) -> Finding:
+                     unsure: Unreproduced | None) -> Finding:
     big = state.sweep.slow_by_size if state.sweep else []
+    verdict = triage_verdict(unsure is not None, bool(big))
+    kind = kind_of(verdict, "size" if big else None)
     text = healthy_headline(state)
     timed = [r.name for r in _results(state) if timed_out(r)]
     if unsure:
-        summary = [unreproduced_text(unsure)[:1].upper() + unreproduced_text(unsure)[1:] + ".",
+        why = unsure.text()
+        summary = [why[:1].upper() + why[1:] + ".",
                    "Rerun on a quieter machine or with a larger `--budget` to settle it; the "
                    "runs' evidence is in their `trial-<n>/evidence.json`."]
-        return Finding(command="triage", verdict="INCONCLUSIVE", kind="inconclusive",
-                       status="inconclusive",
-                       headline=f"INCONCLUSIVE (inconclusive): {unreproduced_text(unsure)}",
-                       subject=_subject(state), proof=unreproduced_text(unsure).split(":")[0],
+        return Finding(command="triage", verdict=verdict, kind=kind, status="inconclusive",
+                       headline=f"{verdict} ({kind}): {why}",
+                       subject=_subject(state), proof=why.split(":")[0],
                        next_action="Rerun on a quieter machine, or with a larger --budget, "
                                    "to settle it.", summary=summary)
     proof = _healthy_proof(state)
@@ -497,7 +541,6 @@ def _healthy_finding(state: TriageState, regressed: list[dict[str, Any]],
                        f"worse than the threshold.")
     if state.stopped:
         summary.append(f"Incomplete: {state.stopped}.")
-    verdict, kind = ("SLOW", "slow by size") if big else ("OK", "healthy")
     action = ("Nothing failed: if the full run still stops, triage its own configuration "
               "(sequence length, dtype, world size) with a larger --max-layers.")
     if state.stopped:
@@ -544,16 +587,16 @@ def triage_rows(state: TriageState, records: Mapping[str, TrialRecord]) -> list[
             if trial in records]
 
 
-def reproducing_record(failure: Mapping[str, Any], records: Mapping[str, TrialRecord]
+def reproducing_record(failure: TriageFailure, records: Mapping[str, TrialRecord]
                        ) -> TrialRecord | None:
     """The trial the reproduction names: the smallest configuration this triage ran that
     ended with the failure's own verdict (the bisection's minimal trial, else the sweep's
     failing trial); None when no recorded trial did. A bisection test can count the defect
     in a trial that still finished OK (its work shows it, its time did not run out): its
     command prints OK, so it is never named as failing."""
-    for trial in (failure.get("minimal_trial"), failure.get("trial")):
+    for trial in (failure.minimal_trial, failure.trial):
         record = records.get(trial) if trial else None
-        if record is not None and record.verdict_name == failure["verdict"]:
+        if record is not None and record.verdict_name == failure.verdict:
             return record
     return None
 
@@ -576,22 +619,22 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
         regression = {"path": state.regression.path, "threshold": state.regression.threshold,
                       "deltas": deltas, "regressed": regressed}
     reproduction = None
-    if failure and failure.get("check"):
-        reproduction = check_command(failure["check"], state.base_spec, failure["n_layers"],
-                                     state.world_size)
-        bad = next(r for r in _results(state) if r.name == failure["check"])
+    if failure and failure.check:
+        reproduction = check_command(failure.check, state.base_spec.to_dict(),
+                                     failure.n_layers, state.world_size)
+        bad = next(r for r in _results(state) if r.name == failure.check)
         finding = _check_finding(state, bad, reproduction)
     elif failure:
         minimal = reproducing_record(failure, records)
         reproduction = reproduce(minimal.spec) if minimal else None
-        finding = _sweep_finding(state, failure, records.get(failure["trial"]), culprit,
+        finding = _sweep_finding(state, failure, records.get(failure.trial or ""), culprit,
                                  reproduction)
     else:
         finding = _healthy_finding(state, regressed, unsure)
     ruled_out, implicated, separately = _cause(state, failure, culprit)
     finding.ruled_out, finding.implicated = ruled_out, implicated
     finding.results = _check_items(state) + _stage_items(state, by_trial)
-    if failure and not failure.get("check") and state.env_problems:
+    if failure and not failure.check and state.env_problems:
         finding.results.append(warn("environment: " + "; ".join(state.env_problems)))
     machine = worst_contention(r.evidence.get("load") for r in records.values())
     return TriageResult(

@@ -4,14 +4,15 @@
 the finding (nsadiag.triage.finding) and the report read. Its JSON form (``to_dict``) keeps
 triage.json's keys, so ``from_dict`` reads a triage.json written before the state was typed.
 
-    checks       ChecksStage: each check's result (CheckResult.to_dict() plus "finished")
-                 at ``n_layers``, or why the stage was skipped
+    checks       ChecksStage: each check's result (a CheckResult; stored as its to_dict() plus
+                 "finished") at ``n_layers``, or why the stage was skipped
     sweep        SweepStage: the trials probed for the layer threshold, in order, the
                  threshold, the deepest OK count, the failing trial, whether the search
                  completed, and the counts that were slow by size
     repeats      RepeatsStage: every run of the failing configuration, the verdict most
-                 agree on (decide.Confidence.to_dict()), whether they reproduced it
-    attribution  Attribution: where the failing trial's time went (decide.attribute_time)
+                 agree on (a decide.Confidence), whether they reproduced it
+    attribution  Attribution: where the failing trial's time went (decide.attribute_time:
+                 ModuleTime entries, layers summed and per module)
     branches     BranchesStage: each NSA branch alone at the threshold, or why skipped
     bisection    Bisection: the knobs against the baseline, every test, the 1-minimal set
 """
@@ -20,7 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from nsadiag.checks import CheckResult
+from nsadiag.spec import TrialSpec
+from nsadiag.triage.decide import Confidence, ModuleTime
+from nsadiag.verdict import VerdictName
 
 
 @dataclass
@@ -32,7 +38,7 @@ class TrialRef:
     reproduces the failure."""
 
     trial: str
-    verdict: str
+    verdict: VerdictName
     n_layers: int | None = None
     world_size: int = 1
     reason: str = ""
@@ -48,21 +54,55 @@ class TrialRef:
     applied: list[str] | None = None
     reproduces: bool | None = None
 
+    def __post_init__(self) -> None:
+        self.verdict = VerdictName(self.verdict)
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if v is not None or k not in ("branch", "applied", "reproduces")}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRef:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return _stored(cls, data)
+
+
+Stored = TypeVar("Stored")
+
+
+def _stored(cls: type[Stored], data: dict[str, Any], **parsed: Any) -> Stored:
+    """``cls`` from the stored keys it declares (a key not stored keeps the field's default,
+    one it does not declare is left out), ``parsed`` replacing stored values that are
+    parsed into typed objects."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in data.items() if k in names}, **parsed})
+
+
+def _refs(data: dict[str, Any], key: str) -> list[TrialRef]:
+    return [TrialRef.from_dict(item) for item in data.get(key) or []]
 
 
 @dataclass
 class ChecksStage:
     n_layers: int | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[CheckResult] = field(default_factory=list)
     skipped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {"n_layers": self.n_layers,
+                "results": [{**r.to_dict(), "finished": finished(r)} for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChecksStage:
+        return _stored(cls, data,
+                       results=[CheckResult.from_dict(r) for r in data.get("results") or []])
+
+
+def finished(result: CheckResult) -> bool:
+    """Whether a check ran to an answer (OK or WRONG), rather than being cut short or
+    ending in the runner's verdict; triage.json stores it beside each result."""
+    return result.verdict.name in (VerdictName.OK, VerdictName.WRONG)
 
 
 @dataclass
@@ -74,22 +114,70 @@ class SweepStage:
     complete: bool = False
     slow_by_size: list[int] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"probed": [r.to_dict() for r in self.probed], "threshold": self.threshold,
+                "deepest_ok": self.deepest_ok,
+                "failing": self.failing.to_dict() if self.failing else None,
+                "complete": self.complete, "slow_by_size": self.slow_by_size}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepStage:
+        failing = data.get("failing")
+        return _stored(cls, data, probed=_refs(data, "probed"),
+                       failing=TrialRef.from_dict(failing) if failing else None)
+
 
 @dataclass
 class RepeatsStage:
     runs: list[TrialRef] = field(default_factory=list)
-    confidence: dict[str, Any] | None = None
+    confidence: Confidence | None = None
     reproduced: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"runs": [r.to_dict() for r in self.runs]}
+        if self.confidence:
+            data["confidence"] = self.confidence.to_dict()
+        if self.reproduced is not None:
+            data["reproduced"] = self.reproduced
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RepeatsStage:
+        conf = data.get("confidence")
+        return _stored(cls, data, runs=_refs(data, "runs"),
+                       confidence=Confidence.from_dict(conf) if conf else None)
 
 
 @dataclass
 class Attribution:
+    """Where the failing trial's time went (decide.attribute_time): ``by_pattern`` with the
+    layers summed, ``by_module`` per module, both longest first; ``extra`` keeps keys of a
+    triage.json this version does not know."""
+
     trial: str
-    by_pattern: list[dict[str, Any]] = field(default_factory=list)
+    by_pattern: list[ModuleTime] = field(default_factory=list)
     span_s: float = 0.0
     events: int | None = None
     events_total: int | None = None
+    by_module: list[ModuleTime] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "by_pattern": [t.to_dict() for t in self.by_pattern],
+                "span_s": self.span_s, "events": self.events,
+                "events_total": self.events_total,
+                **({"by_module": [t.to_dict() for t in self.by_module]}
+                   if self.by_module is not None else {}), **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attribution:
+        names = {f.name for f in dataclasses.fields(cls)}
+        by_module = data.get("by_module")
+        return _stored(cls, data,
+                       by_pattern=[ModuleTime(**t) for t in data.get("by_pattern") or []],
+                       by_module=[ModuleTime(**t) for t in by_module]
+                       if by_module is not None else None,
+                       extra={k: v for k, v in data.items() if k not in names})
 
 
 @dataclass
@@ -98,16 +186,38 @@ class BranchesStage:
     runs: list[TrialRef] = field(default_factory=list)
     skipped: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {"n_layers": self.n_layers, "runs": [r.to_dict() for r in self.runs]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BranchesStage:
+        return _stored(cls, data, runs=_refs(data, "runs"))
+
 
 @dataclass
 class Bisection:
-    verdict: str
+    verdict: VerdictName
     n_layers: int | None
     changes: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
     tests: list[TrialRef] = field(default_factory=list)
     minimal: dict[str, Any] | None = None
     minimal_trial: str | None = None
+
+    def __post_init__(self) -> None:
+        self.verdict = VerdictName(self.verdict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "n_layers": self.n_layers, "changes": self.changes,
+                "baseline": self.baseline, "tests": [t.to_dict() for t in self.tests],
+                "minimal": self.minimal, "minimal_trial": self.minimal_trial}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Bisection:
+        return _stored(cls, data, changes=dict(data["changes"]),
+                       baseline=dict(data["baseline"]), tests=_refs(data, "tests"))
 
 
 @dataclass
@@ -130,7 +240,7 @@ class TriageState:
     max_minutes: float
     trial_budget_s: float
     user_budget_s: float
-    base_spec: dict[str, Any]
+    base_spec: TrialSpec
     world_size: int = 1
     stages_done: list[str] = field(default_factory=list)
     stopped: str | None = None
@@ -173,96 +283,36 @@ class TriageState:
             "target": self.target, "argv": self.argv, "max_layers": self.max_layers,
             "max_minutes": self.max_minutes, "trial_budget_s": self.trial_budget_s,
             "user_budget_s": self.user_budget_s, "stages_done": self.stages_done,
-            "stopped": self.stopped, "base_spec": self.base_spec,
+            "stopped": self.stopped, "base_spec": self.base_spec.to_dict(),
             "world_size": self.world_size, "env_problems": self.env_problems}
         if self.env is not None:
             data["env"] = self.env
         if self.elapsed_s is not None:
             data["elapsed_s"] = self.elapsed_s
-        if self.checks is not None:
-            data["checks"] = ({"skipped": self.checks.skipped} if self.checks.skipped else
-                              {"n_layers": self.checks.n_layers,
-                               "results": self.checks.results})
-        if self.sweep is not None:
-            sweep = self.sweep
-            data["sweep"] = {"probed": [r.to_dict() for r in sweep.probed],
-                             "threshold": sweep.threshold, "deepest_ok": sweep.deepest_ok,
-                             "failing": sweep.failing.to_dict() if sweep.failing else None,
-                             "complete": sweep.complete, "slow_by_size": sweep.slow_by_size}
-        if self.repeats is not None:
-            data["repeats"] = {"runs": [r.to_dict() for r in self.repeats.runs],
-                               **({"confidence": self.repeats.confidence}
-                                  if self.repeats.confidence else {}),
-                               **({"reproduced": self.repeats.reproduced}
-                                  if self.repeats.reproduced is not None else {})}
-        if self.attribution is not None:
-            a = self.attribution
-            data["attribution"] = {"trial": a.trial, "by_pattern": a.by_pattern,
-                                   "span_s": a.span_s, "events": a.events,
-                                   "events_total": a.events_total, **a.extra}
-        if self.branches is not None:
-            data["branches"] = ({"skipped": self.branches.skipped} if self.branches.skipped
-                                else {"n_layers": self.branches.n_layers,
-                                      "runs": [r.to_dict() for r in self.branches.runs]})
-        if self.bisection is not None:
-            b = self.bisection
-            data["bisection"] = {"verdict": b.verdict, "n_layers": b.n_layers,
-                                 "changes": b.changes, "baseline": b.baseline,
-                                 "tests": [t.to_dict() for t in b.tests],
-                                 "minimal": b.minimal, "minimal_trial": b.minimal_trial}
+        stages = {"checks": self.checks, "sweep": self.sweep, "repeats": self.repeats,
+                  "attribution": self.attribution, "branches": self.branches,
+                  "bisection": self.bisection}
+        data.update({name: stage.to_dict() for name, stage in stages.items()
+                     if stage is not None})
         if self.regression is not None:
             data["regression"] = dataclasses.asdict(self.regression)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TriageState:
-        """The state of a triage.json (KeyError or TypeError for a malformed one)."""
-        def refs(items: list[dict[str, Any]] | None) -> list[TrialRef]:
-            return [TrialRef.from_dict(item) for item in items or []]
+        """The state of a triage.json (KeyError, TypeError or ValueError for a malformed
+        one): every stage, check result, confidence and the base spec parsed here, once."""
+        # a stage is parsed when stored; the bisection and the regression only when not
+        # empty (an empty one was written before the state was typed)
+        stages = {name: kind.from_dict(data[name]) if name in data else None
+                  for name, kind in STAGE_TYPES.items()}
+        stages["bisection"] = (Bisection.from_dict(data["bisection"])
+                               if data.get("bisection") else None)
+        regression = data.get("regression")
+        return _stored(cls, data, base_spec=TrialSpec(**data["base_spec"]), **stages,
+                       regression=_stored(Regression, regression) if regression else None)
 
-        state = cls(target=data["target"], argv=list(data.get("argv") or []),
-                    max_layers=data["max_layers"], max_minutes=data["max_minutes"],
-                    trial_budget_s=data["trial_budget_s"],
-                    user_budget_s=data["user_budget_s"],
-                    base_spec=dict(data.get("base_spec") or {}),
-                    world_size=data.get("world_size", 1),
-                    stages_done=list(data.get("stages_done") or []),
-                    stopped=data.get("stopped"), elapsed_s=data.get("elapsed_s"),
-                    env=data.get("env"), env_problems=list(data.get("env_problems") or []))
-        if "checks" in data:
-            checks = data["checks"]
-            state.checks = ChecksStage(checks.get("n_layers"), list(checks.get("results")
-                                                                    or []),
-                                       checks.get("skipped"))
-        if "sweep" in data:
-            sweep = data["sweep"]
-            state.sweep = SweepStage(refs(sweep.get("probed")), sweep.get("threshold"),
-                                     sweep.get("deepest_ok"),
-                                     TrialRef.from_dict(sweep["failing"])
-                                     if sweep.get("failing") else None,
-                                     bool(sweep.get("complete")),
-                                     list(sweep.get("slow_by_size") or []))
-        if "repeats" in data:
-            repeats = data["repeats"]
-            state.repeats = RepeatsStage(refs(repeats.get("runs")), repeats.get("confidence"),
-                                         repeats.get("reproduced"))
-        if "attribution" in data:
-            a = dict(data["attribution"])
-            known = {"trial", "by_pattern", "span_s", "events", "events_total"}
-            state.attribution = Attribution(a["trial"], list(a.get("by_pattern") or []),
-                                            float(a.get("span_s") or 0.0), a.get("events"),
-                                            a.get("events_total"),
-                                            {k: v for k, v in a.items() if k not in known})
-        if "branches" in data:
-            branches = data["branches"]
-            state.branches = BranchesStage(branches.get("n_layers"), refs(branches.get("runs")),
-                                           branches.get("skipped"))
-        if data.get("bisection"):
-            b = data["bisection"]
-            state.bisection = Bisection(b["verdict"], b.get("n_layers"), dict(b["changes"]),
-                                        dict(b["baseline"]), refs(b.get("tests")),
-                                        b.get("minimal"), b.get("minimal_trial"))
-        if data.get("regression"):
-            r = data["regression"]
-            state.regression = Regression(r["path"], r["threshold"], list(r.get("rows") or []))
-        return state
+
+STAGE_TYPES = {"checks": ChecksStage, "sweep": SweepStage, "repeats": RepeatsStage,
+               "attribution": Attribution, "branches": BranchesStage}
+"""The stages of triage.json parsed into their typed form whenever stored."""

@@ -22,6 +22,7 @@ from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
 from nsadiag.triage.decide import reproduces
+from nsadiag.triage.state import TrialRef
 from nsadiag.verdict import decide, is_failure
 from nsadiag.verdict.load import contention, cpu_steal
 from nsadiag.verdict.size_or_defect import far_above_cost, token_loop
@@ -102,23 +103,28 @@ def test_time_per_step_is_set_against_the_dense_references_time_for_its_flops():
     assert "| too short to time |" in results_table([short])[2]
 
 
+def _test(**measured: object) -> TrialRef:
+    """A bisection test's trial reference with what its work measured."""
+    return TrialRef(trial="trial-1", **measured)
+
+
 def test_a_bisection_test_reproduces_a_slow_by_its_work_not_by_its_budget():
     # finished its steps in time, but the counts say defect: the defect is there
-    assert reproduces("SLOW", {"verdict": "OK", "defect": True, "cost_ratio": 2.0})
+    assert reproduces("SLOW", _test(verdict="OK", defect=True, cost_ratio=2.0))
     # SLOW only because its steps did not fit the budget: no defect, a normal cost
-    assert not reproduces("SLOW", {"verdict": "SLOW", "slow_by": "size", "defect": False,
-                                   "cost_ratio": 3.0})
+    assert not reproduces("SLOW", _test(verdict="SLOW", slow_by="size", defect=False,
+                                        cost_ratio=3.0))
     # no count says defect, but a step took 150x its expected cost
-    assert reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 150.0})
-    assert not reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 690.0,
-                                   "expected_step_s": 0.002})  # too short to time
-    assert not reproduces("SLOW", {"verdict": "OK", "defect": False, "cost_ratio": 40.0})
+    assert reproduces("SLOW", _test(verdict="OK", defect=False, cost_ratio=150.0))
+    assert not reproduces("SLOW", _test(verdict="OK", defect=False, cost_ratio=690.0,
+                                        expected_step_s=0.002))  # too short to time
+    assert not reproduces("SLOW", _test(verdict="OK", defect=False, cost_ratio=40.0))
     # nothing measured: the verdict decides, and slow by size is not the failure
-    assert reproduces("SLOW", {"verdict": "SLOW"})
-    assert not reproduces("SLOW", {"verdict": "SLOW", "slow_by": "size"})
+    assert reproduces("SLOW", _test(verdict="SLOW"))
+    assert not reproduces("SLOW", _test(verdict="SLOW", slow_by="size"))
     # any other failure: the same verdict
-    assert reproduces("DEADLOCK", {"verdict": "DEADLOCK", "defect": True})
-    assert not reproduces("DEADLOCK", {"verdict": "OK", "defect": True})
+    assert reproduces("DEADLOCK", _test(verdict="DEADLOCK", defect=True))
+    assert not reproduces("DEADLOCK", _test(verdict="OK", defect=True))
 
 
 # ---- memory rows ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
     finding = result.finding
     assert (finding.verdict, finding.kind, finding.status) == ("WRONG", "wrong", "failure")
     assert finding.culprit.module == "blocks.0" and "blocks.1's parameters" in finding.proof
-    assert result.failure["check"] == "ckpt" and result.failure["module"] == "blocks.0"
+    assert result.failure.check == "ckpt" and result.failure.module == "blocks.0"
     assert (" ".join(result.reproduction) == "nsadiag check ckpt --target "
             "repro.late_bound_ckpt:make --layers 2 --seq-len 16 --batch 1 --device cpu "
             "--stall-timeout 60 --seed 0 --set dim=8")
@@ -101,7 +101,7 @@ def test_a_flaky_failure_is_reported_as_k_of_n():
     result = decide_triage(state, {})
     finding = result.finding
     assert (finding.verdict, finding.kind) == ("DEADLOCK", "stuck")
-    assert result.failure["confidence"]["agreeing"] == 2
+    assert result.failure.confidence.agreeing == 2
     assert finding.summary[0].startswith("The target fails at 2 layer(s) with DEADLOCK in 2 "
                                          "of 3 runs")
     assert "The verdict is flaky: the runs gave DEADLOCK, OK, DEADLOCK." in finding.summary

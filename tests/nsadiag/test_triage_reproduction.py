@@ -6,7 +6,7 @@ import json
 
 from nsadiag.finding.commands import reproduce
 from nsadiag.spec import TrialSpec
-from nsadiag.triage.finding import decide_triage, reproducing_record
+from nsadiag.triage.finding import TriageFailure, decide_triage, reproducing_record
 from nsadiag.triage.state import TriageState
 from tests.helpers import triage_state, trial_record
 
@@ -47,7 +47,7 @@ def _slow_triage(minimal_verdict: str):
 def test_a_minimal_test_that_finished_ok_is_not_named_as_the_failing_configuration():
     state, records = _slow_triage("OK")
     result = decide_triage(state, records)
-    assert result.failure["minimal_trial"] == "trial-3"  # the bisection counted it there
+    assert result.failure.minimal_trial == "trial-3"  # the bisection counted it there
     assert result.reproduction == reproduce(records["trial-1"].spec)
     assert "--seq-len 256" in " ".join(result.reproduction)
     assert f"`{' '.join(result.reproduction)}`" in result.finding.next_action
@@ -69,5 +69,5 @@ def test_the_named_command_is_always_a_recorded_trial_that_failed_with_the_verdi
         named = [r for r in records.values() if reproduce(r.spec) == result.reproduction]
         assert named and all(r.verdict_name == "SLOW" for r in named), minimal_verdict
     # no recorded trial ended with the verdict: no configuration is named
-    failure = {"verdict": "SLOW", "trial": "trial-1", "minimal_trial": "trial-3"}
+    failure = TriageFailure("SLOW", 1, "trial-1", "slow", minimal_trial="trial-3")
     assert reproducing_record(failure, {"trial-3": _record("trial-3", "OK", 64)}) is None
