@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from nsadiag.evidence import StallEvidence
+from nsadiag.harness import child_exits
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.machine import main_thread_clock
 from nsadiag.harness.streams import Due
@@ -193,6 +194,9 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
         samples = sampled.samples
         waits = read_waits(pid, depth=0 if name.startswith(OTHER) else 2,
                            scopes=thread_scopes(samples[-1]) if samples else ())
+        if not name.startswith(OTHER):  # its children that ended, as it reaped them
+            waits = dataclasses.replace(waits, ended=child_exits.read(
+                dirs[name] / child_exits.FILE_NAME))
         found[name] = dataclasses.replace(sampled, waits=waits)
 
     def budget(name: str, pid: int) -> None:

@@ -17,7 +17,10 @@ queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died 
 join        ``Thread.join``: the process's one other live thread of the user's, followed as
             the chain of its own (which of several is the one joined is not known).
 pool        a wait for a ``multiprocessing.Pool``'s results: a worker that runs a task,
-            followed; every worker idle means no worker holds the awaited task.
+            followed; every worker idle means no worker holds the awaited task: a
+            pool worker that ended before the stall (nsadiag.harness.child_exits, with
+            its exit status as the pool read it) took it, and the workers started in
+            its place are named.
 terminal    a read of a terminal (``input()`` at a prompt): a person's answer, the end.
 child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
             pipe whose write end a child holds (its output, read to the end): the child
@@ -62,6 +65,7 @@ from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
     TERMINAL,
+    EndedProcess,
     OpenFile,
     ProcessWaits,
     Scope,
@@ -71,11 +75,12 @@ from nsadiag.waitfacts import (
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
         "terminal", "sleep", "process",
-        "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
+        "worker", "poll", "socket", "peer", "collective", "frame", "ended", "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
-        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "terminal-input",
+        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker-ended", "pool-worker",
+        "terminal-input",
         "sleep", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
@@ -95,7 +100,9 @@ compile-cxx: torch.compile waits for the program it runs as its C++ compiler (it
 torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-child: the
 same for another program torch.compile started; pool-lost-task: every worker of a
 multiprocessing pool waits idle for a task while the pool's results are awaited (the task
-went with a worker that ended); pool-worker: a pool worker stands at its frame;
+went with a worker that ended); pool-worker-ended: the same, with the worker that ended
+(its pid and exit status, or that the status is not known) named; pool-worker: a pool
+worker stands at its frame;
 terminal-input: a read of the terminal (a prompt waiting for its answer); sleep: a sleep
 written in the user's line, outside a polling loop; unknown: the evidence names no next
 hop.
@@ -108,6 +115,8 @@ QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
+POOL_WORKER_NAME = re.compile(r"PoolWorker-\d+$")
+"""multiprocessing.Pool's name of its worker processes ("ForkPoolWorker-3")."""
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
@@ -574,6 +583,12 @@ def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     # a worker the pool started after its first ones inherits the name of the pool's
     # thread that starts the replacements
     replaced = [p.sample.pid for p, t in workers if REPLACER.search(t.name or "")]
+    lost = _lost_workers(process)
+    if lost:
+        return WaitChain((first, _ended_workers(lost, replaced, len(workers))),
+                         "pool-worker-ended",
+                         ("pool worker pid " if len(lost) == 1 else "pool workers pids ") +
+                         ", ".join(str(e.pid) for e in lost))
     started = (f"; pid {', '.join(map(str, replaced))} was started by the pool's "
                f"`_handle_workers` thread, which replaces a worker that ended"
                if replaced else "")
@@ -583,6 +598,30 @@ def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     return WaitChain((first, Hop("pool", f"{noun} ({pids}) {verb} idle for a task: none "
                                          f"runs the task whose result this waits for"
                                          f"{started}")), "pool-lost-task")
+
+
+def _lost_workers(process: _Process) -> list[EndedProcess]:
+    """The pool workers of ``process`` that ended other than by finishing their tasks (a
+    worker retired by ``maxtasksperchild`` exits with code 0 and loses nothing)."""
+    ended = process.waits.ended if process.waits else ()
+    return [e for e in ended if POOL_WORKER_NAME.search(e.name) and e.returncode != 0]
+
+
+def _ended_workers(lost: Sequence[EndedProcess], replaced: Sequence[int], sampled: int
+                   ) -> Hop:
+    """"pool worker pid P ended (killed by SIGKILL) while it ran the task; the pool
+    replaced it with pid Q, which never gets that task"."""
+    said = "; ".join(f"pool worker pid {e.pid} ended ({e.status()})" for e in lost)
+    one = len(lost) == 1
+    task = "while it ran the task" if one else "and one of them ran the task"
+    idle = "the workers it has now wait idle" if sampled > 1 else "its worker now waits idle"
+    if replaced:
+        them = "it" if one else "them"
+        new = ", ".join(map(str, replaced))
+        never = "which never gets" if len(replaced) == 1 else "which never get"
+        return Hop("ended", f"{said} {task}; the pool replaced {them} with pid {new}, {never} "
+                            f"that task ({idle})")
+    return Hop("ended", f"{said} {task}; {idle}, and none gets that task")
 
 
 def _strip(text: str, thread: ThreadStack) -> str:

@@ -88,6 +88,18 @@ CHAINS = [
                            "task whose result this waits for")), "pool-lost-task"),
     WaitChain((Hop("pool", "the main thread waits for the results of a multiprocessing pool "
                            "at t.py:12", "t.py:12"),
+               Hop("ended", "pool worker pid 6 ended (killed by SIGKILL) while it ran the "
+                            "task; the pool replaced it with pid 7, which never gets that "
+                            "task (the workers it has now wait idle)")),
+              "pool-worker-ended", "pool worker pid 6"),
+    WaitChain((Hop("pool", "the main thread waits for the results of a multiprocessing pool "
+                           "at t.py:12", "t.py:12"),
+               Hop("ended", "pool worker pid 6 ended (its exit status is not known: no "
+                            "watched process reaped it) while it ran the task; its worker "
+                            "now waits idle, and none gets that task")),
+              "pool-worker-ended", "pool worker pid 6"),
+    WaitChain((Hop("pool", "the main thread waits for the results of a multiprocessing pool "
+                           "at t.py:12", "t.py:12"),
                Hop("frame", "pool worker pid 4 runs t.py:30 `parse(doc)`", "t.py:30")),
               "pool-worker"),
     WaitChain((Hop("sleep", "the main thread sleeps at t.py:8 `time.sleep(3600)  # debug` "
@@ -166,6 +178,13 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert ("terminal" in said) == chain.has("terminal"), said
     # a pool's worker is named only where the chain went through a pool
     assert ("pool" in said.lower()) == chain.has("pool"), said
+    # a signal is named only where the chain says a process was killed by it, and the
+    # out-of-memory killer blamed only for a SIGKILL
+    ended = " ".join(hop.text for hop in chain.hops if hop.kind == "ended")
+    for name in re.findall(r"\bSIG[A-Z]+", said):
+        assert f"killed by {name}" in ended, said
+    assert "most often the kernel's out-of-memory killer" not in said or \
+        "killed by SIGKILL" in ended, said
     if chain.end == "lock-lost-fork":
         assert "fork" in said
     assert "per-token" not in said and "tensor ops" not in said

@@ -34,6 +34,7 @@ from nsadiag.probes.waits import (
     reads_terminal,
 )
 from nsadiag.verdict.chain import WaitChain, wait_chain
+from nsadiag.waitfacts import EndedProcess
 
 TRAIN = "/home/u/train.py"
 
@@ -279,6 +280,65 @@ def test_a_pool_whose_workers_all_wait_idle_lost_the_awaited_task_and_a_busy_one
     # no worker sampled: nothing is claimed about them
     alone = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()))))
     assert alone.end == "unknown" and "no worker of the pool was sampled" in alone.printed()
+
+
+def test_a_pool_worker_that_ended_is_named_with_its_exit_status_and_its_replacement():
+    waits = thread(100, "MainThread", frame("wait", 327, "waiter.acquire()",
+                                            "/usr/lib/python3.11/threading.py"),
+                   frame("Pool.map", 367, "return self._map_async(...).get()", f"{MP}/pool.py"),
+                   frame("main", 34, "tokens = pool.map(tokenize, range(16))"))
+    idle = [_pool_worker(201, "MainThread"), _pool_worker(205, "Thread-1 (_handle_workers)")]
+    killed = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", -9),))
+    chain = roundtrip(wait_chain(evidence([waits], killed, others=idle)))
+    assert chain.end == "pool-worker-ended" and chain.subject == "pool worker pid 202"
+    assert chain.printed() == (
+        "the main thread waits for the results of a multiprocessing pool at train.py:34 -> "
+        "pool worker pid 202 ended (killed by SIGKILL) while it ran the task; the pool "
+        "replaced it with pid 205, which never gets that task (the workers it has now wait "
+        "idle)")
+    # an exit code as the pool read it; a status no watched process read is said unknown
+    exited = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", 3),))
+    assert "pid 202 ended (exited with code 3) while" in wait_chain(
+        evidence([waits], exited, others=idle)).printed()
+    unknown = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", None),))
+    assert "pid 202 ended (its exit status is not known: no watched process reaped it)" in \
+        wait_chain(evidence([waits], unknown, others=idle)).printed()
+    # a worker retired by maxtasksperchild (code 0) lost nothing, and a child that is no
+    # pool worker is not one: the chain stays as it was without them
+    for other in (EndedProcess(202, "ForkPoolWorker-2", 0), EndedProcess(203, "Process-1", -9)):
+        plain = wait_chain(evidence([waits], ProcessWaits(100, (), ended=(other,)),
+                                    others=idle))
+        assert plain.end == "pool-lost-task" and "ended (" not in plain.printed()
+    # a worker that runs a task is followed first: the task it runs is not lost
+    busy = [_pool_worker(201, "MainThread"),
+            _pool_worker(205, "MainThread", frame("tokenize", 22, "ids = vocab.encode(doc)"))]
+    assert wait_chain(evidence([waits], killed, others=busy)).end == "pool-worker"
+
+
+def test_a_child_exit_is_recorded_once_by_the_process_that_reaps_it(tmp_path):
+    import multiprocessing
+    import signal
+
+    from nsadiag.harness import child_exits
+    path = tmp_path / child_exits.FILE_NAME
+    uninstall = child_exits.install(path)
+    try:
+        context = multiprocessing.get_context("fork")
+        worker = context.Process(target=int, name="ForkPoolWorker-7")
+        worker.start()
+        worker.join()
+        killed = context.Process(target=signal.pause)
+        killed.start()
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.join()
+        assert killed.exitcode == -signal.SIGKILL  # read again: recorded once
+    finally:
+        uninstall()
+    recorded = child_exits.read(path)
+    assert recorded == (EndedProcess(worker.pid, "ForkPoolWorker-7", 0),
+                        EndedProcess(killed.pid, killed.name, -9))
+    assert recorded[1].status() == "killed by SIGKILL"
+    assert child_exits.read(tmp_path / "absent.jsonl") == ()
 
 
 def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
