@@ -91,6 +91,13 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "compile-child":
         return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
                 f"and which does not exit: run it by hand to see why.")
+    if end == "compile-worker":
+        return (f"torch.compile{_called(chain)} waits for a job its compile worker runs"
+                f"{_where(chain, -1)}, which never finishes: give the wait a timeout "
+                f"(`TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT`, in seconds) so that it fails "
+                f"naming the kernel instead of hanging, and run with "
+                f"`TORCHINDUCTOR_COMPILE_THREADS=1` to compile in the main process, where the "
+                f"job's own stack shows what it waits for.")
     if end == "sleep":
         return (f"Remove or shorten the sleep{_where(chain, 0)} (`{subject}`): the thread does "
                 f"nothing else while it sleeps, and the evidence shows no other work going on.")

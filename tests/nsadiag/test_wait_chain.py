@@ -341,6 +341,125 @@ def test_a_child_exit_is_recorded_once_by_the_process_that_reaps_it(tmp_path):
     assert child_exits.read(tmp_path / "absent.jsonl") == ()
 
 
+IND = "/venv/lib/python3.11/site-packages/torch/_inductor"
+PY = "/usr/lib/python3.11"
+SIDECAR = ("/venv/bin/python", f"{IND}/compile_worker/__main__.py", "--kind=fork",
+           "--workers=2")
+
+
+def _awaits_compile_job(tid: int, name: str = "MainThread") -> ThreadStack:
+    """A thread waiting for a job of inductor's compile workers, as py-spy showed it (torch
+    2.13: AsyncCompile.wait, which torch.compile's generated module calls)."""
+    return thread(tid, name, frame("Condition.wait", 327, "waiter.acquire()",
+                                   f"{PY}/threading.py"),
+                  frame("Future.result", 451, "self._condition.wait(timeout)",
+                        f"{PY}/concurrent/futures/_base.py"),
+                  frame("AsyncCompile._wait_futures", 848,
+                        "kernel = result.result(timeout=wait_timeout)",
+                        f"{IND}/async_compile.py"),
+                  frame("AsyncCompile.wait", 818, "self._wait_futures(scope)",
+                        f"{IND}/async_compile.py"),
+                  frame("main", 29, "loss = (compiled(x) - x).pow(2).mean()"))
+
+
+def _cxx_build(*outer: StackFrame) -> list[StackFrame]:
+    """The frames of inductor's C++ build waiting for its compiler (as py-spy showed them),
+    inside ``outer``."""
+    return [frame("Popen.communicate", 1196, "stdout, stderr = self._communicate(...)",
+                  f"{PY}/subprocess.py"),
+            frame("run", 550, "stdout, stderr = process.communicate(input, timeout=timeout)",
+                  f"{PY}/subprocess.py"),
+            frame("_run_compile_cmd", 696, "subprocess.run(cmd, ...)", f"{IND}/cpp_builder.py"),
+            frame("CppBuilder.build", 2571, "run_compile_cmd(build_cmd, cwd=_build_dir)",
+                  f"{IND}/cpp_builder.py"),
+            frame("_worker_compile_cpp", 2890, "builder.build()", f"{IND}/codecache.py"),
+            *outer]
+
+
+def _compiler(pid: int, reader: int) -> tuple[ProcessWaits, ThreadWait, OpenFile]:
+    """A compiler child blocked in the kernel, whose output ``reader`` reads on fd 12."""
+    child = ProcessWaits(pid, ("/bin/sh", "cxx.sh", "k.cpp"), (ThreadWait(pid, "do_wait"),),
+                         (OpenFile(1, "pipe:[90]", "w", 90),))
+    return child, ThreadWait(reader, "pipe_read", 0, "read", 12), OpenFile(12, "pipe:[90]", "r", 90)
+
+
+def _compile_worker(pid: int, *job: StackFrame, waits: ProcessWaits | None = None) -> dict:
+    """A process inductor's compile-worker process forked, as sampled: in a job (``job``)
+    or waiting for one."""
+    loop = [frame("_process_worker", 261 if job else 249, "",
+                  f"{PY}/concurrent/futures/process.py"),
+            frame("BaseProcess.run", 108, "", f"{PY}/multiprocessing/process.py"),
+            frame("SubprocMain.main", 380, "self.submit(job_id, data)",
+                  f"{IND}/compile_worker/subproc_pool.py")]
+    waiting = [frame("Connection._recv", 395, "chunk = read(handle, remaining)",
+                     f"{PY}/multiprocessing/connection.py"),
+               frame("Queue.get", 103, "res = self._recv_bytes()",
+                     f"{PY}/multiprocessing/queues.py")]
+    frames = [*job, *loop] if job else [*waiting, *loop]
+    return {"pid": pid, "role": "a helper process", "stall": StallEvidence(
+        6.0, 2.0, 0.0, samples=[StackSample(1.0, pid, [thread(pid, "MainThread", *frames)])],
+        waits=waits or ProcessWaits(pid, SIDECAR)).to_dict()}
+
+
+def test_a_wait_for_a_compile_job_is_followed_to_the_worker_that_runs_it():
+    compiler, read, pipe = _compiler(600, 5079)
+    busy = _compile_worker(5079, *_cxx_build(frame(
+        "SubprocMain.do_job", 475, "result = job()", f"{IND}/compile_worker/subproc_pool.py")),
+        waits=ProcessWaits(5079, SIDECAR, (read,), (pipe,), (compiler,)))
+    idle = _compile_worker(5081)
+    sidecar = ProcessWaits(5006, SIDECAR, children=(ProcessWaits(5079, SIDECAR),
+                                                    ProcessWaits(5081, SIDECAR)))
+    main = ProcessWaits(100, ("python", "train.py"), children=(sidecar,))
+    chain = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                          others=[idle, busy])))
+    assert chain.end == "compile-cxx" and chain.subject == "/bin/sh cxx.sh k.cpp"
+    assert chain.printed() == (
+        "the main thread waits for a job of torch.compile's compile workers (inductor's "
+        "compile-worker process, pid 5006) at train.py:29 -> compile worker pid 5079 waits to "
+        "read the output of child pid 600 (`/bin/sh cxx.sh k.cpp`) in torch.compile's C++ "
+        "build (_run_compile_cmd at cpp_builder.py:696) -> pid 600 waits in the kernel at "
+        "do_wait")
+    # a job that is no C++ build: the worker's own frame is where the chain ends
+    sleeping = _compile_worker(5079, frame("SubprocMain.do_job", 475, "result = job()",
+                                           f"{IND}/compile_worker/subproc_pool.py"))
+    plain = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                          others=[idle, sleeping])))
+    assert plain.end == "compile-worker", plain.printed()
+    assert plain.printed().endswith(
+        "-> compile worker pid 5079 is inside its job at subproc_pool.py:475 `result = job()`")
+    # every worker waiting for a job: said so, and no cause named
+    both_idle = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                              others=[idle, _compile_worker(5079)])))
+    assert both_idle.end == "unknown" and both_idle.printed().endswith(
+        "every compile worker sampled (pid 5081, pid 5079) waits idle for a job: none runs "
+        "the one awaited")
+    # the workers not sampled: unknown, the compile-worker process still named
+    unseen = wait_chain(evidence([_awaits_compile_job(100)], main))
+    assert unseen.end == "unknown" and "pid 5006" in unseen.printed() and \
+        "its workers were not sampled" in unseen.printed()
+
+
+def test_a_wait_for_a_compile_job_run_by_a_compile_thread_follows_that_thread():
+    # on a CPU inductor builds C++ kernels in threads of the process (a ThreadPoolExecutor)
+    compiler, read, pipe = _compiler(600, 104)
+    worker = thread(104, "ThreadPoolExecutor-0_0", *_cxx_build(
+        frame("_WorkItem.run", 58, "result = self.fn(*self.args, **self.kwargs)",
+              f"{PY}/concurrent/futures/thread.py"),
+        frame("_worker", 83, "work_item.run()", f"{PY}/concurrent/futures/thread.py")))
+    spare = thread(105, "ThreadPoolExecutor-0_1",
+                   frame("Queue.get", 171, "self.not_empty.wait()", f"{PY}/queue.py"),
+                   frame("_worker", 81, "work_item = work_queue.get(block=True)",
+                         f"{PY}/concurrent/futures/thread.py"))
+    main = ProcessWaits(100, ("python", "train.py"), (read,), (pipe,), (compiler,))
+    chain = roundtrip(wait_chain(evidence([_awaits_compile_job(100), spare, worker], main)))
+    assert chain.end == "compile-cxx", chain.printed()
+    assert chain.printed() == (
+        "the main thread waits for a job of torch.compile's compile workers at train.py:29 "
+        "-> thread ThreadPoolExecutor-0_0 waits to read the output of child pid 600 "
+        "(`/bin/sh cxx.sh k.cpp`) in torch.compile's C++ build (_run_compile_cmd at "
+        "cpp_builder.py:696) -> pid 600 waits in the kernel at do_wait")
+
+
 def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
     sleep = thread(100, "MainThread", frame("wait_for_eval", 24, "time.sleep(0.2)"))
     scopes = (Scope(100, TRAIN, "wait_for_eval", 24, (),
