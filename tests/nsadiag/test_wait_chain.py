@@ -218,6 +218,24 @@ def test_a_read_of_the_terminal_is_a_prompt_waiting_for_its_answer():
     assert roundtrip(wait_chain(evidence([prompt], piped))).end != "terminal-input"
 
 
+def test_a_prompt_in_a_thread_the_main_thread_joins_is_named_through_the_join():
+    joins = thread(100, "MainThread",
+                   frame("Thread._wait_for_tstate_lock", 1132, "if lock.acquire(block, timeout):",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("Thread.join", 1112, "self._wait_for_tstate_lock()",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("main", 20, "asker.join()"))
+    asker = thread(104, "asker", frame("ask", 9, "answer = input('overwrite? [y/N] ')"))
+    ours = ProcessWaits(100, ("python",), (ThreadWait(100, "futex_do_wait", 202, "futex", 0),
+                                           ThreadWait(104, "n_tty_read", 0, "read", 0)),
+                        (OpenFile(0, "/dev/pts/3", "rw", 6),))
+    chain = roundtrip(wait_chain(evidence([joins, asker], ours)))
+    assert chain.end == "terminal-input" and chain.subject == "/dev/pts/3"
+    assert chain.printed() == (
+        "the main thread waits for thread `asker` to finish at train.py:20 -> thread asker "
+        "waits for a line typed at the terminal (/dev/pts/3, fd 0, its stdin) at train.py:9")
+
+
 def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
     main = thread(100, "MainThread", frame("main", 40, "fcntl.flock(cache, fcntl.LOCK_SH)"))
     locks = (FileLock("FLOCK", "WRITE", 200, 9, False, "/tmp/cache.bin"),
@@ -614,6 +632,59 @@ def _blocked(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "S"
     except OSError:
         return False
+
+
+ASK_IN_THREAD = """
+import threading
+def ask():
+    input("overwrite? [y/N] ")
+asker = threading.Thread(target=ask, name="asker")
+asker.start()
+{main}
+"""
+
+
+@pytest.mark.parametrize(("main", "person"), [
+    ("asker.join()", True),
+    ("lock = threading.Lock(); lock.acquire(); lock.acquire()", False)],
+    ids=["main-joins-the-asker", "main-stuck-on-a-lock"])
+def test_a_prompt_in_another_thread_waits_for_a_person_only_while_the_main_thread_joins(
+        main, person):
+    # a prompt asked from a worker thread the main thread joins holds the stall clock; a
+    # thread reading the terminal beside a main thread stuck elsewhere does not hide that
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    from nsadiag.probes.waits import PersonWait, main_thread_joins, terminal_readers
+
+    master, slave = pty.openpty()
+    child = subprocess.Popen([sys.executable, "-c", ASK_IN_THREAD.format(main=main)],
+                             stdin=slave, stdout=slave, stderr=subprocess.DEVNULL)
+    read_stacks: list[int] = []
+
+    def joins(pid: int) -> bool:
+        read_stacks.append(pid)
+        return main_thread_joins(pid)
+
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (terminal_readers(child.pid) and
+                                               _blocked(child.pid)):
+            time.sleep(0.05)
+        readers = terminal_readers(child.pid)
+        assert len(readers) == 1 and readers[0] != child.pid  # the asker, not the main thread
+        assert not reads_terminal(child.pid)
+        waits_for_person = PersonWait(joins)
+        assert waits_for_person(child.pid) is person
+        assert waits_for_person(child.pid) is person
+        assert read_stacks == [child.pid]  # the main thread's stack read once
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (master, slave):
+            os.close(fd)
 
 
 @pytest.mark.parametrize(("waits", "stdout_on_terminal"), [
