@@ -122,8 +122,11 @@ JOIN_FUNCTIONS = ("join", "_wait_for_tstate_lock")
 """threading.py's functions a thread waits in while it joins another."""
 JOIN_DUMP_TIMEOUT_S = 5.0
 JOIN_RECHECK_S = 10.0
-"""How long a read of the main thread's stack stands: the thread it joins may end and
-the main thread go on to wait elsewhere while the same threads still read."""
+"""How long a read that found the main thread joining stands: the thread it joins may end
+and the main thread go on to wait elsewhere while the same threads still read."""
+NOT_JOINING_RECHECK_S = 1.0
+"""How long a read that found it elsewhere stands: it may be on its way to the join (a
+thread that asks at once, while the main thread still sets up)."""
 
 
 def main_thread_joins(pid: int) -> bool:
@@ -147,7 +150,8 @@ class PersonWait:
     (``input()`` in a worker thread the main thread waits for). A thread that reads the
     terminal while the main thread waits elsewhere (a key listener beside a deadlock) is
     not one: the wait it holds up is not the prompt's. The main thread's stack is read
-    again when the reading threads change, or JOIN_RECHECK_S after it was last read."""
+    again when the reading threads change, or JOIN_RECHECK_S after it was last found
+    joining (NOT_JOINING_RECHECK_S after it was found elsewhere)."""
 
     def __init__(self, joins: Callable[[int], bool] = main_thread_joins,
                  clock: Callable[[], float] = time.monotonic):
@@ -162,7 +166,8 @@ class PersonWait:
             return True
         now = self.clock()
         seen = self.known.get(pid)
-        if seen is None or seen[0] != readers or now - seen[1] >= JOIN_RECHECK_S:
+        if seen is None or seen[0] != readers or \
+                now - seen[1] >= (JOIN_RECHECK_S if seen[2] else NOT_JOINING_RECHECK_S):
             seen = (readers, now, self.joins(pid))
             self.known[pid] = seen
         return seen[2]

@@ -676,10 +676,17 @@ def test_a_prompt_in_another_thread_waits_for_a_person_only_while_the_main_threa
         readers = terminal_readers(child.pid)
         assert len(readers) == 1 and readers[0] != child.pid  # the asker, not the main thread
         assert not reads_terminal(child.pid)
-        waits_for_person = PersonWait(joins)
+        now = [0.0]
+        waits_for_person = PersonWait(joins, clock=lambda: now[0])
         assert waits_for_person(child.pid) is person
+        now[0] = 0.5
         assert waits_for_person(child.pid) is person
         assert read_stacks == [child.pid]  # the main thread's stack read once
+        # found elsewhere, it is read again a second later (it may have reached the join
+        # since); found joining, not before JOIN_RECHECK_S
+        now[0] = 1.5
+        assert waits_for_person(child.pid) is person
+        assert len(read_stacks) == (1 if person else 2)
     finally:
         child.kill()
         child.wait()
