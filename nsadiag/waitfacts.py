@@ -1,6 +1,7 @@
 """The typed facts of what a stalled process waits on, as the operating system tells them:
 each thread's wait channel and system call, open files, file locks, the ``with`` blocks and
-loop around each frame of the user's own code, and the same for its children. They are
+loop around each frame of the user's own code, the same for its children, and the children
+that ended before the stall (nsadiag.harness.child_exits). They are
 read by nsadiag.probes.waits and carried in the record by nsadiag.evidence; standard
 library only, so the evidence of every watched process can hold them.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +170,38 @@ class Scope:
 
 
 @dataclass(frozen=True)
+class EndedProcess:
+    """A child process that ended before the stall: its pid, ``name`` (multiprocessing's
+    name of it, "ForkPoolWorker-2"; "" when none), and ``returncode`` as its parent read it
+    (negative: the signal that killed it); None when no watched parent read it, so its exit
+    status is not known."""
+
+    pid: int
+    name: str = ""
+    returncode: int | None = None
+
+    def status(self) -> str:
+        """"killed by SIGKILL", "exited with code 3", or that the status is not known."""
+        if self.returncode is None:
+            return "its exit status is not known: no watched process reaped it"
+        if self.returncode < 0:
+            try:
+                return f"killed by {signal.Signals(-self.returncode).name}"
+            except ValueError:
+                return f"killed by signal {-self.returncode}"
+        return f"exited with code {self.returncode}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "name": self.name, "returncode": self.returncode}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EndedProcess:
+        code = data.get("returncode")
+        return cls(int(data["pid"]), str(data.get("name") or ""),
+                   int(code) if code is not None else None)
+
+
+@dataclass(frozen=True)
 class ProcessWaits:
     """What the OS says of one process (see the module docstring)."""
 
@@ -180,6 +214,7 @@ class ProcessWaits:
     unreadable: tuple[str, ...] = field(default=())
     scopes: tuple[Scope, ...] = ()
     sockets: tuple[SocketEnd, ...] = ()
+    ended: tuple[EndedProcess, ...] = ()  # its children that ended before the stall
 
     def thread(self, tid: int | None) -> ThreadWait | None:
         return next((t for t in self.threads if t.tid == tid), None)
@@ -198,7 +233,8 @@ class ProcessWaits:
                 "locks": [lock.to_dict() for lock in self.locks],
                 "unreadable": list(self.unreadable),
                 "scopes": [scope.to_dict() for scope in self.scopes],
-                "sockets": [end.to_dict() for end in self.sockets]}
+                "sockets": [end.to_dict() for end in self.sockets],
+                "ended": [child.to_dict() for child in self.ended]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessWaits:
@@ -209,4 +245,5 @@ class ProcessWaits:
                    tuple(FileLock.from_dict(lock) for lock in data.get("locks") or ()),
                    tuple(data.get("unreadable") or ()),
                    tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()),
-                   tuple(SocketEnd.from_dict(end) for end in data.get("sockets") or ()))
+                   tuple(SocketEnd.from_dict(end) for end in data.get("sockets") or ()),
+                   tuple(EndedProcess.from_dict(child) for child in data.get("ended") or ()))

@@ -91,6 +91,13 @@ def chain_next(chain: WaitChain) -> str | None:
     if end == "compile-child":
         return (f"torch.compile{_called(chain)} waits for `{subject}`, a program it started "
                 f"and which does not exit: run it by hand to see why.")
+    if end == "compile-worker":
+        return (f"torch.compile{_called(chain)} waits for a job its compile worker runs"
+                f"{_where(chain, -1)}, which never finishes: give the wait a timeout "
+                f"(`TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT`, in seconds) so that it fails "
+                f"naming the kernel instead of hanging, and run with "
+                f"`TORCHINDUCTOR_COMPILE_THREADS=1` to compile in the main process, where the "
+                f"job's own stack shows what it waits for.")
     if end == "sleep":
         return (f"Remove or shorten the sleep{_where(chain, 0)} (`{subject}`): the thread does "
                 f"nothing else while it sleeps, and the evidence shows no other work going on.")
@@ -106,6 +113,8 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"kill shows in `dmesg`), and use `concurrent.futures.ProcessPoolExecutor`, "
                 f"which raises `BrokenProcessPool` when a worker dies, or "
                 f"`map_async(...).get(timeout=...)`.")
+    if end == "pool-worker-ended":
+        return _pool_worker_ended_next(chain)
     if end == "pool-worker":
         return (f"The pool's worker stands{_where(chain, -1)} and never returns its task's "
                 f"result: make that line return (run the function once in the main process to "
@@ -134,6 +143,26 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"`{subject}` has held past a deadline), and make sure what should end it "
                 f"runs.")
     return None
+
+
+def _pool_worker_ended_next(chain: WaitChain) -> str:
+    """The Next of a pool whose worker ended while it ran the awaited task: why it ended
+    is looked for where its exit status points (a SIGKILL nsadiag did not send is most
+    often the kernel's out-of-memory killer)."""
+    printed = chain.printed()
+    why = ("a SIGKILL that nsadiag did not send is most often the kernel's out-of-memory "
+           "killer (`dmesg` names the pid it killed), so give each task less to hold or run "
+           "fewer workers" if "killed by SIGKILL" in printed else
+           "its exit status says how: a signal is a crash or a kill, a code is an `exit` "
+           "in the task or in a library it calls" if "killed by" in printed or
+           "exited with code" in printed else
+           "its exit status is not known, so run the task alone in the main process "
+           "to see it end")
+    return (f"Find why {chain.subject} ended while it ran a task: {why}. "
+            f"`multiprocessing.Pool` replaces the worker but never returns that task's "
+            f"result, so the wait{_where(chain, 0)} never ends: use "
+            f"`concurrent.futures.ProcessPoolExecutor`, which raises `BrokenProcessPool` "
+            f"when a worker dies, or `map_async(...).get(timeout=...)`.")
 
 
 def _workers_said(workers: list[dict[str, Any]]) -> tuple[str, str]:

@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from nsadiag.evidence import StallEvidence
+from nsadiag.harness import child_exits
 from nsadiag.harness.launch import Launched
 from nsadiag.harness.machine import main_thread_clock
 from nsadiag.harness.streams import Due
@@ -189,10 +190,14 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
         sampled.opportunity_s, sampled.stretched = due.opportunity_s, due.stretched
         found[name] = sampled
         # what the kernel says it (and its children) wait on, and the locks its code holds,
-        # for the wait chain
+        # for the wait chain; a process nsadiag does not watch with its own children (a
+        # compile worker's C++ compiler)
         samples = sampled.samples
-        waits = read_waits(pid, depth=0 if name.startswith(OTHER) else 2,
+        waits = read_waits(pid, depth=1 if name.startswith(OTHER) else 2,
                            scopes=thread_scopes(samples[-1]) if samples else ())
+        if not name.startswith(OTHER):  # its children that ended, as it reaped them
+            waits = dataclasses.replace(waits, ended=child_exits.read(
+                dirs[name] / child_exits.FILE_NAME))
         found[name] = dataclasses.replace(sampled, waits=waits)
 
     def budget(name: str, pid: int) -> None:

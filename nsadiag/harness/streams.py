@@ -21,8 +21,9 @@ stall   no progress in any stream for the stall timeout. Progress is what
         does not turn a slow step into a stall; after STALL_STRETCH stall windows of wall time
         the stall is declared anyway, and the verdict says the machine was contended. A
         process whose main thread is blocked reading a terminal (an ``input()`` prompt
-        waiting for a person's answer) holds the stall clock: waiting for a person is
-        not a stall (nsadiag.probes.waits.reads_terminal; the live status line says so).
+        waiting for a person's answer), or joins a thread that is, holds the stall clock:
+        waiting for a person is not a stall (nsadiag.probes.waits.PersonWait; the live
+        status line says so of a main thread's prompt).
 budget  the job's wall time reached the budget while it still progressed. A stream whose
         last step finished (its final "step" or "end" event) is not cut off: the job gets
         FINISH_GRACE_S more to write its results and exit.
@@ -43,7 +44,7 @@ from typing import Any
 
 from nsadiag.harness.heartbeat import OpenBackward
 from nsadiag.harness.machine import main_thread_clock
-from nsadiag.probes.waits import reads_terminal
+from nsadiag.probes.waits import PersonWait
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
 from nsadiag.verdict.thresholds import STALL_STRETCH, WAITING_CPU_SHARE, WAITING_MIN_S
@@ -192,12 +193,12 @@ class StallClock:
     def __init__(self, streams: list[Stream], stall_timeout_s: float, budget_s: float,
                  clock: Callable[[], float] = time.monotonic,
                  startup_grace_s: float = STARTUP_GRACE_S,
-                 awaits_person: Callable[[int], bool] = reads_terminal):
+                 awaits_person: Callable[[int], bool] | None = None):
         self.streams = streams
         self.stall_timeout_s, self.budget_s = stall_timeout_s, budget_s
         self.startup_grace_s = startup_grace_s
         self.clock = clock
-        self.awaits_person = awaits_person
+        self.awaits_person = awaits_person or PersonWait()
         self.started = clock()
         self.last_progress = self.started
 

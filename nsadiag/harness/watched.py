@@ -21,7 +21,9 @@ it, with no edit to the user's code.
 - ``result.json``: only when an exception ends the process ({"status": "error",
   "exception": {type, message, traceback}, "oom"}), from ``sys.excepthook``;
 - ``thread-exceptions.jsonl``: every exception that ended another thread
-  (nsadiag.harness.thread_exceptions, through ``threading.excepthook``).
+  (nsadiag.harness.thread_exceptions, through ``threading.excepthook``);
+- ``child-exits.jsonl``: how each multiprocessing child it reaped ended
+  (nsadiag.harness.child_exits).
 
 The rank is torchrun's RANK, unless the parent process has the same RANK: then this is a
 helper of that rank (a spawned DataLoader worker), watched but not a rank.
@@ -71,7 +73,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nsadiag.harness import thread_exceptions
+from nsadiag.harness import child_exits, thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.harness.uncopied import keep_out_of_copies
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
@@ -143,12 +145,14 @@ class ProcessHeartbeat:
         self.stopped = threading.Event()
         self.previous_excepthook = sys.excepthook
         self.uninstall_thread_hook: Any = None
+        self.uninstall_child_exits: Any = None
 
     def start(self) -> None:
         self.sampler.start()
         sys.excepthook = self._excepthook
         self.uninstall_thread_hook = thread_exceptions.install(
             self.directory / thread_exceptions.FILE_NAME)
+        self.uninstall_child_exits = child_exits.install(self.directory / child_exits.FILE_NAME)
         threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
                          daemon=True).start()
         atexit.register(self.stop)
@@ -185,6 +189,8 @@ class ProcessHeartbeat:
             sys.excepthook = self.previous_excepthook
         if self.uninstall_thread_hook is not None:
             self.uninstall_thread_hook()
+        if self.uninstall_child_exits is not None:
+            self.uninstall_child_exits()
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         if os.getpid() == self.pid:

@@ -425,3 +425,31 @@ def pool_worker_thread(sample: StackSample) -> ThreadStack | None:
     process is no pool worker."""
     return next((thread for thread in sample.threads
                  if any(is_pool_worker_loop(frame) for frame in thread.python_frames())), None)
+
+
+FUTURE_RESULT = re.compile(r"/concurrent/futures/_base\.py$")
+INDUCTOR_ASYNC = re.compile(r"/torch/_inductor/(async_compile|codecache)\.py$")
+EXECUTOR_WORKER = re.compile(r"/concurrent/futures/(process|thread)\.py$")
+EXECUTOR_IDLE = re.compile(r"/multiprocessing/(queues|connection|synchronize)\.py$|"
+                           r"/(queue|threading|selectors)\.py$")
+"""The files a worker of a concurrent.futures executor stands in while it waits for a job."""
+
+
+def awaits_inductor_job(thread: ThreadStack) -> bool:
+    """Whether ``thread`` waits for the result of a job torch.compile's inductor gave its
+    compile workers (``Future.result`` called from async_compile.py or codecache.py)."""
+    files = [frame.file for frame in thread.python_frames()]
+    return any(FUTURE_RESULT.search(f) for f in files) and \
+        any(INDUCTOR_ASYNC.search(f) for f in files)
+
+
+def executor_job(thread: ThreadStack) -> bool | None:
+    """Whether a thread that runs a concurrent.futures executor's worker loop
+    (``_process_worker`` or ``_worker``) is inside a job: True inside one, False while it
+    waits for one, None when the thread runs no such loop."""
+    for index, frame in enumerate(thread.python_frames()):  # innermost first
+        if EXECUTOR_WORKER.search(frame.file) and \
+                frame.function.rsplit(".", 1)[-1] in ("_process_worker", "_worker"):
+            inner = thread.python_frames()[:index]
+            return any(not EXECUTOR_IDLE.search(f.file) for f in inner)
+    return None

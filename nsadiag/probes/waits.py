@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
+from collections.abc import Callable
 
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
@@ -75,13 +77,10 @@ def _thread_wait(pid: int, tid: int) -> ThreadWait | None:
                       number, syscall_name(number) if number is not None else None, first)
 
 
-def reads_terminal(pid: int) -> bool:
-    """Whether the main thread of ``pid`` is blocked reading a terminal and nothing else: a
-    prompt waiting for a person's answer, which is not a stall (nsadiag.harness.streams
-    holds the stall clock). ``input()`` on a terminal reads it through readline, which
-    waits in select/poll on the descriptor before it reads: those are read too (the
-    descriptor sets from the process's memory). False wherever /proc cannot be read."""
-    text = _read(f"/proc/{pid}/syscall")
+def _thread_reads_terminal(pid: int, tid: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` is blocked reading a terminal and nothing else (see
+    ``reads_terminal``)."""
+    text = _read(f"/proc/{pid}/task/{tid}/syscall")
     parts = (text or "").split()
     if len(parts) < 3 or not parts[0].isdigit():
         return False
@@ -97,6 +96,81 @@ def reads_terminal(pid: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def reads_terminal(pid: int) -> bool:
+    """Whether the main thread of ``pid`` is blocked reading a terminal and nothing else: a
+    prompt waiting for a person's answer, which is not a stall (nsadiag.harness.streams
+    holds the stall clock). ``input()`` on a terminal reads it through readline, which
+    waits in select/poll on the descriptor before it reads: those are read too (the
+    descriptor sets from the process's memory). False wherever /proc cannot be read."""
+    return _thread_reads_terminal(pid, pid)
+
+
+def terminal_readers(pid: int) -> list[int]:
+    """The threads of ``pid`` (their ids, the main thread first) blocked reading a terminal
+    as ``reads_terminal`` reads it; [] wherever /proc cannot be read."""
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+    ordered = [pid, *(tid for tid in tids if tid != pid)] if pid in tids else tids
+    return [tid for tid in ordered if _thread_reads_terminal(pid, tid)]
+
+
+JOIN_FUNCTIONS = ("join", "_wait_for_tstate_lock")
+"""threading.py's functions a thread waits in while it joins another."""
+JOIN_DUMP_TIMEOUT_S = 5.0
+JOIN_RECHECK_S = 10.0
+"""How long a read that found the main thread joining stands: the thread it joins may end
+and the main thread go on to wait elsewhere while the same threads still read."""
+NOT_JOINING_RECHECK_S = 1.0
+"""How long a read that found it elsewhere stands: it may be on its way to the join (a
+thread that asks at once, while the main thread still sets up)."""
+
+
+def main_thread_joins(pid: int) -> bool:
+    """Whether the main thread of ``pid`` waits in ``Thread.join`` (one nonblocking py-spy
+    dump of its Python stack); False when no stack could be read."""
+    from nsadiag.probes.stacks import capture  # py-spy: only when a thread prompts
+
+    sample = capture(pid, timeout_s=JOIN_DUMP_TIMEOUT_S)
+    if isinstance(sample, str):
+        return False
+    main = next((t for t in sample.threads if t.name == "MainThread"), None)
+    return main is not None and any(
+        frame.file.endswith("/threading.py") and
+        frame.function.rsplit(".", 1)[-1] in JOIN_FUNCTIONS for frame in main.python_frames())
+
+
+
+class PersonWait:
+    """Whether a process waits for a person's answer at the terminal: its main thread
+    reads it (``reads_terminal``), or another thread does while the main thread joins
+    (``input()`` in a worker thread the main thread waits for). A thread that reads the
+    terminal while the main thread waits elsewhere (a key listener beside a deadlock) is
+    not one: the wait it holds up is not the prompt's. The main thread's stack is read
+    again when the reading threads change, or JOIN_RECHECK_S after it was last found
+    joining (NOT_JOINING_RECHECK_S after it was found elsewhere)."""
+
+    def __init__(self, joins: Callable[[int], bool] = main_thread_joins,
+                 clock: Callable[[], float] = time.monotonic):
+        self.joins, self.clock = joins, clock
+        self.known: dict[int, tuple[tuple[int, ...], float, bool]] = {}
+
+    def __call__(self, pid: int) -> bool:
+        readers = tuple(terminal_readers(pid))
+        if not readers:
+            return False
+        if readers[0] == pid:
+            return True
+        now = self.clock()
+        seen = self.known.get(pid)
+        if seen is None or seen[0] != readers or \
+                now - seen[1] >= (JOIN_RECHECK_S if seen[2] else NOT_JOINING_RECHECK_S):
+            seen = (readers, now, self.joins(pid))
+            self.known[pid] = seen
+        return seen[2]
 
 
 POLLIN = 0x1

@@ -17,7 +17,10 @@ queue       ``Queue.get``/``Event.wait``/``Condition.wait``: a thread that died 
 join        ``Thread.join``: the process's one other live thread of the user's, followed as
             the chain of its own (which of several is the one joined is not known).
 pool        a wait for a ``multiprocessing.Pool``'s results: a worker that runs a task,
-            followed; every worker idle means no worker holds the awaited task.
+            followed; every worker idle means no worker holds the awaited task: a
+            pool worker that ended before the stall (nsadiag.harness.child_exits, with
+            its exit status as the pool read it) took it, and the workers started in
+            its place are named.
 terminal    a read of a terminal (``input()`` at a prompt): a person's answer, the end.
 child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a read of a
             pipe whose write end a child holds (its output, read to the end): the child
@@ -26,6 +29,12 @@ child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a 
             torch.compile the child is the program the compiler runs (its C++ compiler).
 file lock   ``flock``/``fcntl`` in the kernel: the pid that holds a lock on the same file
             (/proc/locks) and where it stands.
+compile     a wait for a job of torch.compile's compile workers (``Future.result`` under
+            inductor's async_compile/codecache): inductor's compile-worker process (a
+            child running torch/_inductor/compile_worker/__main__.py) and the workers it
+            forked, or the compile threads of this process; the worker inside a job is
+            followed (its own wait for the C++ compiler ends as compile-cxx), workers all
+            idle are said so.
 worker      a wait inside the DataLoader: the worker processes sampled at the stall and
             the frame each stands at, followed as a process of its own.
 socket      a read on a socket (the kernel's read/recv on a descriptor that is one): the
@@ -52,6 +61,8 @@ from nsadiag.evidence import Evidence, StackFrame, StackSample, StallEvidence, T
 from nsadiag.probes.compiler import compiler_frame
 from nsadiag.probes.frames import (
     POOL_FILE,
+    awaits_inductor_job,
+    executor_job,
     is_pool_worker_loop,
     own_code,
     pool_worker_thread,
@@ -62,6 +73,7 @@ from nsadiag.verdict.names import Verdict
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
     TERMINAL,
+    EndedProcess,
     OpenFile,
     ProcessWaits,
     Scope,
@@ -71,12 +83,13 @@ from nsadiag.waitfacts import (
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
         "terminal", "sleep", "process",
-        "worker", "poll", "socket", "peer", "collective", "frame", "unknown")
+        "worker", "poll", "socket", "peer", "collective", "frame", "ended", "compile-pool",
+        "unknown")
 ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "queue-full",
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
-        "compile-cxx", "compile-child", "pool-lost-task", "pool-worker", "terminal-input",
-        "sleep", "unknown")
+        "compile-cxx", "compile-child", "compile-worker", "pool-lost-task", "pool-worker-ended",
+        "pool-worker", "terminal-input", "sleep", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -93,9 +106,13 @@ others wait in a step's gradient collective;
 collective-differs: the ranks issued different collectives at the same number;
 compile-cxx: torch.compile waits for the program it runs as its C++ compiler (its C++ build,
 torch/_inductor/cpp_builder.py, is on the stack), which does not exit; compile-child: the
-same for another program torch.compile started; pool-lost-task: every worker of a
+same for another program torch.compile started; compile-worker: a compile worker of
+torch.compile (inductor's compile-worker process or compile thread) stands at its frame
+in the job awaited; pool-lost-task: every worker of a
 multiprocessing pool waits idle for a task while the pool's results are awaited (the task
-went with a worker that ended); pool-worker: a pool worker stands at its frame;
+went with a worker that ended); pool-worker-ended: the same, with the worker that ended
+(its pid and exit status, or that the status is not known) named; pool-worker: a pool
+worker stands at its frame;
 terminal-input: a read of the terminal (a prompt waiting for its answer); sleep: a sleep
 written in the user's line, outside a polling loop; unknown: the evidence names no next
 hop.
@@ -108,10 +125,14 @@ QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
 THREADING = re.compile(r"/threading\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
+POOL_WORKER_NAME = re.compile(r"PoolWorker-\d+$")
+"""multiprocessing.Pool's name of its worker processes ("ForkPoolWorker-3")."""
 MAX_DEPTH = 3
 """Threads followed one from another (a join of a thread that joins another ...)."""
 TORCH_FILE = re.compile(r"/torch/")
 CPP_BUILD = re.compile(r"torch/_inductor/cpp_builder\.py$")
+COMPILE_SIDECAR = re.compile(r"torch/_inductor/compile_worker/__main__\.py$")
+"""The script of inductor's compile-worker process, in its command line."""
 DATALOADER = re.compile(r"/torch/utils/data/")
 SLEEP = re.compile(r"\bsleep\(|nanosleep")
 TRAILING_COMMENT = re.compile(r"\s+#[^'\"]*$")
@@ -327,12 +348,16 @@ def _in_compile(thread: ThreadStack) -> tuple[str, bool] | None:
     its innermost torch frame) and whether that is its C++ build; None when the thread is
     not compiling."""
     frames = thread.python_frames()  # innermost first
+    cxx = any(CPP_BUILD.search(f.file) for f in frames)
     if compiler_frame((f.function, f.file, f.line) for f in reversed(frames)) is None:
-        return None
+        # a compile worker (process or thread) runs the C++ build with none of the
+        # compiler's entry frames on its stack
+        build = next((f for f in frames if CPP_BUILD.search(f.file)), None)
+        return (f" in torch.compile's C++ build ({build.function} at {at(build)})", True) \
+            if build is not None else None
     inner = next((f for f in frames if TORCH_FILE.search(f.file)), None)
     if inner is None:
         return None
-    cxx = any(CPP_BUILD.search(f.file) for f in frames)
     return f" inside torch.compile ({inner.function} at {at(inner)})", cxx
 
 
@@ -574,6 +599,12 @@ def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     # a worker the pool started after its first ones inherits the name of the pool's
     # thread that starts the replacements
     replaced = [p.sample.pid for p, t in workers if REPLACER.search(t.name or "")]
+    lost = _lost_workers(process)
+    if lost:
+        return WaitChain((first, _ended_workers(lost, replaced, len(workers))),
+                         "pool-worker-ended",
+                         ("pool worker pid " if len(lost) == 1 else "pool workers pids ") +
+                         ", ".join(str(e.pid) for e in lost))
     started = (f"; pid {', '.join(map(str, replaced))} was started by the pool's "
                f"`_handle_workers` thread, which replaces a worker that ended"
                if replaced else "")
@@ -583,6 +614,102 @@ def _pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     return WaitChain((first, Hop("pool", f"{noun} ({pids}) {verb} idle for a task: none "
                                          f"runs the task whose result this waits for"
                                          f"{started}")), "pool-lost-task")
+
+
+def _compile_workers(process: _Process, others: Sequence[_Process]
+                     ) -> tuple[ProcessWaits | None, list[tuple[_Process, ThreadStack]]]:
+    """Inductor's compile-worker process among the children of ``process`` (None when it
+    has none), and the sampled processes that run a worker loop of its executor: its
+    children, or any process whose command is the same script."""
+    children = process.waits.children if process.waits else ()
+    sidecar = next((c for c in children if any(COMPILE_SIDECAR.search(arg)
+                                               for arg in c.command)), None)
+    forked = {c.pid for c in sidecar.children} if sidecar is not None else set()
+    workers = []
+    for other in others:
+        thread = next((t for t in user_threads(other.sample) if executor_job(t) is not None),
+                      None)
+        command = other.waits.command if other.waits else ()
+        if thread is not None and (other.sample.pid in forked or
+                                   any(COMPILE_SIDECAR.search(arg) for arg in command)):
+            workers.append((other, thread))
+    return sidecar, workers
+
+
+def _compile_pool_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                        others: Sequence[_Process], depth: int) -> WaitChain:
+    """A wait for a job of torch.compile's compile workers: the worker (a compile thread of
+    this process, or a process inductor's compile-worker process forked) that is inside a
+    job is followed; every one idle is said so."""
+    compiling = _in_compile(thread)
+    inside = compiling[0] if compiling else ""
+    where = f" at {at(own)}" if own is not None else ""
+    sidecar, workers = _compile_workers(process, others)
+    threads = [t for t in user_threads(process.sample) if t is not thread and
+               executor_job(t) is not None]
+    held = f" (inductor's compile-worker process, pid {sidecar.pid})" if sidecar else ""
+    first = Hop("compile-pool", f"{_label(thread)} waits for a job of torch.compile's compile "
+                                f"workers{held}{inside}{where}",
+                at(own) if own else None, own.code if own else None)
+    busy_thread = next((t for t in threads if executor_job(t)), None)
+    busy = next(((p, t) for p, t in workers if executor_job(t)), None)
+    if depth < MAX_DEPTH and (busy_thread is not None or busy is not None):
+        owner, runner = (process, busy_thread) if busy_thread is not None else busy
+        inner = _thread_chain(owner, runner, others if owner is process else (), depth + 1)
+        name = _label(runner) if owner is process else f"compile worker pid {owner.sample.pid}"
+        if inner.end == "unknown":  # no wait of a known kind: where its job stands
+            return WaitChain((first, _job_hop(owner, runner, name)), "compile-worker")
+        said = f"{name} {_strip(inner.hops[0].text, runner)}"
+        return WaitChain((first, Hop(inner.hops[0].kind, said, inner.hops[0].where,
+                                     inner.hops[0].code), *inner.hops[1:]),
+                         inner.end, inner.subject)
+    if workers or threads:
+        named = ", ".join([f"pid {p.sample.pid}" for p, _ in workers] +
+                          [_label(t) for t in threads])
+        return WaitChain((first, Hop("compile-pool", f"every compile worker sampled ({named}) "
+                                                     f"waits idle for a job: none runs the one "
+                                                     f"awaited")), "unknown")
+    unseen = "its workers were not sampled" if sidecar else "no compile worker was found"
+    return WaitChain((first, Hop("unknown", f"{unseen}: what runs the job is unknown")),
+                     "unknown")
+
+
+def _job_hop(process: _Process, thread: ThreadStack, name: str) -> Hop:
+    """Where a compile worker's job stands: its innermost Python frame, and where the
+    kernel holds the thread when /proc said."""
+    frame = (thread.python_frames() or [None])[0]
+    os_wait = _os_wait(process.waits, thread)
+    kernel = os_wait.wchan or os_wait.syscall_name if os_wait is not None else None
+    held = f", in the kernel at {kernel}" if kernel else ""
+    if frame is None:
+        return Hop("frame", f"{name} is inside a job{held}")
+    code = f" `{frame.code}`" if frame.code else ""
+    return Hop("frame", f"{name} is inside its job at {at(frame)}{code}{held}", at(frame),
+               frame.code)
+
+
+def _lost_workers(process: _Process) -> list[EndedProcess]:
+    """The pool workers of ``process`` that ended other than by finishing their tasks (a
+    worker retired by ``maxtasksperchild`` exits with code 0 and loses nothing)."""
+    ended = process.waits.ended if process.waits else ()
+    return [e for e in ended if POOL_WORKER_NAME.search(e.name) and e.returncode != 0]
+
+
+def _ended_workers(lost: Sequence[EndedProcess], replaced: Sequence[int], sampled: int
+                   ) -> Hop:
+    """"pool worker pid P ended (killed by SIGKILL) while it ran the task; the pool
+    replaced it with pid Q, which never gets that task"."""
+    said = "; ".join(f"pool worker pid {e.pid} ended ({e.status()})" for e in lost)
+    one = len(lost) == 1
+    task = "while it ran the task" if one else "and one of them ran the task"
+    idle = "the workers it has now wait idle" if sampled > 1 else "its worker now waits idle"
+    if replaced:
+        them = "it" if one else "them"
+        new = ", ".join(map(str, replaced))
+        never = "which never gets" if len(replaced) == 1 else "which never get"
+        return Hop("ended", f"{said} {task}; the pool replaced {them} with pid {new}, {never} "
+                            f"that task ({idle})")
+    return Hop("ended", f"{said} {task}; {idle}, and none gets that task")
 
 
 def _strip(text: str, thread: ThreadStack) -> str:
@@ -637,11 +764,16 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         if found is not None:
             return found
     writer = _pipe_writer(process.waits, os_wait)
+    # a thread whose kernel wait was not matched to it (a sample without thread ids) but
+    # which stands in subprocess's code waits for a child too
     if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and \
-            (frame is not None or writer is not None) \
+            (frame is not None or writer is not None or
+             os_wait is None and process.waits is not None and process.waits.children) \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
                                         os_wait.wchan in CHILD_WCHAN):
         return _child_chain(process, thread, own, writer)
+    if frame is not None and awaits_inductor_job(thread):
+        return _compile_pool_chain(process, thread, own, others, depth)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
         return _worker_chain(process, thread, own, others)
     if frame is not None and any(POOL_FILE.search(f.file) for f in thread.python_frames()):

@@ -8,8 +8,8 @@ document, as the out-of-memory killer would). `multiprocessing.Pool` starts a ne
 in its place, but the killed worker's task is lost: `pool.map` never returns, with no
 error, no CPU used, and every worker idle.
 
-Expected verdict: DEADLOCK at the `pool.map` line, the wait chain saying every worker of
-the pool is idle and none runs the awaited task (a replacement worker named), and the next
+Expected verdict: DEADLOCK at the `pool.map` line, the wait chain naming the worker that
+ended (killed by SIGKILL) while it ran the task and the worker that replaced it, and the next
 step to find why the worker ended and use an executor that reports it:
 
     nsadiag run -- python repro/scripts/pool_worker_killed.py

@@ -34,6 +34,7 @@ from nsadiag.probes.waits import (
     reads_terminal,
 )
 from nsadiag.verdict.chain import WaitChain, wait_chain
+from nsadiag.waitfacts import EndedProcess
 
 TRAIN = "/home/u/train.py"
 
@@ -217,6 +218,24 @@ def test_a_read_of_the_terminal_is_a_prompt_waiting_for_its_answer():
     assert roundtrip(wait_chain(evidence([prompt], piped))).end != "terminal-input"
 
 
+def test_a_prompt_in_a_thread_the_main_thread_joins_is_named_through_the_join():
+    joins = thread(100, "MainThread",
+                   frame("Thread._wait_for_tstate_lock", 1132, "if lock.acquire(block, timeout):",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("Thread.join", 1112, "self._wait_for_tstate_lock()",
+                         "/usr/lib/python3.11/threading.py"),
+                   frame("main", 20, "asker.join()"))
+    asker = thread(104, "asker", frame("ask", 9, "answer = input('overwrite? [y/N] ')"))
+    ours = ProcessWaits(100, ("python",), (ThreadWait(100, "futex_do_wait", 202, "futex", 0),
+                                           ThreadWait(104, "n_tty_read", 0, "read", 0)),
+                        (OpenFile(0, "/dev/pts/3", "rw", 6),))
+    chain = roundtrip(wait_chain(evidence([joins, asker], ours)))
+    assert chain.end == "terminal-input" and chain.subject == "/dev/pts/3"
+    assert chain.printed() == (
+        "the main thread waits for thread `asker` to finish at train.py:20 -> thread asker "
+        "waits for a line typed at the terminal (/dev/pts/3, fd 0, its stdin) at train.py:9")
+
+
 def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():
     main = thread(100, "MainThread", frame("main", 40, "fcntl.flock(cache, fcntl.LOCK_SH)"))
     locks = (FileLock("FLOCK", "WRITE", 200, 9, False, "/tmp/cache.bin"),
@@ -279,6 +298,184 @@ def test_a_pool_whose_workers_all_wait_idle_lost_the_awaited_task_and_a_busy_one
     # no worker sampled: nothing is claimed about them
     alone = roundtrip(wait_chain(evidence([waits], ProcessWaits(100, ()))))
     assert alone.end == "unknown" and "no worker of the pool was sampled" in alone.printed()
+
+
+def test_a_pool_worker_that_ended_is_named_with_its_exit_status_and_its_replacement():
+    waits = thread(100, "MainThread", frame("wait", 327, "waiter.acquire()",
+                                            "/usr/lib/python3.11/threading.py"),
+                   frame("Pool.map", 367, "return self._map_async(...).get()", f"{MP}/pool.py"),
+                   frame("main", 34, "tokens = pool.map(tokenize, range(16))"))
+    idle = [_pool_worker(201, "MainThread"), _pool_worker(205, "Thread-1 (_handle_workers)")]
+    killed = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", -9),))
+    chain = roundtrip(wait_chain(evidence([waits], killed, others=idle)))
+    assert chain.end == "pool-worker-ended" and chain.subject == "pool worker pid 202"
+    assert chain.printed() == (
+        "the main thread waits for the results of a multiprocessing pool at train.py:34 -> "
+        "pool worker pid 202 ended (killed by SIGKILL) while it ran the task; the pool "
+        "replaced it with pid 205, which never gets that task (the workers it has now wait "
+        "idle)")
+    # an exit code as the pool read it; a status no watched process read is said unknown
+    exited = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", 3),))
+    assert "pid 202 ended (exited with code 3) while" in wait_chain(
+        evidence([waits], exited, others=idle)).printed()
+    unknown = ProcessWaits(100, (), ended=(EndedProcess(202, "ForkPoolWorker-2", None),))
+    assert "pid 202 ended (its exit status is not known: no watched process reaped it)" in \
+        wait_chain(evidence([waits], unknown, others=idle)).printed()
+    # a worker retired by maxtasksperchild (code 0) lost nothing, and a child that is no
+    # pool worker is not one: the chain stays as it was without them
+    for other in (EndedProcess(202, "ForkPoolWorker-2", 0), EndedProcess(203, "Process-1", -9)):
+        plain = wait_chain(evidence([waits], ProcessWaits(100, (), ended=(other,)),
+                                    others=idle))
+        assert plain.end == "pool-lost-task" and "ended (" not in plain.printed()
+    # a worker that runs a task is followed first: the task it runs is not lost
+    busy = [_pool_worker(201, "MainThread"),
+            _pool_worker(205, "MainThread", frame("tokenize", 22, "ids = vocab.encode(doc)"))]
+    assert wait_chain(evidence([waits], killed, others=busy)).end == "pool-worker"
+
+
+def test_a_child_exit_is_recorded_once_by_the_process_that_reaps_it(tmp_path):
+    import multiprocessing
+    import signal
+
+    from nsadiag.harness import child_exits
+    path = tmp_path / child_exits.FILE_NAME
+    uninstall = child_exits.install(path)
+    try:
+        context = multiprocessing.get_context("fork")
+        worker = context.Process(target=int, name="ForkPoolWorker-7")
+        worker.start()
+        worker.join()
+        killed = context.Process(target=signal.pause)
+        killed.start()
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.join()
+        assert killed.exitcode == -signal.SIGKILL  # read again: recorded once
+    finally:
+        uninstall()
+    recorded = child_exits.read(path)
+    assert recorded == (EndedProcess(worker.pid, "ForkPoolWorker-7", 0),
+                        EndedProcess(killed.pid, killed.name, -9))
+    assert recorded[1].status() == "killed by SIGKILL"
+    assert child_exits.read(tmp_path / "absent.jsonl") == ()
+
+
+IND = "/venv/lib/python3.11/site-packages/torch/_inductor"
+PY = "/usr/lib/python3.11"
+SIDECAR = ("/venv/bin/python", f"{IND}/compile_worker/__main__.py", "--kind=fork",
+           "--workers=2")
+
+
+def _awaits_compile_job(tid: int, name: str = "MainThread") -> ThreadStack:
+    """A thread waiting for a job of inductor's compile workers, as py-spy showed it (torch
+    2.13: AsyncCompile.wait, which torch.compile's generated module calls)."""
+    return thread(tid, name, frame("Condition.wait", 327, "waiter.acquire()",
+                                   f"{PY}/threading.py"),
+                  frame("Future.result", 451, "self._condition.wait(timeout)",
+                        f"{PY}/concurrent/futures/_base.py"),
+                  frame("AsyncCompile._wait_futures", 848,
+                        "kernel = result.result(timeout=wait_timeout)",
+                        f"{IND}/async_compile.py"),
+                  frame("AsyncCompile.wait", 818, "self._wait_futures(scope)",
+                        f"{IND}/async_compile.py"),
+                  frame("main", 29, "loss = (compiled(x) - x).pow(2).mean()"))
+
+
+def _cxx_build(*outer: StackFrame) -> list[StackFrame]:
+    """The frames of inductor's C++ build waiting for its compiler (as py-spy showed them),
+    inside ``outer``."""
+    return [frame("Popen.communicate", 1196, "stdout, stderr = self._communicate(...)",
+                  f"{PY}/subprocess.py"),
+            frame("run", 550, "stdout, stderr = process.communicate(input, timeout=timeout)",
+                  f"{PY}/subprocess.py"),
+            frame("_run_compile_cmd", 696, "subprocess.run(cmd, ...)", f"{IND}/cpp_builder.py"),
+            frame("CppBuilder.build", 2571, "run_compile_cmd(build_cmd, cwd=_build_dir)",
+                  f"{IND}/cpp_builder.py"),
+            frame("_worker_compile_cpp", 2890, "builder.build()", f"{IND}/codecache.py"),
+            *outer]
+
+
+def _compiler(pid: int, reader: int) -> tuple[ProcessWaits, ThreadWait, OpenFile]:
+    """A compiler child blocked in the kernel, whose output ``reader`` reads on fd 12."""
+    child = ProcessWaits(pid, ("/bin/sh", "cxx.sh", "k.cpp"), (ThreadWait(pid, "do_wait"),),
+                         (OpenFile(1, "pipe:[90]", "w", 90),))
+    return child, ThreadWait(reader, "pipe_read", 0, "read", 12), OpenFile(12, "pipe:[90]", "r", 90)
+
+
+def _compile_worker(pid: int, *job: StackFrame, waits: ProcessWaits | None = None) -> dict:
+    """A process inductor's compile-worker process forked, as sampled: in a job (``job``)
+    or waiting for one."""
+    loop = [frame("_process_worker", 261 if job else 249, "",
+                  f"{PY}/concurrent/futures/process.py"),
+            frame("BaseProcess.run", 108, "", f"{PY}/multiprocessing/process.py"),
+            frame("SubprocMain.main", 380, "self.submit(job_id, data)",
+                  f"{IND}/compile_worker/subproc_pool.py")]
+    waiting = [frame("Connection._recv", 395, "chunk = read(handle, remaining)",
+                     f"{PY}/multiprocessing/connection.py"),
+               frame("Queue.get", 103, "res = self._recv_bytes()",
+                     f"{PY}/multiprocessing/queues.py")]
+    frames = [*job, *loop] if job else [*waiting, *loop]
+    return {"pid": pid, "role": "a helper process", "stall": StallEvidence(
+        6.0, 2.0, 0.0, samples=[StackSample(1.0, pid, [thread(pid, "MainThread", *frames)])],
+        waits=waits or ProcessWaits(pid, SIDECAR)).to_dict()}
+
+
+def test_a_wait_for_a_compile_job_is_followed_to_the_worker_that_runs_it():
+    compiler, read, pipe = _compiler(600, 5079)
+    busy = _compile_worker(5079, *_cxx_build(frame(
+        "SubprocMain.do_job", 475, "result = job()", f"{IND}/compile_worker/subproc_pool.py")),
+        waits=ProcessWaits(5079, SIDECAR, (read,), (pipe,), (compiler,)))
+    idle = _compile_worker(5081)
+    sidecar = ProcessWaits(5006, SIDECAR, children=(ProcessWaits(5079, SIDECAR),
+                                                    ProcessWaits(5081, SIDECAR)))
+    main = ProcessWaits(100, ("python", "train.py"), children=(sidecar,))
+    chain = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                          others=[idle, busy])))
+    assert chain.end == "compile-cxx" and chain.subject == "/bin/sh cxx.sh k.cpp"
+    assert chain.printed() == (
+        "the main thread waits for a job of torch.compile's compile workers (inductor's "
+        "compile-worker process, pid 5006) at train.py:29 -> compile worker pid 5079 waits to "
+        "read the output of child pid 600 (`/bin/sh cxx.sh k.cpp`) in torch.compile's C++ "
+        "build (_run_compile_cmd at cpp_builder.py:696) -> pid 600 waits in the kernel at "
+        "do_wait")
+    # a job that is no C++ build: the worker's own frame is where the chain ends
+    sleeping = _compile_worker(5079, frame("SubprocMain.do_job", 475, "result = job()",
+                                           f"{IND}/compile_worker/subproc_pool.py"))
+    plain = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                          others=[idle, sleeping])))
+    assert plain.end == "compile-worker", plain.printed()
+    assert plain.printed().endswith(
+        "-> compile worker pid 5079 is inside its job at subproc_pool.py:475 `result = job()`")
+    # every worker waiting for a job: said so, and no cause named
+    both_idle = roundtrip(wait_chain(evidence([_awaits_compile_job(100)], main,
+                                              others=[idle, _compile_worker(5079)])))
+    assert both_idle.end == "unknown" and both_idle.printed().endswith(
+        "every compile worker sampled (pid 5081, pid 5079) waits idle for a job: none runs "
+        "the one awaited")
+    # the workers not sampled: unknown, the compile-worker process still named
+    unseen = wait_chain(evidence([_awaits_compile_job(100)], main))
+    assert unseen.end == "unknown" and "pid 5006" in unseen.printed() and \
+        "its workers were not sampled" in unseen.printed()
+
+
+def test_a_wait_for_a_compile_job_run_by_a_compile_thread_follows_that_thread():
+    # on a CPU inductor builds C++ kernels in threads of the process (a ThreadPoolExecutor)
+    compiler, read, pipe = _compiler(600, 104)
+    worker = thread(104, "ThreadPoolExecutor-0_0", *_cxx_build(
+        frame("_WorkItem.run", 58, "result = self.fn(*self.args, **self.kwargs)",
+              f"{PY}/concurrent/futures/thread.py"),
+        frame("_worker", 83, "work_item.run()", f"{PY}/concurrent/futures/thread.py")))
+    spare = thread(105, "ThreadPoolExecutor-0_1",
+                   frame("Queue.get", 171, "self.not_empty.wait()", f"{PY}/queue.py"),
+                   frame("_worker", 81, "work_item = work_queue.get(block=True)",
+                         f"{PY}/concurrent/futures/thread.py"))
+    main = ProcessWaits(100, ("python", "train.py"), (read,), (pipe,), (compiler,))
+    chain = roundtrip(wait_chain(evidence([_awaits_compile_job(100), spare, worker], main)))
+    assert chain.end == "compile-cxx", chain.printed()
+    assert chain.printed() == (
+        "the main thread waits for a job of torch.compile's compile workers at train.py:29 "
+        "-> thread ThreadPoolExecutor-0_0 waits to read the output of child pid 600 "
+        "(`/bin/sh cxx.sh k.cpp`) in torch.compile's C++ build (_run_compile_cmd at "
+        "cpp_builder.py:696) -> pid 600 waits in the kernel at do_wait")
 
 
 def test_a_sleep_loop_names_what_it_polls_and_an_unnamed_wait_stays_unknown():
@@ -435,6 +632,66 @@ def _blocked(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "S"
     except OSError:
         return False
+
+
+ASK_IN_THREAD = """
+import threading
+def ask():
+    input("overwrite? [y/N] ")
+asker = threading.Thread(target=ask, name="asker")
+asker.start()
+{main}
+"""
+
+
+@pytest.mark.parametrize(("main", "person"), [
+    ("asker.join()", True),
+    ("lock = threading.Lock(); lock.acquire(); lock.acquire()", False)],
+    ids=["main-joins-the-asker", "main-stuck-on-a-lock"])
+def test_a_prompt_in_another_thread_waits_for_a_person_only_while_the_main_thread_joins(
+        main, person):
+    # a prompt asked from a worker thread the main thread joins holds the stall clock; a
+    # thread reading the terminal beside a main thread stuck elsewhere does not hide that
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    from nsadiag.probes.waits import PersonWait, main_thread_joins, terminal_readers
+
+    master, slave = pty.openpty()
+    child = subprocess.Popen([sys.executable, "-c", ASK_IN_THREAD.format(main=main)],
+                             stdin=slave, stdout=slave, stderr=subprocess.DEVNULL)
+    read_stacks: list[int] = []
+
+    def joins(pid: int) -> bool:
+        read_stacks.append(pid)
+        return main_thread_joins(pid)
+
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (terminal_readers(child.pid) and
+                                               _blocked(child.pid)):
+            time.sleep(0.05)
+        readers = terminal_readers(child.pid)
+        assert len(readers) == 1 and readers[0] != child.pid  # the asker, not the main thread
+        assert not reads_terminal(child.pid)
+        now = [0.0]
+        waits_for_person = PersonWait(joins, clock=lambda: now[0])
+        assert waits_for_person(child.pid) is person
+        now[0] = 0.5
+        assert waits_for_person(child.pid) is person
+        assert read_stacks == [child.pid]  # the main thread's stack read once
+        # found elsewhere, it is read again a second later (it may have reached the join
+        # since); found joining, not before JOIN_RECHECK_S
+        now[0] = 1.5
+        assert waits_for_person(child.pid) is person
+        assert len(read_stacks) == (1 if person else 2)
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (master, slave):
+            os.close(fd)
 
 
 @pytest.mark.parametrize(("waits", "stdout_on_terminal"), [

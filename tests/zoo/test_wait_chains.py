@@ -60,8 +60,8 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
      "reward_server_reads_to_eof.py:", "Make `python reward_server_reads_to_eof.py serve "),
     ("poll_for_file.py", "poll", "polls `not os.path.exists(marker)` in a sleep loop at "
      "poll_for_file.py:", "Add a timeout to the polling loop at poll_for_file.py:"),
-    ("pool_worker_killed.py", "pool-lost-task", "wait idle for a task: none runs the task "
-     "whose result this waits for", "A worker of the pool ended while it ran a task"),
+    ("pool_worker_killed.py", "pool-worker-ended", "ended (killed by SIGKILL) while it ran "
+     "the task; the pool replaced it with pid ", "Find why pool worker pid "),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
      "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])
@@ -118,14 +118,20 @@ def test_a_compile_waiting_for_its_cxx_compiler_names_the_compiler_and_says_run_
     assert "cxx_wrapper_waits.sh" in said and "`CXX`" in said and "lock" not in said
 
 
-def test_a_prompt_in_a_terminal_holds_the_stall_clock_until_it_is_answered(tmp_path):
-    # the script asks before it overwrites a checkpoint; the answer comes well after the
-    # stall timeout: waiting for a person is not a stall, and the run goes on once answered
+@pytest.mark.parametrize(("script", "question", "after"), [
+    ("prompt_before_overwrite.py", "exists; overwrite it? [y/N]", "keeping the old checkpoint"),
+    ("prompt_in_worker_thread.py", "exists; rebuild it? [y/N]", "trained on the cached tokens")],
+    ids=["main-thread", "thread-the-main-thread-joins"])
+def test_a_prompt_in_a_terminal_holds_the_stall_clock_until_it_is_answered(tmp_path, script,
+                                                                         question, after):
+    # the script asks before it overwrites a checkpoint (in its main thread, or in a thread
+    # the main thread joins); the answer comes well after the stall timeout: waiting for a
+    # person is not a stall, and the run goes on once answered
     out, stall_timeout_s, answer_after_s = tmp_path / "run", 4, 12
     asked_at: list[float] = []
 
     def answer(shown: str) -> bytes | None:
-        if "exists; overwrite it? [y/N]" not in shown:
+        if question not in shown:
             return None
         if not asked_at:
             asked_at.append(time.monotonic())
@@ -136,11 +142,11 @@ def test_a_prompt_in_a_terminal_holds_the_stall_clock_until_it_is_answered(tmp_p
 
     done = in_pty([sys.executable, "-m", "nsadiag.cli", "run", "--stall-timeout",
                    str(stall_timeout_s), "--out", str(out), "--", sys.executable,
-                   str(SCRIPTS / "prompt_before_overwrite.py")], 300, cwd=tmp_path,
-                  answer=answer)
+                   str(SCRIPTS / script)], 300, cwd=tmp_path, answer=answer)
     assert done.ended and len(asked_at) == 2, done.output[-2000:]
     assert done.returncode == 0, done.output[-2000:]
-    assert "waiting for an answer typed at the terminal" in done.output
-    assert "keeping the old checkpoint" in screen(done.output)
+    if script == "prompt_before_overwrite.py":  # the live line reads the main thread only
+        assert "waiting for an answer typed at the terminal" in done.output
+    assert after in screen(done.output)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["verdict"] == "OK", summary["headline"]
