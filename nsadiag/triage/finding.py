@@ -88,6 +88,9 @@ class TriageFailure:
     minimal: dict[str, Any] | None = None
     minimal_trial: str | None = None
 
+    def __post_init__(self) -> None:
+        self.verdict = VerdictName(self.verdict)
+
     def to_dict(self) -> dict[str, Any]:
         """summary.json's form: ``check`` only for a check's failure, after ``trial``."""
         return {"verdict": self.verdict, "n_layers": self.n_layers, "trial": self.trial,
