@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding import Finding
+from nsadiag.finding.straggler import with_straggler
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
 from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
-from nsadiag.report.straggler import straggler_section, with_straggler
+from nsadiag.report.straggler import straggler_section
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail

@@ -1,53 +1,13 @@
 """The straggler in a multi-host run's report: the slow rank a host saw among every
 host's ranks while the job progressed (nsadiag.hosts.shared), its figures per step against
 the others', and when it was seen (formatting only: the finding is decided in
-nsadiag.verdict.straggler).
-
-``straggler_section`` is the report's Straggler section; ``with_straggler`` puts it in the
-top block of a run that finished or was only slow (OK, SLOW): a job that still progressed
-but waited for one rank at every step has something to fix, and its top block and next step
-say which rank, how much slower, and where its sampler saw it.
+nsadiag.verdict.straggler, and put in the top block by nsadiag.finding.straggler).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
-
-from nsadiag.finding import Culprit, Finding
-from nsadiag.verdict.straggler import Straggler
-
-NAMED_IN_TOP = ("OK", "SLOW")
-"""The verdicts whose top block names a straggler: a stuck or failed run has its own
-culprit, and the straggler stays in its Straggler section."""
-
-
-def with_straggler(finding: Finding, found: dict[str, Any] | None) -> Finding:
-    """``finding`` with the straggler ``found`` (a record's ``straggler`` fact) in its top
-    block: its headline names it, its proof gives its own time per step against the others'
-    median, its line is the frame its sampler saw most (where the finding names no line of
-    its own), and its next step is the straggler's; a SLOW's own next step follows as a
-    recommendation. Unchanged for another verdict or without a straggler."""
-    if finding.verdict not in NAMED_IN_TOP or not isinstance(found, dict):
-        return finding
-    slow = Straggler.from_dict(found)
-    at = slow.frame_at()
-    culprit = finding.culprit
-    if culprit is None and at is not None:
-        file, line = at[0].rsplit(":", 1)
-        frame = slow.frame or {}
-        culprit = Culprit(file, int(line), f"{slow.label} was here in {frame['seen']} of its "
-                          f"last {frame['of']} sampler pulses, the straggler's most seen "
-                          f"frame (in {at[1]})")
-    kept = [] if finding.next_action.startswith("Nothing") else [finding.next_action]
-    seen = found.get("seen_at")  # the figures are those of the latest read that named it
-    when = (" (last seen at " + time.strftime("%H:%M:%S", time.gmtime(float(seen))) +
-            " UTC)" if isinstance(seen, (int, float)) else "")
-    return dataclasses.replace(
-        finding, headline=f"{finding.headline}; straggler: {slow.label}, {slow.times()}",
-        proof=slow.proof() + when, culprit=culprit, next_action=slow.next_step(),
-        recommendations=[*kept, *finding.recommendations])
 
 
 def straggler_section(evidence: dict[str, Any]) -> list[str]:
