@@ -68,6 +68,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,22 @@ from nsadiag.ranknames import rank_names
 
 TORCH_POLL_S = 0.2
 TORCH_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed")
+
+
+@dataclass(frozen=True)
+class ObserverParts:
+    """Which parts of the observer a watched process runs; all of them under ``nsadiag
+    run``. bench/bench_gil_handoffs.py turns them off one at a time, to tell what each
+    costs the program's main thread."""
+
+    sampler: bool = True
+    """The sampler thread (nsadiag.probes.sampler): stacks, loop counters, pulses."""
+    block_events: bool = True
+    """The sampler writes the blocks' "module" events (HeartbeatWriter.write_blocks)."""
+    torch_hooks: bool = True
+    """The thread that installs the torch hooks once torch is used, then polls compiles."""
+    compile_watch: bool = True
+    """That thread's polling of Dynamo's compile records (nsadiag.probes.recompiles)."""
 
 
 def own_rank(environ: dict[str, str] | None = None, parent_rank: str | None = None
@@ -118,8 +135,10 @@ def _imported(names: tuple[str, ...]) -> bool:
 class ProcessHeartbeat:
     """One process's heartbeat, sampler and torch hooks (see the module docstring)."""
 
-    def __init__(self, directory: Path, job: str = "run"):
+    def __init__(self, directory: Path, job: str = "run",
+                 parts: ObserverParts = ObserverParts()):
         self.directory = directory
+        self.parts = parts
         self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank(), buffered=True)
         self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
                           argv=list(sys.argv), orig_argv=list(sys.orig_argv),
@@ -129,7 +148,8 @@ class ProcessHeartbeat:
                                counters=self.counters, context=self.writer.context,
                                events=lambda: self.writer.events,
                                step=lambda: self.writer.step,
-                               on_sample=self.writer.write_blocks)
+                               on_sample=self._write_blocks if parts.block_events
+                               else None)
         self.root: Any = None  # the model, once its first training call was seen
         self.finder: Any = None  # the global pre-hook's handle until then
         self.steps = 0
@@ -145,13 +165,20 @@ class ProcessHeartbeat:
         self.uninstall_thread_hook: Any = None
 
     def start(self) -> None:
-        self.sampler.start()
+        if self.parts.sampler:
+            self.sampler.start()
         sys.excepthook = self._excepthook
         self.uninstall_thread_hook = thread_exceptions.install(
             self.directory / thread_exceptions.FILE_NAME)
-        threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
-                         daemon=True).start()
+        if self.parts.torch_hooks:
+            threading.Thread(target=self._install_when_torch_is_used,
+                             name="nsadiag-torch-hooks", daemon=True).start()
         atexit.register(self.stop)
+
+    def _write_blocks(self) -> None:
+        """The sampler's block event: skipped while the model's thread writes (its event
+        writes the enters), never waited for (nsadiag.harness.heartbeat)."""
+        self.writer.write_blocks(wait=False)
 
     def _after_fork(self) -> None:
         self.forked = True
@@ -227,6 +254,8 @@ class ProcessHeartbeat:
         while not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
             if self.stopped.wait(TORCH_POLL_S):
                 return
+        if not self.parts.compile_watch:
+            return
         # what Dynamo compiled, and the guard that failed for each recompile (read only)
         compiles = CompileWatch(self.writer.compiled)
         while not self.stopped.wait(COMPILE_POLL_S):
@@ -362,16 +391,17 @@ def process_dir(run_dir: Path, pid: int | None = None) -> Path:
     return run_dir / f"proc-{os.getpid() if pid is None else pid}"
 
 
-def start(run_dir: Path, job: str = "run") -> ProcessHeartbeat | None:
-    """Watch this process into ``run_dir/proc-<pid>/``; None when that cannot be written
-    (the user's command runs on, unwatched)."""
+def start(run_dir: Path, job: str = "run", parts: ObserverParts = ObserverParts()
+          ) -> ProcessHeartbeat | None:
+    """Watch this process into ``run_dir/proc-<pid>/`` with the observer's ``parts``; None
+    when that cannot be written (the user's command runs on, unwatched)."""
     directory = process_dir(run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         from nsadiag.harness.child import arm_faulthandler
 
         arm_faulthandler(directory / "faulthandler.txt")
-        watched = ProcessHeartbeat(directory, job)
+        watched = ProcessHeartbeat(directory, job, parts)
     except OSError:
         return None
     watched.start()
