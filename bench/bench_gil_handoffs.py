@@ -18,8 +18,10 @@ source tree, ``--baseline-tree``: a checkout of an earlier commit, to compare be
 after a change in the same rounds), and in-process variants that start the observer inside the
 script with some of its parts only (nsadiag.harness.watched.ObserverParts):
 ``observer`` (all parts), ``none`` (no part: the heartbeat file and exception hooks),
-``sampler``, ``sampler-no-blocks`` (the sampler without its block events),
-``torch-hooks`` (the hooks and their thread, polling compiles), ``torch-hooks-no-compiles``.
+``sampler`` (the sampler alone: no torch hooks, no block events), ``no-block-events``
+(all but the sampler's block events), ``no-compile-watch`` (all but the polling of
+Dynamo's compiles). The torch hooks and the compile polling run on the sampler's
+wake-ups, so there is no variant without the sampler but with them.
 """
 
 from __future__ import annotations
@@ -39,10 +41,9 @@ LOOP = ROOT / "bench" / "gil_loop.py"
 IN_PROCESS = {
     "observer": "all",
     "none": "",
-    "sampler": "sampler,block_events",
-    "sampler-no-blocks": "sampler",
-    "torch-hooks": "torch_hooks,compile_watch",
-    "torch-hooks-no-compiles": "torch_hooks",
+    "sampler": "sampler",
+    "no-block-events": "sampler,torch_hooks,compile_watch",
+    "no-compile-watch": "sampler,block_events,torch_hooks",
 }
 VARIANTS = ("plain", "run", "run-baseline", *IN_PROCESS)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,38 @@ def test_a_write_the_system_refuses_stops_the_events_without_raising():
     writer.start("forward", 0)  # the watched code goes on
     assert writer.lost is not None and "No space left" in writer.lost
     writer.close()
+
+
+def test_the_observer_adds_one_thread_and_polls_compiles_on_its_wake_ups(tmp_path: Path):
+    """The torch hooks and the compile polling ride on the sampler's wake-ups (each
+    wake-up of a thread of ours takes the GIL from the main thread): no thread of their
+    own, and Dynamo's records are read at most every COMPILE_POLL_S however often the
+    sampler wakes."""
+    import torch  # noqa: F401  (the hooks go in once the program uses torch)
+    import torch._dynamo  # noqa: F401
+
+    from nsadiag.harness import watched
+
+    before = {thread.ident for thread in threading.enumerate()}
+    heartbeat = watched.ProcessHeartbeat(tmp_path)
+    polls: list[int] = []
+    heartbeat.start()
+    try:
+        added = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert added == ["nsadiag-sampler"]
+        deadline = time.monotonic() + 60  # the sampler's first ticks install the hooks
+        while heartbeat.stage != "compiles" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert heartbeat.stage == "compiles" and heartbeat.finder is not None
+        heartbeat.sampler.stop()  # ticks from here on are this test's own
+        assert heartbeat.compiles is not None
+        heartbeat.compiles.poll = lambda: polls.append(1) or 0  # type: ignore[method-assign]
+        heartbeat.next_compile_poll = 0.0
+        for _ in range(5):
+            heartbeat._tick()
+        assert polls == [1]  # once, not at every tick
+        heartbeat.next_compile_poll = 0.0  # COMPILE_POLL_S later
+        heartbeat._tick()
+        assert polls == [1, 1]
+    finally:
+        heartbeat.stop(remove=True)
