@@ -36,6 +36,11 @@ def thread_switches(native_id: int) -> tuple[int, int]:
     return found["voluntary_ctxt_switches"], found["nonvoluntary_ctxt_switches"]
 
 
+def thread_cpu_s(native_id: int) -> float:
+    """On-CPU seconds of one thread of this process (schedstat)."""
+    return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[0]) / 1e9
+
+
 def observe(parts: str, run_dir: Path) -> object:
     """Start the observer with the parts named (see the module docstring)."""
     from dataclasses import fields
@@ -82,7 +87,8 @@ def main() -> None:
                 time.sleep(0.05)
         native = threading.get_native_id()
         voluntary, involuntary = thread_switches(native)
-        others = {t: thread_switches(t.native_id)[0] for t in threading.enumerate()
+        others = {t: (thread_switches(t.native_id)[0], thread_cpu_s(t.native_id))
+                  for t in threading.enumerate()
                   if t.native_id != native and t.native_id is not None}
         cpu, started = time.thread_time(), time.perf_counter()
         for _ in range(args.steps):
@@ -93,13 +99,15 @@ def main() -> None:
         wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
         after = thread_switches(native)
         # a sampler's switches: one sleep a sample, and one more for every wait for the GIL
-        threads = {t.name: thread_switches(t.native_id)[0] - before
+        threads = {t.name: thread_switches(t.native_id)[0] - before[0]
                    for t, before in others.items() if t.is_alive()}
+        threads_cpu = {t.name: round(thread_cpu_s(t.native_id) - before[1], 4)
+                       for t, before in others.items() if t.is_alive()}
         if watched is not None:
             watched.stop()
     print(json.dumps({"loop_s": round(wall, 4), "cpu_s": round(cpu, 4),
                       "voluntary": after[0] - voluntary, "involuntary": after[1] - involuntary,
-                      "threads": threads}), flush=True)
+                      "threads": threads, "threads_cpu_s": threads_cpu}), flush=True)
 
 
 if __name__ == "__main__":
