@@ -43,6 +43,16 @@ nothing waits longer than that to be read, and a process that aborts leaves ever
 but the latest block counts). A model of many small blocks would otherwise pay a JSON
 line and a write per block call (17 % of its step; bench/bench_overhead.py).
 
+No write lets the GIL go: the events are written with the GIL held (``write_all``, ``read_at``
+for the resident memory; a regular file's write lands in the page cache at once). The
+model's thread writes its phase starts and steps, the sampler's thread its block events
+and pulses; a write that let the GIL go inside the writer's lock would hand the GIL to the
+sampler, which then waits for the lock and hands it back: each such write cost the model's
+thread two waits for the GIL, and on a loaded machine two waits for a core
+(bench/bench_gil_handoffs.py). For the same reason the sampler's block event is skipped,
+not waited for, while the model's thread holds the lock (``write_blocks(wait=False)``):
+the model's own next event writes those enters.
+
 Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
 This module does not import torch itself, so a trial can write its first "start" event
 before the seconds-long torch import (the parent sees the child alive and building).
@@ -58,6 +68,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from nsadiag.probes.framemem import read_at, write_all
 
 if TYPE_CHECKING:
     from torch import nn
@@ -95,7 +107,10 @@ class HeartbeatWriter:
         self._enters_written = 0
         self._enters_at_phase = 0
         self.rank = rank
-        self._file = open(self.path, "w", encoding="utf-8")  # closed in close()
+        # closed in close(); written with the GIL held (see the module docstring)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
+                                       os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._pending: list[bytes] = []  # encoded events not written yet
         self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
         # reentrant: a phase start writes the block event and its own under one hold, so
         # the sampler's block event never falls between them
@@ -135,17 +150,24 @@ class HeartbeatWriter:
             self._entered = entered
             self._enters_written = self._enters_at_phase = entered()[0]
 
-    def write_blocks(self) -> None:
+    def write_blocks(self, wait: bool = True) -> bool:
         """The "module" event for the block enters counted and not written yet, if any
-        (see the module docstring); from the sampler's thread and the model's alike."""
+        (see the module docstring); from the sampler's thread and the model's alike.
+        Without ``wait`` nothing is written while another thread holds the writer (its
+        next event writes them): False then."""
         if self._entered is None:
-            return
-        with self._lock:
+            return True
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             enters, block = self._entered()
             if enters <= self._enters_written or block is None:
-                return
+                return True
             edges, self._enters_written = enters - self._enters_written, enters
             self._write("module", self.phase, module=block, edge="enter", edges=edges)
+            return True
+        finally:
+            self._lock.release()
 
     def context(self) -> tuple[str | None, str | None]:
         """(phase, innermost open module) right now: for counted blocks, the block entered
@@ -193,12 +215,22 @@ class HeartbeatWriter:
             self._write("end", self.phase, status=status)
 
     def close(self) -> None:
-        if not self._file.closed:
+        with self._lock:
+            if self._fd is None:
+                return
             try:
-                self._file.close()
+                self._flush()
             except OSError:  # what a full disk kept in the buffer
                 pass
+            os.close(self._fd)
+            self._fd = None
             os.close(self._statm)
+
+    def _flush(self) -> None:
+        """Write the pending events (under the lock)."""
+        if self._pending:
+            data, self._pending = b"".join(self._pending), []
+            write_all(self._fd, data)  # type: ignore[arg-type]
 
     def _write(self, kind: str, phase: str, **extra: Any) -> None:
         event: dict[str, Any] = {"t": 0.0, "seq": 0, "kind": kind, "phase": phase,
@@ -218,20 +250,22 @@ class HeartbeatWriter:
                 self.events += 1
             if self.lost is not None:
                 return
+            if self._fd is None:  # closed: at exit, a late pulse
+                raise ValueError("the heartbeat is closed")
             try:
-                self._file.write(_ENCODE(event) + "\n")
+                self._pending.append((_ENCODE(event) + "\n").encode())
                 now = time.monotonic()
                 # only module events wait for a flush: they are the many; a collective, a
                 # step or a pulse is written through, so a rank that aborts right after it
                 # (gloo on a collective mismatch) leaves it for the verdict
                 if not self.buffered or kind != "module" or now - self._flushed >= FLUSH_S:
-                    self._file.flush()
+                    self._flush()
                     self._flushed = now
             except OSError as err:  # a full disk: the watched process must not fail by us
                 self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
 
     def _rss(self) -> int:
-        fields = os.pread(self._statm, 128, 0).split()
+        fields = (read_at(self._statm, 128, 0, partial=True) or b"0 0").split()
         return int(fields[1]) * _PAGE
 
 

@@ -55,9 +55,12 @@ model compiles as often as without nsadiag; its blocks' events and an optimizer 
 compiled with the model are not seen, the call of the compiled model, its backward and
 an eager optimizer step are.
 
-torch is not imported here: a thread waits until the user's code has imported
-``torch.nn`` and ``torch.optim``, then installs the hooks, so processes that never use
-torch (a launcher script, a data worker, pip) pay nothing but the sampler.
+torch is not imported here: the sampler's thread, after each sample, looks whether the
+user's code has imported ``torch.nn`` and ``torch.optim``, then installs the hooks, so
+processes that never use torch (a launcher script, a data worker, pip) pay nothing but the
+sampler; it also reads what Dynamo compiled. The sampler is the one thread nsadiag adds to
+the process: each wake-up of a thread of ours takes the GIL from the program's main thread
+(docs/observer.md).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +85,24 @@ from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
 from nsadiag.probes.sampler import Sampler
 from nsadiag.ranknames import rank_names
 
-TORCH_POLL_S = 0.2
 TORCH_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed")
+
+
+@dataclass(frozen=True)
+class ObserverParts:
+    """Which parts of the observer a watched process runs; all of them under ``nsadiag
+    run``. bench/bench_gil_handoffs.py turns them off one at a time, to tell what each
+    costs the program's main thread."""
+
+    sampler: bool = True
+    """The sampler thread (nsadiag.probes.sampler): stacks, loop counters, pulses; the
+    parts below run on its wake-ups, and without it not at all."""
+    block_events: bool = True
+    """The sampler writes the blocks' "module" events (HeartbeatWriter.write_blocks)."""
+    torch_hooks: bool = True
+    """The torch hooks, installed once torch is used (from the sampler's thread)."""
+    compile_watch: bool = True
+    """The polling of Dynamo's compile records (nsadiag.probes.recompiles)."""
 
 
 def own_rank(environ: dict[str, str] | None = None, parent_rank: str | None = None
@@ -120,8 +140,10 @@ def _imported(names: tuple[str, ...]) -> bool:
 class ProcessHeartbeat:
     """One process's heartbeat, sampler and torch hooks (see the module docstring)."""
 
-    def __init__(self, directory: Path, job: str = "run"):
+    def __init__(self, directory: Path, job: str = "run",
+                 parts: ObserverParts = ObserverParts()):
         self.directory = directory
+        self.parts = parts
         self.writer = HeartbeatWriter(directory / "events.jsonl", own_rank(), buffered=True)
         self.writer.start("build", pid=os.getpid(), rank=self.writer.rank, job=job,
                           argv=list(sys.argv), orig_argv=list(sys.orig_argv),
@@ -131,7 +153,7 @@ class ProcessHeartbeat:
                                counters=self.counters, context=self.writer.context,
                                events=lambda: self.writer.events,
                                step=lambda: self.writer.step,
-                               on_sample=self.writer.write_blocks)
+                               on_sample=self._tick)
         self.root: Any = None  # the model, once its first training call was seen
         self.finder: Any = None  # the global pre-hook's handle until then
         self.steps = 0
@@ -146,15 +168,18 @@ class ProcessHeartbeat:
         self.previous_excepthook = sys.excepthook
         self.uninstall_thread_hook: Any = None
         self.uninstall_child_exits: Any = None
+        # the torch hooks' stage (_torch_stage): "torch", "dynamo", "compiles", "done"
+        self.stage = "torch"
+        self.compiles: CompileWatch | None = None
+        self.next_compile_poll = 0.0
 
     def start(self) -> None:
-        self.sampler.start()
+        if self.parts.sampler:
+            self.sampler.start()
         sys.excepthook = self._excepthook
         self.uninstall_thread_hook = thread_exceptions.install(
             self.directory / thread_exceptions.FILE_NAME)
         self.uninstall_child_exits = child_exits.install(self.directory / child_exits.FILE_NAME)
-        threading.Thread(target=self._install_when_torch_is_used, name="nsadiag-torch-hooks",
-                         daemon=True).start()
         atexit.register(self.stop)
 
     def _after_fork(self) -> None:
@@ -209,15 +234,45 @@ class ProcessHeartbeat:
         except OSError:
             pass  # the user's exception is what matters; the traceback reaches stderr
 
-    def _install_when_torch_is_used(self) -> None:
-        while not _imported(TORCH_MODULES):
-            if self.stopped.wait(TORCH_POLL_S):
+    def _tick(self) -> None:
+        """What the observer does on the sampler's thread after each of its samples: the
+        blocks' event, and the torch hooks' stages. One thread's wake-ups for all of it:
+        every wake-up of a thread of ours takes the GIL from the model's thread, which
+        then waits for it, and on a loaded machine for a core (a thread of its own that
+        polled for torch and then for compiles woke 1 to 5 times a second;
+        bench/bench_gil_handoffs.py)."""
+        if self.stopped.is_set() or self.forked:
+            return
+        if self.parts.block_events:
+            self.writer.write_blocks(wait=False)  # skipped, not waited for: see heartbeat
+        if self.parts.torch_hooks:
+            self._torch_stage()
+
+    def _torch_stage(self) -> None:
+        """Install the torch hooks once the user's code has imported torch.nn and
+        torch.optim, have Dynamo skip their frames once it is loaded, then read what it
+        compiled every COMPILE_POLL_S. Each stage is entered once: a failure in one is
+        counted by the sampler and not tried again."""
+        if self.stage == "torch":
+            if not _imported(TORCH_MODULES):
                 return
+            self.stage = "dynamo"
+            self._install_torch_hooks()
+        if self.stage == "dynamo":
+            if not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
+                return
+            self.stage = "compiles" if self.parts.compile_watch else "done"
+            # what Dynamo compiled, and the guard that failed for each recompile (read only)
+            self.compiles = CompileWatch(self.writer.compiled)
+        now = time.monotonic()
+        if self.stage == "compiles" and now >= self.next_compile_poll:
+            self.next_compile_poll = now + COMPILE_POLL_S
+            self.compiles.poll()
+
+    def _install_torch_hooks(self) -> None:
         from torch.nn.modules import module as module_mod
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        if self.stopped.is_set():
-            return
         self.counters.install(count_calls=False)
         # torch warns that global hooks fire once more for the wrapper torch.compile(model)
         # returns; the hooks are nsadiag's and count that call once, so the user's stderr
@@ -230,17 +285,6 @@ class ProcessHeartbeat:
         self.handles.append(
             register_optimizer_step_post_hook(outside_compiled_code(self._on_step)))
         self._count_collectives()
-        while not skip_dynamo_frames():  # see nsadiag.probes.counters.outside_compiled_code
-            if self.stopped.wait(TORCH_POLL_S):
-                return
-        # what Dynamo compiled, and the guard that failed for each recompile (read only)
-        compiles = CompileWatch(self.writer.compiled)
-        while not self.stopped.wait(COMPILE_POLL_S):
-            try:
-                if not self.forked:
-                    compiles.poll()
-            except ValueError:  # stop() closed the heartbeat file under the write: at exit
-                return
 
     def _count_collectives(self) -> None:
         import torch.distributed as dist
@@ -368,16 +412,17 @@ def process_dir(run_dir: Path, pid: int | None = None) -> Path:
     return run_dir / f"proc-{os.getpid() if pid is None else pid}"
 
 
-def start(run_dir: Path, job: str = "run") -> ProcessHeartbeat | None:
-    """Watch this process into ``run_dir/proc-<pid>/``; None when that cannot be written
-    (the user's command runs on, unwatched)."""
+def start(run_dir: Path, job: str = "run", parts: ObserverParts = ObserverParts()
+          ) -> ProcessHeartbeat | None:
+    """Watch this process into ``run_dir/proc-<pid>/`` with the observer's ``parts``; None
+    when that cannot be written (the user's command runs on, unwatched)."""
     directory = process_dir(run_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         from nsadiag.harness.child import arm_faulthandler
 
         arm_faulthandler(directory / "faulthandler.txt")
-        watched = ProcessHeartbeat(directory, job)
+        watched = ProcessHeartbeat(directory, job, parts)
     except OSError:
         return None
     watched.start()

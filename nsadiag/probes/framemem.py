@@ -36,6 +36,7 @@ last is the variable's value now.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 import sys
@@ -109,10 +110,13 @@ def _find_offsets(mem: int) -> tuple[int, int] | None:
     return layout
 
 
-_LIBC = ctypes.PyDLL(None)  # a PyDLL call keeps the GIL: see read_at
+_LIBC = ctypes.PyDLL(None, use_errno=True)  # a PyDLL call keeps the GIL: see read_at
 _PREAD = _LIBC.pread
 _PREAD.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long)
 _PREAD.restype = ctypes.c_ssize_t
+_WRITE = _LIBC.write
+_WRITE.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+_WRITE.restype = ctypes.c_ssize_t
 
 
 def read_at(fd: int, size: int, offset: int, partial: bool = False) -> bytes | None:
@@ -132,6 +136,24 @@ def read_at(fd: int, size: int, offset: int, partial: bool = False) -> bytes | N
     if partial:
         return buffer.raw[:done] if done >= 0 else None
     return buffer.raw[:size] if done == size else None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``write`` all of ``data`` to ``fd`` without letting the GIL go (see ``read_at``);
+    OSError when the system refuses it (a full disk).
+
+    For a heartbeat's own regular file, whose writes land in the page cache at once: a
+    write through ``os.write`` or a file object lets the GIL go, and when the sampler's
+    thread waits for the GIL just then, the writing thread waits in turn for it to come
+    back, one more hand-off each time (bench/bench_gil_handoffs.py)."""
+    while data:
+        done = _WRITE(fd, data, len(data))
+        if done <= 0:
+            code = ctypes.get_errno() if done < 0 else errno.EIO  # 0: nothing more goes
+            if code == errno.EINTR:
+                continue
+            raise OSError(code, os.strerror(code))
+        data = data[done:]
 
 
 def _read(mem: int, address: int, size: int) -> bytes | None:

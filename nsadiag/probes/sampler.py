@@ -429,8 +429,10 @@ class Sampler(threading.Thread):
                  main: threading.Thread | None = None,
                  step: Callable[[], int] | None = None,
                  on_sample: Callable[[], None] | None = None):
-        """``on_sample`` runs after every sample on this thread (a heartbeat's block
-        events, written here so the model's own hooks only count)."""
+        """``on_sample`` runs after every sample on this thread (a watched process's block
+        events, written here so the model's own hooks only count, and the installing of
+        its torch hooks: nsadiag.harness.watched; on this thread's wake-ups, so that no
+        other thread of ours takes the GIL from the main thread)."""
         super().__init__(name="nsadiag-sampler", daemon=True)
         self._emit, self._profile_path = emit, profile_path
         self._counters = counters
