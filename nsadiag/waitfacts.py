@@ -202,6 +202,27 @@ class EndedProcess:
 
 
 @dataclass(frozen=True)
+class PipeWriter:
+    """A process of this machine that holds the write end (descriptor ``fd``) of a pipe
+    (``inode``) a thread of the process reads, found when no child of the process holds
+    it: the write end that keeps the read from reaching end of file."""
+
+    inode: int
+    pid: int
+    command: tuple[str, ...]
+    fd: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inode": self.inode, "pid": self.pid, "command": list(self.command),
+                "fd": self.fd}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PipeWriter:
+        return cls(int(data["inode"]), int(data["pid"]), tuple(data.get("command") or ()),
+                   int(data["fd"]))
+
+
+@dataclass(frozen=True)
 class ProcessWaits:
     """What the OS says of one process (see the module docstring)."""
 
@@ -215,6 +236,7 @@ class ProcessWaits:
     scopes: tuple[Scope, ...] = ()
     sockets: tuple[SocketEnd, ...] = ()
     ended: tuple[EndedProcess, ...] = ()  # its children that ended before the stall
+    pipe_writers: tuple[PipeWriter, ...] = ()
 
     def thread(self, tid: int | None) -> ThreadWait | None:
         return next((t for t in self.threads if t.tid == tid), None)
@@ -234,7 +256,8 @@ class ProcessWaits:
                 "unreadable": list(self.unreadable),
                 "scopes": [scope.to_dict() for scope in self.scopes],
                 "sockets": [end.to_dict() for end in self.sockets],
-                "ended": [child.to_dict() for child in self.ended]}
+                "ended": [child.to_dict() for child in self.ended],
+                "pipe_writers": [writer.to_dict() for writer in self.pipe_writers]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessWaits:
@@ -246,4 +269,5 @@ class ProcessWaits:
                    tuple(data.get("unreadable") or ()),
                    tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()),
                    tuple(SocketEnd.from_dict(end) for end in data.get("sockets") or ()),
-                   tuple(EndedProcess.from_dict(child) for child in data.get("ended") or ()))
+                   tuple(EndedProcess.from_dict(child) for child in data.get("ended") or ()),
+                   tuple(PipeWriter.from_dict(w) for w in data.get("pipe_writers") or ()))

@@ -80,6 +80,11 @@ def chain_next(chain: WaitChain) -> str | None:
         return (f"Close the write end before waiting for `{subject}` (`proc.stdin.close()`), "
                 f"or use `communicate()` / `subprocess.run(input=...)`, which send end of "
                 f"file{_where(chain, 0)}.")
+    if end == "pipe-held":
+        return (f"`{subject}` holds the write end of the pipe read{_where(chain, 0)} open, so "
+                f"the read never reaches end of file: start that process with its output "
+                f"elsewhere (`stdout=subprocess.DEVNULL`, or `> /dev/null 2>&1` in a shell "
+                f"command), or read with a timeout (`communicate(timeout=...)`).")
     if end == "child-waits":
         return (f"The child `{subject}` never exits: make what it waits for happen, or wait "
                 f"for it with a timeout (`wait(timeout=...)`){_where(chain, 0)}.")

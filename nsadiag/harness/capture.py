@@ -195,9 +195,10 @@ def capture_all(pids: dict[str, int], dirs: dict[str, Path], due: Due, window_s:
         samples = sampled.samples
         waits = read_waits(pid, depth=1 if name.startswith(OTHER) else 2,
                            scopes=thread_scopes(samples[-1]) if samples else ())
-        if not name.startswith(OTHER):  # its children that ended, as it reaped them
-            waits = dataclasses.replace(waits, ended=child_exits.read(
-                dirs[name] / child_exits.FILE_NAME))
+        if not name.startswith(OTHER):  # its children that ended, as it reaped them too
+            reaped = child_exits.read(dirs[name] / child_exits.FILE_NAME)
+            waits = dataclasses.replace(waits, ended=(*reaped, *(
+                z for z in waits.ended if z.pid not in {e.pid for e in reaped})))
         found[name] = dataclasses.replace(sampled, waits=waits)
 
     def budget(name: str, pid: int) -> None:

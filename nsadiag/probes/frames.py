@@ -50,10 +50,12 @@ INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
 """Shared objects of the CPython interpreter itself."""
 
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<|"
-                          r"/torchinductor_[^/]*/|/\.triton/|/triton_cache/")
+                          r"/torchinductor_[^/]*/|/\.triton/|/triton_cache/|"
+                          r"/(?P<key>[a-z0-9]{2})/c(?P=key)[a-z0-9]{49}\.py$")
 """Traceback files that belong to installed packages or the standard library, or that a
-compiler generated (inductor's output under /tmp/torchinductor_USER, triton's caches):
-never the user's own code."""
+compiler generated (inductor's output under /tmp/torchinductor_USER, or under any
+TORCHINDUCTOR_CACHE_DIR: inductor names a module "c" and a 51-character hash, in a folder
+named by the hash's first two characters; triton's caches): never the user's own code."""
 
 OWN_THREAD_PREFIX = "nsadiag-"
 """The name of every thread nsadiag starts inside a watched process (the progress sampler,

@@ -25,12 +25,15 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
     TERMINAL,
+    EndedProcess,
     FileLock,
     OpenFile,
+    PipeWriter,
     ProcessWaits,
     Scope,
     SocketEnd,
@@ -290,6 +293,74 @@ def _socket_owner(inode: int) -> int | None:
     return None
 
 
+def _pipe_writers(inode: int, skip: set[int]) -> list[PipeWriter]:
+    """The processes of this machine (but ``skip``) with the write end of pipe ``inode``
+    open."""
+    wanted = f"pipe:[{inode}]"
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    found = []
+    for pid in pids[:PROCESS_SCAN_LIMIT]:
+        if pid in skip:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") != wanted:
+                    continue
+            except OSError:
+                continue
+            held = _open_file(pid, int(fd))
+            if held is not None and "w" in held.mode:
+                found.append(PipeWriter(inode, pid, _command_of(pid), int(fd)))
+    return found
+
+
+def _tree(waits: ProcessWaits) -> list[ProcessWaits]:
+    return [waits, *(w for child in waits.children for w in _tree(child))]
+
+
+def _held_pipes(pid: int, threads: tuple[ThreadWait, ...], files: tuple[OpenFile, ...],
+                children: tuple[ProcessWaits, ...]) -> tuple[PipeWriter, ...]:
+    """Who holds the write end of each pipe a thread reads, where no child read holds it
+    (a process the child started, which outlived it, keeps the child's output open)."""
+    read = {t.first_arg for t in threads if t.syscall_name in READ_SYSCALLS}
+    pipes = {f.inode for f in files if f.fd in read and f.is_pipe and "r" in f.mode and
+             f.inode is not None}
+    held = {f.inode for c in children for w in _tree(c) for f in w.files if "w" in f.mode}
+    return tuple(writer for inode in sorted(pipes - held)
+                 for writer in _pipe_writers(inode, {pid}))
+
+
+EXIT_CODE_FIELD = 49
+"""/proc/PID/stat's exit_code (field 52: the status waitpid would report), counted after
+the command's closing parenthesis."""
+
+
+def _zombie(child: Any) -> EndedProcess | None:
+    """A child (a psutil.Process) that has ended and waits to be reaped, with the status its
+    parent will read; None for a live child."""
+    import psutil
+
+    try:
+        if child.status() != psutil.STATUS_ZOMBIE:
+            return None
+        name = child.name()
+    except psutil.Error:
+        return None
+    fields = (_read(f"/proc/{child.pid}/stat") or ")").rsplit(")", 1)[1].split()
+    if len(fields) <= EXIT_CODE_FIELD or not fields[EXIT_CODE_FIELD].isdigit():
+        return EndedProcess(child.pid, name)
+    status = int(fields[EXIT_CODE_FIELD])
+    code = -(status & 0x7F) if status & 0x7F else status >> 8 & 0xFF
+    return EndedProcess(child.pid, name, code)
+
+
 def _command_of(pid: int) -> tuple[str, ...]:
     raw = _read(f"/proc/{pid}/cmdline") or ""
     return tuple(part for part in raw.split("\0") if part)
@@ -374,6 +445,10 @@ def read_waits(pid: int, depth: int = CHILD_DEPTH, scopes: tuple[Scope, ...] = (
     locks = tuple(FileLock(kind, access, holder, inode, blocked, paths[inode])
                   for kind, access, holder, inode, blocked in parse_locks(
                       _read("/proc/locks") or "") if inode in paths)
-    return ProcessWaits(pid, command, threads, files,
-                        tuple(read_waits(child.pid, depth - 1) for child in children),
-                        locks, tuple(unreadable), scopes, _read_sockets(pid, threads, files))
+    zombies = {child.pid: _zombie(child) for child in children}
+    ended = tuple(z for z in zombies.values() if z is not None)
+    read = tuple(read_waits(child.pid, depth - 1) for child in children
+                 if zombies[child.pid] is None)
+    return ProcessWaits(pid, command, threads, files, read, locks, tuple(unreadable), scopes,
+                        _read_sockets(pid, threads, files), ended,
+                        _held_pipes(pid, threads, files, read))

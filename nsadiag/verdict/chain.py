@@ -27,6 +27,10 @@ child       ``Popen.wait``/``subprocess.run`` (or the kernel's ``wait4``), or a 
             (pid, command) and where the kernel holds it; a child reading a pipe whose
             write end this process holds is a pipe that never reaches end of file. Inside
             torch.compile the child is the program the compiler runs (its C++ compiler).
+pipe        a read of a pipe whose write end no child holds: the processes of the machine
+            that hold it (nsadiag.probes.waits scans /proc), and the child that ended
+            (its exit status from /proc, as its parent will read it) when the read is a
+            subprocess's output.
 file lock   ``flock``/``fcntl`` in the kernel: the pid that holds a lock on the same file
             (/proc/locks) and where it stands.
 compile     a wait for a job of torch.compile's compile workers (``Future.result`` under
@@ -75,6 +79,7 @@ from nsadiag.waitfacts import (
     TERMINAL,
     EndedProcess,
     OpenFile,
+    PipeWriter,
     ProcessWaits,
     Scope,
     SocketEnd,
@@ -89,14 +94,16 @@ ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
         "compile-cxx", "compile-child", "compile-worker", "pool-lost-task", "pool-worker-ended",
-        "pool-worker", "terminal-input", "sleep", "unknown")
+        "pool-worker", "pipe-held", "terminal-input", "sleep", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
 holds it; lock-lost-fork: the same in a forked process (the holder did not survive the
 fork); queue-full: the holder waits in Queue.put; producer-died: the thread that fed a
 queue died; no-producer: no thread is known to feed it; pipe-eof: a child reads a pipe
-whose write end the waiting process holds; child-waits: a child blocked elsewhere;
+whose write end the waiting process holds; pipe-held: a thread reads a pipe whose write
+end a process other than its children holds (the child whose output it is may have ended);
+child-waits: a child blocked elsewhere;
 file-lock: another process holds a file lock; worker: a DataLoader worker stands at its
 frame; poll: a loop polls a condition; socket-peer: a read on a connection whose other
 end a process of this machine holds; socket-remote: a read on a TCP or UDP connection whose
@@ -409,6 +416,36 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
                                             f"{kernel}")), waiting_end, _command(child))
+
+
+def _held_pipe_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                     read: OpenFile, held: Sequence[PipeWriter]) -> WaitChain:
+    """A read of a pipe whose write end no child holds: a subprocess's output whose child
+    ended (its only child, and the read in subprocess's code) while another process keeps
+    the write end open; else the read and the holders."""
+    where = f" at {at(own)}" if own is not None else ""
+    waits = process.waits
+    ended = waits.ended if waits is not None else ()
+    child = ended[0] if len(ended) == 1 and waits is not None and not waits.children and \
+        any(SUBPROCESS.search(f.file) for f in thread.python_frames()) else None
+    holders = "; ".join(f"pid {w.pid} (`{short_command(w.command) or '?'}`, fd {w.fd})"
+                        for w in held)
+    subject = short_command(held[0].command) or f"pid {held[0].pid}"
+    if child is None:
+        return WaitChain((Hop("pipe", f"{_label(thread)} waits to read fd {read.fd}, "
+                                      f"{read.target}{where}", at(own) if own else None,
+                              own.code if own else None),
+                          Hop("pipe", f"its write end is open in {holders}: the read never "
+                                      f"reaches end of file while it is")), "pipe-held",
+                         subject)
+    name = f" (`{child.name}`)" if child.name else ""
+    return WaitChain((Hop("child", f"{_label(thread)} waits to read the output of child pid "
+                                   f"{child.pid}{name}{where}", at(own) if own else None,
+                          own.code if own else None),
+                      Hop("ended", f"pid {child.pid} ended ({child.status()})"),
+                      Hop("pipe", f"but the write end of its output ({read.target}) is still "
+                                  f"open in {holders}: the read never reaches end of file "
+                                  f"while it is")), "pipe-held", subject)
 
 
 def _connection(end: SocketEnd) -> str:
@@ -780,6 +817,11 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _pool_chain(process, thread, own, others, depth)
     if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
         return _child_chain(process, thread, own, writer)
+    read = _read_file(process.waits, os_wait) if writer is None else None
+    held = [w for w in process.waits.pipe_writers if read is not None and read.is_pipe and
+            w.inode == read.inode] if process.waits is not None else []
+    if held:
+        return _held_pipe_chain(process, thread, own, read, held)
     terminal = _terminal_read(process.waits, os_wait)
     if terminal is not None:
         where = f" at {at(own)}" if own is not None else ""

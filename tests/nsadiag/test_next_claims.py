@@ -28,7 +28,8 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++",
             "multiprocessing.Pool", "concurrent.futures.ProcessPoolExecutor",
             "BrokenProcessPool", "map_async(...).get(timeout=...)", "dmesg", "< answers.txt",
-            "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_COMPILE_THREADS=1"}
+            "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_COMPILE_THREADS=1",
+            "stdout=subprocess.DEVNULL", "> /dev/null 2>&1", "communicate(timeout=...)"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -69,6 +70,12 @@ CHAINS = [
                             "t.py:27", "t.py:27"),
                Hop("pipe", "pid 3 is blocked reading fd 0 (its stdin), pipe:[7], a pipe whose "
                            "write end this process holds (fd 10)")), "pipe-eof", "sort -u"),
+    WaitChain((Hop("child", "the main thread waits to read the output of child pid 3 (`sh`) "
+                            "at t.py:12", "t.py:12"),
+               Hop("ended", "pid 3 ended (exited with code 0)"),
+               Hop("pipe", "but the write end of its output (pipe:[7]) is still open in pid "
+                           "4 (`python serve.py`, fd 1): the read never reaches end of file "
+                           "while it is")), "pipe-held", "python serve.py"),
     WaitChain((Hop("child", "the main thread waits for child pid 3 (`tool`) to exit at "
                             "t.py:27", "t.py:27"),
                Hop("process", "pid 3 waits in the kernel at hrtimer_nanosleep")),

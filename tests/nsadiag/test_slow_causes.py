@@ -78,6 +78,10 @@ def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
 
 def test_generated_code_is_never_the_users_own():
     assert not own_code(StackFrame("call", "/tmp/torchinductor_u/ab/cab12.py", 10))
+    # inductor's module in a cache directory of the user's choice (TORCHINDUCTOR_CACHE_DIR)
+    generated = "/scratch/ind/3f/c3fkedam5pdgpgt5jfukhhrnlt57ntbhqecjm3hbyrkahdlnuz72.py"
+    assert not own_code(StackFrame("<module>", generated, 63))
+    assert own_code(StackFrame("main", "/home/u/3f/c3f_train.py", 3))
     assert not own_code(StackFrame("kernel", "/home/u/.triton/cache/x/k.py", 3))
     assert own_code(StackFrame("main", "/home/u/train.py", 3))
 

@@ -34,7 +34,7 @@ from nsadiag.probes.waits import (
     reads_terminal,
 )
 from nsadiag.verdict.chain import WaitChain, wait_chain
-from nsadiag.waitfacts import EndedProcess
+from nsadiag.waitfacts import EndedProcess, PipeWriter
 
 TRAIN = "/home/u/train.py"
 
@@ -234,6 +234,60 @@ def test_a_prompt_in_a_thread_the_main_thread_joins_is_named_through_the_join():
     assert chain.printed() == (
         "the main thread waits for thread `asker` to finish at train.py:20 -> thread asker "
         "waits for a line typed at the terminal (/dev/pts/3, fd 0, its stdin) at train.py:9")
+
+
+def test_an_output_held_open_after_its_child_ended_names_the_child_and_the_holder():
+    reads = thread(100, "MainThread",
+                   frame("Popen.communicate", 1196, "stdout = self.stdout.read()",
+                         "/usr/lib/python3.11/subprocess.py"),
+                   frame("run", 550, "stdout, stderr = process.communicate(input, timeout=t)",
+                         "/usr/lib/python3.11/subprocess.py"),
+                   frame("main", 12, "out = subprocess.run(start, stdout=subprocess.PIPE)"))
+    read = (ThreadWait(100, "pipe_read", 0, "read", 5),)
+    pipe = (OpenFile(5, "pipe:[70]", "r", 70),)
+    holder = PipeWriter(70, 301, ("/usr/bin/python", "/srv/serve.py"), 1)
+    ours = ProcessWaits(100, ("python", "train.py"), read, pipe,
+                        ended=(EndedProcess(300, "sh", 0),), pipe_writers=(holder,))
+    chain = roundtrip(wait_chain(evidence([reads], ours)))
+    assert chain.end == "pipe-held" and chain.subject == "python serve.py"
+    assert chain.printed() == (
+        "the main thread waits to read the output of child pid 300 (`sh`) at train.py:12 -> "
+        "pid 300 ended (exited with code 0) -> but the write end of its output (pipe:[70]) "
+        "is still open in pid 301 (`python serve.py`, fd 1): the read never reaches end of "
+        "file while it is")
+    # a pipe read outside subprocess: the read and the holder, no child claimed
+    plain = thread(100, "MainThread", frame("main", 20, "line = os.read(fd, 100)"))
+    bare = roundtrip(wait_chain(evidence([plain], ours)))
+    assert bare.end == "pipe-held" and "child" not in bare.printed()
+    assert bare.printed().startswith("the main thread waits to read fd 5, pipe:[70] at "
+                                     "train.py:20 -> its write end is open in pid 301")
+
+
+def test_a_child_that_ended_and_a_process_it_left_holding_its_output_are_read_from_proc():
+    import subprocess
+    import sys
+    import time
+
+    runs = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run("
+                             "['sh', '-c', 'sleep 60 & exit 3'], stdout=subprocess.PIPE)"])
+    left: list[int] = []
+    try:
+        end, waits = time.monotonic() + 60, None
+        while time.monotonic() < end:
+            waits = read_waits(runs.pid)
+            if waits.ended and waits.pipe_writers:
+                break
+            time.sleep(0.1)
+        assert waits is not None
+        left = [w.pid for w in waits.pipe_writers]
+        assert [(e.name, e.returncode) for e in waits.ended] == [("sh", 3)]
+        assert [(w.command, w.fd) for w in waits.pipe_writers] == [(("sleep", "60"), 1)]
+        assert not waits.children  # the ended child is not read as a live one
+    finally:
+        for pid in left:
+            os.kill(pid, 9)
+        runs.kill()
+        runs.wait()
 
 
 def test_a_file_lock_is_followed_to_its_holder_by_proc_locks():

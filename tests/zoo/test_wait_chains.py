@@ -60,6 +60,9 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
      "reward_server_reads_to_eof.py:", "Make `python reward_server_reads_to_eof.py serve "),
     ("poll_for_file.py", "poll", "polls `not os.path.exists(marker)` in a sleep loop at "
      "poll_for_file.py:", "Add a timeout to the polling loop at poll_for_file.py:"),
+    ("server_keeps_output_open.py", "pipe-held", "ended (exited with code 0) -> but the "
+     "write end of its output (pipe:[", "`python -c import time; time.sleep(3600)` holds "
+     "the write end of the pipe read at server_keeps_output_open.py:"),
     ("pool_worker_killed.py", "pool-worker-ended", "ended (killed by SIGKILL) while it ran "
      "the task; the pool replaced it with pid ", "Find why pool worker pid "),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
