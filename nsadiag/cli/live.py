@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsadiag.fmt import clock
 from nsadiag.probes.profile import read_profile, summarize
-from nsadiag.probes.waits import reads_terminal
+from nsadiag.probes.waits import PersonWait
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
 
@@ -77,9 +77,10 @@ class RunStatus:
     def __init__(self, run_dir: Path, stall_timeout_s: float, startup_grace_s: float,
                  deadline_s: float = math.inf, redact: Callable[[str], str] = str,
                  now: Callable[[], float] = time.monotonic,
-                 awaits_person: Callable[[int], bool] = reads_terminal):
+                 awaits_person: Callable[[int], bool] | None = None):
         self.run_dir, self.redact, self.now = run_dir, redact, now
-        self.awaits_person = awaits_person
+        # as the stall clock asks it: a prompt in the main thread, or in a thread it joins
+        self.awaits_person = awaits_person or PersonWait()
         self.stall_timeout_s, self.startup_grace_s = stall_timeout_s, startup_grace_s
         self.deadline_s = deadline_s
         self.started = self.last_progress = now()
