@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from nsadiag.evidence import StallEvidence
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import config_table, last_events, stack_excerpt
@@ -32,12 +33,12 @@ def _rank_evidence(rank: dict[str, Any]) -> list[str]:
     if exception:
         lines += [f"Raised {exception.get('type')}:", "", "```",
                   *str(exception.get("message", "")).strip().splitlines()[:6], "```", ""]
-    stall = rank.get("stall") or {}
-    if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
-        lines += [f"CPU time over the {stall['window_s']:.1f} s watch window: "
-                  f"{stall['cpu_delta_s']:.2f} s.", ""]
-    lines += ["Last heartbeat events:", ""] + last_events(rank) + [""]
-    lines += ["Stacks (last sample):", ""] + stack_excerpt(rank, limit=10)
+    stall = StallEvidence.from_dict(rank["stall"]) if rank.get("stall") else None
+    if stall is not None and stall.cpu_delta_s is not None and stall.window_s:
+        lines += [f"CPU time over the {stall.window_s:.1f} s watch window: "
+                  f"{stall.cpu_delta_s:.2f} s.", ""]
+    lines += ["Last heartbeat events:", ""] + last_events(rank.get("events") or []) + [""]
+    lines += ["Stacks (last sample):", ""] + stack_excerpt(stall, limit=10)
     return lines + [""]
 
 
@@ -62,7 +63,7 @@ def _flight_recorder(ddp: dict[str, Any]) -> list[str]:
 
 def ddp_rerun(record: TrialRecord) -> list[str]:
     """The `nsadiag ddp` command of this trial."""
-    ddp = record.evidence.get("ddp") or {}
+    ddp = (record.evidence.ddp if record.evidence is not None else None) or {}
     return ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--ddp-backend",
             str(ddp.get("backend")), *trial_options(record.spec)]
 
@@ -72,7 +73,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     """(markdown, summary.json) of a ddp run directory's record."""
     record = records[-1]
     verdict, evidence = record.verdict, record.evidence
-    ddp = evidence.get("ddp") or {}
+    ddp = (evidence.ddp if evidence is not None else None) or {}
     facts = verdict.facts
     rows = rank_rows(record)
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
@@ -90,7 +91,7 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     md = [f"Verdict **{verdict.name}** after {record.wall_s:.1f} s:", ""]
     md += [f"- {reason}" for reason in verdict.reasons] + [""]
     md += _flight_recorder(ddp)
-    for rank in evidence.get("ranks") or []:
+    for rank in (evidence.ranks if evidence is not None else None) or []:
         md += _rank_evidence(rank)
     # every block above ends in its blank line; the last one is the one before the next
     # heading, which the skeleton writes
