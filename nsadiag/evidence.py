@@ -294,13 +294,14 @@ class Evidence:
 
     The record adds what it knows beyond one process (each absent, None, when it does
     not): ``ranks`` every rank's RankEvidence dict (a job of two or more ranks), ``job``
-    and ``ddp`` a trial's job shape, ``command`` the facts of a user's command
-    (CommandFacts), ``hosts`` the view of a job's other hosts, ``source`` the code of the
-    lines the record names (nsadiag.sourcelines.capture), ``output_copies`` and
-    ``output_not_shown`` what became of a command's output, ``containment`` how its
-    processes were held, ``interrupted`` what an interrupting stop left (the verdict's
-    ``facts["interrupted"]``). ``unknown`` keeps keys this nsadiag does not read, so a
-    record written by another version writes back whole.
+    a trial's job shape (JobFacts), ``ddp`` a DDP trial's set-up (DdpFacts), ``command``
+    the facts of a user's command (CommandFacts), ``hosts`` the view of a job's other
+    hosts, ``source`` the code of the lines the record names
+    (nsadiag.sourcelines.capture), ``output_copies`` and ``output_not_shown`` what became
+    of a command's output, ``containment`` how its processes were held, ``interrupted``
+    what an interrupting stop left (the verdict's ``facts["interrupted"]``). ``unknown``
+    keeps the keys at this level that this nsadiag does not read, so they are written
+    back as they were.
     """
 
     spec: dict[str, Any]
@@ -319,8 +320,8 @@ class Evidence:
     others: list[dict[str, Any]] = field(default_factory=list)
     crash: dict[str, Any] | None = None
     ranks: list[dict[str, Any]] | None = None
-    job: dict[str, Any] | None = None
-    ddp: dict[str, Any] | None = None
+    job: JobFacts | None = None
+    ddp: DdpFacts | None = None
     command: CommandFacts | None = None
     hosts: dict[str, Any] | None = None
     source: dict[str, Any] | None = None
@@ -337,7 +338,8 @@ class Evidence:
             ("thread_exceptions", self.thread_exceptions), ("others", self.others),
             ("crash", self.crash)) if value}
         added = {name: value for name, value in (
-            ("ranks", self.ranks), ("job", self.job), ("ddp", self.ddp)) if value is not None}
+            ("ranks", self.ranks), ("job", self.job.to_dict() if self.job else None),
+            ("ddp", self.ddp.to_dict() if self.ddp else None)) if value is not None}
         command = self.command.to_dict() if self.command is not None else {}
         later = {name: value for name, value in (
             ("hosts", self.hosts), ("source", self.source),
@@ -386,8 +388,8 @@ class Evidence:
             others=list(data.get("others") or []),
             crash=data.get("crash"),
             ranks=data.get("ranks"),
-            job=data.get("job"),
-            ddp=data.get("ddp"),
+            job=JobFacts.from_dict(data["job"]) if data.get("job") else None,
+            ddp=DdpFacts.from_dict(data["ddp"]) if data.get("ddp") else None,
             command=command,
             hosts=data.get("hosts"),
             source=data.get("source"),
@@ -397,6 +399,52 @@ class Evidence:
             interrupted=data.get("interrupted"),
             unknown={k: v for k, v in data.items() if k not in read},
         )
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The shape of a trial's job (nsadiag.harness.jobs.JobSpec): its kind ("trial",
+    "check", ...), the check it runs (None: none) and its number of ranks."""
+
+    kind: str
+    check: str | None
+    world_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "check": self.check, "world_size": self.world_size}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobFacts:
+        return cls(kind=str(data["kind"]), check=data.get("check"),
+                   world_size=int(data.get("world_size") or 1))
+
+
+@dataclass(frozen=True)
+class DdpFacts:
+    """A DDP trial's set-up: its ranks, process-group backend and timeout, whether that
+    timeout outlasts the stall timeout plus the stack sampling (False: a stalled
+    collective raises before the ranks are sampled; None: not known), and the NCCL
+    Flight Recorder dumps it left (nsadiag.probes.flight_recorder.collect: each {"file",
+    "summary"} or {"file", "unreadable"})."""
+
+    world_size: int
+    backend: str | None
+    pg_timeout_s: float | None = None
+    pg_timeout_outlasts_capture: bool | None = None
+    flight_recorder: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "backend": self.backend,
+                "pg_timeout_s": self.pg_timeout_s,
+                "pg_timeout_outlasts_capture": self.pg_timeout_outlasts_capture,
+                "flight_recorder": list(self.flight_recorder)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DdpFacts:
+        return cls(world_size=int(data["world_size"]), backend=data.get("backend"),
+                   pg_timeout_s=data.get("pg_timeout_s"),
+                   pg_timeout_outlasts_capture=data.get("pg_timeout_outlasts_capture"),
+                   flight_recorder=list(data.get("flight_recorder") or []))
 
 
 @dataclass(frozen=True)

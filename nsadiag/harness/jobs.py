@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from nsadiag.evidence import DdpFacts, JobFacts
 from nsadiag.harness.capture import unwatched
 from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
@@ -167,15 +168,14 @@ def _record(job: JobSpec, times: WatchTimes, trial_dir: Path, end: SessionEnd,
                          spec.memory_cap_bytes, oom_killer)
     ddp = None
     if job.world_size > 1:
-        ddp = {"world_size": job.world_size, "backend": job.ddp_backend,
-                        "pg_timeout_s": times.pg_timeout_s,
-                        "pg_timeout_outlasts_capture": times.collective_outlasts_capture(),
-                        "flight_recorder": flight_recorder.collect(trial_dir)}
+        ddp = DdpFacts(job.world_size, job.ddp_backend, times.pg_timeout_s,
+                       times.collective_outlasts_capture(),
+                       flight_recorder.collect(trial_dir))
     ranks = dict(enumerate(end.streams)) if job.world_size > 1 else {}
     return build_record(json.loads(spec.to_json()), trial_dir, end, end.streams[0], ranks,
                         outcome, ended_ok=end.due is None and returncode == 0,
                         total_steps=spec.steps, ddp=ddp,
-                        job={"kind": job.kind, "check": job.check, "world_size": job.world_size})
+                        job=JobFacts(job.kind, job.check, job.world_size))
 
 
 # ---- the shapes of job the commands run ------------------------------------------------------

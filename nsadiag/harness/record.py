@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsadiag.evidence import CommandFacts, Evidence, ProcessOutcome, StallEvidence
+from nsadiag.evidence import (
+    CommandFacts,
+    DdpFacts,
+    Evidence,
+    JobFacts,
+    ProcessOutcome,
+    StallEvidence,
+)
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.session import SessionEnd
@@ -197,7 +204,7 @@ def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
                  ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
                  total_steps: int, fallback: dict[str, Any] | None = None,
-                 job: dict[str, Any] | None = None, ddp: dict[str, Any] | None = None,
+                 job: JobFacts | None = None, ddp: DdpFacts | None = None,
                  command: CommandFacts | None = None, hosts: HostsView | None = None,
                  remote: Sequence[RankEvidence] = ()) -> TrialRecord:
     """The record of a watched run (see the module docstring). ``main``: the stream whose

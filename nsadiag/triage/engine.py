@@ -149,7 +149,7 @@ class _Book:
     def __post_init__(self) -> None:
         for record in load_records(self.run_dir / "trials.jsonl"):
             ddp = record.evidence.ddp if record.evidence is not None else None
-            world_size = (ddp or {}).get("world_size", 1)
+            world_size = ddp.world_size if ddp is not None else 1
             self.stored.setdefault(_config_key({**record.spec, "world_size": world_size}),
                                    []).append(record)
 
@@ -229,7 +229,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     step time, expected cost and their ratio (nsadiag.probes.efficiency), whatever its
     verdict."""
     ddp = record.evidence.ddp if record.evidence is not None else None
-    world_size = (ddp or {}).get("world_size", 1)
+    world_size = ddp.world_size if ddp is not None else 1
     row = row_from_record(record)
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
                     n_layers=record.spec.get("n_layers"), world_size=world_size,

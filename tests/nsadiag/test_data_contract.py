@@ -10,7 +10,9 @@ import pytest
 import nsadiag
 from nsadiag.evidence import (
     CommandFacts,
+    DdpFacts,
     Evidence,
+    JobFacts,
     ProcessOutcome,
     StackFrame,
     StackSample,
@@ -100,7 +102,8 @@ def test_a_record_carries_its_spec_once_and_reads_back_whole(tmp_path):
 
 def _full_record(run: Path) -> TrialRecord:
     """A record with every part of the evidence filled: a stall with a sample and the
-    waits the OS reported, two ranks, a command's processes, the hosts' view, the source,
+    waits the OS reported, two ranks, the job's and DDP's shape, a command's processes,
+    the hosts' view, the source,
     what became of the output, an interruption, and a key this nsadiag does not read."""
     spec = {"command": ["python", "train.py"], "stall_timeout_s": 5.0, "deadline_s": None,
             "subject": "the command"}
@@ -123,6 +126,8 @@ def _full_record(run: Path) -> TrialRecord:
         thread_exceptions=[{"thread": "loader", "type": "ValueError"}],
         others=[{"pid": 50, "role": "DataLoader worker 0", "stall": stall.to_dict()}],
         crash={"where": "train.py:12"}, ranks=[r.to_dict() for r in ranks],
+        job=JobFacts("trial", None, 2),
+        ddp=DdpFacts(2, "nccl", 30.0, False, [{"file": "fr-0", "unreadable": "torn"}]),
         command=CommandFacts([{"name": "main", "pid": 41, "rank": None, "events": {},
                                "role": "the training process", "place": None,
                                "stall": stall.to_dict()}], "main", None,

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nsadiag.cli import app
-from nsadiag.evidence import CommandFacts, Evidence, ProcessOutcome
+from nsadiag.evidence import CommandFacts, DdpFacts, Evidence, ProcessOutcome
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
@@ -142,7 +142,7 @@ def test_a_single_host_ddp_report_names_its_host_and_an_unnamed_rank_is_unknown(
     job = _job()
     verdict = decide_ranks(job, ranks)
     evidence = dataclasses.replace(job, ranks=[r.to_dict() for r in ranks],
-                                   ddp={"world_size": 2, "backend": "gloo"})
+                                   ddp=DdpFacts(2, "gloo"))
     run = tmp_path / "ddp"
     spec = json.loads(TrialSpec(n_layers=1, seq_len=64, out_dir=str(run)).to_json())
     run.mkdir()

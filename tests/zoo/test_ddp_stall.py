@@ -48,7 +48,7 @@ def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     _assert_names_rank_1(record)
     facts = record.verdict.facts
     assert facts["pg_timeout"] is False
-    assert record.evidence.ddp["pg_timeout_outlasts_capture"] is True
+    assert record.evidence.ddp.pg_timeout_outlasts_capture is True
     assert record.evidence.outcome.kill_reason == "stall"
     first = record.verdict.reasons[0]
     assert first.startswith("rank 1 waits in all_reduce #3") and "rank 0 waits in" in first
@@ -67,7 +67,7 @@ def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):
     record = _run(tmp_path, pg_timeout_s=4.0, stall_timeout_s=40.0)
     _assert_names_rank_1(record)
     assert record.verdict.facts["pg_timeout"] is True
-    assert record.evidence.ddp["pg_timeout_outlasts_capture"] is False
+    assert record.evidence.ddp.pg_timeout_outlasts_capture is False
     text, _ = build_ddp_report([record], {})
     assert "4.0 s (shorter than the stall timeout plus the stack sampling" in text
     assert record.evidence.outcome.kill_reason is None  # the job ended by itself
