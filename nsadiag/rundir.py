@@ -894,7 +894,7 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
 
 
 def _without_superseded(records: list[TrialRecord]) -> list[TrialRecord]:
-    """``records`` less each interrupted trial (``evidence["interrupted"]``) that a resume
+    """``records`` less each interrupted trial (``evidence.interrupted``) that a resume
     ran again: a later record of the same spec replaces it."""
     last = {spec_key(r.spec): i for i, r in enumerate(records)}
     return [r for i, r in enumerate(records)
