@@ -291,6 +291,17 @@ class Evidence:
     included (each {"pid", "role", "stall"}: role in words, "DataLoader worker 0 of rank
     1", and a StallEvidence dict); ``crash`` what a process that died of a signal left
     (nsadiag.harness.crash: its fatal-error dump, the telling lines of stderr).
+
+    The record adds what it knows beyond one process (each absent, None, when it does
+    not): ``ranks`` every rank's RankEvidence dict (a job of two or more ranks), ``job``
+    a trial's job shape (JobFacts), ``ddp`` a DDP trial's set-up (DdpFacts), ``command``
+    the facts of a user's command (CommandFacts), ``hosts`` the view of a job's other
+    hosts, ``source`` the code of the lines the record names
+    (nsadiag.sourcelines.capture), ``output_copies`` and ``output_not_shown`` what became
+    of a command's output, ``containment`` how its processes were held, ``interrupted``
+    what an interrupting stop left (the verdict's ``facts["interrupted"]``). ``unknown``
+    keeps the keys at this level that this nsadiag does not read, so they are written
+    back as they were.
     """
 
     spec: dict[str, Any]
@@ -308,11 +319,33 @@ class Evidence:
     thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
     others: list[dict[str, Any]] = field(default_factory=list)
     crash: dict[str, Any] | None = None
+    ranks: list[dict[str, Any]] | None = None
+    job: JobFacts | None = None
+    ddp: DdpFacts | None = None
+    command: CommandFacts | None = None
+    hosts: dict[str, Any] | None = None
+    source: dict[str, Any] | None = None
+    output_copies: list[str] | None = None
+    output_not_shown: dict[str, Any] | None = None
+    containment: dict[str, Any] | None = None
+    interrupted: dict[str, Any] | None = None
+    unknown: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form, its keys in the order the record is built (so that a stored
+        record writes back byte for byte)."""
         optional = {name: value for name, value in (
             ("thread_exceptions", self.thread_exceptions), ("others", self.others),
             ("crash", self.crash)) if value}
+        added = {name: value for name, value in (
+            ("ranks", self.ranks), ("job", self.job.to_dict() if self.job else None),
+            ("ddp", self.ddp.to_dict() if self.ddp else None)) if value is not None}
+        command = self.command.to_dict() if self.command is not None else {}
+        later = {name: value for name, value in (
+            ("hosts", self.hosts), ("source", self.source),
+            ("output_copies", self.output_copies),
+            ("output_not_shown", self.output_not_shown), ("containment", self.containment),
+            ("interrupted", self.interrupted)) if value is not None}
         return {
             "spec": self.spec,
             "events": self.events,
@@ -327,11 +360,17 @@ class Evidence:
             "load": self.load,
             "profile": self.profile,
             **optional,
+            **added,
+            **command,
+            **later,
+            **self.unknown,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:
         stall = data.get("stall")
+        command = CommandFacts.from_dict(data) if "processes" in data else None
+        read = _KNOWN if command is not None else _KNOWN - _COMMAND_KEYS
         return cls(
             spec=dict(data.get("spec", {})),
             events=list(data.get("events", [])),
@@ -348,4 +387,93 @@ class Evidence:
             thread_exceptions=list(data.get("thread_exceptions") or []),
             others=list(data.get("others") or []),
             crash=data.get("crash"),
+            ranks=data.get("ranks"),
+            job=JobFacts.from_dict(data["job"]) if data.get("job") else None,
+            ddp=DdpFacts.from_dict(data["ddp"]) if data.get("ddp") else None,
+            command=command,
+            hosts=data.get("hosts"),
+            source=data.get("source"),
+            output_copies=data.get("output_copies"),
+            output_not_shown=data.get("output_not_shown"),
+            containment=data.get("containment"),
+            interrupted=data.get("interrupted"),
+            unknown={k: v for k, v in data.items() if k not in read},
         )
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """The shape of a trial's job (nsadiag.harness.jobs.JobSpec): its kind ("trial",
+    "check", ...), the check it runs (None: none) and its number of ranks."""
+
+    kind: str
+    check: str | None
+    world_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "check": self.check, "world_size": self.world_size}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobFacts:
+        return cls(kind=str(data["kind"]), check=data.get("check"),
+                   world_size=int(data.get("world_size") or 1))
+
+
+@dataclass(frozen=True)
+class DdpFacts:
+    """A DDP trial's set-up: its ranks, process-group backend and timeout, whether that
+    timeout outlasts the stall timeout plus the stack sampling (False: a stalled
+    collective raises before the ranks are sampled; None: not known), and the NCCL
+    Flight Recorder dumps it left (nsadiag.probes.flight_recorder.collect: each {"file",
+    "summary"} or {"file", "unreadable"})."""
+
+    world_size: int
+    backend: str | None
+    pg_timeout_s: float | None = None
+    pg_timeout_outlasts_capture: bool | None = None
+    flight_recorder: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "backend": self.backend,
+                "pg_timeout_s": self.pg_timeout_s,
+                "pg_timeout_outlasts_capture": self.pg_timeout_outlasts_capture,
+                "flight_recorder": list(self.flight_recorder)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DdpFacts:
+        return cls(world_size=int(data["world_size"]), backend=data.get("backend"),
+                   pg_timeout_s=data.get("pg_timeout_s"),
+                   pg_timeout_outlasts_capture=data.get("pg_timeout_outlasts_capture"),
+                   flight_recorder=list(data.get("flight_recorder") or []))
+
+
+@dataclass(frozen=True)
+class CommandFacts:
+    """The facts of a user's command or block beyond one process's Evidence
+    (nsadiag.harness.record.command_facts): every process with its role, events and place
+    at the stop (dicts: name, pid, rank, events, role, place, stall), the name of the one
+    that trained (None: none did), the exit code and how the run ended, in words."""
+
+    processes: list[dict[str, Any]]
+    main_process: str | None
+    exit_code: int | None
+    ended: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"processes": self.processes, "main_process": self.main_process,
+                "exit_code": self.exit_code, "ended": self.ended}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CommandFacts:
+        return cls(processes=list(data["processes"]), main_process=data.get("main_process"),
+                   exit_code=data.get("exit_code"), ended=data.get("ended"))
+
+
+_COMMAND_KEYS = frozenset({"processes", "main_process", "exit_code", "ended"})
+_KNOWN = frozenset({
+    "spec", "events", "event_counts", "result", "outcome", "stall", "expected_events_per_step",
+    "total_steps", "stall_timeout_s", "pulses", "load", "profile", "thread_exceptions",
+    "others", "crash", "ranks", "job", "ddp", "hosts", "source", "output_copies",
+    "output_not_shown", "containment", "interrupted"}) | _COMMAND_KEYS
+"""The keys of an Evidence's JSON form that it reads into fields (a command's only with
+its processes)."""

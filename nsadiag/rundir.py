@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
+from nsadiag.evidence import Evidence
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
 from nsadiag.verdict.names import Verdict, VerdictName
@@ -109,11 +110,12 @@ class TrialRecord:
 
     As a trials.jsonl line (``to_dict``) it carries ``schema_version`` and its spec once:
     the evidence's copy of the spec is left out and restored on reading (``from_dict``).
-    The line's shape is nsadiag/schemas/trial.schema.json.
+    The line's shape is nsadiag/schemas/trial.schema.json. ``evidence`` is parsed there,
+    once; a record whose evidence is empty has none (None).
     """
 
     spec: dict[str, Any]
-    evidence: dict[str, Any]
+    evidence: Evidence | None
     verdict: Verdict
     trial_dir: str
     wall_s: float
@@ -134,7 +136,8 @@ class TrialRecord:
         return self.facts.get("slow_by")
 
     def to_dict(self) -> dict[str, Any]:
-        evidence = {k: v for k, v in self.evidence.items() if k != "spec"}
+        evidence = {k: v for k, v in self.evidence.to_dict().items() if k != "spec"} \
+            if self.evidence is not None else {}
         return {"schema_version": SCHEMA_VERSION, "spec": self.spec, "evidence": evidence,
                 "verdict": self.verdict.to_dict(), "trial_dir": self.trial_dir,
                 "wall_s": self.wall_s,
@@ -153,9 +156,21 @@ class TrialRecord:
         found = errors(current, "trial")
         if found:
             raise RecordError(f"not a trial record ({found[0]})")
-        evidence = {**data["evidence"], "spec": data["spec"]}
-        return cls(data["spec"], evidence, _verdict_of(data["verdict"]), data["trial_dir"],
-                   float(data["wall_s"]), data.get("gpu"))
+        return cls(data["spec"], _evidence_of(data), _verdict_of(data["verdict"]),
+                   data["trial_dir"], float(data["wall_s"]), data.get("gpu"))
+
+
+def _evidence_of(data: dict[str, Any]) -> Evidence | None:
+    """The Evidence of a stored record (the spec restored into it), None when its evidence
+    is empty; RecordError when it lacks what every Evidence has or holds a value of the
+    wrong type."""
+    if not data["evidence"]:
+        return None
+    try:
+        return Evidence.from_dict({**data["evidence"], "spec": data["spec"]})
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise RecordError(f"not a trial record (evidence: {type(err).__name__}: {err})") \
+            from None
 
 
 def _verdict_of(data: dict[str, Any]) -> Verdict:
@@ -879,11 +894,12 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
 
 
 def _without_superseded(records: list[TrialRecord]) -> list[TrialRecord]:
-    """``records`` less each interrupted trial (``evidence["interrupted"]``) that a resume
+    """``records`` less each interrupted trial (``evidence.interrupted``) that a resume
     ran again: a later record of the same spec replaces it."""
     last = {spec_key(r.spec): i for i, r in enumerate(records)}
     return [r for i, r in enumerate(records)
-            if not (r.evidence.get("interrupted") and last[spec_key(r.spec)] > i)]
+            if not (r.evidence is not None and r.evidence.interrupted and
+                    last[spec_key(r.spec)] > i)]
 
 
 def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:

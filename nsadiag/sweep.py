@@ -187,19 +187,20 @@ def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     """The child's result, or for a trial killed before writing one, the same timings
     rebuilt from its "step" heartbeat events (and the saved bytes from step 0's
     "backward" start event)."""
-    result = record.evidence.get("result")
-    if result:
-        return result
-    steps = [e for e in record.evidence.get("events", []) if e.get("kind") == "step"]
+    evidence = record.evidence
+    if evidence is not None and evidence.result:
+        return evidence.result
+    events = evidence.events if evidence is not None else []
+    steps = [e for e in events if e.get("kind") == "step"]
     rebuilt: dict[str, Any] = {key: [e[key] for e in steps if key in e]
                                for key in ("step_s", "forward_s", "backward_s")}
     asked = int(record.spec.get("steps") or 0)
     rebuilt["steps_done"] = min(steps[-1]["step"] + 1, asked or steps[-1]["step"] + 1) \
         if steps else 0
     rebuilt.update({key: steps[-1].get(key) for key in RATE_FIELDS} if steps else {})
-    rss = [e["rss"] for e in record.evidence.get("events", []) if e.get("rss")]
+    rss = [e["rss"] for e in events if e.get("rss")]
     rebuilt["peak_rss"] = max(rss) if rss else None
-    saved = next((e for e in record.evidence.get("events", []) if e.get("kind") == "start"
+    saved = next((e for e in events if e.get("kind") == "start"
                   and e.get("phase") == "backward" and "saved_bytes" in e), {})
     rebuilt["saved_bytes"] = saved.get("saved_bytes")
     rebuilt["saved_by_branch"] = saved.get("saved_by_branch")
@@ -262,7 +263,7 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
     trials_path = run_dir / "trials.jsonl"
     # an interrupted trial is kept for its report, and run again on a resume
     done = {spec_key(r.spec): r for r in load_records(trials_path)
-            if not r.evidence.get("interrupted")}
+            if r.evidence is None or not r.evidence.interrupted}
     records = []
     for point in points:
         trial_dir = run_dir / f"trial-{next_trial_index(run_dir)}"

@@ -69,7 +69,8 @@ def _row(record: TrialRecord, label: str) -> dict[str, Any]:
     for name, value in sorted((spec.get("overrides") or {}).items()):
         row[f"overrides.{name}"] = (",".join(map(str, value))
                                     if isinstance(value, (list, tuple)) else value)
-    row["world_size"] = (record.evidence.get("ddp") or {}).get("world_size", 1)
+    ddp = record.evidence.ddp if record.evidence is not None else None
+    row["world_size"] = ddp.world_size if ddp is not None else 1
     measured = row_from_record(record, label) if spec.get("target") else None
     for key in MEASURED:
         row[key] = getattr(measured, key) if measured else None

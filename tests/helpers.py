@@ -15,6 +15,7 @@ import torch
 
 from nsa.config import NSAConfig
 from nsadiag.checks import CheckResult
+from nsadiag.evidence import Evidence
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.state import TriageState
@@ -81,19 +82,20 @@ def plain_spec(n_layers: int, **changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
+def evidence_of(spec: dict[str, Any], stored: dict[str, Any]) -> Evidence:
+    """The Evidence whose JSON form is ``stored`` (keys missing read as their defaults), of
+    a process that exited with code 0 unless ``stored`` names its outcome."""
+    return Evidence.from_dict({"outcome": {"exit_code": 0}, **stored, "spec": spec})
+
+
 def trial_record(spec: dict[str, Any], result: dict[str, Any] | None, verdict: str = "OK",
                  trial_dir: str = "trial-0", *, events: list[dict] | None = None,
                  reasons: list[str] | None = None, facts: dict[str, Any] | None = None,
-                 wall_s: float = 1.0, spec_in_evidence: bool = False) -> TrialRecord:
+                 wall_s: float = 1.0) -> TrialRecord:
     """A trials.jsonl record as a finished trial leaves it: ``result`` (the child's
-    result.json; left out when None) and ``events`` as its evidence, the verdict ``verdict``
-    with ``reasons`` (default "VERDICT because") and ``facts``. ``spec_in_evidence`` puts
-    the spec in the evidence too, as the runner does (a record writes it once)."""
-    evidence: dict[str, Any] = {"events": events or []}
-    if result is not None:
-        evidence["result"] = result
-    if spec_in_evidence:
-        evidence["spec"] = spec
+    result.json; None when it wrote none) and ``events`` as its evidence, the verdict
+    ``verdict`` with ``reasons`` (default "VERDICT because") and ``facts``."""
+    evidence = evidence_of(spec, {"events": events or [], "result": result})
     return TrialRecord(spec, evidence, Verdict(verdict, reasons or [f"{verdict} because"],
                                                facts or {}), trial_dir, wall_s)
 

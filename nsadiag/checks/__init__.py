@@ -154,7 +154,7 @@ def _size(spec: TrialSpec) -> str:
 
 def _reached(record: TrialRecord) -> str:
     """How far a job that was cut short got: its last module event and the wall time."""
-    events = record.evidence.get("events") or []
+    events = record.evidence.events if record.evidence is not None else []
     last = next((e for e in reversed(events) if e.get("module")), None)
     where = (f"reached {last['module']} {last.get('phase') or ''}".rstrip() if last
              else "reached no module")
@@ -208,7 +208,8 @@ def _did_not_finish(name: str, record: TrialRecord) -> CheckResult:
     # a copy: a check's result is amended later (fitted to its budget), its record is not
     verdict = Verdict(record.verdict.name, list(record.verdict.reasons),
                       dict(record.verdict.facts))
-    modules = [e["module"] for e in record.evidence.get("events") or [] if e.get("module")]
+    events = record.evidence.events if record.evidence is not None else []
+    modules = [e["module"] for e in events if e.get("module")]
     where = modules[-1] if modules else None
     summary = (f"the {name} check did not finish: {verdict.name}: {verdict.reasons[0]}"
                if verdict.reasons else f"the {name} check did not finish: {verdict.name}")

@@ -91,7 +91,8 @@ def _measure_in_child(spec: TrialSpec, top: int, expandable: bool,
     job = JobSpec("memory", spec.replace(out_dir=str(out_dir / f"ab-{label}"),
                                          budget_s=CHILD_TIMEOUT_S), top=top)
     record = run_job(job, env={ALLOC_CONF: value})
-    measured = (record.evidence.get("result") or {}).get("memory")
+    result = record.evidence.result if record.evidence is not None else None
+    measured = (result or {}).get("memory")
     if record.verdict_name != "OK" or measured is None:
         reason = record.verdict.reasons[0] if record.verdict.reasons else ""
         raise RuntimeError(f"ab-expandable-segments: the measuring child "

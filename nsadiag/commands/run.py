@@ -79,9 +79,10 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
             raise
     drop_earlier(earlier)
     drop_left_aside(run_dir)
-    copies = record.evidence.get("output_copies") or []
-    for line in [*copies, *_not_shown(record.evidence.get("output_not_shown") or {},
-                                      run_dir, copies)]:
+    evidence = record.evidence
+    copies = (evidence.output_copies if evidence is not None else None) or []
+    not_shown = (evidence.output_not_shown if evidence is not None else None) or {}
+    for line in [*copies, *_not_shown(not_shown, run_dir, copies)]:
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
@@ -90,7 +91,7 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "
                          f"{run_dir / 'report.md'})") from None
-    if record.evidence.get("interrupted"):
+    if evidence is not None and evidence.interrupted:
         raise stop.Kept(rendered)
     return rendered
 

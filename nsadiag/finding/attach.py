@@ -8,76 +8,139 @@ lock it waits on, the collective it issued: nsadiag.finding.culprit).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from nsadiag.evidence import StackSample
+from nsadiag.evidence import StallEvidence
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import busy_culprit, wait_culprit
 from nsadiag.finding.numbers import share
-from nsadiag.finding.source import Sources, sources_of
+from nsadiag.finding.source import Sources, carried_sources
 from nsadiag.finding.trial import next_action, stall_proof, status_of
+from nsadiag.ranknames import RankNames
+from nsadiag.verdict.names import Verdict
 
 NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
                  "for longer, or run it under `nsadiag run` for a heartbeat and a deadline.")
 
 
-def _label(process: dict[str, Any]) -> str:
-    return f"rank {process['rank']} (pid {process['pid']})" if process.get("rank") is not None \
-        else f"pid {process['pid']}"
+def _verdict_of(data: dict[str, Any]) -> Verdict:
+    return Verdict(data["name"], list(data["reasons"]), dict(data.get("facts") or {}))
 
 
-def blamed(stored: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class AttachedProcess:
+    """One process of attach.json (nsadiag.harness.window.WindowObservation.to_dict): its
+    pid, rank (None: not a rank), command line, state in words, verdict (None: not
+    judged), CPU fraction over the window, the user's and the collective's frame it stood
+    in, the heartbeat events it wrote in the window (None: no nsadiag heartbeat) and its
+    stall evidence."""
+
+    pid: int
+    rank: int | None
+    cmdline: str
+    state: str
+    verdict: Verdict | None
+    cpu_fraction: float | None
+    user_frame: str | None
+    collective_frame: str | None
+    heartbeat_events: int | None
+    stall: StallEvidence | None
+    names: RankNames | None = None
+    """Host, local and node rank as its environment gave them (``attach --ranks``), its
+    global rank the one it was attached as; None where not read."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttachedProcess:
+        verdict, stall = data.get("verdict"), data.get("stall")
+        names = data.get("names")
+        return cls(pid=int(data["pid"]), rank=data.get("rank"),
+                   names=RankNames.from_dict({**names, "rank": data.get("rank")})
+                   if isinstance(names, dict) else None,
+                   cmdline=str(data.get("cmdline") or ""), state=str(data["state"]),
+                   verdict=_verdict_of(verdict) if verdict else None,
+                   cpu_fraction=data.get("cpu_fraction"), user_frame=data.get("user_frame"),
+                   collective_frame=data.get("collective_frame"),
+                   heartbeat_events=data.get("heartbeat_events"),
+                   stall=StallEvidence.from_dict(stall) if stall else None)
+
+    def label(self) -> str:
+        """"rank 3 on host2 (local rank 1, node 1) (pid 4242)" where its names were read,
+        "rank 1 (pid 4242)" where not, "pid 4242" for a process that is not a rank."""
+        if self.rank is None:
+            return f"pid {self.pid}"
+        rank = self.names.label() if self.names is not None else f"rank {self.rank}"
+        return f"{rank} (pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class AttachRecord:
+    """attach.json (nsadiag.commands.attach): the verdict over every process, the state in
+    words, each process, and the source of the lines it names (nsadiag.sourcelines)."""
+
+    verdict: Verdict
+    state: str
+    processes: tuple[AttachedProcess, ...]
+    source: dict[str, Any] | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttachRecord:
+        return cls(verdict=_verdict_of(data["verdict"]), state=str(data["state"]),
+                   processes=tuple(AttachedProcess.from_dict(p)
+                                   for p in data.get("processes") or ()),
+                   source=data.get("source"))
+
+
+def blamed(stored: AttachRecord) -> AttachedProcess | None:
     """The process the verdict is about: an odd rank, else the first not progressing."""
-    processes = stored.get("processes") or []
-    odd = set((stored["verdict"].get("facts") or {}).get("odd_ranks") or [])
-    for process in processes:
-        if process.get("rank") in odd:
+    odd = set(stored.verdict.facts.get("odd_ranks") or [])
+    for process in stored.processes:
+        if process.rank in odd:
             return process
-    return next((p for p in processes if (p.get("verdict") or {}).get("name") not in
-                 (None, "OK")), None)
+    return next((p for p in stored.processes
+                 if p.verdict is not None and p.verdict.name != "OK"), None)
 
 
-def _culprit(process: dict[str, Any] | None, sources: Sources) -> Culprit | None:
+def _culprit(process: AttachedProcess | None, sources: Sources) -> Culprit | None:
     if process is None:
         return None
-    samples = [StackSample.from_dict(s) for s in (process.get("stall") or {}).get("samples")
-               or []]
-    name = (process.get("verdict") or {}).get("name")
+    samples = process.stall.samples if process.stall is not None else []
+    name = process.verdict.name if process.verdict is not None else None
     if name == "DEADLOCK":
         return wait_culprit(samples, sources)
-    if name in ("STALL-BUSY", "STALL-COLLECTIVE") or process.get("collective_frame"):
-        native = (process.get("stall") or {}).get("stacks_class") != "busy-python"
+    if name in ("STALL-BUSY", "STALL-COLLECTIVE") or process.collective_frame:
+        native = (process.stall.stacks_class if process.stall else None) != "busy-python"
         return busy_culprit(samples, sources, native=native)
     return None
 
 
-def attach_finding(stored: dict[str, Any], meta: dict[str, Any]) -> Finding:
+def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
     """The finding of one attach (``stored`` is attach.json, ``meta`` run.json)."""
-    verdict = stored["verdict"]
-    name, facts = verdict["name"], verdict.get("facts") or {}
+    verdict = stored.verdict
+    name, facts = verdict.name, verdict.facts
     process = blamed(stored)
-    culprit = _culprit(process, sources_of(stored))
-    own_facts = ((process or {}).get("verdict") or {}).get("facts") or facts
+    culprit = _culprit(process, carried_sources(stored.source))
+    own_facts = (process.verdict.facts if process and process.verdict else None) or facts
     kind = kind_of(name, facts.get("slow_by"))
     target = f"the ranks under pid {meta['pid']}" if meta.get("ranks") else \
         f"pid {meta['pid']}"
     subject = f"{target}, watched {meta['duration_s']:g} s"
     proof = stall_proof(own_facts) if name in ("STALL-BUSY", "DEADLOCK") else \
-        (verdict.get("reasons") or [None])[0]
+        (verdict.reasons or [None])[0]
     action = next_action(name, own_facts, culprit) if name != "OK" else NOTHING_STUCK
     results: list[Item] = []
-    for p in stored.get("processes") or []:
-        state = (p.get("verdict") or {}).get("name") or "?"
-        cpu = f", {share(p['cpu_fraction'])} CPU" if p.get("cpu_fraction") is not None else ""
-        text = f"{_label(p)}: {p['state']}{cpu}" + (f", in {p['collective_frame']}"
-                                                      if p.get("collective_frame") else "")
+    for p in stored.processes:
+        state = p.verdict.name if p.verdict is not None else "?"
+        cpu = f", {share(p.cpu_fraction)} CPU" if p.cpu_fraction is not None else ""
+        text = f"{p.label()}: {p.state}{cpu}" + (f", in {p.collective_frame}"
+                                                   if p.collective_frame else "")
         results.append(ok(text) if state == "OK" else fail(text) if state != "INCONCLUSIVE"
                        else warn(text))
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     implicated = [fail(f"{culprit.where()}: {culprit.why}.")] if culprit else []
     summary = [f"Watched {target} for {meta['duration_s']:g} s without stopping it: "
-               f"{stored['state']}."] + [r[:1].upper() + r[1:] + "." for r in
-                                         (verdict.get("reasons") or [])[:2]]
+               f"{stored.state}."] + [r[:1].upper() + r[1:] + "." for r in
+                                      verdict.reasons[:2]]
     return Finding(command="attach", verdict=name, kind=kind,
                    status=status_of(name, facts.get("slow_by")),
                    headline=f"{name} ({kind}){where}", subject=subject, next_action=action,

@@ -42,10 +42,12 @@ from nsadiag.finding.source import (
     HOST_READ,
     MAX_DUMP_BYTES,
     Sources,
-    sources_of,
+    carried_sources,
 )
 from nsadiag.probes.frames import busy_threads, own_code, user_frame, wait_frame
+from nsadiag.probes.profile_summary import ProfileSummary
 from nsadiag.rundir import TrialRecord
+from nsadiag.verdict.ranks import RankEvidence
 
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<function>\S+)')
 """A frame of a Python traceback or a faulthandler dump."""
@@ -58,7 +60,8 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     names none."""
     name = record.verdict_name
     facts = record.facts
-    sources = sources_of(record.evidence)
+    evidence = record.evidence
+    sources = carried_sources(evidence.source if evidence is not None else None)
     if name == "SLOW" and facts.get("slow_by") == "defect":
         return slow_culprit(record, sources)
     if name == "SLOW" and facts.get("slow_cause"):
@@ -68,10 +71,11 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
         return slow_culprit(record, sources, hot_lines=False)
     if name == "STALL-BUSY":
-        return busy_culprit(_samples(record.evidence), sources, native=(
-            (record.evidence.get("stall") or {}).get("stacks_class") == "busy-native"))
+        return busy_culprit(_samples(record), sources, native=(
+            evidence is not None and evidence.stall is not None and
+            evidence.stall.stacks_class == "busy-native"))
     if name == "DEADLOCK":
-        return wait_culprit(_samples(record.evidence), sources) or \
+        return wait_culprit(_samples(record), sources) or \
             chain_culprit(record, sources)
     if name == "STALL-COLLECTIVE":
         return collective_culprit(record, sources)
@@ -84,9 +88,16 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     return None
 
 
-def _samples(evidence: dict[str, Any]) -> list[StackSample]:
-    return [StackSample.from_dict(s) for s in (evidence.get("stall") or {}).get("samples")
-            or []]
+def _samples(record: TrialRecord) -> list[StackSample]:
+    """The stack samples of the record's stall, none without one."""
+    stall = record.evidence.stall if record.evidence is not None else None
+    return stall.samples if stall is not None else []
+
+
+def _profile(record: TrialRecord) -> ProfileSummary:
+    """The rows of the record's profile summary (none when no profile was taken)."""
+    evidence = record.evidence
+    return ProfileSummary.from_dict(evidence.profile if evidence is not None else None)
 
 
 def _culprit(sources: Sources, path: str, line: int, why: str,
@@ -110,12 +121,14 @@ def _split_where(where: str) -> tuple[str, str, int] | None:
 def _full_path(record: TrialRecord, function: str, name: str) -> str | None:
     """The full path of the file called ``name`` that the profile saw ``function`` in:
     from the profile summary's lines, else the raw profile.json of the trial directory."""
-    profile = record.evidence.get("profile") or {}
-    for row in [*(profile.get("hot_lines") or []), *(profile.get("frames") or [])]:
-        file = row.get("file")
-        if file and Path(file).name == name and (row.get("function") in (None, function) or
-                                                 row.get("where", "").startswith(function)):
-            return file
+    profile = _profile(record)
+    for hot in profile.hot_lines:  # a hot line names no function apart from its ``where``
+        if hot.file and Path(hot.file).name == name:
+            return hot.file
+    for frame in profile.frames:
+        if frame.file and Path(frame.file).name == name and (
+                frame.function in (None, function) or frame.where.startswith(function)):
+            return frame.file
     raw = read_profile_json(record)
     for loop in (raw or {}).get("loops") or []:
         if Path(loop.get("file", "")).name == name and loop.get("function") == function:
@@ -141,7 +154,8 @@ def profile_path(record: TrialRecord) -> Path | None:
     base = runfiles.trial_dir(record.trial_dir)
     if base is None:
         return None
-    main = record.evidence.get("main_process")
+    command = record.evidence.command if record.evidence is not None else None
+    main = command.main_process if command is not None else None
     for candidate in (base / "profile.json", base / str(main or "-") / "profile.json",
                       base / "rank-0" / "profile.json"):
         if candidate.is_symlink() or candidate.is_file():
@@ -163,12 +177,12 @@ def read_profile_json(record: TrialRecord) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _running(profile: dict[str, Any]) -> set[tuple[str, str]]:
+def _running(profile: ProfileSummary) -> set[tuple[str, str]]:
     """(function, file name) of the hot lines seen in forward or backward."""
     found = set()
-    for line in profile.get("hot_lines") or []:
-        parsed = _split_where(line["where"])
-        if parsed and line.get("phase") in ("forward", "backward"):
+    for line in profile.hot_lines:
+        parsed = _split_where(line.where)
+        if parsed and line.phase in ("forward", "backward"):
             found.add(parsed[:2])
     return found
 
@@ -188,34 +202,34 @@ def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
     """The loop of a SLOW by defect: the counter that advanced most in a function the
     forward or backward ran (stepping by one first), else (with ``hot_lines``) the loop
     around the hottest forward or backward line that sits in a loop."""
-    profile = record.evidence.get("profile") or {}
+    profile = _profile(record)
     running = _running(profile)
-    loops = [loop for loop in profile.get("loops") or []
-             if (_split_where(loop["where"]) or ("",))[:2] in running]
-    loops.sort(key=lambda loop: (not loop.get("by_one"), -int(loop.get("advanced") or 0)))
+    loops = [loop for loop in profile.loops
+             if (_split_where(loop.where) or ("",))[:2] in running]
+    loops.sort(key=lambda loop: (not loop.by_one, -loop.advanced))
     for loop in loops:
-        function, name, line = _split_where(loop["where"])
+        function, name, line = _split_where(loop.where)
         path = _full_path(record, function, name)
         if path is None:
             continue
-        rate = (f" at {sig(loop['rate_per_s'])}/s" if loop.get("rate_per_s") else "")
-        why = (f"the loop over `{loop['variable']}` (counted {count(loop['advanced'])} "
+        rate = f" at {sig(loop.rate_per_s)}/s" if loop.rate_per_s else ""
+        why = (f"the loop over `{loop.variable}` (counted {count(loop.advanced)} "
                f"iterations{rate} while sampled)")
         # the counter may be seen on a line past its loop (its variable outlives it):
         # the loop whose header the profile recorded then
-        span = sources.loop_around(path, line, loop["variable"]) or (
-            sources.loop_at(path, int(loop["for_line"])) if loop.get("for_line") else None)
+        span = sources.loop_around(path, line, loop.variable) or (
+            sources.loop_at(path, int(loop.for_line)) if loop.for_line else None)
         found = _culprit(sources, path, span[0] if span else line, why, span)
         read = host_read_in(sources, path, span) if span else None
         return replace(found, host_read=read) if read else found
-    for hot in profile.get("hot_lines") or [] if hot_lines else []:
-        if hot.get("phase") not in ("forward", "backward") or not hot.get("file"):
+    for hot in profile.hot_lines if hot_lines else ():
+        if hot.phase not in ("forward", "backward") or not hot.file or hot.line is None:
             continue
-        span = sources.loop_around(hot["file"], int(hot["line"]))
+        span = sources.loop_around(hot.file, int(hot.line))
         if span is not None:
-            return _culprit(sources, hot["file"], int(hot["line"]),
-                            f"the loop around the hottest line of the {hot['phase']} "
-                            f"({hot['fraction']:.0%} of the samples)", span, hot.get("code"))
+            return _culprit(sources, hot.file, int(hot.line),
+                            f"the loop around the hottest line of the {hot.phase} "
+                            f"({hot.fraction:.0%} of the samples)", span, hot.code)
     return None
 
 
@@ -336,7 +350,7 @@ def chain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     `flock` in the kernel), from the frame of the last sample standing at it."""
     chain = record.facts.get("wait_chain") or {}
     first = (chain.get("hops") or [{}])[0]
-    samples = _samples(record.evidence)
+    samples = _samples(record)
     if not first.get("where") or not samples:
         return None
     for thread in samples[-1].threads:
@@ -353,28 +367,28 @@ def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     with the condition it is issued under."""
     facts = record.facts
     odd = set(facts.get("odd_ranks") or [])
-    ranks = record.evidence.get("ranks") or []
-    for rank in sorted(ranks, key=lambda r: r.get("rank") not in odd):
-        samples = [StackSample.from_dict(s) for s in (rank.get("stall") or {}).get("samples")
-                   or []]
+    stored = (record.evidence.ranks if record.evidence is not None else None) or []
+    ranks = [RankEvidence.from_dict(rank) for rank in stored]
+    for rank in sorted(ranks, key=lambda r: r.rank not in odd):
+        samples = rank.stall.samples if rank.stall is not None else []
         found = user_frame(samples)
         if found is None:
             continue
         frame = found[0]
         waiting = next((row.get("waiting") for row in facts.get("ranks") or []
-                        if row.get("rank") == rank.get("rank")), None)
+                        if row.get("rank") == rank.rank), None)
         n = facts.get("diverged_at")
         if waiting is None:  # a rank that never issued the collective: it stands here
-            why = f"rank {rank.get('rank')} stands here" + (
+            why = f"rank {rank.rank} stands here" + (
                 f" and never issued collective #{n}, which the other ranks wait in"
-                if n and odd and rank.get("rank") in odd else "")
+                if n and odd and rank.rank in odd else "")
             return _culprit(sources, frame.file, frame.line, why, code=frame.code)
         what = waiting.split(" (")[0]
-        why = f"rank {rank.get('rank')} issued {what} here"
+        why = f"rank {rank.rank} issued {what} here"
         condition = sources.condition_above(frame.file, frame.line)
         if condition is not None:
             why += f", under `{condition[1]}` (line {condition[0]})"
-        if odd and rank.get("rank") in odd:
+        if odd and rank.rank in odd:
             why += "; the other ranks never issued it"
         return _culprit(sources, frame.file, frame.line, why, code=frame.code)
     return None
@@ -400,7 +414,8 @@ def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     match = WHERE.match(str(facts.get("where") or ""))
     if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
         return _culprit(sources, match["file"], int(match["line"]), message)
-    exception = (record.evidence.get("result") or {}).get("exception") or {}
+    result = record.evidence.result if record.evidence is not None else None
+    exception = (result or {}).get("exception") or {}
     found = innermost_user_frame(str(exception.get("traceback") or ""))
     if found is None:
         return None

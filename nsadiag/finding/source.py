@@ -26,7 +26,7 @@ from nsadiag.sourcelines import (
 )
 
 __all__ = ["APPEND", "DUMP_NAME", "HOST_READ", "MAX_DUMP_BYTES", "SourceFile", "Sources",
-           "capture", "read_source", "sources_of"]
+           "capture", "carried_sources", "read_source", "sources_of"]
 
 
 class Sources:
@@ -83,9 +83,14 @@ class Sources:
 
 
 def sources_of(data: dict[str, Any]) -> Sources:
-    """The source a record (a trial's evidence, attach.json) carries; a record without
-    one reads this machine's files unless a received directory is being rendered."""
-    stored = data.get("source") if isinstance(data, dict) else None
+    """The source a stored record (attach.json) carries (``carried_sources``)."""
+    return carried_sources(data.get("source") if isinstance(data, dict) else None)
+
+
+def carried_sources(stored: Any) -> Sources:
+    """The source a record carries (its ``source``: nsadiag.sourcelines.capture); a record
+    without one reads this machine's files unless a received directory is being
+    rendered."""
     if not isinstance(stored, dict):
         return Sources(live=not runfiles.confined(), carried=False)
     files = {}

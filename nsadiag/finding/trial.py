@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
@@ -47,11 +48,31 @@ def status_of(verdict: str, slow_by: str | None) -> str:
 def work_counts(record: TrialRecord) -> dict[str, Any]:
     """The counts of the trial's first forward (host reads, compute ops, FLOPs per op,
     the dense block's FLOPs per op): the result's, else the last event carrying them."""
-    result = record.evidence.get("result") or {}
-    if "host_reads_per_step" in result:
-        return result
-    counted = [e for e in record.evidence.get("events") or [] if "host_reads_per_step" in e]
+    evidence = record.evidence
+    if evidence is None:
+        return {}
+    if evidence.result is not None and "host_reads_per_step" in evidence.result:
+        return evidence.result
+    counted = [e for e in evidence.events if "host_reads_per_step" in e]
     return counted[-1] if counted else {}
+
+
+@dataclass(frozen=True)
+class WorkCounts:
+    """The counts of one forward that tell a defect (``work_counts``): host reads, compute
+    ops, the FLOPs of one op and of a dense block's average op; None where not counted."""
+
+    host_reads_per_step: int | None
+    compute_ops_per_step: int | None
+    flops_per_op: float | None
+    dense_flops_per_op: float | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkCounts:
+        return cls(host_reads_per_step=data.get("host_reads_per_step"),
+                   compute_ops_per_step=data.get("compute_ops_per_step"),
+                   flops_per_op=data.get("flops_per_op"),
+                   dense_flops_per_op=data.get("dense_flops_per_op"))
 
 
 # ---- the proving number ------------------------------------------------------------------------
@@ -60,14 +81,14 @@ def work_counts(record: TrialRecord) -> dict[str, Any]:
 def defect_proof(record: TrialRecord) -> str | None:
     """The count that says slow by defect: a host read per token, else a loop of tiny
     ops, else the loop counter that reached the sequence length."""
-    counts = work_counts(record)
+    counts = WorkCounts.from_dict(work_counts(record))
     seq_len = int(record.spec.get("seq_len") or 0)
-    reads = counts.get("host_reads_per_step")
+    reads = counts.host_reads_per_step
     if reads and seq_len and reads >= seq_len:
         return (f"{count(reads)} host reads (`.item()`, `.tolist()`) per step for "
                 f"{count(seq_len)} tokens: one per token")
-    ops, per_op, dense = (counts.get("compute_ops_per_step"), counts.get("flops_per_op"),
-                          counts.get("dense_flops_per_op"))
+    ops, per_op, dense = (counts.compute_ops_per_step, counts.flops_per_op,
+                          counts.dense_flops_per_op)
     if ops and per_op and dense:
         return (f"{count(ops)} compute ops in one forward for {count(seq_len)} tokens, "
                 f"{si(per_op, 'FLOP')} each where a dense block's average "
@@ -415,7 +436,8 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     if rerun and kind != "healthy":
         next_action += f" Rerun: `{rerun}`."
     subject = subject_of(record.spec)
-    ended = record.evidence.get("ended")
+    ran = record.evidence.command if record.evidence is not None else None
+    ended = ran.ended if ran is not None else None
     summary = [f"{subject} ended {name} ({said}) after {record.wall_s:.0f} s"
                + (f" ({ended})." if ended else "."),
                verdict_sentence(record)]

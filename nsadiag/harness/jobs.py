@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from nsadiag.evidence import DdpFacts, JobFacts
 from nsadiag.harness.capture import unwatched
 from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
@@ -139,7 +140,8 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WAT
     except Interrupted as stopped:  # the trial so far, for the sweep to keep
         record = _record(job, times, trial_dir, stopped.end, launched.proc.returncode, False)
         record.verdict = interrupted_verdict(record.verdict, stopped.end, stopped.end.streams[0])
-        record.evidence["interrupted"] = record.verdict.facts["interrupted"]
+        if record.evidence is not None:
+            record.evidence.interrupted = record.verdict.facts["interrupted"]
         raise TrialInterrupted(record) from None
     return _record(job, times, trial_dir, end, launched.proc.returncode,
                    _oom(oom_kills_before, cgroup_oom_kills()))
@@ -164,16 +166,16 @@ def _record(job: JobSpec, times: WatchTimes, trial_dir: Path, end: SessionEnd,
     reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
     outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at,
                          spec.memory_cap_bytes, oom_killer)
-    extra = {"job": {"kind": job.kind, "check": job.check, "world_size": job.world_size}}
+    ddp = None
     if job.world_size > 1:
-        extra["ddp"] = {"world_size": job.world_size, "backend": job.ddp_backend,
-                        "pg_timeout_s": times.pg_timeout_s,
-                        "pg_timeout_outlasts_capture": times.collective_outlasts_capture(),
-                        "flight_recorder": flight_recorder.collect(trial_dir)}
+        ddp = DdpFacts(job.world_size, job.ddp_backend, times.pg_timeout_s,
+                       times.collective_outlasts_capture(),
+                       flight_recorder.collect(trial_dir))
     ranks = dict(enumerate(end.streams)) if job.world_size > 1 else {}
     return build_record(json.loads(spec.to_json()), trial_dir, end, end.streams[0], ranks,
                         outcome, ended_ok=end.due is None and returncode == 0,
-                        total_steps=spec.steps, extra=extra)
+                        total_steps=spec.steps, ddp=ddp,
+                        job=JobFacts(job.kind, job.check, job.world_size))
 
 
 # ---- the shapes of job the commands run ------------------------------------------------------

@@ -7,7 +7,7 @@ process killed by a signal left: nsadiag.harness.crash) and, for a job of two or
 ranks, each rank's RankEvidence; decides the verdict (nsadiag.verdict.rules, or across
 ranks nsadiag.verdict.ranks); writes evidence.json; and returns the TrialRecord. Trials,
 checks, ``nsadiag run`` and ``nsadiag.watch()`` differ only in what they pass: which
-stream is the main one, which are ranks, how the run ended, and the extra facts they add
+stream is the main one, which are ranks, how the run ended, and the facts they add
 (``command_facts`` for a user's command or block, the job's shape for a trial).
 """
 
@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nsadiag.evidence import Evidence, ProcessOutcome, StallEvidence
+from nsadiag.evidence import (
+    CommandFacts,
+    DdpFacts,
+    Evidence,
+    JobFacts,
+    ProcessOutcome,
+    StallEvidence,
+)
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
 from nsadiag.harness.session import SessionEnd
@@ -164,7 +171,7 @@ def _launcher(stream: Stream) -> bool:
 
 
 def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
-                  ) -> dict[str, Any]:
+                  ) -> CommandFacts:
     """The facts of a user's command or block beyond its Evidence: every process (watched
     ones, and those sampled without a heartbeat) with its role, events and place at the
     stop, which one trained, the exit code and how the run ended."""
@@ -179,8 +186,9 @@ def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
                   "events": {}, "role": other["role"], "stall": other["stall"],
                   "place": _place(StallEvidence.from_dict(other["stall"]))}
                  for other in end.others]
-    return {"processes": watched + unwatched, "main_process": main.name if main else None,
-            "exit_code": outcome.exit_code, "ended": how_it_ended(outcome)}
+    return CommandFacts(processes=watched + unwatched,
+                        main_process=main.name if main else None,
+                        exit_code=outcome.exit_code, ended=how_it_ended(outcome))
 
 
 def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]:
@@ -196,14 +204,16 @@ def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
                  ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
                  total_steps: int, fallback: dict[str, Any] | None = None,
-                 extra: dict[str, Any] | None = None, hosts: HostsView | None = None,
+                 job: JobFacts | None = None, ddp: DdpFacts | None = None,
+                 command: CommandFacts | None = None, hosts: HostsView | None = None,
                  remote: Sequence[RankEvidence] = ()) -> TrialRecord:
     """The record of a watched run (see the module docstring). ``main``: the stream whose
     Evidence is decided; ``ranks``: {rank: stream}, decided across ranks when two or more;
     ``ended_ok``: the run ended by itself, successfully (a process without a result then
     reads as ok); ``total_steps``: the steps the run was to take; ``fallback``: the
     exception to take when no process recorded one (the last traceback on a command's
-    stderr); ``extra``: facts added to the evidence as they are; ``hosts``: this host's
+    stderr); ``job``, ``ddp``: a trial's job shape; ``command``: the facts of a user's
+    command or block (``command_facts``); ``hosts``: this host's
     view of a job's other hosts, and ``remote`` their ranks (nsadiag.hosts): the verdict
     is then decided over every host's ranks (nsadiag.hosts.merged)."""
     stderr_path = run_dir / "stderr.txt"
@@ -229,7 +239,6 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
             main.path.parent / thread_exceptions.FILE_NAME) if main else [],
         others=list(end.others) + ([] if len(ranks) >= 2 else _watched_peers(end, main)),
         crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
-    data: dict[str, Any]
     if hosts is not None and (hosts.lost or hosts.stall or (remote and not ended_ok)):
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)
@@ -237,24 +246,21 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         own = {r.rank for r in rank_list}
         rank_list += [r for r in remote if r.rank not in own]
         verdict = decide_hosts(evidence, rank_list, hosts)
-        data = evidence.to_dict()
-        data["ranks"] = [r.to_dict() for r in sorted(rank_list, key=lambda r: r.rank)]
+        evidence.ranks = [r.to_dict() for r in sorted(rank_list, key=lambda r: r.rank)]
     elif len(ranks) >= 2:
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)
                      for r, s in sorted(ranks.items())]
         verdict = decide_ranks(evidence, rank_list)
-        data = evidence.to_dict()
-        data["ranks"] = [r.to_dict() for r in rank_list]
+        evidence.ranks = [r.to_dict() for r in rank_list]
     else:
         verdict = decide(evidence)
-        data = evidence.to_dict()
-    data.update(extra or {})
+    evidence.job, evidence.ddp, evidence.command = job, ddp, command
     if hosts is not None:
-        data["hosts"] = hosts.to_dict()
+        evidence.hosts = hosts.to_dict()
     # the code of the lines the evidence and the verdict's facts name, from this machine
-    data["source"] = capture([data, verdict.to_dict()], run_dir)
+    evidence.source = capture([evidence.to_dict(), verdict.to_dict()], run_dir)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
-        write_json(run_dir / "evidence.json", data, reserve=False)
-    return TrialRecord(spec=spec, evidence=data, verdict=verdict,
+        write_json(run_dir / "evidence.json", evidence.to_dict(), reserve=False)
+    return TrialRecord(spec=spec, evidence=evidence, verdict=verdict,
                        trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=end.gpu)

@@ -26,7 +26,7 @@ time per step, never a hang because a timer fired. A command that exits by itsel
 OK for exit code 0, else the verdict of the exception a process recorded (or the last
 traceback on its stderr), else the exit code's verdict. A run the user interrupts
 (Ctrl-C, SIGTERM, SIGHUP) is recorded too, with what was known then
-(nsadiag.harness.interrupted); ``record.evidence["interrupted"]`` says so.
+(nsadiag.harness.interrupted); ``record.evidence.interrupted`` says so.
 
 The record (nsadiag.harness.record) names the training process (the one with the most
 heartbeat events) and the evidence of every process. A torchrun job of two or more ranks
@@ -373,29 +373,30 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           ended_ok=ended_ok,
                           total_steps=main.counts.get("step", 0) if main and ended_ok else 0,
                           fallback=None if end.due is not None else _stderr_exception(run_dir),
-                          extra=command_facts(end, main, outcome),
+                          command=command_facts(end, main, outcome),
                           hosts=shared.view() if shared is not None else None,
                           remote=shared.remote_ranks() if shared is not None else ())
     if shared is not None:
         _write_hosts_trace(record, run_dir, shared.view())
-    if command.lost():
-        record.evidence["output_copies"] = command.lost()
-    if command.not_shown():
-        record.evidence["output_not_shown"] = command.not_shown()
-    record.evidence["containment"] = command.containment
+    evidence = record.evidence
+    assert evidence is not None  # build_record always makes one
+    evidence.output_copies = command.lost() or None
+    evidence.output_not_shown = command.not_shown() or None
+    evidence.containment = command.containment
     if end.interrupted_at is not None:
         record.verdict = interrupted_verdict(record.verdict, end, main)
-        record.evidence["interrupted"] = record.verdict.facts["interrupted"]
+        evidence.interrupted = record.verdict.facts["interrupted"]
     return record
 
 
 def _write_hosts_trace(record: TrialRecord, run_dir: Path, view: HostsView) -> None:
     """hosts-trace.json: every host's ranks on one timeline (nsadiag.hosts.trace); a copy
     only, so a disk that refuses it costs the trace, not the verdict."""
-    ranks = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []]
-    if not ranks:
+    evidence = record.evidence
+    ranks = [RankEvidence.from_dict(r) for r in (evidence.ranks if evidence else None) or []]
+    if not ranks or evidence is None:
         return
-    stopped_at = float(record.evidence.get("outcome", {}).get("ended_at") or 0.0)
+    stopped_at = evidence.outcome.ended_at or 0.0
     with contextlib.suppress(ValueError):
         write_json(run_dir / HOSTS_TRACE, hosts_trace(ranks, view, stopped_at), reserve=False)
 

@@ -74,7 +74,8 @@ def inspect_target(spec: TrialSpec) -> TargetInfo:
         record = run_job(job)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    found = (record.evidence.get("result") or {}).get("target") or {}
+    result = record.evidence.result if record.evidence is not None else None
+    found = (result or {}).get("target") or {}
     reasons = record.verdict.reasons or [""]
     if record.verdict_name == "OK":
         info = TargetInfo("OK", reasons[0], tuple(found.get("accepts") or ()),

@@ -110,6 +110,6 @@ def watch_block(pid: int, run_dir: Path, stall_timeout_s: float, deadline_s: flo
     outcome = _outcome(end, block_ok)
     on_record(build_record(spec, run_dir, end, main, {}, outcome, ended_ok=block_ok,
                            total_steps=main.counts.get("step", 0) if main and block_ok
-                           else 0, extra=command_facts(end, main, outcome)))
+                           else 0, command=command_facts(end, main, outcome)))
     while tree.running():  # the first verdict stands: wait for the block to end
         tree.wait(times.poll_s)

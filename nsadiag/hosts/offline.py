@@ -16,7 +16,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from nsadiag.evidence import Evidence
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts, hosts_straggler
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict.names import Verdict
@@ -47,14 +46,15 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
     stall = None
     seen: list[dict] = []
     for run_dir, record in records:
-        hosts = record.evidence.get("hosts")
+        hosts = record.evidence.hosts if record.evidence is not None else None
         if not isinstance(hosts, dict) or not hosts.get("host"):
             raise ValueError(f"merge: {run_dir} is not a run of a multi-host job (its record "
                              f"names no host)")
         host = str(hosts["host"])
         if host in states:
             raise ValueError(f"merge: {run_dir} is a second run directory of host {host}")
-        own = [RankEvidence.from_dict(r) for r in record.evidence.get("ranks") or []
+        stored = (record.evidence.ranks if record.evidence is not None else None) or []
+        own = [RankEvidence.from_dict(r) for r in stored
                if (r.get("names") or {}).get("host") == host]
         frames = ((hosts.get("frames") or {}).get(host) or {}).items()
         states[host] = HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
@@ -65,7 +65,9 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
         stall = stall or hosts.get("stall")
         if isinstance(hosts.get("straggler"), dict):
             seen.append(hosts["straggler"])
-    job = Evidence.from_dict(records[0][1].evidence)
+    job = records[0][1].evidence
+    if job is None:
+        raise ValueError(f"merge: {records[0][0]} holds a record without evidence")
     found = hosts_straggler(states)
     latest = max(seen, key=lambda s: float(s.get("seen_at") or 0.0), default=None)
     view = HostsView("merged", f"merged offline from {len(records)} run directories",

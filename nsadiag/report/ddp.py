@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from nsadiag.evidence import DdpFacts, StallEvidence
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
 from nsadiag.report.markdown import config_table, last_events, stack_excerpt
@@ -32,23 +33,22 @@ def _rank_evidence(rank: dict[str, Any]) -> list[str]:
     if exception:
         lines += [f"Raised {exception.get('type')}:", "", "```",
                   *str(exception.get("message", "")).strip().splitlines()[:6], "```", ""]
-    stall = rank.get("stall") or {}
-    if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
-        lines += [f"CPU time over the {stall['window_s']:.1f} s watch window: "
-                  f"{stall['cpu_delta_s']:.2f} s.", ""]
-    lines += ["Last heartbeat events:", ""] + last_events(rank) + [""]
-    lines += ["Stacks (last sample):", ""] + stack_excerpt(rank, limit=10)
+    stall = StallEvidence.from_dict(rank["stall"]) if rank.get("stall") else None
+    if stall is not None and stall.cpu_delta_s is not None and stall.window_s:
+        lines += [f"CPU time over the {stall.window_s:.1f} s watch window: "
+                  f"{stall.cpu_delta_s:.2f} s.", ""]
+    lines += ["Last heartbeat events:", ""] + last_events(rank.get("events") or []) + [""]
+    lines += ["Stacks (last sample):", ""] + stack_excerpt(stall, limit=10)
     return lines + [""]
 
 
-def _flight_recorder(ddp: dict[str, Any]) -> list[str]:
-    dumps = ddp.get("flight_recorder") or []
-    if ddp.get("backend") != "nccl":
+def _flight_recorder(ddp: DdpFacts | None) -> list[str]:
+    if ddp is None or ddp.backend != "nccl":
         return []
-    if not dumps:
+    if not ddp.flight_recorder:
         return ["NCCL Flight Recorder: armed, no dump was written.", ""]
     lines = ["NCCL Flight Recorder dumps:", ""]
-    for dump in dumps:
+    for dump in ddp.flight_recorder:
         summary = dump.get("summary")
         if summary is None:
             lines.append(f"- {dump['file']}: unreadable ({dump.get('unreadable')})")
@@ -62,9 +62,9 @@ def _flight_recorder(ddp: dict[str, Any]) -> list[str]:
 
 def ddp_rerun(record: TrialRecord) -> list[str]:
     """The `nsadiag ddp` command of this trial."""
-    ddp = record.evidence.get("ddp") or {}
-    return ["nsadiag", "ddp", "--world-size", str(ddp.get("world_size")), "--ddp-backend",
-            str(ddp.get("backend")), *trial_options(record.spec)]
+    ddp = record.evidence.ddp if record.evidence is not None else None
+    return ["nsadiag", "ddp", "--world-size", str(ddp.world_size if ddp else None),
+            "--ddp-backend", str(ddp.backend if ddp else None), *trial_options(record.spec)]
 
 
 def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
@@ -72,25 +72,26 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     """(markdown, summary.json) of a ddp run directory's record."""
     record = records[-1]
     verdict, evidence = record.verdict, record.evidence
-    ddp = evidence.get("ddp") or {}
+    ddp = evidence.ddp if evidence is not None else None
+    world_size, backend = (ddp.world_size, ddp.backend) if ddp else (None, None)
     facts = verdict.facts
     rows = rank_rows(record)
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
-    finding.subject += f", {ddp.get('world_size')} ranks ({ddp.get('backend')})"
+    finding.subject += f", {world_size} ranks ({backend})"
     report = Report.of(finding)
     torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
     report.add("Configuration", config_table(
         record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
-        [("world size", ddp.get("world_size")), ("ddp backend", ddp.get("backend")),
+        [("world size", world_size), ("ddp backend", backend),
          ("process-group timeout", _pg_timeout(ddp))]
         + ([("torch", torch_version)] if torch_version else [])))
     report.add("Ranks", ranks_table(rows))
     md = [f"Verdict **{verdict.name}** after {record.wall_s:.1f} s:", ""]
     md += [f"- {reason}" for reason in verdict.reasons] + [""]
     md += _flight_recorder(ddp)
-    for rank in evidence.get("ranks") or []:
+    for rank in (evidence.ranks if evidence is not None else None) or []:
         md += _rank_evidence(rank)
     # every block above ends in its blank line; the last one is the one before the next
     # heading, which the skeleton writes
@@ -107,19 +108,18 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
         command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict.to_dict() if verdict.name != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict.name, "slow_by": slow_by,
-                 "world_size": ddp.get("world_size"),
-                 "ddp_backend": ddp.get("backend"), "ranks": rows,
+                 "world_size": world_size, "ddp_backend": backend, "ranks": rows,
                  "hosts": job_hosts(record, rows),
                  "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
-                 "flight_recorder": ddp.get("flight_recorder") or []})
+                 "flight_recorder": list(ddp.flight_recorder) if ddp else []})
     return text, summary.to_dict()
 
 
-def _pg_timeout(ddp: dict[str, Any]) -> str:
+def _pg_timeout(ddp: DdpFacts | None) -> str:
     """The process-group timeout, and whether it ends a stalled collective before nsadiag
     samples the ranks (a short one given on purpose)."""
-    text = f"{ddp.get('pg_timeout_s')} s"
-    if ddp.get("pg_timeout_outlasts_capture") is False:
+    text = f"{ddp.pg_timeout_s if ddp else None} s"
+    if ddp is not None and ddp.pg_timeout_outlasts_capture is False:
         text += (" (shorter than the stall timeout plus the stack sampling: a stalled "
                  "collective raises before the ranks are sampled)")
     return text

@@ -163,9 +163,12 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
         return build_triage_report(run_dir, parse_stored(
             "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
     if kind == "attach":
+        from nsadiag.finding.attach import AttachRecord
         from nsadiag.report.attach import build_attach_report
 
-        return build_attach_report(read_json(run_dir / "attach.json", "attach.json"), meta)
+        return build_attach_report(parse_stored(
+            "attach.json", AttachRecord.from_dict,
+            read_json(run_dir / "attach.json", "attach.json")), meta)
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 

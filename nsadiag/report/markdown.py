@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsadiag.evidence import StackSample, cpu_fraction
+from nsadiag.evidence import StackFrame, StallEvidence
 from nsadiag.finding.commands import cli_value
 from nsadiag.finding.numbers import cost_ratio
 from nsadiag.fmt import bytes_cell, seconds_cell, sig
@@ -119,7 +119,7 @@ def results_table(rows: Sequence[Any]) -> list[str]:
     return md_table(table, formats)
 
 
-def fold_native(frames: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+def fold_native(frames: Sequence[StackFrame]) -> list[tuple[str, int]]:
     """Frames as lines, each run of native frames folded into one line that names their
     libraries: ("3 native frames in libtorch_cpu.so, libc.so.6", 3). Python frames are
     ("function (file:line)", 1)."""
@@ -134,12 +134,11 @@ def fold_native(frames: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
             run.clear()
 
     for frame in frames:
-        if frame.get("is_native"):
-            run.append(Path(frame.get("file") or "?").name)
+        if frame.is_native:
+            run.append(Path(frame.file or "?").name)
             continue
         flush()
-        lines.append((f"{frame['function']} ({Path(frame.get('file') or '?').name}:"
-                      f"{frame.get('line', 0)})", 1))
+        lines.append((f"{frame.function} ({Path(frame.file or '?').name}:{frame.line})", 1))
     flush()
     return lines
 
@@ -153,32 +152,29 @@ def cost_text(expected_s: float | None, ratio: float | None) -> str:
     return "too short to time" if meaningful is None else f"{sig(meaningful)}x"
 
 
-def stack_excerpt(evidence: Mapping[str, Any], limit: int = 12) -> list[str]:
+def stack_excerpt(stall: StallEvidence | None, limit: int = 12) -> list[str]:
     """The last stack sample of a stopped trial: the threads that matter (the main one,
     running ones, those in the user's code; nsadiag's idle sampler is none), four at most,
     innermost frame first, each run of native frames folded into one line naming its
     libraries."""
-    stall = evidence.get("stall") or {}
-    samples = stall.get("samples") or []
-    if not samples:
-        reasons = stall.get("unavailable") or []
+    if stall is None or not stall.samples:
+        reasons = stall.unavailable if stall is not None else []
         return [f"No stack samples ({'; '.join(reasons) or 'none were needed'})."]
     lines = ["```"]
-    shown = {thread.thread_id for thread in
-             threads_that_matter(StackSample.from_dict(samples[-1]))}
-    for thread in [t for t in samples[-1]["threads"] if t["thread_id"] in shown][:4]:
-        lines.append(f"thread {thread.get('name') or thread['thread_id']}"
-                     f"{'' if thread.get('active', True) else ' (idle)'}:")
-        lines += [f"  {text}" for text, _ in fold_native(thread["frames"])[:limit]]
+    last = stall.samples[-1]
+    shown = {thread.thread_id for thread in threads_that_matter(last)}
+    for thread in [t for t in last.threads if t.thread_id in shown][:4]:
+        lines.append(f"thread {thread.name or thread.thread_id}"
+                     f"{'' if thread.active else ' (idle)'}:")
+        lines += [f"  {text}" for text, _ in fold_native(thread.frames)[:limit]]
     lines.append("```")
     return lines
 
 
-def last_events(evidence: Mapping[str, Any], count: int = 8) -> list[str]:
+def last_events(events: Sequence[Mapping[str, Any]], count: int = 8) -> list[str]:
     """The last heartbeat events, times from the first one."""
     import pandas as pd
 
-    events = evidence.get("events") or []
     if not events:
         return ["No heartbeat event was written."]
     frame = pd.DataFrame(events[-count:]).reindex(
@@ -189,18 +185,18 @@ def last_events(evidence: Mapping[str, Any], count: int = 8) -> list[str]:
                             "step": lambda v: str(int(v))})
 
 
-def stall_lines(stall: Mapping[str, Any]) -> list[str]:
+def stall_lines(stall: StallEvidence | None) -> list[str]:
     """What the stacks read as and which backward never finished, when the runner
     stopped the trial (nothing for a trial that ended by itself)."""
-    if not stall:
+    if stall is None:
         return []
-    samples = stall.get("samples") or []
+    samples = stall.samples
     lines = []
-    if stall.get("stacks_class"):
-        note = next((s["note"] for s in samples if s.get("note")), None)
-        lines.append(f"- Stacks read as **{stall['stacks_class']}** over {len(samples)} "
+    if stall.stacks_class:
+        note = next((s.note for s in samples if s.note), None)
+        lines.append(f"- Stacks read as **{stall.stacks_class}** over {len(samples)} "
                      f"sample(s)" + (f" ({note})" if note else ""))
-    unfinished = stall.get("unfinished_backward") or []
+    unfinished = stall.unfinished_backward
     lines.append("- Backward started and never finished: " + (
         ", ".join(f"`{m}`" for m in unfinished) + " (innermost first)" if unfinished
         else "none (no module's backward was open)"))
@@ -209,13 +205,13 @@ def stall_lines(stall: Mapping[str, Any]) -> list[str]:
 
 def stall_summary(record: TrialRecord) -> dict[str, Any] | None:
     """The stall facts of a stopped trial for summary.json, None when it ended by itself."""
-    stall = record.evidence.get("stall")
-    if not stall:
+    stall = record.evidence.stall if record.evidence is not None else None
+    if stall is None:
         return None
-    return {"stacks_class": stall.get("stacks_class"),
-            "unfinished_backward": stall.get("unfinished_backward") or [],
-            "cpu_fraction": cpu_fraction(stall.get("cpu_delta_s"), stall.get("window_s")),
-            "unavailable": stall.get("unavailable") or [], "gpu": record.gpu}
+    return {"stacks_class": stall.stacks_class,
+            "unfinished_backward": list(stall.unfinished_backward),
+            "cpu_fraction": stall.cpu_fraction(),
+            "unavailable": list(stall.unavailable), "gpu": record.gpu}
 
 
 def evidence_section(record: TrialRecord) -> list[str]:
@@ -226,14 +222,15 @@ def evidence_section(record: TrialRecord) -> list[str]:
     shape = f" ({layers} layers)" if layers is not None else ""
     lines = [f"Trial `{Path(record.trial_dir).name}`{shape}: **{verdict.name}**", ""]
     lines += [f"- {reason}" for reason in verdict.reasons]
-    stall = evidence.get("stall") or {}
-    if stall.get("cpu_delta_s") is not None and stall.get("window_s"):
-        lines.append(f"- CPU time over the {stall['window_s']:.1f} s watch window: "
-                     f"{stall['cpu_delta_s']:.2f} s")
+    stall = evidence.stall if evidence is not None else None
+    if stall is not None and stall.cpu_delta_s is not None and stall.window_s:
+        lines.append(f"- CPU time over the {stall.window_s:.1f} s watch window: "
+                     f"{stall.cpu_delta_s:.2f} s")
     lines += stall_lines(stall)
-    if verdict.name != "OK" and evidence.get("profile"):
-        lines += [""] + profile_tables(evidence["profile"]) + [""]
-    for missing in stall.get("unavailable") or []:
+    profile = evidence.profile if evidence is not None else None
+    if verdict.name != "OK" and profile:
+        lines += [""] + profile_tables(profile) + [""]
+    for missing in stall.unavailable if stall is not None else []:
         lines.append(f"- Evidence unavailable: {missing}")
     if isinstance(record.gpu, str):
         lines.append(f"- {record.gpu}")
@@ -241,9 +238,11 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines.append(f"- GPU {device['index']} {device['name']}: {device['util_gpu_pct']}% busy, "
                      f"{bytes_cell(device['mem_used'])} of {bytes_cell(device['mem_total'])}, "
                      f"throttle reasons {device.get('throttle_reasons')}")
-    exception = (evidence.get("result") or {}).get("exception")
-    lines += ["", "Last heartbeat events:", ""] + last_events(evidence)
-    lines += ["", "Stacks (last sample):", ""] + stack_excerpt(evidence)
+    result = evidence.result if evidence is not None else None
+    exception = (result or {}).get("exception")
+    lines += ["", "Last heartbeat events:", ""] + last_events(
+        evidence.events if evidence is not None else [])
+    lines += ["", "Stacks (last sample):", ""] + stack_excerpt(stall)
     if exception:
         tail = exception.get("traceback", "").strip().splitlines()[-8:]
         lines += ["", "Traceback (last lines):", "", "```", *tail, "```"]

@@ -79,7 +79,7 @@ def job_hosts(record: TrialRecord, rows: Sequence[Mapping[str, Any]]) -> list[st
     """The job's hosts: those the rows name, in the order of their first rank, then any
     other host the record's shared view lists (one lost before its ranks were
     published)."""
-    view = record.evidence.get("hosts")
+    view = record.evidence.hosts if record.evidence is not None else None
     listed = view.get("hosts") if isinstance(view, dict) else None
     found = [row.get("host") for row in rows] + (listed if isinstance(listed, list) else [])
     return list(dict.fromkeys(h for h in found if isinstance(h, str) and h))

@@ -14,9 +14,11 @@ nsadiag.commands.run).
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nsadiag.evidence import StallEvidence
 from nsadiag.finding import Finding
 from nsadiag.finding.straggler import with_straggler
 from nsadiag.finding.trial import trial_finding
@@ -34,6 +36,28 @@ STDERR_TAIL_BYTES = 64 * 1024  # read from the end only: a command's stderr may 
 LABEL = "run"
 
 
+@dataclass(frozen=True)
+class ProcessRow:
+    """One process of the record's command facts (nsadiag.harness.record.command_facts)
+    as the Processes table shows it: its name, pid, role, heartbeat events by kind, what
+    its stacks read as at the stop and where it was (None: not sampled)."""
+
+    name: str
+    pid: int | None
+    role: str | None
+    events: dict[str, int]
+    stacks_class: str | None
+    place: str | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessRow:
+        stall = data.get("stall")
+        return cls(name=str(data["name"]), pid=data.get("pid"), role=data.get("role"),
+                   events=dict(data.get("events") or {}),
+                   stacks_class=StallEvidence.from_dict(stall).stacks_class if stall else None,
+                   place=data.get("place"))
+
+
 def _stderr_tail(run_dir: Path) -> list[str]:
     lines = read_tail(run_dir / "stderr.txt", STDERR_TAIL_BYTES).splitlines()
     return lines[-STDERR_LINES:]
@@ -47,8 +71,8 @@ def run_finding(record: TrialRecord) -> Finding:
              if kind == "run" else None)
     # the straggler a host saw while the job ran (its record's hosts), or the one the
     # verdict over every host's ranks found in their recorded steps
-    straggler = (record.evidence.get("hosts") or {}).get("straggler") or \
-        record.verdict.facts.get("straggler")
+    hosts = record.evidence.hosts if record.evidence is not None else None
+    straggler = (hosts or {}).get("straggler") or record.verdict.facts.get("straggler")
     return with_straggler(trial_finding(record, kind, rerun), straggler)
 
 
@@ -71,6 +95,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
     """(markdown, summary.json) of one `nsadiag run`; writes flame.png when the training
     process was profiled."""
     verdict, evidence = record.verdict, record.evidence
+    command = evidence.command if evidence is not None else None
     finding = run_finding(record)
     report = Report.of(finding)
     md = report.add("Processes", [
@@ -79,18 +104,18 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         "rank that waits elsewhere) shows in the last columns.", "",
         "| process | pid | what it is | events | stacks at the stop | where it was |",
         "|---|---|---|---|---|---|"]).body
-    for process in evidence.get("processes", []):
-        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(process["events"].items()))
-        main = " (training)" if process["name"] == evidence.get("main_process") else ""
-        stacks = (process.get("stall") or {}).get("stacks_class") or "-"
-        md.append(f"| {process['name']}{main} | {process['pid']} | "
-                  f"{process.get('role') or '-'} | {counts or '-'} | {stacks} | "
-                  f"{(process.get('place') or '-').replace('|', '/')} |")
-    md += containment_lines(evidence.get("containment"))
+    for process in map(ProcessRow.from_dict, command.processes if command else []):
+        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(process.events.items()))
+        main = " (training)" if command and process.name == command.main_process else ""
+        md.append(f"| {process.name}{main} | {process.pid} | {process.role or '-'} | "
+                  f"{counts or '-'} | {process.stacks_class or '-'} | "
+                  f"{(process.place or '-').replace('|', '/')} |")
+    md += containment_lines(evidence.containment if evidence is not None else None)
     rows = rank_rows(record)
     if rows:
         report.add("Ranks", ranks_table(rows))
-    straggler = straggler_section(evidence)
+    hosts = evidence.hosts if evidence is not None else None
+    straggler = straggler_section((hosts or {}).get("straggler"))
     if straggler:
         report.add("Straggler", straggler)
     md = report.add("Evidence", evidence_section(record)).body
@@ -106,8 +131,9 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         verdicts=[verdict_row(LABEL, verdict.name, slow_by=slow_by)],
         failing=verdict.to_dict() if verdict.name != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict.name,
-                 "slow_by": slow_by, "command_exit_code": evidence.get("exit_code"),
+                 "slow_by": slow_by,
+                 "command_exit_code": command.exit_code if command else None,
                  "argv": list(record.spec["command"]), "ranks": rows,
                  "hosts": job_hosts(record, rows),
-                 "straggler": (evidence.get("hosts") or {}).get("straggler")})
+                 "straggler": (hosts or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

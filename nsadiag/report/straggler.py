@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 
-def straggler_section(evidence: dict[str, Any]) -> list[str]:
-    """The section's lines, none when the record holds no straggler."""
-    found = (evidence.get("hosts") or {}).get("straggler")
+def straggler_section(found: dict[str, Any] | None) -> list[str]:
+    """The section's lines for the straggler a record's hosts named (its ``hosts``'
+    ``straggler``), none when they named none."""
     if not isinstance(found, dict):
         return []
     seen = found.get("seen_at")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nsadiag.evidence import Evidence
 from nsadiag.finding.numbers import cost_ratio
 from nsadiag.verdict import VerdictName, is_failure
 from nsadiag.verdict.thresholds import DEFECT_COST_RATIO, LOADED_PER_CPU
@@ -408,20 +409,20 @@ class TimeSpent:
     by_module: list[ModuleTime]
 
 
-def attribute_time(evidence: Mapping[str, Any], top: int = 8) -> TimeSpent:
+def attribute_time(evidence: Evidence | None, top: int = 8) -> TimeSpent:
     """Where a trial's time went, from its evidence's heartbeat events (TimeSpent), the
-    ``top`` entries of each list."""
-    events = evidence.get("events") or []
+    ``top`` entries of each list; nothing attributed for a record without evidence."""
+    events = evidence.events if evidence is not None else []
     # the runner decides to stop before it samples the stacks, and the child goes on
     # meanwhile: its last events can come after the decision
-    ends = [t for t in ((evidence.get("outcome") or {}).get("ended_at"),
-                        events[-1]["t"] if events else None) if t is not None]
+    ended_at = evidence.outcome.ended_at if evidence is not None else None
+    ends = [t for t in (ended_at, events[-1]["t"] if events else None) if t is not None]
     end = max(ends) if ends else None
     inner = time_by_module(events, end)
     training = [e["t"] for e in events if e.get("phase") != "build"]
     start = training[0] if training else (events[0]["t"] if events else 0.0)
-    total = sum(n for kind, n in (evidence.get("event_counts") or {}).items()
-                if kind != "pulse")
+    counts = evidence.event_counts if evidence is not None else {}
+    total = sum(n for kind, n in counts.items() if kind != "pulse")
     return TimeSpent(span_s=(end if end is not None else start) - start, events=len(events),
                      events_total=max(total, len(events)),
                      by_pattern=by_layer_pattern(inner)[:top], by_module=inner[:top])

@@ -148,7 +148,8 @@ class _Book:
 
     def __post_init__(self) -> None:
         for record in load_records(self.run_dir / "trials.jsonl"):
-            world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+            ddp = record.evidence.ddp if record.evidence is not None else None
+            world_size = ddp.world_size if ddp is not None else 1
             self.stored.setdefault(_config_key({**record.spec, "world_size": world_size}),
                                    []).append(record)
 
@@ -200,10 +201,10 @@ def _config_key(spec: dict[str, Any]) -> str:
 
 def _started_training(record: TrialRecord) -> bool:
     """False for a trial the budget killed while it was still starting up."""
-    outcome = record.evidence.get("outcome") or {}
-    if outcome.get("kill_reason") != "budget":
+    evidence = record.evidence
+    if evidence is None or evidence.outcome.kill_reason != "budget":
         return True
-    return any(e.get("phase") != "build" for e in record.evidence.get("events") or [])
+    return any(e.get("phase") != "build" for e in evidence.events)
 
 
 def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
@@ -227,7 +228,8 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     its work measured: whether the counts of its first forward say defect, its median
     step time, expected cost and their ratio (nsadiag.probes.efficiency), whatever its
     verdict."""
-    world_size = (record.evidence.get("ddp") or {}).get("world_size", 1)
+    ddp = record.evidence.ddp if record.evidence is not None else None
+    world_size = ddp.world_size if ddp is not None else 1
     row = row_from_record(record)
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
                     n_layers=record.spec.get("n_layers"), world_size=world_size,

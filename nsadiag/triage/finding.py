@@ -233,8 +233,8 @@ def knob_text(knobs: Mapping[str, Any]) -> str:
 def _profile_hot_line(runs: list[TrialRecord]) -> str | None:
     """The hottest line of the user's code over the failing runs' sampled profile: where
     the time went, quoted as data, never as the cause."""
-    profile = next((run.evidence["profile"] for run in runs if run.evidence.get("profile")),
-                   None)
+    profile = next((run.evidence.profile for run in runs
+                    if run.evidence is not None and run.evidence.profile), None)
     line = ((profile or {}).get("hot_lines") or [None])[0]
     if line is None:
         return None
@@ -639,7 +639,8 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
     finding.results = _check_items(state) + _stage_items(state, by_trial)
     if failure and not failure.check and state.env_problems:
         finding.results.append(warn("environment: " + "; ".join(state.env_problems)))
-    machine = worst_contention(r.evidence.get("load") for r in records.values())
+    machine = worst_contention(r.evidence.load if r.evidence is not None else None
+                               for r in records.values())
     return TriageResult(
         machine=machine, machine_text=machine_sentence(machine) if machine else None,
         finding=finding, failure=failure,
@@ -661,7 +662,7 @@ def _depth_facts(rows: list[SweepRow]) -> SweepFacts:
 
 def profile_sentences(record: TrialRecord) -> list[str]:
     """The sampled profile of a trial in sentences (nsadiag.probes.profile.describe)."""
-    profile = record.evidence.get("profile")
+    profile = record.evidence.profile if record.evidence is not None else None
     return [s[:1].upper() + s[1:] + "." for s in describe_profile(profile)] if profile else []
 
 

@@ -171,7 +171,7 @@ def test_an_interrupted_trial_is_run_again_on_a_resume_and_its_rerun_stands_for_
     interrupted = one_step_record(1, "trial-0")
     interrupted.verdict = Verdict("INCONCLUSIVE", ["interrupted by the user"],
                                   {"interrupted": {"signal": "SIGINT"}})
-    interrupted.evidence["interrupted"] = {"signal": "SIGINT"}
+    interrupted.evidence.interrupted = {"signal": "SIGINT"}
     append_record(trials, interrupted)
     assert [r.verdict_name for r in load_records(trials)] == ["INCONCLUSIVE"]  # reported
     append_record(trials, one_step_record(2, "trial-1"))

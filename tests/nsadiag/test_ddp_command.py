@@ -25,7 +25,7 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
     counts = record.verdict.facts["collectives_issued"]
     # per step: one DDP bucket all_reduce (the tiny model fits one bucket) + the loss mean
     assert counts == {0: 4, 1: 4}
-    ranks = record.evidence["ranks"]
+    ranks = record.evidence.ranks
     for rank in ranks:
         assert rank["collectives"]["open"] == [] and rank["collectives"]["completed"] == 4
         assert [c["origin"] for c in rank["started"]] == ["ddp", "call", "ddp", "call"]

@@ -16,7 +16,7 @@ from nsadiag.finding.numbers import cost_ratio, duration, share, sig, size
 from nsadiag.finding.trial import trial_finding
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
-from tests.helpers import REPRO
+from tests.helpers import REPRO, evidence_of
 
 LOOP, BASE = str(REPRO / "per_token_loop.py"), str(REPRO / "_base.py")
 
@@ -32,7 +32,7 @@ def _slow_record(profile, slow_by="defect"):
     verdict = Verdict("SLOW", ["still progressing at the budget kill"],
                       {"slow_by": slow_by, "since_last_event_s": 0.0, "rate": 35.0,
                        "fraction_done": 0.86})
-    return TrialRecord(spec, {"events": events, "profile": profile}, verdict,
+    return TrialRecord(spec, evidence_of(spec, {"events": events, "profile": profile}), verdict,
                        "/nonexistent/trial-0", 20.1)
 
 

@@ -26,12 +26,12 @@ import pytest
 
 from nsadiag import runfiles
 from nsadiag.finding.culprit import culprit_of
-from nsadiag.finding.source import capture, sources_of
+from nsadiag.finding.source import capture, carried_sources
 from nsadiag.report.bundle import bundle_path
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 from nsadiag.textsafe import clean, clean_line
-from tests.helpers import REPO, REPRO, nsadiag, trial_record
+from tests.helpers import REPO, REPRO, evidence_of, nsadiag, trial_record
 from tests.pty_cli import in_pty
 
 KEY_LINE = "b3BlbnNzaC1rZXktdjEAAAAA-planted-receiver-key"
@@ -60,7 +60,8 @@ def _run_record(trial_dir: str, verdict: str, facts: dict, **evidence) -> TrialR
     record = trial_record({"command": ["python", "train.py"], "stall_timeout_s": 60.0,
                            "deadline_s": 60.0, "subject": "the command"}, None, verdict,
                           trial_dir, facts=facts)
-    record.evidence.update({"exit_code": 1, "processes": [], **evidence})
+    record.evidence = evidence_of(record.spec, {**record.evidence.to_dict(), "exit_code": 1,
+                                                "processes": [], **evidence})
     return record
 
 
@@ -89,7 +90,8 @@ def _busy_in(places: list[tuple[str, int]]) -> TrialRecord:
          "frames": [{"function": "f", "file": file, "line": line}]}]}
         for i, (file, line) in enumerate(places)]
     return _run_record("/", "STALL-BUSY", {"stacks_class": "busy-python"},
-                       stall={"samples": samples, "stacks_class": "busy-python"})
+                       stall={"since_last_event_s": 5.0, "samples": samples,
+                              "stacks_class": "busy-python"})
 
 
 RENDER_ALL = """
@@ -209,8 +211,8 @@ def test_the_culprits_code_comes_from_what_the_record_stored(tmp_path):
            "code": None, "count": 20, "fraction": 0.2, "phase": "forward"}
     record = _run_record(str(tmp_path), "SLOW", {"slow_by": "defect"},
                          profile={"hot_lines": [hot], "loops": [], "frames": []})
-    record.evidence["source"] = capture(record.evidence)
-    stored = record.evidence["source"]["files"][loop_file]
+    record.evidence.source = capture(record.evidence.to_dict())
+    stored = record.evidence.source["files"][loop_file]
     assert stored["shown"] == "repro/per_token_loop.py" and [26, 30, ["t"]] in stored["loops"]
     # the line, its loop's header and the one line of the loop's body a finding reads
     # (an append: what a memory finding looks for); no other neighbour
@@ -221,7 +223,8 @@ def test_the_culprits_code_comes_from_what_the_record_stored(tmp_path):
     assert culprit.code.startswith("for t in range(x.shape[1]):")
     # the stored lines are what is shown: a different file at that path changes nothing
     stored["lines"]["26"] = "for t in stored_only:"
-    assert sources_of(record.evidence).code_at(loop_file, 26) == "for t in stored_only:"
+    assert carried_sources(record.evidence.source).code_at(loop_file, 26) == \
+        "for t in stored_only:"
     # a record of a receiver's paths stores nothing of them
     assert capture({"where": "/etc/shadow:1 in f", "file": "/dev/zero", "line": 1,
                     "text": 'File "/proc/self/environ", line 1, in f'}) == {"files": {}}

@@ -24,7 +24,7 @@ from nsadiag import rundir
 from nsadiag.report import dispatch
 from nsadiag.report.bundle import bundle_path, clean_png
 from nsadiag.rundir import append_record, load_records
-from tests.helpers import REPO, nsadiag, one_step_record
+from tests.helpers import REPO, evidence_of, nsadiag, one_step_record
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-planted-key\n"
 
@@ -184,7 +184,8 @@ def test_stderr_linked_outside_never_reaches_the_report(tmp_path, home):
     record = one_step_record()
     record.spec = {"command": ["python", "train.py"], "stall_timeout_s": 60.0,
                    "deadline_s": 60.0, "subject": "the command"}
-    record.evidence = {**record.evidence, "exit_code": 0, "processes": []}
+    record.evidence = evidence_of(record.spec, {**record.evidence.to_dict(), "exit_code": 0,
+                                                "processes": []})
     (run / "record.json").write_text(json.dumps(record.to_dict()))
     (run / "run.json").write_text(json.dumps({"command_name": "run"}))
     (run / "stderr.txt").symlink_to(home / ".ssh" / "id_ed25519")

@@ -194,7 +194,7 @@ def test_a_memory_job_measures_in_a_watched_child(tmp_path):
                      out_dir=str(tmp_path / "job")).validate()
     record = run_job(JobSpec("memory", spec, top=3).validate())
     assert record.verdict_name == "OK", record.verdict
-    measured = record.evidence["result"]["memory"]
+    measured = record.evidence.result["memory"]
     assert len(measured["largest_saved"]) == 3 and measured["step_s"] > 0
     assert [row["layer"] for row in measured["per_layer"]] == ["layers.0", "layers.1"]
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nsadiag.cli import app
-from nsadiag.evidence import Evidence, ProcessOutcome
+from nsadiag.evidence import CommandFacts, DdpFacts, Evidence, ProcessOutcome
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
@@ -85,8 +85,9 @@ def _run_dir(tmp_path, this: int = 1, hosts: tuple[str, str] = HOSTS):
     view = _view(ranks, hosts[this], hosts)
     job = _job()
     verdict = decide_hosts(job, ranks, view)
-    evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
-                "hosts": view.to_dict(), "processes": []}
+    evidence = dataclasses.replace(job, ranks=[r.to_dict() for r in ranks],
+                                   hosts=view.to_dict(),
+                                   command=CommandFacts([], None, None, None))
     record = TrialRecord(dict(job.spec), evidence, verdict, str(run), 20.0)
     write_json(run / "run.json", {"command_name": "run", "argv": job.spec["command"]})
     write_json(run / "record.json", record.to_dict())
@@ -142,8 +143,8 @@ def test_a_single_host_ddp_report_names_its_host_and_an_unnamed_rank_is_unknown(
     ranks = [_rank(0), _rank(1, named=False)]
     job = _job()
     verdict = decide_ranks(job, ranks)
-    evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
-                "ddp": {"world_size": 2, "backend": "gloo"}}
+    evidence = dataclasses.replace(job, ranks=[r.to_dict() for r in ranks],
+                                   ddp=DdpFacts(2, "gloo"))
     run = tmp_path / "ddp"
     spec = json.loads(TrialSpec(n_layers=1, seq_len=64, out_dir=str(run)).to_json())
     run.mkdir()

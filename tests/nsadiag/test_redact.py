@@ -9,7 +9,7 @@ from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import TrialRecord, append_record
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
-from tests.helpers import nsadiag
+from tests.helpers import evidence_of, nsadiag
 
 SECRETS = {
     "host": "gpu-node-7.cluster.internal",
@@ -62,7 +62,8 @@ def _leaky_run(tmp_path):
                 "outcome": {"exit_code": 1}}
     verdict = Verdict("ERROR", [f"the child raised RuntimeError: {message}"])
     append_record(tmp_path / "trials.jsonl",
-                  TrialRecord(spec, evidence, verdict, str(tmp_path / "trial-0"), 1.0))
+                  TrialRecord(spec, evidence_of(spec, evidence), verdict,
+                              str(tmp_path / "trial-0"), 1.0))
     return tmp_path
 
 

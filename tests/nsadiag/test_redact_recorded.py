@@ -17,7 +17,7 @@ from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import TrialRecord, append_record, prepare_run_dir, release_run_dir
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict import Verdict
-from tests.helpers import nsadiag
+from tests.helpers import evidence_of, nsadiag
 
 WANDB = "wandbkey-5f0c1e9d2b7a"
 TOKEN = "tok-77c0ffee-planted"
@@ -65,7 +65,8 @@ def _leaky_record(run: Path) -> None:
         "outcome": {"exit_code": 1}}
     verdict = Verdict("ERROR", [f"the child raised RuntimeError: {message}"])
     append_record(run / "trials.jsonl",
-                  TrialRecord(spec, evidence, verdict, str(run / "trial-0"), 1.0))
+                  TrialRecord(spec, evidence_of(spec, evidence), verdict, str(run / "trial-0"),
+                              1.0))
     (run / "run.json").write_text(json.dumps({"command_name": "sweep-layers"}))
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 from nsadiag.evidence import StackFrame
 from nsadiag.finding import Culprit
 from nsadiag.finding.culprit import host_read_in, retain_culprit
-from nsadiag.finding.source import Sources, capture, sources_of
+from nsadiag.finding.source import Sources, capture, carried_sources
 from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
 from nsadiag.verdict.slow import _loop_sentence
+from tests.helpers import evidence_of
 
 LOOP = {"variable": "t", "last": 1407, "end": 2048, "pass_rate_per_s": 3.7, "eta_s": 0.4,
         "phase": "forward", "module": "blocks.0", "where": "forward (model.py:57)",
@@ -32,7 +33,7 @@ def test_a_loop_whose_body_reads_the_host_is_named_with_that_line(tmp_path):
                                                       "read per token`"
     assert host_read_in(here, str(source), (2, 3)) is None  # the header alone is not the body
     # what the record carries of the file (the loop's header named) holds the same line
-    stored = sources_of({"source": capture({"file": str(source), "line": 3})})
+    stored = carried_sources(capture({"file": str(source), "line": 3}))
     assert host_read_in(stored, str(source), (3, 5)) == host_read_in(here, str(source), (3, 5))
     assert stored.code_at(str(source), 2) is None  # a line no finding reads is not kept
 
@@ -63,7 +64,7 @@ def test_no_time_to_finish_a_forward_loop_is_claimed_while_the_process_is_in_bac
 def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
     facts = {"slow_by": None, "steps_done": 93, "step_s": 0.25, "rate": 9.4,
              "fraction_done": 0.5}
-    record = TrialRecord(spec={"command": ["python", "train.py"]}, evidence={},
+    record = TrialRecord(spec={"command": ["python", "train.py"]}, evidence=None,
                          verdict=Verdict("SLOW", ["slow"], facts),
                          trial_dir="/nonexistent", wall_s=30.0)
     assert proof_of(record) == "93 steps done, the last in 0.25 s"
@@ -87,7 +88,7 @@ def test_generated_code_is_never_the_users_own():
 
 
 def _crash(facts: dict, reasons: list[str], wall: float = 14.2) -> TrialRecord:
-    return TrialRecord(spec={"command": ["torchrun", "train.py"]}, evidence={},
+    return TrialRecord(spec={"command": ["torchrun", "train.py"]}, evidence=None,
                        verdict=Verdict("CRASH", reasons, facts),
                        trial_dir="/nonexistent", wall_s=wall)
 
@@ -123,13 +124,14 @@ def main(model, val_x):
 
 
 def _oom(script, facts: dict) -> TrialRecord:
-    return TrialRecord(spec={"command": ["python", str(script)]}, evidence={},
+    return TrialRecord(spec={"command": ["python", str(script)]}, evidence=None,
                        verdict=Verdict("OOM", ["the command raised MemoryError"], facts),
                        trial_dir="/nonexistent", wall_s=20.0)
 
 
 def _retained(record: TrialRecord):
-    return retain_culprit(record, sources_of(record.evidence))
+    return retain_culprit(record, carried_sources(
+        record.evidence.source if record.evidence is not None else None))
 
 
 def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tensor(tmp_path):
@@ -142,7 +144,8 @@ def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tens
     assert culprit.why.endswith("memory grew 18.0 MiB per step")
     # the same from what the record carries of the file (the holder's line named)
     stored = _oom(script, facts)
-    stored.evidence["source"] = capture({"file": str(script), "line": 8})
+    stored.evidence = evidence_of(stored.spec, {"source": capture({"file": str(script),
+                                                                   "line": 8})})
     assert _retained(stored) == culprit
     said = next_action("OOM", facts, culprit)
     assert said.startswith("Keep the value, not the tensor, in `history` at ")

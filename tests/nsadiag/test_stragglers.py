@@ -284,7 +284,7 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
     # host1's status line heard none at its first read, then rank 3 at its later reads
     assert heard[0] is None and heard[-1]["rank"] == 3
     # each host's report section, and the verdict decided over both hosts' ranks
-    lines = straggler_section({"hosts": views[0].view().to_dict()})
+    lines = straggler_section(views[0].view().to_dict().get("straggler"))
     assert lines[0].startswith("straggler: rank 3 on host2 (local rank 1, node 1) takes "
                                "0.432 s per step outside collectives")
     assert lines[0].endswith("UTC, from the step times every host published in the job's "

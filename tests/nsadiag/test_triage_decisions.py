@@ -25,6 +25,7 @@ from nsadiag.triage.decide import (
     reproduced,
     time_by_module,
 )
+from tests.helpers import evidence_of
 
 # ---- threshold search ---------------------------------------------------------------------
 
@@ -290,14 +291,16 @@ def test_attributed_time_is_a_share_of_the_kept_events_span_even_past_the_stop()
         t = 10.0 + 0.5 * step
         events += [_event(t, "blocks.0", "backward", "enter"),
                    _event(t + 0.4, "blocks.0", "backward", "exit")]
-    found = attribute_time({"events": events, "outcome": {"ended_at": 10.5},
-                            "event_counts": {"module": 3000, "step": 500, "pulse": 40}})
+    found = attribute_time(evidence_of({}, {
+        "events": events, "outcome": {"exit_code": 0, "ended_at": 10.5},
+        "event_counts": {"module": 3000, "step": 500, "pulse": 40}}))
     assert found.span_s == pytest.approx(1.9)
     assert (found.events, found.events_total) == (9, 3500)
     backward = found.by_pattern[0]
     assert (backward.module, backward.phase) == ("blocks.*", "backward")
     assert backward.seconds == pytest.approx(1.6) and backward.seconds <= found.span_s
     # a run whose events were all kept, stopped after its last event
-    whole = attribute_time({"events": events, "outcome": {"ended_at": 13.0},
-                            "event_counts": {"module": 9}})
+    whole = attribute_time(evidence_of({}, {
+        "events": events, "outcome": {"exit_code": 0, "ended_at": 13.0},
+        "event_counts": {"module": 9}}))
     assert whole.span_s == pytest.approx(3.0) and whole.events_total == 9

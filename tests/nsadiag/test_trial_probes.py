@@ -86,13 +86,13 @@ def test_stall_evidence_names_the_class_and_the_open_backward_without_py_spy(
     record = run_trial(spec)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
     assert record.verdict_name == "DEADLOCK", record.verdict
-    stall = record.evidence["stall"]
-    assert stall["stacks_class"] == "waiting"
-    assert stall["unfinished_backward"] == ["layers.1"]
-    assert len(stall["samples"]) == 3 and stall["unavailable"] == []
-    assert all(s["note"].startswith("stacks from faulthandler: py-spy: not found")
-               for s in stall["samples"])
-    functions = {f["function"] for t in stall["samples"][-1]["threads"] for f in t["frames"]}
+    stall = record.evidence.stall
+    assert stall.stacks_class == "waiting"
+    assert stall.unfinished_backward == ["layers.1"]
+    assert len(stall.samples) == 3 and stall.unavailable == []
+    assert all(s.note.startswith("stacks from faulthandler: py-spy: not found")
+               for s in stall.samples)
+    functions = {f.function for t in stall.samples[-1].threads for f in t.frames}
     assert "backward" in functions
     assert "wait" in " ".join(record.verdict.reasons) or "blocked" in " ".join(
         record.verdict.reasons)

@@ -49,13 +49,13 @@ def test_a_slow_by_size_is_no_failure_either_way():
 
 def record(name: str, slow_by: str | None = None) -> TrialRecord:
     facts = {"slow_by": slow_by} if slow_by else {}
-    return TrialRecord({"n_layers": 2}, {}, Verdict(name, ["r"], facts), "trial-0", 1.0)
+    return TrialRecord({"n_layers": 2}, None, Verdict(name, ["r"], facts), "trial-0", 1.0)
 
 
 def test_a_record_names_its_facts_and_why_it_is_slow():
     assert record("SLOW", "size").slow_by == "size" and record("SLOW").slow_by is None
     assert record("OK").facts == {} and record("SLOW", "defect").facts == {"slow_by": "defect"}
-    bare = TrialRecord({}, {}, Verdict("OK", []), "trial-0", 1.0)
+    bare = TrialRecord({}, None, Verdict("OK", []), "trial-0", 1.0)
     assert bare.facts == {} and bare.slow_by is None
 
 

@@ -22,7 +22,7 @@ def _run(tmp_path, pg_timeout_s=None, **changes):
     record = run_ddp_trial(spec, WORLD, "gloo", pg_timeout_s=pg_timeout_s)
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before, "a launcher process outlived its trial"
-    pids = [r["pid"] for r in record.evidence["ranks"]]
+    pids = [r["pid"] for r in record.evidence.ranks]
     assert len(pids) == WORLD and all(pids)
     assert not [pid for pid in pids if psutil.pid_exists(pid) and
                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "a rank survived"
@@ -48,8 +48,8 @@ def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     _assert_names_rank_1(record)
     facts = record.verdict.facts
     assert facts["pg_timeout"] is False
-    assert record.evidence["ddp"]["pg_timeout_outlasts_capture"] is True
-    assert record.evidence["outcome"]["kill_reason"] == "stall"
+    assert record.evidence.ddp.pg_timeout_outlasts_capture is True
+    assert record.evidence.outcome.kill_reason == "stall"
     first = record.verdict.reasons[0]
     assert first.startswith("rank 1 waits in all_reduce #3") and "rank 0 waits in" in first
     # the report names the odd rank's collective: the line only rank 1 runs
@@ -67,9 +67,9 @@ def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):
     record = _run(tmp_path, pg_timeout_s=4.0, stall_timeout_s=40.0)
     _assert_names_rank_1(record)
     assert record.verdict.facts["pg_timeout"] is True
-    assert record.evidence["ddp"]["pg_timeout_outlasts_capture"] is False
+    assert record.evidence.ddp.pg_timeout_outlasts_capture is False
     text, _ = build_ddp_report([record], {})
     assert "4.0 s (shorter than the stall timeout plus the stack sampling" in text
-    assert record.evidence["outcome"]["kill_reason"] is None  # the job ended by itself
+    assert record.evidence.outcome.kill_reason is None  # the job ended by itself
     assert "gave up on a collective first" in record.verdict.reasons[0]
     assert "Timed out" in record.verdict.reasons[0]

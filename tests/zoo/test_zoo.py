@@ -62,7 +62,7 @@ def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect
     # with no step and no forward finished, and the loop counter gives position and pace
     record = _diagnose(tmp_path, "repro.sequential_prefill:make",
                        **ZOO["sequential_prefill"][1])
-    assert record.evidence["event_counts"].get("step", 0) == 0
+    assert record.evidence.event_counts.get("step", 0) == 0
     assert record.verdict_name == "SLOW", record.verdict
     facts, reasons = record.verdict.facts, record.verdict.reasons
     assert facts["slow_by"] == "defect"
@@ -92,10 +92,10 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     # the sampler's pulses (a loop iterating, autograd nodes running) are the progress
     record = _diagnose(tmp_path, "repro.long_token_loop:make",
                        **ZOO["long_token_loop"][1])
-    events = record.evidence["events"]
+    events = record.evidence.events
     assert _longest_quiet_s(events) > 2.0, "no module call outlasted the stall timeout"
     assert record.verdict_name == "SLOW", record.verdict
-    assert any(pulse.get("progress") for pulse in record.evidence["pulses"])
+    assert any(pulse.get("progress") for pulse in record.evidence.pulses)
     facts = record.verdict.facts
     assert "per_token_loop.py" in facts["hot_line"]
     # the hot frame is the loop's line from the sampled profile, with its share
@@ -131,7 +131,7 @@ def test_lock_in_backward_hook_is_a_deadlock(tmp_path):
     record = _diagnose(tmp_path, "repro.lock_deadlock:make")
     assert record.verdict_name == "DEADLOCK", record.verdict
     assert "_wait_for_lock" in " ".join(record.verdict.reasons)
-    assert record.evidence["stall"]["stacks_class"] == "waiting"
+    assert record.evidence.stall.stacks_class == "waiting"
     text, finding = _reported(tmp_path, record)
     assert (finding.verdict, finding.kind) == ("DEADLOCK", "stuck")
     assert finding.culprit.code == "with _LOCK:" and "`_LOCK`" in finding.next_action
@@ -183,7 +183,7 @@ def test_verdict_still_comes_without_py_spy(tmp_path, monkeypatch):
     monkeypatch.setattr(stacks, "capture", lambda *a, **k: "py-spy: not found on PATH")
     record = _diagnose(tmp_path, "repro.lock_deadlock:make")
     assert record.verdict_name == "DEADLOCK", record.verdict
-    assert "py-spy: not found on PATH" in record.evidence["stall"]["unavailable"]
+    assert "py-spy: not found on PATH" in record.evidence.stall.unavailable
     assert any("stacks unavailable" in reason for reason in record.verdict.reasons)
 
 
