@@ -174,6 +174,11 @@ class ProcessHeartbeat:
         self.next_compile_poll = 0.0
 
     def start(self) -> None:
+        if self.parts.sampler and self.parts.torch_hooks:
+            # a process that has imported torch already (``nsadiag.watch`` around a loop)
+            # gets its hooks now, before its first step, not at the sampler's first tick;
+            # before the sampler starts, so the two never run a stage at once
+            self._torch_stage()
         if self.parts.sampler:
             self.sampler.start()
         sys.excepthook = self._excepthook
