@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from nsadiag.waitfacts import (
@@ -271,37 +271,15 @@ def parse_net_unix(text: str) -> dict[int, str]:
     return found
 
 
-def _socket_owner(inode: int) -> int | None:
-    """The pid of a process of this machine (this PID namespace) with ``socket:[inode]``
-    open, None when none is found."""
-    wanted = f"socket:[{inode}]"
+def _holders(target: str, skip: Collection[int] = ()) -> Iterator[tuple[int, int]]:
+    """(pid, fd) of every open file descriptor of this machine's processes (this PID
+    namespace, the first PROCESS_SCAN_LIMIT of them, but ``skip``) that links to ``target``
+    ("socket:[N]", "pipe:[N]"), as /proc shows them; processes that cannot be read are
+    passed over."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
-        return None
-    for pid in pids[:PROCESS_SCAN_LIMIT]:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
-                    return pid
-            except OSError:
-                continue
-    return None
-
-
-def _pipe_writers(inode: int, skip: set[int]) -> list[PipeWriter]:
-    """The processes of this machine (but ``skip``) with the write end of pipe ``inode``
-    open."""
-    wanted = f"pipe:[{inode}]"
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    found = []
+        return
     for pid in pids[:PROCESS_SCAN_LIMIT]:
         if pid in skip:
             continue
@@ -311,13 +289,26 @@ def _pipe_writers(inode: int, skip: set[int]) -> list[PipeWriter]:
             continue
         for fd in fds:
             try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") != wanted:
-                    continue
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    yield pid, int(fd)
             except OSError:
                 continue
-            held = _open_file(pid, int(fd))
-            if held is not None and "w" in held.mode:
-                found.append(PipeWriter(inode, pid, _command_of(pid), int(fd)))
+
+
+def _socket_owner(inode: int) -> int | None:
+    """The pid of a process of this machine (this PID namespace) with ``socket:[inode]``
+    open, None when none is found."""
+    return next((pid for pid, _ in _holders(f"socket:[{inode}]")), None)
+
+
+def _pipe_writers(inode: int, skip: set[int]) -> list[PipeWriter]:
+    """The processes of this machine (but ``skip``) with the write end of pipe ``inode``
+    open."""
+    found = []
+    for pid, fd in _holders(f"pipe:[{inode}]", skip):
+        held = _open_file(pid, fd)
+        if held is not None and "w" in held.mode:
+            found.append(PipeWriter(inode, pid, _command_of(pid), fd))
     return found
 
 

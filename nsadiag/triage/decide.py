@@ -27,15 +27,23 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nsadiag.evidence import Evidence
 from nsadiag.finding.numbers import cost_ratio
 from nsadiag.verdict import VerdictName, is_failure
 from nsadiag.verdict.thresholds import DEFECT_COST_RATIO, LOADED_PER_CPU
 
-if TYPE_CHECKING:
-    from nsadiag.triage.state import TrialRef
+
+class MeasuredTest(Protocol):
+    """What ``reproduces`` reads of a bisection test (nsadiag.triage.state.TrialRef, which
+    imports this module's Confidence and ModuleTime: named here by shape, not imported)."""
+
+    verdict: VerdictName
+    slow_by: str | None
+    defect: bool | None
+    cost_ratio: float | None
+    expected_step_s: float | None
 
 T = TypeVar("T", bound=Hashable)
 
@@ -240,7 +248,7 @@ def needs_repeat(verdicts: Sequence[str], max_runs: int = 3) -> bool:
     return len(verdicts) < 2 or len(set(verdicts)) > 1
 
 
-def reproduces(failing: str, test: TrialRef) -> bool:
+def reproduces(failing: str, test: MeasuredTest) -> bool:
     """Whether a bisection test (its trial reference: ``verdict``, ``slow_by``, ``defect``,
     ``cost_ratio``) reproduces a failure whose verdict is ``failing``.
 
