@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from nsadiag.cli import app
 from nsadiag.evidence import CommandFacts, DdpFacts, Evidence, ProcessOutcome
+from nsadiag.finding.attach import AttachRecord
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
@@ -320,8 +321,8 @@ def test_the_attach_report_names_each_rank_by_host_local_and_node_rank(tmp_path)
     stored = {"verdict": {"name": "STALL-COLLECTIVE", "reasons": ["both wait"],
                           "facts": {"odd_ranks": []}},
               "state": "waiting in a collective", "processes": processes}
-    markdown, summary = build_attach_report(stored, {"pid": 40, "duration_s": 3.0,
-                                                     "ranks": True})
+    markdown, summary = build_attach_report(AttachRecord.from_dict(stored),
+                                            {"pid": 40, "duration_s": 3.0, "ranks": True})
     section = markdown.split("## Processes\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")]
     assert rows[0] == ("| pid | host | rank | local rank | node rank | state | CPU | "

@@ -6,6 +6,7 @@ the other host with its figures, in its view, its report section and the merged 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -319,8 +320,8 @@ def _ended_run(root, host: str, ranks: list[RankEvidence], frames: dict) -> obje
                               "event_counts": {}, "result": None,
                               "outcome": {"exit_code": 0, "signal": None,
                                           "killed_by_runner": False, "wall_s": 30.0}})
-    evidence = {**job.to_dict(), "ranks": [r.to_dict() for r in ranks],
-                "hosts": view.to_dict()}
+    evidence = dataclasses.replace(job, ranks=[r.to_dict() for r in ranks],
+                                   hosts=view.to_dict())
     record = TrialRecord(dict(job.spec), evidence, Verdict("OK", ["r"], {}), str(run), 30.0)
     write_json(run / "record.json", record.to_dict())
     return run
@@ -350,7 +351,7 @@ def _finished(name: str, straggler: dict | None, facts: dict | None = None) -> T
     spec = {"command": ["torchrun", "train.py"], "stall_timeout_s": 60.0,
             "deadline_s": 600.0, "subject": "the command", "kind": "run"}
     facts = {**(facts or {}), **({"straggler": straggler} if straggler else {})}
-    return TrialRecord(spec, {}, Verdict(name, ["r"], facts), "run", 30.0)
+    return TrialRecord(spec, None, Verdict(name, ["r"], facts), "run", 30.0)
 
 
 def _slow_rank(frame: dict | None) -> dict:
