@@ -82,6 +82,7 @@ from nsadiag.probes.compiler import (
 from nsadiag.probes.counters import WorkCounters
 from nsadiag.probes.framemem import FrameReader, read_at, reader
 from nsadiag.probes.frames import LIBRARY_PATH
+from nsadiag.probes.heap import heap_bytes
 from nsadiag.probes.loops import for_loop
 
 INTERVAL_S = 0.1
@@ -590,6 +591,9 @@ class Sampler(threading.Thread):
         step = self._step()
         if self._statm is not None:
             self._ledger("rss").observe(resident_bytes(self._statm), user_stack, step)
+        heap = heap_bytes()  # where kept memory was allocated (nsadiag.probes.heap)
+        if heap is not None:
+            self._ledger("heap").observe(heap, user_stack, step)
         allocated = cuda_allocated()
         if allocated is not None:
             self._ledger("cuda").observe(allocated, user_stack, step)

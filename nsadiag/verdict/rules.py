@@ -182,13 +182,16 @@ def _add_memory_growth(evidence: Evidence, facts: dict, reasons: list[str]) -> N
             reasons.append(f"{label} grew {mib(growth['per_step'])} per step over the last "
                            f"{growth['steps']} steps (from {mib(growth['first'])} to "
                            f"{mib(growth['last'])} at the step ends)")
-        holder = (((evidence.profile or {}).get("memory") or {}).get(ledger) or {}).get(
-            "holder")
+        ledgers = (evidence.profile or {}).get("memory") or {}
+        holder, held_as = (ledgers.get(ledger) or {}).get("holder"), label
+        heap = (ledgers.get("heap") or {}).get("holder") if ledger == "rss" else None
+        if heap:  # the heap in use names where kept memory was allocated, RSS where pages
+            holder, held_as = heap, "heap memory in use"  # were needed (probes/heap.py)
         if holder:
             code = f" `{holder['code']}`" if holder.get("code") else ""
             facts[f"{ledger}_holder"] = holder["where"]
             reasons.append(f"the frame that keeps allocating across steps: {holder['where']}"
-                           f"{code} holds {mib(holder['held'])} of {label}, taken in "
+                           f"{code} holds {mib(holder['held'])} of {held_as}, taken in "
                            f"{holder['steps']} steps and not given back")
 
 
