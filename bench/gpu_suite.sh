@@ -31,7 +31,7 @@ torch.cuda.get_device_name())" 2>&1 | tee -a "$out/env.txt" ;;
       timeout 420 $py -m pytest -q -p no:cacheprovider -n 6 -m gpu tests/ 2>&1 \
         | tee "$out/tests.log" | tail -25
       timeout 120 $py -m pytest -q -p no:cacheprovider tests/nsa/test_bench_triton.py \
-        tests/nsadiag/test_cli_env.py tests/nsadiag/test_checks.py \
+        tests/nsadiag/cli/test_cli_env.py tests/nsadiag/checks/test_checks.py \
         -k "bench or env or triton_backend" 2>&1 \
         | tee -a "$out/tests.log" | tail -8 ;;
     bench)

@@ -1,4 +1,4 @@
-"""A healthy target whose work grows as S^3, for tests/nsadiag/test_check_budget.py: at
+"""A healthy target whose work grows as S^3, for tests/nsadiag/checks/test_check_budget.py: at
 S=2048 a correctness check outlasts any short budget, at S=512 it takes a fraction of a
 second.
 

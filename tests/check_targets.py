@@ -1,4 +1,4 @@
-"""Targets with one correctness defect each, for tests/nsadiag/test_checks.py.
+"""Targets with one correctness defect each, for tests/nsadiag/checks/test_checks.py.
 
     future_peek        block `peek_layer` mixes in the next token's features: x[:, t + 1]
     broken_backend     NSA model whose non-naive attention path is off by 1%

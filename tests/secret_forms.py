@@ -3,7 +3,7 @@ shown (every value carries "lanted" so that a leak is found by a plain search), 
 ordinary text around them that reports rely on and redaction must keep.
 
 ``PRINTER`` is a script for `nsadiag run`: it prints every form to stdout and to stderr and
-raises them in an exception message (tests/nsadiag/test_redact_forms.py)."""
+raises them in an exception message (tests/nsadiag/core/test_redact_forms.py)."""
 
 from __future__ import annotations
 

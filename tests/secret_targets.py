@@ -1,6 +1,6 @@
 """A "pkg.module:factory" target that leaks every kind of secret the redaction hides: its
 forward prints them to stdout and raises them in an exception message (see
-tests/nsadiag/test_redact_planted.py, which also plants them in the environment)."""
+tests/nsadiag/core/test_redact_planted.py, which also plants them in the environment)."""
 
 from __future__ import annotations
 

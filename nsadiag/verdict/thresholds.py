@@ -235,7 +235,7 @@ HOSTS_CAPTURE_MARGIN_S = 10.0
 """After its own capture a host waits for every other host's capture for its capture
 window plus this long before it kills its ranks: a peer notices the shared stall signal
 within one poll (under a second) and then samples for the same capture window; ten
-seconds covers a loaded peer (measured with tests/nsadiag/test_multihost.py on 2 shared
+seconds covers a loaded peer (measured with tests/nsadiag/hosts/test_multihost.py on 2 shared
 cores at load 7-13, four runs: the second host's capture was published 0.1-0.9 s after
 the first's, each capture taking 15-25 s)."""
 

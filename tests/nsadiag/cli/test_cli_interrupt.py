@@ -3,7 +3,7 @@ pseudo-terminal, SIGTERM, SIGHUP) writes what it knew — the record, "interrupt
 T (after N s)", report.md, summary.json — exits 128 + the signal, and leaves no process of
 the command; a verdict decided before the interrupt (a deadlock whose stacks were being
 sampled) is shown and kept; `nsadiag report` re-renders the interrupted directory. A
-sweep's interrupted trial is recorded too (tests/nsadiag/test_cli_sweep.py), and run again
+sweep's interrupted trial is recorded too (tests/nsadiag/cli/test_cli_sweep.py), and run again
 on a resume, whose record then stands for it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from nsadiag.harness import stop
 from tests.helpers import REPO, nsadiag
-from tests.nsadiag.test_run_command import SCRIPT
+from tests.nsadiag.cli.test_run_command import SCRIPT
 from tests.procs import wait_for
 from tests.pty_cli import in_pty
 
@@ -136,7 +136,7 @@ def _block(signum: int):
 ], ids=["sighup", "sigint-inherited-blocked"])
 def test_a_stop_signal_keeps_the_diagnosis_and_exits_128_plus_it(tmp_path, signum, code,
                                                                  blocked):
-    """(SIGTERM: tests/nsadiag/test_cli_faults.py.)"""
+    """(SIGTERM: tests/nsadiag/cli/test_cli_faults.py.)"""
     (tmp_path / "train.py").write_text(SCRIPT)
     run = tmp_path / "run"
     proc = subprocess.Popen([*NSADIAG, "run", "--out", str(run), "--", sys.executable,

@@ -158,7 +158,7 @@ def test_a_sampled_frames_rebound_local_is_freed_at_once_and_the_loop_has_its_en
 def test_the_sampler_never_asks_a_frame_for_its_locals():
     # no attribute access to f_locals, and no locals()/vars() call, in the code the sampler
     # thread runs (docstrings may name it)
-    root = Path(__file__).resolve().parents[2] / "nsadiag" / "probes"
+    root = Path(__file__).resolve().parents[3] / "nsadiag" / "probes"
     for name in ("sampler.py", "framemem.py", "loops.py", "counters.py"):
         tree = ast.parse((root / name).read_text())
         reads = [node.lineno for node in ast.walk(tree)
