@@ -258,7 +258,7 @@ def test_a_lost_host_keeps_its_ranks_in_the_table():
         ended_at=T0 + 10))
     verdict = decide_hosts(job, ranks, view)
     assert verdict.name == "CRASH"
-    assert [(row["rank"], row["host"], row["node_rank"]) for row in verdict.facts["ranks"]] \
+    assert [(row.rank, row.host, row.node_rank) for row in verdict.facts.ranks.ranks] \
         == [(0, "host1", 0), (1, "host1", 0), (2, "host2", 1), (3, "host2", 1)]
 
 
@@ -277,7 +277,7 @@ def test_a_host_silent_before_this_hosts_own_stall_is_named_lost_not_the_stall()
     assert verdict.reasons[1].startswith("host host1 decided a stall at ")
     assert verdict.reasons[1].endswith(", after host(s) host2 had gone silent: its ranks "
                                        "waited for ranks that were gone")
-    assert [row["host"] for row in verdict.facts["lost_hosts"]] == ["host2"]
+    assert [row["host"] for row in verdict.facts.ranks.lost_hosts] == ["host2"]
     # a host that published up to the signal but did not capture in time is not gone: the
     # stall is decided over every host's ranks as last seen
     view.states["host2"].published_at = view.stall["t"] - HOSTS_LOST_AFTER_S / 2
