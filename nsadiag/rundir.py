@@ -77,7 +77,7 @@ from nsadiag.evidence import Evidence
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
 from nsadiag.verdict.names import Verdict, VerdictName
-from nsadiag.verdict.typed import VerdictFacts
+from nsadiag.verdictfacts import VerdictFacts
 
 
 class RecordError(ValueError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nsadiag.verdict.chain import WaitChain
-from nsadiag.verdict.typed import Load, SlowCause, Worker
+from nsadiag.verdictfacts import Load, SlowCause, Worker
 
 
 def _where(chain: WaitChain, index: int) -> str:

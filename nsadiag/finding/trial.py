@@ -23,7 +23,7 @@ from nsadiag.ranknames import RankNames
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
 from nsadiag.verdict.chain import WaitChain
-from nsadiag.verdict.typed import RankRow, SlowCause, VerdictFacts
+from nsadiag.verdictfacts import RankRow, SlowCause, VerdictFacts
 
 
 def subject_of(spec: dict[str, Any]) -> str:

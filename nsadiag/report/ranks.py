@@ -17,7 +17,7 @@ from typing import Any
 from nsadiag.ranknames import RankNames
 from nsadiag.report.markdown import md_table
 from nsadiag.rundir import TrialRecord
-from nsadiag.verdict.typed import RankRow
+from nsadiag.verdictfacts import RankRow
 
 UNKNOWN = "unknown"
 NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank"),

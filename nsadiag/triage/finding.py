@@ -48,7 +48,7 @@ from nsadiag.triage.state import STAGES, TriageState, TrialRef
 from nsadiag.verdict import VerdictName
 from nsadiag.verdict.load import machine_sentence, worst_contention
 from nsadiag.verdict.triage import check_verdict, triage_verdict
-from nsadiag.verdict.typed import VerdictFacts
+from nsadiag.verdictfacts import VerdictFacts
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from nsadiag.verdict.typed import VerdictFacts
+from nsadiag.verdictfacts import VerdictFacts
 
 
 class VerdictName(str, Enum):
@@ -73,7 +73,7 @@ def is_failure(name: str, slow_by: str | None = None, *,
 class Verdict:
     """``name`` is a VerdictName (a plain string of NAMES is parsed into one); ``reasons``
     are sentences quoting measured facts; ``facts`` holds the numbers and names behind them
-    (rate, eta_s, hot_frame, ...), typed (nsadiag.verdict.typed): a rule's dict of them is
+    (rate, eta_s, hot_frame, ...), typed (nsadiag.verdictfacts): a rule's dict of them is
     parsed once, here, and a key no family has is an error (FactsError)."""
 
     name: VerdictName
@@ -95,7 +95,7 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
-        """A stored verdict: its facts parsed once (nsadiag.verdict.typed.from_dict: a value
+        """A stored verdict: its facts parsed once (nsadiag.verdictfacts.from_dict: a value
         of the wrong type is a FactsError, a key no family has is left out); ValueError for
         a name that is not a verdict's."""
         return cls(data["name"], list(data["reasons"]),

@@ -19,7 +19,7 @@ from nsadiag.probes.profile import summarize
 from nsadiag.probes.sampler import READABLE_VERSIONS
 from nsadiag.verdict.chain import ENDS, Hop, WaitChain
 from nsadiag.verdict.slow_cause import slow_cause
-from nsadiag.verdict.typed import VerdictFacts
+from nsadiag.verdictfacts import VerdictFacts
 
 LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)
 FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",

@@ -29,6 +29,7 @@ from nsadiag.rundir import TrialRecord, write_json, write_private_json
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks
 from nsadiag.verdict.thresholds import HOSTS_LOST_AFTER_S
+from nsadiag.verdictfacts import VerdictFacts
 
 T0 = 1000.0
 HOSTS = ("host1", "host2")
@@ -112,7 +113,7 @@ def test_the_table_names_host_global_local_and_node_rank_and_says_unknown():
              "state": "in-collective", "issued": 2},
             {"rank": 1, "host": None, "local_rank": None, "node_rank": None, "pid": None,
              "state": "unknown (no stacks)", "issued": 0}]
-    lines = ranks_table(rows)
+    lines = ranks_table(VerdictFacts.of({"ranks": rows}).ranks.ranks)
     assert lines[0].startswith("| host | rank | local rank | node rank | pid | state |")
     assert lines[2].startswith("| host1 | 0 | 0 | 0 | 100 | in-collective | 2 |")
     assert lines[3].startswith("| unknown | 1 | unknown | unknown | - | unknown (no stacks) |")

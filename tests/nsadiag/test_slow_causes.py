@@ -13,7 +13,7 @@ from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
 from nsadiag.verdict.slow import _loop_sentence
-from nsadiag.verdict.typed import VerdictFacts
+from nsadiag.verdictfacts import VerdictFacts
 from tests.helpers import evidence_of
 
 LOOP = {"variable": "t", "last": 1407, "end": 2048, "pass_rate_per_s": 3.7, "eta_s": 0.4,

@@ -427,7 +427,7 @@ class VerdictFacts:
                     figures[key] = value
                 elif strict:
                     raise FactsError(f"facts.{key}: not a fact of any family "
-                                     f"(nsadiag.verdict.typed)")
+                                     f"(nsadiag.verdictfacts)")
                 continue
             if value is not None:
                 by_family[family][key] = _parsed(key, _HINTS[family][key], value)
