@@ -299,7 +299,7 @@ class Evidence:
     hosts, ``source`` the code of the lines the record names
     (nsadiag.sourcelines.capture), ``output_copies`` and ``output_not_shown`` what became
     of a command's output, ``containment`` how its processes were held, ``interrupted``
-    what an interrupting stop left (the verdict's ``facts["interrupted"]``). ``unknown``
+    what an interrupting stop left (the verdict's ``facts.position.interrupted``). ``unknown``
     keeps the keys at this level that this nsadiag does not read, so they are written
     back as they were.
     """

@@ -77,6 +77,7 @@ from nsadiag.evidence import Evidence
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
 from nsadiag.verdict.names import Verdict, VerdictName
+from nsadiag.verdictfacts import VerdictFacts
 
 
 class RecordError(ValueError):
@@ -126,14 +127,14 @@ class TrialRecord:
         return self.verdict.name
 
     @property
-    def facts(self) -> dict[str, Any]:
-        """The verdict's facts ({} when it recorded none)."""
+    def facts(self) -> VerdictFacts:
+        """The verdict's facts (typed; each None when not recorded)."""
         return self.verdict.facts
 
     @property
     def slow_by(self) -> str | None:
         """Why a SLOW is slow: "size", "defect", or None (not SLOW, or not decided)."""
-        return self.facts.get("slow_by")
+        return self.facts.slow.slow_by
 
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.to_dict().items() if k != "spec"} \
@@ -177,7 +178,7 @@ def _verdict_of(data: dict[str, Any]) -> Verdict:
     """The Verdict of a stored record's verdict (its shape already checked by the schema);
     RecordError for a name that is not a verdict's. Facts left out are read as none."""
     try:
-        return Verdict(data["name"], list(data["reasons"]), dict(data.get("facts") or {}))
+        return Verdict.from_dict(data)
     except ValueError as err:
         raise RecordError(f"not a trial record ({err})") from None
 

@@ -248,7 +248,7 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
                     dense_efficiency=result.get("dense_efficiency"),
                     expected_step_s=cost["expected_s"] if cost else None,
                     cost_ratio=cost["ratio"] if cost else None,
-                    slow_by=facts.get("slow_by") if record.verdict_name == "SLOW" else None)
+                    slow_by=facts.slow.slow_by if record.verdict_name == "SLOW" else None)
 
 
 

@@ -68,7 +68,7 @@ class CheckResult:
 
     @property
     def applicable(self) -> bool:
-        return self.verdict.facts.get("applicable", True) is not False
+        return self.verdict.facts.check.applicable is not False
 
     @property
     def failed(self) -> bool:
@@ -88,7 +88,8 @@ class CheckResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckResult:
-        return cls(name=data["name"], passed=data["passed"], verdict=Verdict(**data["verdict"]),
+        return cls(name=data["name"], passed=data["passed"],
+                   verdict=Verdict.from_dict(data["verdict"]),
                    module=data["module"], summary=data["summary"], table=data["table"])
 
 
@@ -169,11 +170,11 @@ def _fitted(result: CheckResult, size: TrialSpec,
             f"{asked.budget_s:g} s budget ({_reached(first)})")
     result.summary = f"{note}; {result.summary}"
     result.verdict.reasons.insert(0, note)
-    result.verdict.facts["fitted"] = {
+    result.verdict.facts = result.verdict.facts.with_facts(fitted={
         "seq_len": size.seq_len, "n_layers": size.n_layers,
         "asked": {"seq_len": asked.seq_len, "n_layers": asked.n_layers},
         "cut_short": [{"seq_len": s.seq_len, "n_layers": s.n_layers,
-                       "verdict": r.verdict_name, "wall_s": r.wall_s} for s, r in cut]}
+                       "verdict": r.verdict_name, "wall_s": r.wall_s} for s, r in cut]})
     return result
 
 
@@ -207,7 +208,7 @@ def run_checks(names: Sequence[str], spec: TrialSpec, out_dir: Path,
 def _did_not_finish(name: str, record: TrialRecord) -> CheckResult:
     # a copy: a check's result is amended later (fitted to its budget), its record is not
     verdict = Verdict(record.verdict.name, list(record.verdict.reasons),
-                      dict(record.verdict.facts))
+                      record.verdict.facts.to_dict())
     events = record.evidence.events if record.evidence is not None else []
     modules = [e["module"] for e in events if e.get("module")]
     where = modules[-1] if modules else None

@@ -90,7 +90,7 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter,
         return finding("causality", False, second.module,
                        f"at S={length}, the second pass (S={spec.seq_len} showed nothing): "
                        f"{second.summary}", first.table + second.table,
-                       t=second.verdict.facts.get("t"), long_seq_len=length)
+                       t=second.verdict.facts.check.figures.get("t"), long_seq_len=length)
     return _with_second(first, f"again at S={length}: {second.summary.split('; ')[0]}",
                         second.table, long_seq_len=length)
 
@@ -98,7 +98,7 @@ def measure(spec: TrialSpec, writer: HeartbeatWriter,
 def _with_second(first: CheckResult, sentence: str, rows: list[dict[str, Any]],
                  **facts: Any) -> CheckResult:
     """The first pass's passing result, with what the second pass did."""
-    kept = {k: v for k, v in first.verdict.facts.items() if k not in ("check", "module")}
+    kept = {k: v for k, v in first.verdict.facts.to_dict().items() if k not in ("check", "module")}
     return finding("causality", True, None, f"{first.summary}; {sentence}",
                    first.table + rows, **{**kept, **facts})
 

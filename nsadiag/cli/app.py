@@ -350,17 +350,18 @@ def merge_cmd(
     from nsadiag.verdict.names import is_failure
 
     verdict = call(merge_run_dirs, run_dirs)
-    term.show_hosts((verdict.facts.get("hosts") or {}).get("hosts") or [])
+    term.show_hosts((verdict.facts.ranks.hosts or {}).get("hosts") or [])
     if as_json:
         term.json(verdict.to_dict())
     else:
-        chain = (verdict.facts.get("wait_chain") or {}).get("printed")
-        straggler = (verdict.facts.get("straggler") or {}).get("sentence")
+        chain = verdict.facts.stall.wait_chain.printed if verdict.facts.stall.wait_chain \
+            else None
+        straggler = (verdict.facts.ranks.straggler or {}).get("sentence")
         for line in [f"{verdict.name}: {verdict.reasons[0]}",
                      *([f"wait chain: {chain}"] if chain else []),
                      *([straggler] if straggler else [])]:
             term.print(line)
-    raise typer.Exit(1 if is_failure(verdict.name, verdict.facts.get("slow_by")) else 0)
+    raise typer.Exit(1 if is_failure(verdict.name, verdict.facts.slow.slow_by) else 0)
 
 
 # ---- one trial: ddp, run ----------------------------------------------------------------------

@@ -25,7 +25,7 @@ NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems t
 
 
 def _verdict_of(data: dict[str, Any]) -> Verdict:
-    return Verdict(data["name"], list(data["reasons"]), dict(data.get("facts") or {}))
+    return Verdict.from_dict(data)
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class AttachRecord:
 
 def blamed(stored: AttachRecord) -> AttachedProcess | None:
     """The process the verdict is about: an odd rank, else the first not progressing."""
-    odd = set(stored.verdict.facts.get("odd_ranks") or [])
+    odd = set(stored.verdict.facts.ranks.odd_ranks or [])
     for process in stored.processes:
         if process.rank in odd:
             return process
@@ -121,7 +121,7 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
     process = blamed(stored)
     culprit = _culprit(process, carried_sources(stored.source))
     own_facts = (process.verdict.facts if process and process.verdict else None) or facts
-    kind = kind_of(name, facts.get("slow_by"))
+    kind = kind_of(name, facts.slow.slow_by)
     target = f"the ranks under pid {meta['pid']}" if meta.get("ranks") else \
         f"pid {meta['pid']}"
     subject = f"{target}, watched {meta['duration_s']:g} s"
@@ -142,7 +142,7 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
                f"{stored.state}."] + [r[:1].upper() + r[1:] + "." for r in
                                       verdict.reasons[:2]]
     return Finding(command="attach", verdict=name, kind=kind,
-                   status=status_of(name, facts.get("slow_by")),
+                   status=status_of(name, facts.slow.slow_by),
                    headline=f"{name} ({kind}){where}", subject=subject, next_action=action,
                    culprit=culprit, proof=proof, summary=summary, results=results,
                    implicated=implicated)

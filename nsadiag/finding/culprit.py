@@ -62,13 +62,13 @@ def culprit_of(record: TrialRecord) -> Culprit | None:
     facts = record.facts
     evidence = record.evidence
     sources = carried_sources(evidence.source if evidence is not None else None)
-    if name == "SLOW" and facts.get("slow_by") == "defect":
+    if name == "SLOW" and facts.slow.slow_by == "defect":
         return slow_culprit(record, sources)
-    if name == "SLOW" and facts.get("slow_cause"):
+    if name == "SLOW" and facts.slow.slow_cause:
         found = cause_culprit(record, sources)
         if found is not None:
             return found
-    if name == "SLOW" and facts.get("slow_by") is None:  # work not counted: loops only
+    if name == "SLOW" and facts.slow.slow_by is None:  # work not counted: loops only
         return slow_culprit(record, sources, hot_lines=False)
     if name == "STALL-BUSY":
         return busy_culprit(_samples(record), sources, native=(
@@ -237,28 +237,30 @@ def cause_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line a SLOW run's cause class names (nsadiag.verdict.slow_cause): the line
     its DataLoader workers were at (else where the main process asked for batches), the
     call that compiled again, the checkpointed call; None when it is not the user's."""
-    cause = record.verdict.facts.get("slow_cause") or {}
-    share = f"{cause.get('share', 0):.0%}"
+    cause = record.verdict.facts.slow.slow_cause
+    if cause is None:
+        return None
+    share = f"{cause.share or 0:.0%}"
     candidates: list[tuple[str | None, str]] = []
-    if cause.get("kind") == "data-bound":
-        workers = cause.get("workers") or []
-        places = {w["where"] for w in workers if w.get("where")}
-        if len(places) == 1 and all(w.get("where") for w in workers):
+    if cause.kind == "data-bound":
+        workers = cause.workers or ()
+        places = {w.where for w in workers if w.where}
+        if len(places) == 1 and all(w.where for w in workers):
             many = (f"{len(workers)} DataLoader workers were" if len(workers) > 1 else
                     "DataLoader worker was")
             candidates.append((places.pop(), f"the line its {many} at when stopped, while "
                                f"the main process waited for batches in {share} of its "
                                f"samples"))
-        candidates.append((cause.get("asked_at"), f"where the main process asked for the "
+        candidates.append((cause.asked_at, f"where the main process asked for the "
                            f"next batch; it was in the DataLoader's `__next__` in {share} "
                            f"of its samples"))
-    elif cause.get("kind") == "recompiles":
-        candidates.append((cause.get("called_at"), f"the call of the compiled code that "
-                           f"compiled again {cause.get('recompiles')} times (the compiler "
+    elif cause.kind == "recompiles":
+        candidates.append((cause.called_at, f"the call of the compiled code that "
+                           f"compiled again {cause.recompiles} times (the compiler "
                            f"held {share} of the samples)"))
-    elif cause.get("kind") == "checkpoint-recompute":
-        candidates.append((cause.get("called_at"), f"the checkpointed call whose forward the "
-                           f"backward reran in {cause.get('backward_share', 0):.0%} of its "
+    elif cause.kind == "checkpoint-recompute":
+        candidates.append((cause.called_at, f"the checkpointed call whose forward the "
+                           f"backward reran in {cause.backward_share or 0:.0%} of its "
                            f"samples"))
     for where, why in candidates:
         parsed = _split_where(where) if where else None
@@ -348,14 +350,14 @@ def wait_culprit(samples: Sequence[StackSample], sources: Sources) -> Culprit | 
 def chain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line the wait chain starts at (a wait the stacks do not show as one: a
     `flock` in the kernel), from the frame of the last sample standing at it."""
-    chain = record.facts.get("wait_chain") or {}
-    first = (chain.get("hops") or [{}])[0]
+    chain = record.facts.stall.wait_chain
+    first = chain.hops[0] if chain is not None and chain.hops else None
     samples = _samples(record)
-    if not first.get("where") or not samples:
+    if first is None or not first.where or not samples:
         return None
     for thread in samples[-1].threads:
         for frame in thread.frames:
-            if own_code(frame) and f"{Path(frame.file).name}:{frame.line}" == first["where"]:
+            if own_code(frame) and f"{Path(frame.file).name}:{frame.line}" == first.where:
                 return _culprit(sources, frame.file, frame.line, "the thread waits here in "
                                 "every sample: the first hop of the wait chain",
                                 code=frame.code)
@@ -366,7 +368,7 @@ def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The user line of the odd rank's collective (the one the other ranks never joined),
     with the condition it is issued under."""
     facts = record.facts
-    odd = set(facts.get("odd_ranks") or [])
+    odd = set(facts.ranks.odd_ranks or [])
     stored = (record.evidence.ranks if record.evidence is not None else None) or []
     ranks = [RankEvidence.from_dict(rank) for rank in stored]
     for rank in sorted(ranks, key=lambda r: r.rank not in odd):
@@ -375,9 +377,9 @@ def collective_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
         if found is None:
             continue
         frame = found[0]
-        waiting = next((row.get("waiting") for row in facts.get("ranks") or []
-                        if row.get("rank") == rank.rank), None)
-        n = facts.get("diverged_at")
+        waiting = next((row.waiting for row in facts.ranks.ranks or ()
+                        if row.rank == rank.rank), None)
+        n = facts.ranks.diverged_at
         if waiting is None:  # a rank that never issued the collective: it stands here
             why = f"rank {rank.rank} stands here" + (
                 f" and never issued collective #{n}, which the other ranks wait in"
@@ -410,8 +412,8 @@ def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The line that raised: the verdict's ``where`` when it is the user's, else the
     innermost user frame of the traceback."""
     facts = record.facts
-    message = f"raised {facts.get('exception_type') or 'an exception'}"
-    match = WHERE.match(str(facts.get("where") or ""))
+    message = f"raised {facts.crash.exception_type or 'an exception'}"
+    match = WHERE.match(str(facts.crash.where or ""))
     if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
         return _culprit(sources, match["file"], int(match["line"]), message)
     result = record.evidence.result if record.evidence is not None else None
@@ -432,8 +434,8 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     container the loop does not create: what keeps every step's memory, rather than what
     allocates it. None when the growth, the holder or such a line is missing."""
     facts = record.facts
-    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
-    split = _split_where(str(facts.get("rss_holder") or facts.get("cuda_holder") or ""))
+    growth = facts.memory.rss_growth_per_step or facts.memory.cuda_alloc_growth_per_step
+    split = _split_where(str(facts.memory.rss_holder or facts.memory.cuda_holder or ""))
     if not growth or growth <= 0 or split is None:
         return None
     function, name, line = split
@@ -460,7 +462,7 @@ def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The innermost user frame of the crashing thread in a faulthandler dump of the trial
     (or of a rank's or process's directory)."""
     facts = record.facts
-    signal = facts.get("signal_name") or "the signal"
+    signal = facts.crash.signal_name or "the signal"
     base = runfiles.trial_dir(record.trial_dir)
     for dump in runfiles.find(base, DUMP_NAME) if base is not None else []:
         data = runfiles.read_bytes(dump, MAX_DUMP_BYTES, DUMP_NAME)
@@ -475,12 +477,12 @@ def crash_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
                             f"{signal}")
     # a native thread took the signal: the dump has no current thread, and the crash
     # record names the main thread's frame (nsadiag.harness.crash)
-    crash = facts.get("crash") or {}
-    split = _split_where(crash.get("where") or "")
+    crash = facts.crash.crash
+    split = _split_where(crash.where or "") if crash is not None else None
     if split is None:
         return None
     function, name, line = split
     path = _user_path(record, function, name) or name
-    inside = f", in {crash['call']}" if crash.get("call") else ""
+    inside = f", in {crash.call}" if crash is not None and crash.call else ""
     return _culprit(sources, path, line, f"the main thread's last line of the user's code "
                     f"before {signal}{inside}")

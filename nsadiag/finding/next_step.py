@@ -10,9 +10,10 @@ evidence does not name: the caller then says what it knows without a cause.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from nsadiag.verdict.chain import WaitChain
+from nsadiag.verdictfacts import Load, SlowCause, Worker
 
 
 def _where(chain: WaitChain, index: int) -> str:
@@ -170,23 +171,23 @@ def _pool_worker_ended_next(chain: WaitChain) -> str:
             f"when a worker dies, or `map_async(...).get(timeout=...)`.")
 
 
-def _workers_said(workers: list[dict[str, Any]]) -> tuple[str, str]:
+def _workers_said(workers: Sequence[Worker]) -> tuple[str, str]:
     """("2 DataLoader workers", "read_record (data.py:26) `time.sleep(...)`") of the workers
     sampled at the kill, their line said once when they share it."""
-    places = sorted({str(worker["where"]) for worker in workers if worker.get("where")})
-    code = next((f" `{w['code']}`" for w in workers if w.get("code")), "") \
+    places = sorted({str(worker.where) for worker in workers if worker.where})
+    code = next((f" `{w.code}`" for w in workers if w.code), "") \
         if len(places) == 1 else ""
     noun = "DataLoader worker" + ("s" if len(workers) > 1 else "")
     return f"{len(workers)} {noun}", " and ".join(places) + code
 
 
-def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
-    share = f"{cause['share']:.0%}"
-    workers = cause.get("workers") or []
-    if not workers and cause.get("loaded_at"):
+def _data_next(cause: SlowCause, load: Load | None) -> str:
+    share = f"{cause.share:.0%}"
+    workers = cause.workers or ()
+    if not workers and cause.loaded_at:
         return (f"Load the batches in worker processes: the main process was in the "
                 f"DataLoader's `__next__` in {share} of its samples, running the dataset's "
-                f"code itself (most at {cause['loaded_at']}); set `num_workers` above 0 "
+                f"code itself (most at {cause.loaded_at}); set `num_workers` above 0 "
                 f"(and `prefetch_factor`) so loading overlaps training. A faster model "
                 f"will not help.")
     if not workers:
@@ -196,9 +197,9 @@ def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
                 f"storage it reads), then add workers, faster storage or prefetch as that "
                 f"shows. A faster model will not help.")
     many, where = _workers_said(workers)
-    idle = sum(w["samples"] - w["active"] for w in workers)
-    total = sum(w["samples"] for w in workers)
-    inside = sum(w["in_own"] for w in workers)
+    idle = sum(w.samples - w.active for w in workers)
+    total = sum(w.samples for w in workers)
+    inside = sum(w.in_own for w in workers)
     if 2 * inside < total:
         return (f"Find what delays the batches between the workers and the main process: "
                 f"the main process waited for batches in {share} of its samples while its "
@@ -213,7 +214,7 @@ def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
                 f"from faster or local storage (or cache what is read), and raise "
                 f"`num_workers` above {len(workers)} and `prefetch_factor` so more reads "
                 f"overlap. A faster model will not help.")
-    busy = (load or {}).get("load_per_cpu")
+    busy = load.load_per_cpu if load is not None else None
     more = (f"the machine's CPUs were already busy (load {busy:.1f} per CPU), so more "
             f"workers will not help" if busy is not None and busy >= 1 else
             f"raise `num_workers` above {len(workers)} while CPUs are free")
@@ -223,12 +224,12 @@ def _data_next(cause: dict[str, Any], load: dict[str, Any] | None) -> str:
             f"faster model will not help.")
 
 
-def _recompile_next(cause: dict[str, Any]) -> str:
-    guard, function = cause["guard"], cause["function"]
+def _recompile_next(cause: SlowCause) -> str:
+    guard, function = cause.guard, cause.function
     counted = (f"the guard `{guard}` failed, and Dynamo compiled `{function}` again "
-               f"{cause['recompiles']} times in {cause['steps']} steps")
-    if cause.get("size_dim") is not None:
-        dim = cause["size_dim"]
+               f"{cause.recompiles} times in {cause.steps} steps")
+    if cause.size_dim is not None:
+        dim = cause.size_dim
         return (f"Stop the recompiles: {counted}, once for each new size of dimension {dim}; "
                 f"compile with `dynamic=True` (or mark dimension {dim} dynamic with "
                 f"`torch._dynamo.mark_dynamic`), or pad the inputs to a few fixed sizes.")
@@ -236,23 +237,23 @@ def _recompile_next(cause: dict[str, Any]) -> str:
             f"step to step, or make it an input Dynamo treats as dynamic.")
 
 
-def _recompute_next(cause: dict[str, Any]) -> str:
-    called = f" (checkpointed at {cause['called_at']})" if cause.get("called_at") else ""
+def _recompute_next(cause: SlowCause) -> str:
+    called = f" (checkpointed at {cause.called_at})" if cause.called_at else ""
     hottest = (f"; or, if the recomputed line's result needs no gradient, compute it "
-               f"outside the checkpointed function (its hottest line: {cause['inner']})"
-               if cause.get("inner") else "")
-    return (f"Checkpoint less: the backward spent {cause['backward_share']:.0%} of its "
+               f"outside the checkpointed function (its hottest line: {cause.inner})"
+               if cause.inner else "")
+    return (f"Checkpoint less: the backward spent {cause.backward_share:.0%} of its "
             f"samples rerunning checkpointed forwards{called}; checkpoint fewer blocks, or "
             f"save the costly results with a selective checkpoint policy "
             f"(`torch.utils.checkpoint.create_selective_checkpoint_contexts`){hottest}.")
 
 
-def slow_next(cause: dict[str, Any], load: dict[str, Any] | None = None) -> str:
+def slow_next(cause: SlowCause, load: Load | None = None) -> str:
     """One sentence: what to change for a SLOW run's cause class (nsadiag.verdict
     .slow_cause), from the figures that classified it; ``load`` the machine's load facts
     (whether more worker processes could run)."""
-    if cause["kind"] == "data-bound":
+    if cause.kind == "data-bound":
         return _data_next(cause, load)
-    if cause["kind"] == "recompiles":
+    if cause.kind == "recompiles":
         return _recompile_next(cause)
     return _recompute_next(cause)

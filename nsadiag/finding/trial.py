@@ -23,6 +23,7 @@ from nsadiag.ranknames import RankNames
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
 from nsadiag.verdict.chain import WaitChain
+from nsadiag.verdictfacts import RankRow, SlowCause, VerdictFacts
 
 
 def subject_of(spec: dict[str, Any]) -> str:
@@ -93,146 +94,146 @@ def defect_proof(record: TrialRecord) -> str | None:
         return (f"{count(ops)} compute ops in one forward for {count(seq_len)} tokens, "
                 f"{si(per_op, 'FLOP')} each where a dense block's average "
                 f"{si(dense, 'FLOP')} ({share(per_op / dense)} of it)")
-    findings = record.verdict.facts.get("slow_findings") or []
+    findings = record.verdict.facts.slow.slow_findings or []
     return findings[0] if findings else None
 
 
-def size_proof(facts: dict[str, Any]) -> str:
+def size_proof(facts: VerdictFacts) -> str:
     """Why a SLOW is the work itself: its FLOPs and efficiency beside the dense block's,
     and how much longer it needs."""
     parts = []
-    if facts.get("flops_per_step"):
-        parts.append(f"{si(facts['flops_per_step'], 'FLOP')} per step")
-    if facts.get("efficiency") is not None and facts.get("dense_efficiency"):
-        parts.append(f"at {share(facts['efficiency'])} of the matmul rate (a dense block "
-                     f"reaches {share(facts['dense_efficiency'])})")
-    eta = f"ETA {duration(facts['eta_s'])} more" if facts.get("eta_s") else "ETA unknown"
+    if facts.slow.flops_per_step:
+        parts.append(f"{si(facts.slow.flops_per_step, 'FLOP')} per step")
+    if facts.slow.efficiency is not None and facts.slow.dense_efficiency:
+        parts.append(f"at {share(facts.slow.efficiency)} of the matmul rate (a dense block "
+                     f"reaches {share(facts.slow.dense_efficiency)})")
+    eta = f"ETA {duration(facts.slow.eta_s)} more" if facts.slow.eta_s else "ETA unknown"
     return (", ".join(parts) + "; " if parts else "still progressing at the kill; ") + eta
 
 
-def progress_proof(facts: dict[str, Any]) -> str:
+def progress_proof(facts: VerdictFacts) -> str:
     """How far a SLOW whose work was not counted got: steps and the last one's time (the
     heartbeat's module-event rate is nsadiag's own count, not a figure a user reads)."""
     parts = []
-    if facts.get("steps_done") is not None:
-        parts.append(f"{count(facts['steps_done'])} steps done")
-    if facts.get("step_s"):
-        parts.append(f"the last in {sig(facts['step_s'])} s")
+    if facts.position.steps_done is not None:
+        parts.append(f"{count(facts.position.steps_done)} steps done")
+    if facts.slow.step_s:
+        parts.append(f"the last in {sig(facts.slow.step_s)} s")
     return ", ".join(parts) or "still progressing at the kill"
 
 
-def cause_proof(cause: dict[str, Any]) -> str:
+def cause_proof(cause: SlowCause) -> str:
     """The share of the samples that put a SLOW run in its cause class."""
-    share, counted = f"{cause['share']:.0%}", f"{cause['samples']} of {cause['of_samples']}"
-    if cause["kind"] == "data-bound":
+    share, counted = f"{cause.share:.0%}", f"{cause.samples} of {cause.of_samples}"
+    if cause.kind == "data-bound":
         return (f"the main process was in the DataLoader's `__next__` in {share} of its "
                 f"samples once training began ({counted})")
-    if cause["kind"] == "recompiles":
-        return (f"{cause['recompiles']} recompiles in {cause['steps']} steps; the compiler "
+    if cause.kind == "recompiles":
+        return (f"{cause.recompiles} recompiles in {cause.steps} steps; the compiler "
                 f"held {share} of the main process's samples ({counted})")
-    return (f"checkpoint recompute in {cause['backward_share']:.0%} of the backward's "
+    return (f"checkpoint recompute in {cause.backward_share:.0%} of the backward's "
             f"samples ({counted})")
 
 
-def stall_proof(facts: dict[str, Any]) -> str:
+def stall_proof(facts: VerdictFacts) -> str:
     """No progress for so long, with the CPU it used and whether the stacks moved."""
-    since = facts.get("since_last_event_s")
+    since = facts.position.since_last_event_s
     quiet = f"no progress for {sig(since)} s" if since else "no progress"
-    cpu = facts.get("cpu_fraction")
+    cpu = facts.stall.cpu_fraction
     used = f" while using {share(cpu)} of a CPU" if cpu is not None else ""
-    frozen = (f", stacks identical in all {facts['samples']} samples"
-              if facts.get("stacks_changed") is False and facts.get("samples") else "")
+    frozen = (f", stacks identical in all {facts.stall.samples} samples"
+              if facts.stall.stacks_changed is False and facts.stall.samples else "")
     return quiet + used + frozen
 
 
-def _rank_name(row: dict[str, Any], many_hosts: bool) -> str:
+def _rank_name(row: RankRow, many_hosts: bool) -> str:
     """"rank 3", or across hosts "rank 3 on host2 (local rank 1, node 1)" (a row of
     nsadiag.verdict.ranks.rank_table)."""
-    if not many_hosts or not row.get("host"):
-        return f"rank {row['rank']}"
-    return RankNames(host=str(row["host"]), rank=row.get("rank"),
-                     local_rank=row.get("local_rank"), node_rank=row.get("node_rank")).label()
+    if not many_hosts or not row.host:
+        return f"rank {row.rank}"
+    return RankNames(host=str(row.host), rank=row.rank, local_rank=row.local_rank,
+                     node_rank=row.node_rank).label()
 
 
-def collective_proof(facts: dict[str, Any]) -> str:
+def collective_proof(facts: VerdictFacts) -> str:
     """Which collective differs and what each rank waits in, for how long."""
-    rows = facts.get("ranks") or []
-    odd = set(facts.get("odd_ranks") or [])
-    many = len({row.get("host") for row in rows if row.get("host")}) >= 2
+    rows = facts.ranks.ranks or ()
+    odd = set(facts.ranks.odd_ranks or [])
+    many = len({row.host for row in rows if row.host}) >= 2
     parts = []
-    for row in sorted(rows, key=lambda r: r.get("rank") not in odd):
-        waiting = re.sub(r", from .*\)$", ")", row.get("waiting") or "no collective")
-        since = (f" for {sig(row['waiting_since_s'])} s"
-                 if row.get("waiting_since_s") is not None else "")
+    for row in sorted(rows, key=lambda r: r.rank not in odd):
+        waiting = re.sub(r", from .*\)$", ")", row.waiting or "no collective")
+        since = (f" for {sig(row.waiting_since_s)} s"
+                 if row.waiting_since_s is not None else "")
         parts.append(f"{_rank_name(row, many)} waits in {waiting}{since}")
-    head = f"collective #{facts['diverged_at']} differs between ranks: " \
-        if facts.get("diverged_at") else ""
+    head = f"collective #{facts.ranks.diverged_at} differs between ranks: " \
+        if facts.ranks.diverged_at else ""
     return head + ("; ".join(parts) or "the ranks wait in different collectives")
 
 
-def _signal_number(facts: dict[str, Any]) -> int | None:
-    if facts.get("signal") is not None:
-        return int(facts["signal"])
+def _signal_number(facts: VerdictFacts) -> int | None:
+    if facts.crash.signal is not None:
+        return int(facts.crash.signal)
     try:
-        return int(signal.Signals[str(facts.get("signal_name"))])
+        return int(signal.Signals[str(facts.crash.signal_name)])
     except KeyError:
         return None
 
 
-def crash_proof(record: TrialRecord, facts: dict[str, Any]) -> str:
+def crash_proof(record: TrialRecord, facts: VerdictFacts) -> str:
     """Which signal ended which process after how long, and where the ranks' collectives
     diverged when they did (the mismatch a rank died of)."""
-    if facts.get("lost_hosts"):  # a host of a multi-host job went away (nsadiag.hosts)
+    if facts.ranks.lost_hosts:  # a host of a multi-host job went away (nsadiag.hosts)
         return str((record.verdict.reasons or [""])[0])
     number = _signal_number(facts)
-    name = facts.get("signal_name") or (f"signal {number}" if number else "a signal")
-    numbered = f" (signal {number})" if number is not None and facts.get("signal_name") \
+    name = facts.crash.signal_name or (f"signal {number}" if number else "a signal")
+    numbered = f" (signal {number})" if number is not None and facts.crash.signal_name \
         else ""
-    who = f"rank {facts['rank']} " if facts.get("rank") is not None else ""
-    wall = facts.get("wall_s") or record.wall_s
-    when = f"after {sig(wall)} s" if facts.get("rank") is None else \
+    who = f"rank {facts.ranks.rank} " if facts.ranks.rank is not None else ""
+    wall = facts.position.wall_s or record.wall_s
+    when = f"after {sig(wall)} s" if facts.ranks.rank is None else \
         f"in a job that ran {sig(wall)} s"
     proof = f"{who}killed by {name}{numbered} {when}, without a Python exception"
     met = next((r for r in record.verdict.reasons if " met " in r), None)
-    return f"{proof}; {met}" if met and facts.get("diverged_at") else proof
+    return f"{proof}; {met}" if met and facts.ranks.diverged_at else proof
 
 
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
     name, facts = record.verdict_name, record.verdict.facts
-    if name == "SLOW" and facts.get("still_starting"):
+    if name == "SLOW" and facts.slow.still_starting:
         return (record.verdict.reasons or ["still starting"])[0].split(", and no ")[0]
-    if name == "SLOW" and facts.get("slow_cause") and facts.get("slow_by") != "defect":
-        return cause_proof(facts["slow_cause"])
+    if name == "SLOW" and facts.slow.slow_cause and facts.slow.slow_by != "defect":
+        return cause_proof(facts.slow.slow_cause)
     if name == "SLOW":
         return {"defect": lambda: defect_proof(record), "size": lambda: size_proof(facts)
-                }.get(facts.get("slow_by") or "", lambda: progress_proof(facts))()
+                }.get(facts.slow.slow_by or "", lambda: progress_proof(facts))()
     if name in ("STALL-BUSY", "DEADLOCK"):
         return stall_proof(facts)
     if name == "STALL-COLLECTIVE":
         return collective_proof(facts)
     if name == "ERROR":
-        message = str(facts.get("message") or "").splitlines()[0][:160] if \
-            facts.get("message") else ""
-        return f"{facts.get('exception_type', 'an exception')}: {message}".rstrip(": ")
+        message = str(facts.crash.message or "").splitlines()[0][:160] if \
+            facts.crash.message else ""
+        return f"{facts.crash.exception_type or 'an exception'}: {message}".rstrip(": ")
     if name == "CRASH":
         return crash_proof(record, facts)
     if name == "OOM":
-        peak = facts.get("peak_cuda") or facts.get("peak_rss")
-        cap = facts.get("memory_cap_bytes")
-        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+        peak = facts.memory.peak_cuda or facts.memory.peak_rss
+        cap = facts.memory.memory_cap_bytes
+        growth = facts.memory.rss_growth_per_step or facts.memory.cuda_alloc_growth_per_step
         return (f"peak {size(peak)}" if peak else "the allocation failed") + \
             (f" against the {size(cap)} cap" if cap else "") + \
             (f"; memory grew {size(growth)} per step" if growth and growth > 0 else "")
-    if name == "INCONCLUSIVE" and facts.get("interrupted"):
+    if name == "INCONCLUSIVE" and facts.position.interrupted:
         return (record.verdict.reasons or ["interrupted before a verdict"])[0]
     if name == "INCONCLUSIVE":
-        load = facts.get("load") or {}
-        got = f", the main thread got {share(load['got'])} of the CPU it asked for" \
-            if load.get("got") is not None else ""
-        return (f"load {sig(load.get('load_per_cpu', 0))} per usable CPU{got}: a timing "
+        load = facts.position.load
+        got = f", the main thread got {share(load.got)} of the CPU it asked for" \
+            if load is not None and load.got is not None else ""
+        return (f"load {sig(load.load_per_cpu if load else 0)} per usable CPU{got}: a timing "
                 f"this machine can stretch")
-    steps = facts.get("steps_done")
+    steps = facts.position.steps_done
     if isinstance(steps, dict):  # a job of ranks: the steps of each (the fewest finished)
         fewest = min(steps.values(), default=None)
         return f"{count(fewest)} steps finished on every rank" if fewest is not None else None
@@ -242,17 +243,17 @@ def proof_of(record: TrialRecord) -> str | None:
 # ---- what to do next -----------------------------------------------------------------------------
 
 
-def _chain_next(name: str, facts: dict[str, Any]) -> str | None:
+def _chain_next(name: str, facts: VerdictFacts) -> str | None:
     """The next step from the end of a stuck run's wait chain, when it names one: for a
     rank that never issued the collective the others wait in, from that rank's own chain."""
     if name not in ("DEADLOCK", "STALL-BUSY", "STALL-COLLECTIVE") or \
-            not facts.get("wait_chain"):
+            not facts.stall.wait_chain:
         return None
-    own = facts.get("rank_chain")
+    own = facts.stall.rank_chain
     if name == "STALL-COLLECTIVE" and own:
         said = chain_next(WaitChain.from_dict(own["chain"]))
         return f"On rank {own['rank']}: {said[:1].lower()}{said[1:]}" if said else None
-    return chain_next(WaitChain.from_dict(facts["wait_chain"]))
+    return chain_next(WaitChain.from_dict(dict(facts.stall.wait_chain.raw)))
 
 
 def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
@@ -260,18 +261,18 @@ def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
     return next_action(record.verdict_name, record.verdict.facts, culprit)
 
 
-def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> str:
+def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
     """The next step after verdict ``name`` with its ``facts``, at the culprit line."""
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
-    if name == "SLOW" and facts.get("still_starting"):
+    if name == "SLOW" and facts.slow.still_starting:
         return ("Give it a limit longer than its start-up (Python and its imports): "
                 "nothing can be judged before its first heartbeat.")
-    if name == "SLOW" and facts.get("slow_by") == "defect":
+    if name == "SLOW" and facts.slow.slow_by == "defect":
         return (f"Replace the per-token Python loop{where} with tensor ops over all tokens at "
                 f"once, with no `.item()` inside it; then run the same command again.")
-    if name == "SLOW" and facts.get("slow_cause"):
-        return slow_next(facts["slow_cause"], facts.get("load"))
-    if name == "SLOW" and facts.get("slow_by") is None:
+    if name == "SLOW" and facts.slow.slow_cause:
+        return slow_next(facts.slow.slow_cause, facts.position.load)
+    if name == "SLOW" and facts.slow.slow_by is None:
         if culprit is not None and culprit.host_read:
             line, code = culprit.host_read.split(" ", 1)
             return (f"Replace the loop{where} with tensor ops over all its iterations at "
@@ -280,19 +281,19 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         if culprit is not None:
             return (f"The time goes to the loop{where}: make its body cheaper or run it "
                     f"fewer times, or give the run more time.")
-        more = (f"more than its ETA ({duration(facts['eta_s'])})" if facts.get("eta_s")
+        more = (f"more than its ETA ({duration(facts.slow.eta_s)})" if facts.slow.eta_s
                 else "more time")
         return (f"Give the run {more}, or count its work with `nsadiag sweep-layers "
                 f"--target pkg.module:factory` on the model (slow by size or by defect).")
     if name == "SLOW":
-        eta = f" (ETA {duration(facts['eta_s'])})" if facts.get("eta_s") else ""
+        eta = f" (ETA {duration(facts.slow.eta_s)})" if facts.slow.eta_s else ""
         return (f"Nothing is broken: give the run more time{eta} or fewer steps; the time "
                 f"goes into the model's own work.")
     chained = _chain_next(name, facts)
     if chained is not None:
         return chained
     if name == "STALL-BUSY":
-        if facts.get("stacks_class") == "busy-native":
+        if facts.stall.stacks_class == "busy-native":
             return (f"One native call{where} outlasts the stall timeout: make it smaller, or "
                     f"raise --stall-timeout if it really takes that long.")
         return (f"Make the loop{where} end: what it waits for never changes; bound it or fix "
@@ -304,29 +305,29 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
         return (f"Make every rank issue the same collectives: the one{where} runs on some "
                 f"ranks only; issue it on all of them or on none.")
     if name == "ERROR":
-        if facts.get("fixes"):
-            return f"{facts['fixes'][0][:1].upper()}{facts['fixes'][0][1:]}."
-        return f"Fix the {facts.get('exception_type') or 'exception'} raised{where}."
-    if name == "CRASH" and facts.get("lost_hosts"):
-        lost = ", ".join(f"host {row['host']}" for row in facts["lost_hosts"])
+        if facts.crash.fixes:
+            return f"{facts.crash.fixes[0][:1].upper()}{facts.crash.fixes[0][1:]}."
+        return f"Fix the {facts.crash.exception_type or 'exception'} raised{where}."
+    if name == "CRASH" and facts.ranks.lost_hosts:
+        lost = ", ".join(f"host {row['host']}" for row in facts.ranks.lost_hosts)
         return (f"Find why {lost} went away (its machine, its kernel log, the scheduler's "
                 f"record of the node): its ranks and its nsadiag stopped at once, so nothing "
                 f"on it recorded a fault; the other hosts' ranks only lost their peers.")
-    if name == "CRASH" and facts.get("diverged_at"):
+    if name == "CRASH" and facts.ranks.diverged_at:
         return (f"Make every rank issue the same collectives in the same order{where}: "
-                f"the ranks' collectives diverged at #{facts['diverged_at']} and rank "
-                f"{facts.get('rank')} died of {facts.get('signal_name') or 'a signal'} there.")
+                f"the ranks' collectives diverged at #{facts.ranks.diverged_at} and rank "
+                f"{facts.ranks.rank} died of {facts.crash.signal_name or 'a signal'} there.")
     if name == "CRASH":
         return (f"Look at the native call{where}: the process died of "
-                f"{facts.get('signal_name') or 'a signal'}; rerun it under gdb to see the "
+                f"{facts.crash.signal_name or 'a signal'}; rerun it under gdb to see the "
                 f"native frame.")
     if name == "OOM" and culprit is not None and culprit.retains:
-        growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
+        growth = facts.memory.rss_growth_per_step or facts.memory.cuda_alloc_growth_per_step
         return (f"Keep the value, not the tensor, in `{culprit.retains}`{where}: append "
                 f"`.item()` (or a `.detach()`ed tensor), so no step's graph and activations "
                 f"outlive the step; memory grew {size(growth)} per step.")
-    growth = facts.get("rss_growth_per_step") or facts.get("cuda_alloc_growth_per_step")
-    holder = facts.get("rss_holder") or facts.get("cuda_holder")
+    growth = facts.memory.rss_growth_per_step or facts.memory.cuda_alloc_growth_per_step
+    holder = facts.memory.rss_holder or facts.memory.cuda_holder
     if name == "OOM" and growth and growth > 0 and holder:
         return (f"Find what outlives each step: memory grew {size(growth)} per step and "
                 f"{holder} took it in step after step without giving it back, so something "
@@ -336,7 +337,7 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
     if name == "OOM":
         return ("Lower the peak: gradient checkpointing (--grad-ckpt), a memory-bounded "
                 "backend, or a shorter sequence; `nsadiag sweep-seq` shows how it grows.")
-    if name == "INCONCLUSIVE" and facts.get("interrupted"):
+    if name == "INCONCLUSIVE" and facts.position.interrupted:
         return "Run it again and let it reach a verdict: it was stopped before one."
     if name == "INCONCLUSIVE":
         return "Run it again on a quieter machine, or with a larger --budget, to settle it."
@@ -349,12 +350,12 @@ def next_action(name: str, facts: dict[str, Any], culprit: Culprit | None) -> st
 def verdict_sentence(record: TrialRecord) -> str:
     """What the verdict says happened, in one sentence with its numbers."""
     name, facts = record.verdict_name, record.verdict.facts
-    if name == "SLOW" and facts.get("still_starting"):
+    if name == "SLOW" and facts.slow.still_starting:
         return "Its time ran out while it was still starting: neither slow work nor a hang."
     if name == "SLOW":
-        rate = (f" at {sig(1 / facts['step_s'])} steps/s (its last step's pace)"
-                if facts.get("step_s") else "")
-        done = f", {share(facts['fraction_done'])} done" if facts.get("fraction_done") else ""
+        rate = (f" at {sig(1 / facts.slow.step_s)} steps/s (its last step's pace)"
+                if facts.slow.step_s else "")
+        done = f", {share(facts.slow.fraction_done)} done" if facts.slow.fraction_done else ""
         return (f"Still progressing when its time ran out{rate}{done}: slow, not stuck "
                 f"(no hang).")
     if name == "OK":
@@ -367,9 +368,9 @@ def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
     """The trial's verdict, line and proof as one-line items."""
     name = record.verdict_name
     facts = record.verdict.facts
-    mark = fail if is_failure(name, facts.get("slow_by")) else \
+    mark = fail if is_failure(name, facts.slow.slow_by) else \
         warn if name == "INCONCLUSIVE" else ok
-    items = [mark(f"{subject_of(record.spec)}: {name} ({kind_of(name, facts.get('slow_by'))})"
+    items = [mark(f"{subject_of(record.spec)}: {name} ({kind_of(name, facts.slow.slow_by)})"
                   f", {record.wall_s:.0f} s")]
     proof = proof_of(record)
     if proof:
@@ -377,11 +378,11 @@ def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
     if culprit is not None:
         items.append(fail(f"{culprit.where()}: {culprit.why}") if mark is fail else
                      warn(f"{culprit.where()}: {culprit.why}"))
-    load = facts.get("load")
+    load = facts.position.load
     if load is not None:
-        items.append(warn(f"the machine was contended: load {sig(load['load_per_cpu'])} per "
-                          f"CPU") if load.get("contended") else
-                     ok(f"the machine was not contended (load {sig(load['load_per_cpu'])} "
+        items.append(warn(f"the machine was contended: load {sig(load.load_per_cpu)} per "
+                          f"CPU") if load.contended else
+                     ok(f"the machine was not contended (load {sig(load.load_per_cpu)} "
                         f"per CPU)"))
     return items
 
@@ -392,33 +393,33 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
     name, facts = record.verdict_name, record.verdict.facts
     ruled_out: list[Item] = []
     implicated: list[Item] = []
-    since = facts.get("since_last_event_s")
-    if name == "SLOW" and not facts.get("still_starting"):
+    since = facts.position.since_last_event_s
+    if name == "SLOW" and not facts.slow.still_starting:
         gap = f" (the last progress {sig(since)} s before the kill)" if since is not None \
             else ""
         ruled_out.append(ok(f"A hang: it was still progressing when its time ran out{gap}."))
     if name in ("STALL-BUSY", "DEADLOCK", "STALL-COLLECTIVE") and since:
         ruled_out.append(ok(f"A slow run: no heartbeat or sampler pulse for {sig(since)} s."))
-    cpu = facts.get("cpu_fraction")
+    cpu = facts.stall.cpu_fraction
     if name == "DEADLOCK" and cpu is not None:
         ruled_out.append(ok(f"A busy loop: the process used {share(cpu)} of a CPU."))
     if name == "STALL-BUSY" and cpu is not None:
         ruled_out.append(ok(f"A wait on a lock: the process used {share(cpu)} of a CPU."))
     if name in ("ERROR", "CRASH", "OOM"):
         ruled_out.append(ok("A hang: the process ended by itself."))
-    load = facts.get("load") or {}
-    if load and not load.get("contended"):
-        ruled_out.append(ok(f"Machine contention: load {sig(load.get('load_per_cpu', 0))} "
+    load = facts.position.load
+    if load is not None and not load.contended:
+        ruled_out.append(ok(f"Machine contention: load {sig(load.load_per_cpu)} "
                             f"per usable CPU."))
     if culprit is not None:
         code = f" `{culprit.code}`" if culprit.code else ""
         implicated.append(fail(f"{culprit.where()}{code}: {culprit.why}."))
-    if facts.get("cause"):
-        implicated.append(fail(f"Cause: {facts['cause']}."))
-    if facts.get("last_module") and name not in ("OK", "SLOW"):
-        implicated.append(fail(f"{facts['last_module']}: the last module entered or left "
-                               f"({facts.get('last_edge')} in {facts.get('last_phase')} of "
-                               f"step {facts.get('last_step')})."))
+    if facts.position.cause:
+        implicated.append(fail(f"Cause: {facts.position.cause}."))
+    if facts.position.last_module and name not in ("OK", "SLOW"):
+        implicated.append(fail(f"{facts.position.last_module}: the last module entered or left "
+                               f"({facts.position.last_edge} in {facts.position.last_phase} of "
+                               f"step {facts.position.last_step})."))
     return ruled_out, implicated
 
 
@@ -426,10 +427,10 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     """The finding of a run of one trial (run, watch, ddp): verdict, kind, culprit,
     proof, next action, summary and items; ``rerun`` is the command that repeats it."""
     name, facts = record.verdict_name, record.verdict.facts
-    kind = kind_of(name, facts.get("slow_by"))
+    kind = kind_of(name, facts.slow.slow_by)
     # a SLOW's class (data-bound, recompiles, checkpoint recompute) beside its kind
-    said = f"{kind}: {facts['slow_cause']['kind']}" if name == "SLOW" and \
-        facts.get("slow_cause") and facts.get("slow_by") != "defect" else kind
+    said = f"{kind}: {facts.slow.slow_cause.kind}" if name == "SLOW" and \
+        facts.slow.slow_cause and facts.slow.slow_by != "defect" else kind
     culprit = culprit_of(record)
     proof = proof_of(record)
     next_action = next_action_of(record, culprit)
@@ -445,15 +446,15 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
                      if r.startswith("last heartbeat")), None)
     if position and name != "SLOW":
         summary.append(position[:1].upper() + position[1:] + ".")
-    if facts.get("cause"):
-        summary.append(f"Cause: {facts['cause']}.")
+    if facts.position.cause:
+        summary.append(f"Cause: {facts.position.cause}.")
     ruled_out, implicated = cause_items(record, culprit)
-    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in facts.get("fixes") or []][1:]
+    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in facts.crash.fixes or []][1:]
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     return Finding(command=command, verdict=name, kind=kind,
-                   status=status_of(name, facts.get("slow_by")),
+                   status=status_of(name, facts.slow.slow_by),
                    headline=f"{name} ({said}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
                    implicated=implicated, recommendations=fixes,
-                   chain=(facts.get("wait_chain") or {}).get("printed"))
+                   chain=facts.stall.wait_chain.printed if facts.stall.wait_chain else None)

@@ -174,7 +174,9 @@ def _run_kind(job: JobSpec, spec: TrialSpec, rank: RankEnv | None, writer: Heart
         found = check.measure(spec, writer, rank) if job.check == "ddp" else \
             check.measure(spec, writer)
         if found is not None:
-            found.verdict.facts.setdefault("layers", writer.watched_blocks)
+            if found.verdict.facts.check.layers is None:
+                found.verdict.facts = found.verdict.facts.with_facts(
+                    layers=writer.watched_blocks)
             (directory / "check.json").write_text(json.dumps(found.to_dict(), indent=1))
         return {}
     from nsadiag.harness.memory import measure_steps

@@ -51,6 +51,6 @@ def interrupted_verdict(verdict: Verdict, end: SessionEnd, main: Stream | None) 
         reasons = [*verdict.reasons,
                    f"{said}, {facts['at'] - end.ended_at:.1f} s after this verdict was "
                    f"decided, while the processes were being sampled"]
-        return Verdict(verdict.name, reasons, {**verdict.facts, "interrupted": facts})
+        return Verdict(verdict.name, reasons, {**verdict.facts.to_dict(), "interrupted": facts})
     return Verdict(VerdictName.INCONCLUSIVE,
                    [f"{said}, before a verdict: {_progress(main)}"], {"interrupted": facts})

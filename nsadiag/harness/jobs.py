@@ -141,7 +141,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WAT
         record = _record(job, times, trial_dir, stopped.end, launched.proc.returncode, False)
         record.verdict = interrupted_verdict(record.verdict, stopped.end, stopped.end.streams[0])
         if record.evidence is not None:
-            record.evidence.interrupted = record.verdict.facts["interrupted"]
+            record.evidence.interrupted = record.verdict.facts.position.interrupted
         raise TrialInterrupted(record) from None
     return _record(job, times, trial_dir, end, launched.proc.returncode,
                    _oom(oom_kills_before, cgroup_oom_kills()))

@@ -385,7 +385,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     evidence.containment = command.containment
     if end.interrupted_at is not None:
         record.verdict = interrupted_verdict(record.verdict, end, main)
-        evidence.interrupted = record.verdict.facts["interrupted"]
+        evidence.interrupted = record.verdict.facts.position.interrupted
     return record
 
 

@@ -126,7 +126,7 @@ def with_straggler(verdict: Verdict, straggler: dict[str, Any] | None) -> Verdic
     if straggler is None:
         return verdict
     return Verdict(verdict.name, [*verdict.reasons, str(straggler["sentence"])],
-                   {**verdict.facts, "straggler": straggler})
+                   {**verdict.facts.to_dict(), "straggler": straggler})
 
 
 def _host_of(rank: RankEvidence) -> str | None:
@@ -238,14 +238,14 @@ def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) 
         ranks = [_before_loss(r) if r in lost_peers else r for r in ranks]
         job = _as_stopped(job)
     verdict = decide_ranks(job, ranks)
-    facts = dict(verdict.facts)
-    odd = facts.get("odd_ranks") or []
+    facts = verdict.facts.to_dict()
+    odd = verdict.facts.ranks.odd_ranks or []
     waits = waiting_for(ranks, odd)
     reasons = list(verdict.reasons)
     if odd:
         culprits = [r for r in ranks if r.rank in set(odd)]
         reasons.insert(0, "culprit: " + " and ".join(rank_label(r) for r in culprits) +
-                       f" never issued collective #{facts.get('diverged_at')}: "
+                       f" never issued collective #{verdict.facts.ranks.diverged_at}: "
                        + "; ".join(waits))
         facts["culprit_ranks"] = [{"rank": r.rank, **(r.names or {})} for r in culprits]
     reasons[1:1] = preface

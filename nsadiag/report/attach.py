@@ -114,5 +114,5 @@ def build_attach_report(stored: AttachRecord, meta: dict[str, Any]
                                 "user_frame": p.user_frame,
                                 "collective_frame": p.collective_frame}
                                for p in processes],
-                 "odd_ranks": verdict.facts.get("odd_ranks")})
+                 "odd_ranks": verdict.facts.ranks.odd_ranks})
     return report.markdown(), summary.to_dict()

@@ -23,7 +23,7 @@ from nsadiag.report.top import cause_section, recommendations
 
 def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
     """The blocks the checks' models had: what was asked, or the factory's default."""
-    seen = sorted({r.verdict.facts.get("layers") for r in results} - {None})
+    seen = sorted({r.verdict.facts.check.layers for r in results} - {None})
     if asked is not None or not seen:
         return str(asked) if asked is not None else "unknown (no block was watched)"
     return f"{', '.join(map(str, seen))} (the factory's default)"

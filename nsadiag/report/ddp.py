@@ -101,16 +101,17 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     report.add("Recommendations", recommendations(finding))
     text = report.markdown()
     row = row_from_record(record, LABEL)
-    slow_by = facts.get("slow_by")
+    slow_by = facts.slow.slow_by
     verdicts = [verdict_row(LABEL, verdict.name, record.spec.get("n_layers"),
                             record.spec.get("seq_len"), slow_by)]
     summary = Summary(
         command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict.to_dict() if verdict.name != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict.name, "slow_by": slow_by,
-                 "world_size": world_size, "ddp_backend": backend, "ranks": rows,
+                 "world_size": world_size, "ddp_backend": backend,
+                 "ranks": [row.to_dict() for row in rows],
                  "hosts": job_hosts(record, rows),
-                 "odd_ranks": facts.get("odd_ranks"), "diverged_at": facts.get("diverged_at"),
+                 "odd_ranks": facts.ranks.odd_ranks, "diverged_at": facts.ranks.diverged_at,
                  "flight_recorder": list(ddp.flight_recorder) if ddp else []})
     return text, summary.to_dict()
 

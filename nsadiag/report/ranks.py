@@ -17,6 +17,7 @@ from typing import Any
 from nsadiag.ranknames import RankNames
 from nsadiag.report.markdown import md_table
 from nsadiag.rundir import TrialRecord
+from nsadiag.verdictfacts import RankRow
 
 UNKNOWN = "unknown"
 NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank"),
@@ -24,14 +25,14 @@ NAME_COLUMNS = (("host", "host"), ("rank", "rank"), ("local rank", "local_rank")
 """(column heading, row key) of a rank's names, in the order the table shows them."""
 
 
-def rank_rows(record: TrialRecord) -> list[dict[str, Any]]:
+def rank_rows(record: TrialRecord) -> list[RankRow]:
     """The per-rank rows of ``record``'s verdict (see the module docstring); [] for a run
     without ranks."""
-    return list(record.verdict.facts.get("ranks") or [])
+    return list(record.verdict.facts.ranks.ranks or ())
 
 
-def _name(row: Mapping[str, Any], key: str) -> str:
-    value = row.get(key)
+def _name(row: Mapping[str, Any] | RankRow, key: str) -> str:
+    value = getattr(row, key) if isinstance(row, RankRow) else row.get(key)
     return UNKNOWN if value is None or value == "" else str(value)
 
 
@@ -41,7 +42,7 @@ def name_cells(names: Mapping[str, Any]) -> list[str]:
     return [_name(names, key) for _, key in NAME_COLUMNS]
 
 
-def ranks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def ranks_table(rows: Sequence[RankRow]) -> list[str]:
     """One line per rank: host, global, local and node rank, then pid, state, collectives
     issued, the last one, what it waits in (and for how long), where it is."""
     import pandas as pd
@@ -49,19 +50,19 @@ def ranks_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return ["No rank reported."]
 
-    def waiting(row: Mapping[str, Any]) -> Any:
-        if row.get("waiting") and row.get("waiting_since_s") is not None:
-            return f"{row['waiting']}, {row['waiting_since_s']:.1f} s"
-        return row.get("waiting")
+    def waiting(row: RankRow) -> Any:
+        if row.waiting and row.waiting_since_s is not None:
+            return f"{row.waiting}, {row.waiting_since_s:.1f} s"
+        return row.waiting
 
     columns: dict[str, list[Any]] = {
         heading: [_name(r, key) for r in rows] for heading, key in NAME_COLUMNS}
     columns.update({
-        "pid": [r.get("pid") for r in rows], "state": [r.get("state") for r in rows],
-        "collectives issued": [r.get("issued") for r in rows],
-        "last collective": [r.get("last_collective") for r in rows],
+        "pid": [r.pid for r in rows], "state": [r.state for r in rows],
+        "collectives issued": [r.issued for r in rows],
+        "last collective": [r.last_collective for r in rows],
         "waiting in": [waiting(r) for r in rows],
-        "position": [r.get("position") for r in rows]})
+        "position": [r.position for r in rows]})
     return md_table(pd.DataFrame(columns, dtype=object))
 
 
@@ -75,11 +76,11 @@ def rank_heading(rank: Mapping[str, Any]) -> str:
     return label[:1].upper() + label[1:]
 
 
-def job_hosts(record: TrialRecord, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def job_hosts(record: TrialRecord, rows: Sequence[RankRow]) -> list[str]:
     """The job's hosts: those the rows name, in the order of their first rank, then any
     other host the record's shared view lists (one lost before its ranks were
     published)."""
     view = record.evidence.hosts if record.evidence is not None else None
     listed = view.get("hosts") if isinstance(view, dict) else None
-    found = [row.get("host") for row in rows] + (listed if isinstance(listed, list) else [])
+    found = [row.host for row in rows] + (listed if isinstance(listed, list) else [])
     return list(dict.fromkeys(h for h in found if isinstance(h, str) and h))

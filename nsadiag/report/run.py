@@ -72,7 +72,7 @@ def run_finding(record: TrialRecord) -> Finding:
     # the straggler a host saw while the job ran (its record's hosts), or the one the
     # verdict over every host's ranks found in their recorded steps
     hosts = record.evidence.hosts if record.evidence is not None else None
-    straggler = (hosts or {}).get("straggler") or record.verdict.facts.get("straggler")
+    straggler = (hosts or {}).get("straggler") or record.verdict.facts.ranks.straggler
     return with_straggler(trial_finding(record, kind, rerun), straggler)
 
 
@@ -133,7 +133,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         details={"finding": finding.to_dict(), "verdict": verdict.name,
                  "slow_by": slow_by,
                  "command_exit_code": command.exit_code if command else None,
-                 "argv": list(record.spec["command"]), "ranks": rows,
+                 "argv": list(record.spec["command"]), "ranks": [row.to_dict() for row in rows],
                  "hosts": job_hosts(record, rows),
                  "straggler": (hosts or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

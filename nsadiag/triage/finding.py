@@ -48,6 +48,7 @@ from nsadiag.triage.state import STAGES, TriageState, TrialRef
 from nsadiag.verdict import VerdictName
 from nsadiag.verdict.load import machine_sentence, worst_contention
 from nsadiag.verdict.triage import check_verdict, triage_verdict
+from nsadiag.verdictfacts import VerdictFacts
 
 KNOB_ADVICE = {
     "grad_ckpt": "gradient checkpointing is needed for the failure: compare gradients with "
@@ -436,7 +437,7 @@ def _sweep_finding(state: TriageState, failure: TriageFailure, record: TrialReco
     it: then what the state kept of it)."""
     slow_by = record.slow_by if record is not None else \
         state.failing.slow_by if state.failing else None
-    facts = record.facts if record is not None else {"slow_by": slow_by}
+    facts = record.facts if record is not None else VerdictFacts.of({"slow_by": slow_by})
     kind = kind_of(failure.verdict, slow_by)
     where = f" — {culprit.where()}" if culprit and culprit.line else ""
     action = next_action(failure.verdict, facts, culprit)

@@ -905,7 +905,7 @@ def add_chain(verdict: Verdict, chain: WaitChain | None) -> None:
     if chain is None or verdict.name not in ("DEADLOCK", "STALL-BUSY") or \
             verdict.name == "STALL-BUSY" and chain.end == "unknown":
         return
-    verdict.facts["wait_chain"] = chain.to_dict()
+    verdict.facts = verdict.facts.with_facts(wait_chain=chain.to_dict())
     sentence = CHAIN_REASON + chain.printed()
     index = next((i for i, r in enumerate(verdict.reasons) if r.startswith(CHAIN_REASON)),
                  None)

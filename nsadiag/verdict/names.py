@@ -3,9 +3,12 @@ Verdict a rule returns."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from nsadiag.verdictfacts import VerdictFacts
 
 
 class VerdictName(str, Enum):
@@ -70,11 +73,12 @@ def is_failure(name: str, slow_by: str | None = None, *,
 class Verdict:
     """``name`` is a VerdictName (a plain string of NAMES is parsed into one); ``reasons``
     are sentences quoting measured facts; ``facts`` holds the numbers and names behind them
-    (rate, eta_s, hot_frame, ...)."""
+    (rate, eta_s, hot_frame, ...), typed (nsadiag.verdictfacts): a rule's dict of them is
+    parsed once, here, and a key no family has is an error (FactsError)."""
 
     name: VerdictName
     reasons: list[str]
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: VerdictFacts = field(default_factory=VerdictFacts)
 
     def __post_init__(self) -> None:
         try:
@@ -82,6 +86,17 @@ class Verdict:
         except ValueError:
             raise ValueError(f"Verdict.name: {self.name!r} is not one of "
                              f"{', '.join(NAMES)}") from None
+        if isinstance(self.facts, Mapping):
+            self.facts = VerdictFacts.of(self.facts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"name": self.name, "reasons": list(self.reasons),
+                "facts": self.facts.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """A stored verdict: its facts parsed once (nsadiag.verdictfacts.from_dict: a value
+        of the wrong type is a FactsError, a key no family has is left out); ValueError for
+        a name that is not a verdict's."""
+        return cls(data["name"], list(data["reasons"]),
+                   VerdictFacts.from_dict(data.get("facts") or {}))

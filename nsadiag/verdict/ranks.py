@@ -408,7 +408,7 @@ def _ok(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
 def _rank_verdict(job: Evidence, ranks: Sequence[RankEvidence], focus: RankEvidence,
                   why: str) -> Verdict:
     verdict = decide(focus.as_evidence(job))
-    facts = {**verdict.facts, "rank": focus.rank, "world_size": len(ranks),
+    facts = {**verdict.facts.to_dict(), "rank": focus.rank, "world_size": len(ranks),
              "ranks": rank_table(ranks, job.outcome.ended_at)}
     reasons = [f"rank {focus.rank} {why}: {verdict.reasons[0]}", *verdict.reasons[1:]]
     return Verdict(verdict.name, reasons, facts)

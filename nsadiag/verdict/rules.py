@@ -375,9 +375,9 @@ def _add_thread_exceptions(evidence: Evidence, verdict: Verdict) -> None:
             when = f", {abs(delta):.1f} s {'before' if delta >= 0 else 'after'} the last progress"
         sentences.append(f"thread {record.get('thread') or '?'} died of {record.get('type')}: "
                          f"{record.get('message')}{where}{when}")
-    verdict.facts["thread_exceptions"] = [
+    verdict.facts = verdict.facts.with_facts(thread_exceptions=[
         {key: record.get(key) for key in ("thread", "type", "message", "where", "t")}
-        for record in died]
+        for record in died])
     verdict.reasons.insert(1, f"an exception ended another thread: {'; '.join(sentences)} "
                               f"(a thread that waits for its work waits forever)")
 
@@ -395,7 +395,7 @@ def _add_others(evidence: Evidence, verdict: Verdict, chain: WaitChain | None) -
         places.append({"pid": other.get("pid"), "role": other.get("role"), "place": place})
     if not places:
         return
-    verdict.facts["others"] = places
+    verdict.facts = verdict.facts.with_facts(others=places)
     own = evidence.stall.samples[-1] if evidence.stall and evidence.stall.samples else None
     mine = describe_place(own) if own is not None else None
     if verdict.name not in ("DEADLOCK", "STALL-BUSY") or mine is None or \
@@ -408,8 +408,8 @@ def _add_others(evidence: Evidence, verdict: Verdict, chain: WaitChain | None) -
     first = holders[0]
     same = [p for p in holders[1:] if p["place"]["where"] == first["place"]["where"]]
     also = (f" ({', '.join(str(p['role']) for p in same)}: the same)" if same else "")
-    verdict.facts["held_by"] = {"pid": first["pid"], "role": first["role"],
-                                **first["place"]}
+    verdict.facts = verdict.facts.with_facts(held_by={"pid": first["pid"],
+                                                      "role": first["role"], **first["place"]})
     verdict.reasons.insert(1, f"the training process {place_sentence(mine)}; it waits for "
                               f"{first['role']} (pid {first['pid']}), which "
                               f"{place_sentence(first['place'])}{also}")

@@ -265,7 +265,7 @@ def contended(stall: StallEvidence, verdict: Verdict) -> Verdict:
     """INCONCLUSIVE: the stall was declared only after STALL_STRETCH windows of wall time because
     the machine gave the job less CPU than the stall timeout in all that time."""
     opportunity = stall.opportunity_s
-    facts = {**verdict.facts, "would_be": verdict.name, "contended": True}
+    facts = {**verdict.facts.to_dict(), "would_be": verdict.name, "contended": True}
     given = f"{opportunity:.1f} s" if opportunity is not None else "an unknown time"
     reasons = [*verdict.reasons,
                f"the machine was contended: in {stall.since_last_event_s:.1f} s without "

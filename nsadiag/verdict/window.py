@@ -78,7 +78,7 @@ def judge_window(stall: StallEvidence, events: Sequence[dict[str, Any]] | None,
     if events is not None:
         verdict.reasons.insert(0, f"its nsadiag heartbeat recorded no progress in the "
                                   f"{duration_s:g} s window")
-    verdict.facts["state"] = state_of(verdict.name)
+    verdict.facts = verdict.facts.with_facts(state=state_of(verdict.name))
     return verdict
 
 
@@ -134,7 +134,7 @@ def decide_job(observations: Sequence[JudgedProcess], duration_s: float) -> Verd
         stuck = next(o for o in observations if o.verdict.name != "OK")
         return Verdict(stuck.verdict.name,
                        [f"rank {stuck.rank}: {r}" for r in stuck.verdict.reasons],
-                       {**stuck.verdict.facts, "rank": stuck.rank, "ranks": rows})
+                       {**stuck.verdict.facts.to_dict(), "rank": stuck.rank, "ranks": rows})
     if len(waiting) < len(observations):
         odd = [o for o in observations if o not in waiting]
     else:

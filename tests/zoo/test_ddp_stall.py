@@ -32,22 +32,22 @@ def _run(tmp_path, pg_timeout_s=None, **changes):
 def _assert_names_rank_1(record):
     assert record.verdict_name == VERDICT, record.verdict
     facts = record.verdict.facts
-    assert facts["odd_ranks"] == [1]
-    assert facts["diverged_at"] == 3  # step 0: bucket + loss; step 1: rank 1's extra first
-    rows = {row["rank"]: row for row in facts["ranks"]}
+    assert facts.ranks.odd_ranks == [1]
+    assert facts.ranks.diverged_at == 3  # step 0: bucket + loss; step 1: rank 1's extra first
+    rows = {row.rank: row for row in facts.ranks.ranks}
     # the frame that issued it: the zoo entry's `dist.all_reduce(flagged, ...)` line
-    assert rows[1]["waiting"].startswith("all_reduce #3 (1 tensor, group of 2 ranks, from "
+    assert rows[1].waiting.startswith("all_reduce #3 (1 tensor, group of 2 ranks, from "
                                          "forward (rank_divergent.py:")
-    assert rows[1]["position"] == "in blocks.1 forward of step 1"
-    assert rows[0]["waiting"].startswith("all_reduce #3 (DDP bucket 0")
-    assert "backward of step 1" in rows[0]["position"]
+    assert rows[1].position == "in blocks.1 forward of step 1"
+    assert rows[0].waiting.startswith("all_reduce #3 (DDP bucket 0")
+    assert "backward of step 1" in rows[0].position
 
 
 def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     record = _run(tmp_path)
     _assert_names_rank_1(record)
     facts = record.verdict.facts
-    assert facts["pg_timeout"] is False
+    assert facts.ranks.pg_timeout is False
     assert record.evidence.ddp.pg_timeout_outlasts_capture is True
     assert record.evidence.outcome.kill_reason == "stall"
     first = record.verdict.reasons[0]
@@ -66,7 +66,7 @@ def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):
     rank; the verdict is still STALL-COLLECTIVE with the positions, not a bare ERROR."""
     record = _run(tmp_path, pg_timeout_s=4.0, stall_timeout_s=40.0)
     _assert_names_rank_1(record)
-    assert record.verdict.facts["pg_timeout"] is True
+    assert record.verdict.facts.ranks.pg_timeout is True
     assert record.evidence.ddp.pg_timeout_outlasts_capture is False
     text, _ = build_ddp_report([record], {})
     assert "4.0 s (shorter than the stall timeout plus the stack sampling" in text

@@ -52,9 +52,9 @@ def test_per_token_loop_is_slow_with_an_eta(tmp_path):
                        steps=300, budget_s=20.0, stall_timeout_s=5.0)
     assert record.verdict_name == "SLOW", record.verdict
     facts = record.verdict.facts
-    assert facts["rate"] > 0
-    assert 0 < facts["fraction_done"] < 1
-    assert facts["eta_s"] > 0  # the remainder at the measured pace
+    assert facts.slow.rate > 0
+    assert 0 < facts.slow.fraction_done < 1
+    assert facts.slow.eta_s > 0  # the remainder at the measured pace
 
 
 def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect(tmp_path):
@@ -65,14 +65,14 @@ def test_a_forward_that_never_finishes_inside_a_per_token_loop_is_slow_by_defect
     assert record.evidence.event_counts.get("step", 0) == 0
     assert record.verdict_name == "SLOW", record.verdict
     facts, reasons = record.verdict.facts, record.verdict.reasons
-    assert facts["slow_by"] == "defect"
+    assert facts.slow.slow_by == "defect"
     source = REPRO / "sequential_prefill.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1)
                 if text.strip().startswith("for t in range(S)"))
     assert any(r.startswith(f"slow by defect: a per-token loop at repro/sequential_prefill.py:"
                             f"{line} (loop variable `t` in _forward_prefill_sequential")
                for r in reasons), reasons
-    position = facts["loop_position"]
+    position = facts.slow.loop_position
     assert position["variable"] == "t" and position["end"] == 262144
     assert 0 < position["last"] < 262144 and position["eta_s"] > 0
     assert position["module"] == "blocks.0" and position["phase"] == "forward"
@@ -97,17 +97,17 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
     assert record.verdict_name == "SLOW", record.verdict
     assert any(pulse.get("progress") for pulse in record.evidence.pulses)
     facts = record.verdict.facts
-    assert "per_token_loop.py" in facts["hot_line"]
+    assert "per_token_loop.py" in facts.hot.hot_line
     # the hot frame is the loop's line from the sampled profile, with its share
-    assert facts["hot_frame"] == facts["hot_line"] and 0 < facts["hot_share"] <= 1
-    assert facts["loop"]["variable"] == "t" and facts["loop"]["advanced"] > 0
+    assert facts.hot.hot_frame == facts.hot.hot_line and 0 < facts.hot.hot_share <= 1
+    assert facts.hot.loop["variable"] == "t" and facts.hot.loop["advanced"] > 0
     # a read and a handful of tiny ops per token: slow by defect, whatever the load (from
     # the counted first forward, or, where a loaded machine did not finish that forward in
     # the budget, from the loop counter over the positions)
-    assert facts["slow_by"] == "defect", record.verdict.reasons
+    assert facts.slow.slow_by == "defect", record.verdict.reasons
     assert any("a read per token" in finding or
                finding.startswith("a per-token loop at repro/per_token_loop.py:")
-               for finding in facts["slow_findings"]), facts["slow_findings"]
+               for finding in facts.slow.slow_findings), facts.slow.slow_findings
     flame = (Path(record.trial_dir) / "profile.folded").read_text().splitlines()
     assert any("per_token_loop.py" in line for line in flame)
     # the line is the per-token loop the counter iterated, not the hottest healthy line
@@ -121,8 +121,8 @@ def test_a_loop_inside_one_module_outlasting_the_stall_timeout_is_slow(tmp_path)
 def test_a_python_spin_that_never_progresses_is_stall_busy(tmp_path):
     record = _diagnose(tmp_path, "repro.python_spin:make")
     assert record.verdict_name == "STALL-BUSY", record.verdict
-    assert record.verdict.facts["demand"] > 0.5
-    assert "python_spin.py" in str(record.verdict.facts.get("hot_frame"))
+    assert record.verdict.facts.stall.demand > 0.5
+    assert "python_spin.py" in str(record.verdict.facts.hot.hot_frame)
     _, finding = _reported(tmp_path, record)  # the `while` it spins in, whole
     assert finding.culprit.where() == "repro/python_spin.py:24-25", finding.culprit
 
@@ -142,7 +142,7 @@ def test_long_native_op_is_stall_busy(tmp_path):
     record = _diagnose(tmp_path, "repro.native_stall:make")
     assert record.verdict_name == "STALL-BUSY", record.verdict
     assert "GrindingBlock" in str(record.verdict.facts) or \
-        "forward" in str(record.verdict.facts.get("hot_frame"))
+        "forward" in str(record.verdict.facts.hot.hot_frame)
     _, finding = _reported(tmp_path, record)
     assert _line(finding.culprit) == ("repro/native_stall.py", 24), finding.culprit
 

@@ -31,7 +31,7 @@ def test_a_check_that_runs_out_of_time_is_fitted_to_its_budget(tmp_path):
     assert result.summary.startswith(
         "checked at S=512, 2 layer(s): S=2048, 2 layer(s) did not finish within the 20 s "
         "budget ("), result.summary
-    fitted = result.verdict.facts["fitted"]
+    fitted = result.verdict.facts.check.fitted
     assert (fitted["seq_len"], fitted["n_layers"], fitted["asked"]) == (
         512, 2, {"seq_len": 2048, "n_layers": 2})
     assert [c["verdict"] for c in fitted["cut_short"]][0] in ("SLOW", "INCONCLUSIVE")

@@ -48,7 +48,7 @@ def writer(tmp_path):
 def test_causality_passes_on_nsa_and_the_perturbation_reaches_the_future(writer):
     result = causality.measure(nsa_spec(), writer)
     assert result.passed and result.verdict.name == "OK", result.summary
-    assert result.verdict.facts["reached_future"]  # not vacuous: rows >= t did change
+    assert result.verdict.facts.check.figures["reached_future"]  # not vacuous: rows >= t did change
     names = {row["module"] for row in result.table}
     assert {"blocks.0", "blocks.1", "blocks.1.attn.select", "blocks.1.attn.win"} <= names
     assert all(row["max abs diff before t"] <= row["tol"] for row in result.table)
@@ -70,7 +70,7 @@ def test_causality_second_pass_catches_a_leak_past_a_window_the_first_length_mis
     assert first.passed
     result = causality.measure(spec, writer, deadline=time.time() + 600)
     assert result.verdict.name == "WRONG" and result.module == "layers.1"
-    assert result.verdict.facts["long_seq_len"] == 4096
+    assert result.verdict.facts.check.figures["long_seq_len"] == 4096
     assert result.summary.startswith("at S=4096, the second pass (S=128 showed nothing): "
                                      "perturbing tokens >= 2048 of 4096 changed layers.1's")
     rows = [(r["S"], r["module"], r["changed"]) for r in result.table]
@@ -124,7 +124,7 @@ def test_parity_names_the_layer_of_a_broken_backend(writer):
                             writer)
     assert result.verdict.name == "WRONG"
     assert result.module == "blocks.0.attn"
-    assert result.verdict.facts["backend"] == "torch"
+    assert result.verdict.facts.check.figures["backend"] == "torch"
     output = next(r for r in result.table if r["tensor"] == "output")
     # the mix is scaled by 1.01: the error is 1% of the output's magnitude
     assert output["max abs err"] == pytest.approx(0.01 * output["scale"], rel=0.05)
@@ -158,7 +158,7 @@ def test_parity_compares_the_triton_backend_with_the_oracle(writer):
 def test_parity_without_nsa_layers_is_not_applicable(writer):
     result = parity.measure(factory_spec("tests.check_targets:future_peek"), writer)
     assert result.passed and result.summary.startswith("not applicable: parity needs")
-    assert result.verdict.facts["applicable"] is False and result.table == []
+    assert result.verdict.facts.check.applicable is False and result.table == []
     # shown as its own status, never as OK: nothing was checked
     assert not result.applicable and result.status == "NOT APPLICABLE"
     assert result.to_dict()["status"] == "NOT APPLICABLE"
@@ -174,7 +174,7 @@ def test_parity_without_nsa_layers_is_not_applicable(writer):
 def test_ckpt_passes_on_nsa_with_every_recompute_matched(writer):
     result = ckpt.measure(nsa_spec(), writer)
     assert result.passed and result.verdict.name == "OK", result.summary
-    assert result.verdict.facts["recomputed_calls"] > 0
+    assert result.verdict.facts.check.figures["recomputed_calls"] > 0
     assert all(r["ok"] and r["max abs err"] <= r["tol"] for r in result.table)
     assert {r["module"] for r in result.table} >= {"blocks.0", "blocks.1"}
 
@@ -218,7 +218,8 @@ def test_ckpt_matches_recomputes_by_module_when_several_linears_share_an_input(w
 
 def test_ckpt_passes_on_a_healthy_checkpointed_factory(writer):
     result = ckpt.measure(factory_spec("tests.check_targets:checkpointed_tiny"), writer)
-    assert result.passed and result.verdict.facts["recomputed_calls"] > 0, result.summary
+    figures = result.verdict.facts.check.figures
+    assert result.passed and figures["recomputed_calls"] > 0, result.summary
 
 
 def test_ckpt_passes_on_a_model_with_dropout(writer):
@@ -251,7 +252,7 @@ def test_ddp_check_matches_one_process_on_nsa_and_leaves_no_process(tmp_path):
     result = run_check("ddp", nsa_spec(), tmp_path)
     assert _children() <= before
     assert result.passed and result.verdict.name == "OK", result.summary
-    assert result.verdict.facts["world_size"] == 2
+    assert result.verdict.facts.ranks.world_size == 2
     assert max(r["max abs err"] for r in result.table) < 1e-6
 
 

@@ -105,7 +105,8 @@ def test_a_window_reads_a_stall_as_a_watched_runs_rules_do(name):
     window = judge_window(evidence.stall, None, evidence.stall.window_s)
     assert window.name == watched.name
     assert window.reasons == [r for r in watched.reasons if not r.startswith("last heartbeat")]
-    assert window.facts["state"] in ("stuck (idle)", "stuck (busy)", "waiting in a collective")
+    assert window.facts.position.state in ("stuck (idle)", "stuck (busy)",
+                                           "waiting in a collective")
 
 
 def test_a_training_loop_is_progressing_and_left_running(tmp_path):

@@ -22,7 +22,7 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
                      stall_timeout_s=20.0, budget_s=120.0, out_dir=str(tmp_path / "trial"))
     record = run_ddp_trial(spec, 2, "gloo")
     assert record.verdict_name == "OK", record.verdict
-    counts = record.verdict.facts["collectives_issued"]
+    counts = record.verdict.facts.ranks.collectives_issued
     # per step: one DDP bucket all_reduce (the tiny model fits one bucket) + the loss mean
     assert counts == {0: 4, 1: 4}
     ranks = record.evidence.ranks
@@ -33,8 +33,8 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
     assert ranks[0]["result"]["loss"] == ranks[1]["result"]["loss"]
     # each rank named by this host and torchrun's local and node rank (one node: node 0)
     host = rank_names({}).host
-    assert [(r["host"], r["rank"], r["local_rank"], r["node_rank"])
-            for r in record.verdict.facts["ranks"]] == [(host, 0, 0, 0), (host, 1, 1, 0)]
+    assert [(r.host, r.rank, r.local_rank, r.node_rank)
+            for r in record.verdict.facts.ranks.ranks] == [(host, 0, 0, 0), (host, 1, 1, 0)]
 
 
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
@@ -92,5 +92,5 @@ def test_nccl_single_rank_is_ok_and_arms_the_flight_recorder(tmp_path):
                      out_dir=str(tmp_path / "trial"))
     record = run_ddp_trial(spec, 1, "nccl")
     assert record.verdict_name == "OK", record.verdict
-    assert record.verdict.facts["collectives_issued"] == {0: 4}
+    assert record.verdict.facts.ranks.collectives_issued == {0: 4}
     assert (tmp_path / "trial" / "flight-recorder").is_dir()

@@ -135,8 +135,8 @@ def _full_record(run: Path) -> TrialRecord:
         hosts={"host": "h", "lost": []}, source={"files": {}}, output_copies=["cut short"],
         output_not_shown={"stdout.txt": 10}, containment={"cgroup": False},
         interrupted={"signal": "SIGINT"}, unknown={"from_a_later_nsadiag": [1, 2]})
-    return TrialRecord(spec, evidence, Verdict("DEADLOCK", ["waits"], {"x": 1}), str(run),
-                       6.5)
+    verdict = Verdict("DEADLOCK", ["waits"], {"wait_frame": "acquire (t.py:3)"})
+    return TrialRecord(spec, evidence, verdict, str(run), 6.5)
 
 
 def test_a_record_with_all_its_evidence_writes_back_byte_for_byte(tmp_path):

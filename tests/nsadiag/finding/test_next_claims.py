@@ -19,6 +19,7 @@ from nsadiag.probes.profile import summarize
 from nsadiag.probes.sampler import READABLE_VERSIONS
 from nsadiag.verdict.chain import ENDS, Hop, WaitChain
 from nsadiag.verdict.slow_cause import slow_cause
+from nsadiag.verdictfacts import VerdictFacts
 
 LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)
 FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
@@ -175,10 +176,11 @@ def test_each_next_claim_follows_from_its_chain(chain):
     said = chain_next(chain)
     if chain.end == "unknown":
         assert said is None  # no cause is named where the chain names none
-        said = next_action("DEADLOCK", {"wait_chain": chain.to_dict()}, None)
+        said = next_action("DEADLOCK", VerdictFacts.of({"wait_chain": chain.to_dict()}), None)
     if chain.end == "collective-differs":
         assert said is None  # the collective verdict's own sentence: an extra collective
-        said = next_action("STALL-COLLECTIVE", {"wait_chain": chain.to_dict()}, None)
+        said = next_action("STALL-COLLECTIVE", VerdictFacts.of({"wait_chain": chain.to_dict()}),
+                           None)
     if chain.end == "uneven-steps":
         assert "same number of steps" in said and chain.subject in said
         assert "some ranks only" not in said
@@ -219,7 +221,7 @@ def test_each_next_claim_follows_from_its_chain(chain):
 
 
 def test_a_deadlock_without_a_chain_names_no_lock_and_no_cause():
-    said = next_action("DEADLOCK", {}, None)
+    said = next_action("DEADLOCK", VerdictFacts(), None)
     assert not LOCK_WORDS.search(said) and "never released" not in said
 
 
@@ -308,8 +310,10 @@ def test_each_slow_next_claim_follows_from_the_evidence_it_was_built_from(case):
     evidence = SLOW_CASES[case]()
     cause = slow_cause(evidence)
     assert cause is not None, case
-    said = slow_next(cause, {"load_per_cpu": 0.5})
-    assert said == next_action("SLOW", {"slow_cause": cause}, None)  # the one next step
+    facts = VerdictFacts.of({"slow_cause": cause})
+    idle = VerdictFacts.of({"load": {"load_per_cpu": 0.5, "contended": False}}).position.load
+    said = slow_next(facts.slow.slow_cause, idle)
+    assert said == next_action("SLOW", facts, None)  # the one next step
     # never per-token advice, never a lock, and a data-bound run is not the model's fault
     assert "per-token" not in said and "tensor ops" not in said and not LOCK_WORDS.search(said)
     for number in re.findall(r"\b\d+%", said):
@@ -351,6 +355,6 @@ def test_no_cause_is_named_below_the_thresholds():
         events=[{"kind": "compile", "step": s, "function": "f", "recompile_reason":
                  "x size mismatch at index 0" if s else None} for s in range(3)])
     assert slow_cause(evidence) is None
-    said = next_action("SLOW", {}, None)
+    said = next_action("SLOW", VerdictFacts(), None)
     assert "num_workers" not in said and "dynamic=True" not in said and \
         "Checkpoint" not in said

@@ -13,6 +13,7 @@ from nsadiag.probes.frames import own_code
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
 from nsadiag.verdict.slow import _loop_sentence
+from nsadiag.verdictfacts import VerdictFacts
 from tests.helpers import evidence_of
 
 LOOP = {"variable": "t", "last": 1407, "end": 2048, "pass_rate_per_s": 3.7, "eta_s": 0.4,
@@ -41,10 +42,10 @@ def test_a_loop_whose_body_reads_the_host_is_named_with_that_line(tmp_path):
 def test_per_iteration_advice_only_for_a_loop_that_reads_the_host():
     reads = Culprit("loss.py", 3, "the loop over `i`", 5, host_read="4 `t = x[i].item()`")
     plain = Culprit("loss.py", 3, "the loop over `i`", 5)
-    said = next_action("SLOW", {"slow_by": None}, reads)
+    said = next_action("SLOW", VerdictFacts.of({"slow_by": None}), reads)
     assert said.startswith("Replace the loop at loss.py:3-5 with tensor ops") and \
         "(line 4 `t = x[i].item()`)" in said
-    said = next_action("SLOW", {"slow_by": None}, plain)
+    said = next_action("SLOW", VerdictFacts.of({"slow_by": None}), plain)
     assert "tensor ops" not in said and "per token" not in said and "host" not in said
 
 
@@ -72,7 +73,7 @@ def test_a_slow_runs_proof_speaks_of_steps_not_of_nsadiags_module_events():
         "Still progressing when its time ran out at 4.0 steps/s (its last step's pace), 50% "
         "done: slow, not stuck (no hang).")
     # no finished step: no pace is claimed
-    record.verdict.facts = {"slow_by": None, "rate": 9.4}
+    record.verdict.facts = VerdictFacts.of({"slow_by": None, "rate": 9.4})
     assert proof_of(record) == "still progressing at the kill"
     assert "/s" not in verdict_sentence(record)
 
@@ -147,7 +148,7 @@ def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tens
     stored.evidence = evidence_of(stored.spec, {"source": capture({"file": str(script),
                                                                    "line": 8})})
     assert _retained(stored) == culprit
-    said = next_action("OOM", facts, culprit)
+    said = next_action("OOM", VerdictFacts.of(facts), culprit)
     assert said.startswith("Keep the value, not the tensor, in `history` at ")
     assert said.endswith("memory grew 18.0 MiB per step.")
     values = tmp_path / "values.py"  # the source is read once per file: another file
@@ -160,10 +161,11 @@ def test_memory_that_grows_is_blamed_on_the_container_that_keeps_each_steps_tens
 
 def test_memory_that_grows_without_a_named_container_is_not_given_peak_advice():
     facts = {"rss_growth_per_step": 36 * 2**20, "rss_holder": "main (train.py:8)"}
-    said = next_action("OOM", facts, None)
+    said = next_action("OOM", VerdictFacts.of(facts), None)
     assert said.startswith("Find what outlives each step: memory grew 36.0 MiB per step and "
                            "main (train.py:8) took it in step after step")
     assert "checkpointing" not in said
     # a peak, or a growth no frame was seen keeping: the peak advice
-    assert "checkpointing" in next_action("OOM", {}, None)
-    assert "checkpointing" in next_action("OOM", {"rss_growth_per_step": 2**20}, None)
+    assert "checkpointing" in next_action("OOM", VerdictFacts(), None)
+    grew = VerdictFacts.of({"rss_growth_per_step": 2**20})
+    assert "checkpointing" in next_action("OOM", grew, None)

@@ -106,7 +106,7 @@ def test_a_stall_inside_the_compiler_names_the_compile_and_its_frames():
                           samples=samples, main_cpu_delta_s=0.05, runq_delta_s=0.0)
     verdict = classify_stall(stall)
     assert verdict.name == "DEADLOCK"  # nothing worked: the compile waits on nothing
-    facts = verdict.facts["compiling"]
+    facts = verdict.facts.stall.compiling
     assert facts["in_compiler"] == 3 and facts["samples"] == 3
     assert facts["entry"].startswith("__call__ (") and "convert_frame.py:1432" in facts["entry"]
     assert facts["innermost"].startswith("result (")
@@ -115,7 +115,7 @@ def test_a_stall_inside_the_compiler_names_the_compile_and_its_frames():
     plain = classify_stall(StallEvidence(
         since_last_event_s=30.0, window_s=30.0, cpu_delta_s=0.1,
         samples=[_sample(float(i), RUNNING_COMPILED) for i in range(3)]))
-    assert "compiling" not in plain.facts
+    assert plain.facts.stall.compiling is None
     assert not any("torch.compile" in reason for reason in plain.reasons)
 
 

@@ -130,12 +130,12 @@ def test_recorded_samples_decide_the_stall_verdicts():
                         stall=stall, expected_events_per_step=None, total_steps=1)
 
     lock = decide(stalled("lock", 0.0))
-    assert lock.name == "DEADLOCK" and lock.facts["confidence"] in ("high", "medium")
-    assert lock.facts.get("wait_function", lock.facts.get("hot_function")) == "hold_twice"
+    assert lock.name == "DEADLOCK" and lock.facts.position.confidence in ("high", "medium")
+    assert (lock.facts.stall.wait_function or lock.facts.hot.hot_function) == "hold_twice"
     matmul = decide(stalled("matmul", 9.9))
-    assert matmul.name == "STALL-BUSY" and matmul.facts["hot_function"] == "multiply"
+    assert matmul.name == "STALL-BUSY" and matmul.facts.hot.hot_function == "multiply"
     spin = decide(stalled("spin", 9.9))
-    assert spin.name == "STALL-BUSY" and spin.facts["stacks_class"] == "busy-python"
+    assert spin.name == "STALL-BUSY" and spin.facts.stall.stacks_class == "busy-python"
 
 
 def test_a_rank_in_all_reduce_reads_as_in_collective():

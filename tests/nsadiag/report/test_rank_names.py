@@ -29,6 +29,7 @@ from nsadiag.rundir import TrialRecord, write_json, write_private_json
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks
 from nsadiag.verdict.thresholds import HOSTS_LOST_AFTER_S
+from nsadiag.verdictfacts import VerdictFacts
 
 T0 = 1000.0
 HOSTS = ("host1", "host2")
@@ -112,7 +113,7 @@ def test_the_table_names_host_global_local_and_node_rank_and_says_unknown():
              "state": "in-collective", "issued": 2},
             {"rank": 1, "host": None, "local_rank": None, "node_rank": None, "pid": None,
              "state": "unknown (no stacks)", "issued": 0}]
-    lines = ranks_table(rows)
+    lines = ranks_table(VerdictFacts.of({"ranks": rows}).ranks.ranks)
     assert lines[0].startswith("| host | rank | local rank | node rank | pid | state |")
     assert lines[2].startswith("| host1 | 0 | 0 | 0 | 100 | in-collective | 2 |")
     assert lines[3].startswith("| unknown | 1 | unknown | unknown | - | unknown (no stacks) |")
@@ -258,7 +259,7 @@ def test_a_lost_host_keeps_its_ranks_in_the_table():
         ended_at=T0 + 10))
     verdict = decide_hosts(job, ranks, view)
     assert verdict.name == "CRASH"
-    assert [(row["rank"], row["host"], row["node_rank"]) for row in verdict.facts["ranks"]] \
+    assert [(row.rank, row.host, row.node_rank) for row in verdict.facts.ranks.ranks] \
         == [(0, "host1", 0), (1, "host1", 0), (2, "host2", 1), (3, "host2", 1)]
 
 
@@ -277,7 +278,7 @@ def test_a_host_silent_before_this_hosts_own_stall_is_named_lost_not_the_stall()
     assert verdict.reasons[1].startswith("host host1 decided a stall at ")
     assert verdict.reasons[1].endswith(", after host(s) host2 had gone silent: its ranks "
                                        "waited for ranks that were gone")
-    assert [row["host"] for row in verdict.facts["lost_hosts"]] == ["host2"]
+    assert [row["host"] for row in verdict.facts.ranks.lost_hosts] == ["host2"]
     # a host that published up to the signal but did not capture in time is not gone: the
     # stall is decided over every host's ranks as last seen
     view.states["host2"].published_at = view.stall["t"] - HOSTS_LOST_AFTER_S / 2

@@ -87,7 +87,7 @@ def test_a_stored_verdict_without_facts_has_none_and_one_of_no_known_name_is_ski
         tmp_path):
     data = one_step_record(1).to_dict()
     del data["verdict"]["facts"]
-    assert TrialRecord.from_dict(data).facts == {}
+    assert TrialRecord.from_dict(data).facts.to_dict() == {}
     data["verdict"]["name"] = "MAYBE"
     with pytest.raises(RecordError, match=r"^not a trial record \(Verdict.name: 'MAYBE' is "
                                           r"not one of OK, "):

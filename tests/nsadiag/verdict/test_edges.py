@@ -93,13 +93,13 @@ def test_a_range_loops_source_line_is_found_and_its_end_expression_kept():
 
 def test_a_forward_that_never_finished_is_slow_by_defect_with_position_and_eta():
     verdict = decide(Evidence.from_dict(_unfinished_forward(1407, 2048, 3.7, got=0.3)))
-    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert verdict.name == "SLOW" and verdict.facts.slow.slow_by == "defect"
     reasons = "\n".join(verdict.reasons)
     assert "slow by defect: a per-token loop at /u/attention.py:57" in reasons or \
         "slow by defect: a per-token loop at attention.py:57" in reasons
     assert ("the loop counter: forward of blocks.0 at t = 1,407 of 2,048, 3.7/s: about 3 min "
             "to finish this loop") in reasons
-    position = verdict.facts["loop_position"]
+    position = verdict.facts.slow.loop_position
     assert position["last"] == 1407 and position["end"] == 2048
     assert position["eta_s"] == pytest.approx(641 / 3.7)
     # got 30 % of the CPU: contention stretches a run 3.3x at most, the step ran 400x
@@ -319,7 +319,7 @@ def test_an_oom_verdict_gives_the_growth_per_step():
                         "step": i, "rss": 2**30 + i * 48 * 2**20} for i in range(6)]
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "OOM"
-    assert verdict.facts["rss_growth_per_step"] == pytest.approx(48 * 2**20)
+    assert verdict.facts.memory.rss_growth_per_step == pytest.approx(48 * 2**20)
     assert ("resident memory grew 48.0 MiB per step over the last 6 steps (from 1,024.0 MiB "
             "to 1,264.0 MiB at the step ends)") in verdict.reasons
 

@@ -75,7 +75,7 @@ def test_a_budget_kill_after_every_asked_step_finished_is_ok():
     data = json.loads((VERDICT_FIXTURES / "slow_budget.json").read_text())
     data["event_counts"]["step"] = data["total_steps"] + 1  # one timing step ran, too
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "OK" and verdict.facts["budget_kill"]
+    assert verdict.name == "OK" and verdict.facts.position.budget_kill
     assert verdict.reasons[0].startswith(f"the child finished all {data['total_steps']} "
                                          f"steps; the budget ran out after")
 
@@ -236,7 +236,7 @@ def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive()
     assert not any("host_reads_per_step" in e for e in data["events"])  # nothing counted
     data["load"] = _load(6.0, 2, (0, 1000))
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "INCONCLUSIVE" and verdict.facts["would_be"] == "SLOW"
+    assert verdict.name == "INCONCLUSIVE" and verdict.facts.position.would_be == "SLOW"
     assert any(r.startswith("the machine was contended (3.0 runnable tasks per usable CPU "
                             "besides the job's own)") for r in verdict.reasons)
     # a user's command at its own deadline did not finish, whatever the load: SLOW, with
@@ -244,10 +244,10 @@ def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive()
     command = {**data, "spec": {"command": ["python", "train.py"], "stall_timeout_s": 30.0,
                                 "deadline_s": 60.0}}
     verdict = decide(Evidence.from_dict(command))
-    assert verdict.name == "SLOW" and verdict.facts["load"]["contended"]
+    assert verdict.name == "SLOW" and verdict.facts.position.load.contended
     data["load"] = _load(1.0, 2, (0, 1000))
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "SLOW" and verdict.facts["load"]["contended"] is False
+    assert verdict.name == "SLOW" and verdict.facts.position.load.contended is False
     # a count that says defect stands at any load
     counted = copy.deepcopy(data)
     counted["load"] = _load(6.0, 2, (0, 1000))
@@ -258,7 +258,7 @@ def test_a_slow_with_no_count_behind_it_on_a_contended_machine_is_inconclusive()
                                  "flops_per_step", "machine_flops_per_s",
                                  "dense_efficiency")}}
     verdict = decide(Evidence.from_dict(counted))
-    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert verdict.name == "SLOW" and verdict.facts.slow.slow_by == "defect"
 
 
 # ---- the words of the rules for a user's own command -------------------------------------------
@@ -294,7 +294,7 @@ def test_progress_after_the_runners_decision_is_progress_at_the_kill_not_a_negat
     # the runner decided 2 s before the last event: the child went on while being sampled
     data["outcome"]["ended_at"] = data["events"][-1]["t"] - 2.0
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "SLOW" and verdict.facts["since_last_event_s"] == 0.0
+    assert verdict.name == "SLOW" and verdict.facts.position.since_last_event_s == 0.0
     assert verdict.reasons[0].endswith("came at the kill itself (it went on while its stacks "
                                        "were sampled)")
 
@@ -323,6 +323,6 @@ def test_a_per_token_loop_the_profile_read_is_slow_by_defect_before_any_forward_
     data["profile"] = _loop_profile(5892, True)
     data["load"] = _load(6.0, 2, (0, 1000))  # contended: an uncounted SLOW would not stand
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert verdict.name == "SLOW" and verdict.facts.slow.slow_by == "defect"
     assert any(r.startswith("slow by defect: a per-token loop at attn.py:26") for r in
                verdict.reasons)

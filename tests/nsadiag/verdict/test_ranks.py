@@ -88,7 +88,7 @@ def test_divergence_minority_and_missing_collectives():
 def test_stall_names_who_waits_where():
     verdict = decide_ranks(job(), diverging_ranks())
     assert verdict.name == "STALL-COLLECTIVE"
-    assert verdict.facts["odd_ranks"] == [1] and verdict.facts["diverged_at"] == 3
+    assert verdict.facts.ranks.odd_ranks == [1] and verdict.facts.ranks.diverged_at == 3
     assert verdict.reasons[0] == (
         "rank 1 waits in all_reduce #3 (1 tensor) for 6.0 s and is in blocks.1 forward of "
         "step 1 / issued 3 collectives; rank 0 waits in all_reduce #3 (DDP bucket 0, 3 "
@@ -104,9 +104,9 @@ def test_process_group_timeout_is_a_stall_collective_not_an_error():
         ranks[r].result = {"status": "error", "exception": timeout}
         ranks[r].events.append({"t": t, "kind": "end", "phase": "forward", "step": 1})
     verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)
-    assert verdict.name == "STALL-COLLECTIVE" and verdict.facts["pg_timeout"] is True
+    assert verdict.name == "STALL-COLLECTIVE" and verdict.facts.ranks.pg_timeout is True
     assert verdict.reasons[0].startswith("rank 0 gave up on a collective first")
-    assert verdict.facts["odd_ranks"] == [1]
+    assert verdict.facts.ranks.odd_ranks == [1]
 
 
 def test_the_first_other_exception_decides_with_its_rank():
@@ -118,7 +118,7 @@ def test_the_first_other_exception_decides_with_its_rank():
         "type": "RuntimeError", "message": "Connection closed by peer", "traceback": ""}}
     ranks[0].events.append({"t": T0 + 2, "kind": "end", "phase": "backward", "step": 1})
     verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)
-    assert verdict.name == "ERROR" and verdict.facts["rank"] == 1
+    assert verdict.name == "ERROR" and verdict.facts.ranks.rank == 1
     assert verdict.reasons[0] == "rank 1 raised first: the child raised ValueError: bad batch"
 
 
@@ -129,7 +129,7 @@ def test_a_rank_that_died_is_the_cause_not_its_peer_that_lost_the_connection():
         "traceback": ""}}
     ranks[0].events.append({"t": T0 + 6, "kind": "end", "phase": "backward", "step": 1})
     verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)  # rank 1: no result
-    assert verdict.name == "CRASH" and verdict.facts["rank"] == 1
+    assert verdict.name == "CRASH" and verdict.facts.ranks.rank == 1
     assert verdict.reasons[0].startswith("rank 1 ended without a result or an exception")
     assert verdict.reasons[1].startswith("rank 0 only lost its connection to it: Connection "
                                          "closed by peer")
@@ -143,14 +143,14 @@ def test_an_unrelated_timeout_error_is_not_a_collective_stall():
             "type": "TimeoutError", "message": "dataset download timeout", "traceback": ""}}
         r.events.append({"t": T0 + 2 + r.rank, "kind": "end", "phase": "forward", "step": 1})
     verdict = decide_ranks(job(kill_reason=None, exit_code=1), ranks)
-    assert verdict.name == "ERROR" and verdict.facts["rank"] == 0
+    assert verdict.name == "ERROR" and verdict.facts.ranks.rank == 0
 
 
 def test_all_ranks_ok_is_ok_with_counts():
     ranks = [rank(r, healthy_step(0, 0), [], {"status": "ok", "steps_done": 1,
                                                "collectives_issued": 2}) for r in (0, 1)]
     verdict = decide_ranks(job(kill_reason=None, exit_code=0), ranks)
-    assert verdict.name == "OK" and verdict.facts["collectives_issued"] == {0: 2, 1: 2}
+    assert verdict.name == "OK" and verdict.facts.ranks.collectives_issued == {0: 2, 1: 2}
     assert verdict.reasons[1] == "every rank issued 2 collectives"
 
 

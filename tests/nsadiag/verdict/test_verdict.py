@@ -45,16 +45,16 @@ def test_budget_kill_while_progressing_is_slow_with_rate_fraction_and_eta():
     verdict = decide(load("slow_budget.json"))
     assert verdict.name == "SLOW"
     facts = verdict.facts
-    assert facts["rate"] == pytest.approx(20.0, abs=0.05)
-    assert facts["events_done"] == 605 and facts["events_expected"] == 1512
-    assert facts["fraction_done"] == pytest.approx(605 / 1512)
-    assert facts["eta_s"] == pytest.approx(45.35, abs=1.0)
-    assert facts["since_last_event_s"] == pytest.approx(0.4, abs=1e-3)
-    assert facts["hot_function"] == "_select_per_token"
-    assert facts["hot_frame"] == "_select_per_token (per_token_loop.py:38)"
-    assert facts["hot_count"] == 3 and facts["native_below"] is False
-    assert facts["last_module"] == "blocks.2.attn.win" and facts["last_step"] == 8
-    assert facts["step_s"] == pytest.approx(3.602)
+    assert facts.slow.rate == pytest.approx(20.0, abs=0.05)
+    assert facts.slow.events_done == 605 and facts.slow.events_expected == 1512
+    assert facts.slow.fraction_done == pytest.approx(605 / 1512)
+    assert facts.slow.eta_s == pytest.approx(45.35, abs=1.0)
+    assert facts.position.since_last_event_s == pytest.approx(0.4, abs=1e-3)
+    assert facts.hot.hot_function == "_select_per_token"
+    assert facts.hot.hot_frame == "_select_per_token (per_token_loop.py:38)"
+    assert facts.hot.hot_count == 3 and facts.hot.native_below is False
+    assert facts.position.last_module == "blocks.2.attn.win" and facts.position.last_step == 8
+    assert facts.slow.step_s == pytest.approx(3.602)
     assert ("40% done: 605 of 1512 entries and exits of the model's blocks (72 per step x 21 "
             "steps)") in verdict.reasons
     rate = next(r for r in verdict.reasons if "steps/s" in r)
@@ -70,7 +70,7 @@ def test_budget_kill_within_the_stall_window_is_slow_even_after_a_pause():
     data["outcome"]["ended_at"] = data["events"][-1]["t"] + 9.5  # stall window is 10 s
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
-    assert verdict.facts["since_last_event_s"] == pytest.approx(9.5, abs=1e-3)
+    assert verdict.facts.position.since_last_event_s == pytest.approx(9.5, abs=1e-3)
 
 
 def test_budget_kill_without_a_recorded_end_time_is_slow_because_no_stall_fired():
@@ -78,8 +78,8 @@ def test_budget_kill_without_a_recorded_end_time_is_slow_because_no_stall_fired(
     data["outcome"]["ended_at"] = None
     data["stall"] = None
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "SLOW" and verdict.facts["since_last_event_s"] is None
-    assert verdict.facts["eta_s"] == pytest.approx(45.35, abs=1.0)
+    assert verdict.name == "SLOW" and verdict.facts.position.since_last_event_s is None
+    assert verdict.facts.slow.eta_s == pytest.approx(45.35, abs=1.0)
     assert verdict.reasons[0].endswith("at an unrecorded time, and the runner's stall watch had "
                                        "not fired")
 
@@ -90,7 +90,7 @@ def test_budget_kill_long_after_the_last_heartbeat_is_not_slow():
     data["stall"] = None
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "DEADLOCK"
-    assert verdict.facts["confidence"] == "low"
+    assert verdict.facts.position.confidence == "low"
     assert verdict.reasons[0] == ("the budget ran out after 32.0 s, but the last progress "
                                   "(heartbeat or sampler pulse) came 25.0 s before the kill "
                                   "(stall window 10.0 s): not progressing")
@@ -103,9 +103,9 @@ def test_budget_kill_after_heartbeats_stopped_with_busy_cpu_is_stall_busy():
     data["stall"].update(since_last_event_s=25.0, window_s=25.0, cpu_delta_s=24.6)
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "STALL-BUSY"
-    assert verdict.facts["cpu_fraction"] == pytest.approx(24.6 / 25.0)
-    assert verdict.facts["hot_function"] == "_select_per_token"
-    assert verdict.facts["stacks_class"] == "busy-python"
+    assert verdict.facts.stall.cpu_fraction == pytest.approx(24.6 / 25.0)
+    assert verdict.facts.hot.hot_function == "_select_per_token"
+    assert verdict.facts.stall.stacks_class == "busy-python"
 
 
 # ---- stalls -------------------------------------------------------------------------------
@@ -115,11 +115,11 @@ def test_idle_frozen_stacks_in_acquire_are_a_deadlock():
     verdict = decide(load("deadlock_lock.json"))
     assert verdict.name == "DEADLOCK"
     facts = verdict.facts
-    assert facts["confidence"] == "high"
-    assert facts["cpu_fraction"] == 0.0 and facts["stacks_changed"] is False
-    assert facts["wait_function"] == "acquire"
-    assert facts["wait_frame"] == "acquire (lock_deadlock.py:31)"
-    assert facts["last_module"] == "blocks.0.attn.select"
+    assert facts.position.confidence == "high"
+    assert facts.stall.cpu_fraction == 0.0 and facts.stall.stacks_changed is False
+    assert facts.stall.wait_function == "acquire"
+    assert facts.stall.wait_frame == "acquire (lock_deadlock.py:31)"
+    assert facts.position.last_module == "blocks.0.attn.select"
     assert verdict.reasons[0] == ("no progress for 12.0 s while the process used 0.0 s of CPU "
                                   "in 12.0 s (0%)")
     assert "MainThread is blocked in acquire (lock_deadlock.py:31) `self._inner.acquire()`" \
@@ -133,7 +133,7 @@ def test_idle_without_stacks_is_a_deadlock_with_lower_confidence():
                                     "permitted (os error 1))"]
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "DEADLOCK"
-    assert verdict.facts["confidence"] == "low"
+    assert verdict.facts.position.confidence == "low"
     assert ("lower confidence: stacks unavailable: py-spy: ptrace refused for pid 5120 "
             "(Operation not permitted (os error 1))") in verdict.reasons
 
@@ -142,25 +142,25 @@ def test_partly_busy_cpu_with_frozen_stacks_is_deadlock_and_with_moving_stacks_b
     data = raw("deadlock_lock.json")
     data["stall"]["cpu_delta_s"] = 3.6  # 30 % of the 12 s window
     frozen = decide(Evidence.from_dict(data))
-    assert frozen.name == "DEADLOCK" and frozen.facts["confidence"] == "medium"
+    assert frozen.name == "DEADLOCK" and frozen.facts.position.confidence == "medium"
     assert "CPU partly busy but the stacks are identical across samples: frozen" \
         in frozen.reasons
     moving = copy.deepcopy(data)
     moving["stall"]["samples"][1]["threads"][0]["frames"][0]["line"] = 32
     busy = decide(Evidence.from_dict(moving))
-    assert busy.name == "STALL-BUSY" and busy.facts["confidence"] == "medium"
-    assert busy.facts["hot_function"] == "acquire"
+    assert busy.name == "STALL-BUSY" and busy.facts.position.confidence == "medium"
+    assert busy.facts.hot.hot_function == "acquire"
 
 
 def test_busy_native_matmul_is_stall_busy_naming_the_python_frame_above_it():
     verdict = decide(load("busy_matmul.json"))
     assert verdict.name == "STALL-BUSY"
     facts = verdict.facts
-    assert facts["cpu_fraction"] == pytest.approx(0.99)
-    assert facts["hot_function"] == "_dense_scores"
-    assert facts["hot_frame"] == "_dense_scores (dense_mask.py:27)"
-    assert facts["hot_count"] == 3 and facts["native_below"] is True
-    assert facts["stacks_class"] == "busy-native"
+    assert facts.stall.cpu_fraction == pytest.approx(0.99)
+    assert facts.hot.hot_function == "_dense_scores"
+    assert facts.hot.hot_frame == "_dense_scores (dense_mask.py:27)"
+    assert facts.hot.hot_count == 3 and facts.hot.native_below is True
+    assert facts.stall.stacks_class == "busy-native"
     assert verdict.reasons[0] == ("no progress for 10.0 s while the process used 9.9 s of CPU "
                                   "in 10.0 s (99%)")
 
@@ -168,10 +168,11 @@ def test_busy_native_matmul_is_stall_busy_naming_the_python_frame_above_it():
 def test_rank_waiting_in_all_reduce_is_stall_collective():
     verdict = decide(load("collective_all_reduce.json"))
     assert verdict.name == "STALL-COLLECTIVE"
-    assert verdict.facts["collective"] == "all_reduce"
-    assert verdict.facts["collective_frame"] == "all_reduce (distributed_c10d.py:2806)"
-    assert verdict.facts["thread"] == "MainThread"
-    assert verdict.facts["last_module"] == "blocks.3" and verdict.facts["last_step"] == 2
+    assert verdict.facts.stall.collective == "all_reduce"
+    assert verdict.facts.stall.collective_frame == "all_reduce (distributed_c10d.py:2806)"
+    assert verdict.facts.stall.thread == "MainThread"
+    position = verdict.facts.position
+    assert position.last_module == "blocks.3" and position.last_step == 2
 
 
 def test_a_collective_decides_before_cpu_time():
@@ -188,8 +189,8 @@ def test_a_collective_in_one_sample_of_three_is_passing_through_not_stuck():
         sample["threads"][0]["active"] = True
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "STALL-BUSY"
-    assert verdict.facts["hot_frame"] == "forward (rank_divergent.py:40)"
-    assert verdict.facts["hot_count"] == 2
+    assert verdict.facts.hot.hot_frame == "forward (rank_divergent.py:40)"
+    assert verdict.facts.hot.hot_count == 2
 
 
 # ---- OOM, CRASH, ERROR, OK ----------------------------------------------------------------
@@ -198,9 +199,9 @@ def test_a_collective_in_one_sample_of_three_is_passing_through_not_stuck():
 def test_cuda_out_of_memory_exception_is_oom():
     verdict = decide(load("oom_exception.json"))
     assert verdict.name == "OOM"
-    assert verdict.facts["exception_type"] == "torch.OutOfMemoryError"
-    assert verdict.facts["where"] == "/work/main/repro/dense_mask.py:27 in _dense_scores"
-    assert verdict.facts["peak_cuda"] == 69 * GiB
+    assert verdict.facts.crash.exception_type == "torch.OutOfMemoryError"
+    assert verdict.facts.crash.where == "/work/main/repro/dense_mask.py:27 in _dense_scores"
+    assert verdict.facts.memory.peak_cuda == 69 * GiB
 
 
 def test_cpu_allocator_failure_is_oom_even_as_a_runtime_error():
@@ -210,14 +211,14 @@ def test_cpu_allocator_failure_is_oom_even_as_a_runtime_error():
         "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
         "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "OOM" and verdict.facts["exception_type"] == "RuntimeError"
+    assert verdict.name == "OOM" and verdict.facts.crash.exception_type == "RuntimeError"
 
 
 def test_sigkill_under_a_memory_cap_is_oom():
     verdict = decide(load("sigkill_memory_cap.json"))
     assert verdict.name == "OOM"
-    assert verdict.facts["signal_name"] == "SIGKILL"
-    assert verdict.facts["memory_cap_bytes"] == 8 * GiB
+    assert verdict.facts.crash.signal_name == "SIGKILL"
+    assert verdict.facts.memory.memory_cap_bytes == 8 * GiB
     assert "RSS at the last heartbeat was 7.56 GiB" in verdict.reasons
 
 
@@ -225,7 +226,7 @@ def test_sigkill_without_a_cap_is_a_crash_unless_the_oom_killer_reported_it():
     data = raw("sigkill_memory_cap.json")
     data["outcome"]["memory_cap_bytes"] = None
     crash = decide(Evidence.from_dict(data))
-    assert crash.name == "CRASH" and crash.facts["signal_name"] == "SIGKILL"
+    assert crash.name == "CRASH" and crash.facts.crash.signal_name == "SIGKILL"
     data["outcome"]["oom_killer"] = True
     assert decide(Evidence.from_dict(data)).name == "OOM"
 
@@ -233,23 +234,23 @@ def test_sigkill_without_a_cap_is_a_crash_unless_the_oom_killer_reported_it():
 def test_sigsegv_is_a_crash_naming_the_signal():
     verdict = decide(load("sigsegv.json"))
     assert verdict.name == "CRASH"
-    assert verdict.facts["signal"] == 11 and verdict.facts["signal_name"] == "SIGSEGV"
-    assert verdict.facts["last_module"] == "blocks.1.attn.sel"
+    assert verdict.facts.crash.signal == 11 and verdict.facts.crash.signal_name == "SIGSEGV"
+    assert verdict.facts.position.last_module == "blocks.1.attn.sel"
     assert verdict.reasons[0].startswith("the child died of SIGSEGV (signal 11) after 6.3 s")
 
 
 def test_runtime_error_is_error_with_type_message_and_project_frame():
     verdict = decide(load("runtime_error.json"))
     assert verdict.name == "ERROR"
-    assert verdict.facts["exception_type"] == "RuntimeError"
-    assert verdict.facts["message"].startswith("Trying to backward through the graph a second")
-    assert verdict.facts["where"] == "/work/main/repro/double_backward.py:33 in loss"
+    assert verdict.facts.crash.exception_type == "RuntimeError"
+    assert verdict.facts.crash.message.startswith("Trying to backward through the graph a second")
+    assert verdict.facts.crash.where == "/work/main/repro/double_backward.py:33 in loss"
 
 
 def test_ok_result_with_exit_zero_is_ok():
     verdict = decide(load("ok.json"))
     assert verdict.name == "OK"
-    assert verdict.facts == {"steps_done": 20, "wall_s": 75.4, "peak_rss": 1_900_000_000}
+    assert verdict.facts.to_dict() == {"steps_done": 20, "wall_s": 75.4, "peak_rss": 1_900_000_000}
 
 
 def test_nonzero_exit_without_exception_or_signal_is_error_with_the_exit_code():
@@ -257,7 +258,7 @@ def test_nonzero_exit_without_exception_or_signal_is_error_with_the_exit_code():
     data["result"] = None
     data["outcome"]["exit_code"] = 137
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "ERROR" and verdict.facts["exit_code"] == 137
+    assert verdict.name == "ERROR" and verdict.facts.crash.exit_code == 137
     assert verdict.reasons[0] == "the child exited with code 137 without writing a result"
     assert verdict.reasons[1].startswith("137 = 128 + SIGKILL")
 
@@ -364,7 +365,7 @@ def test_a_budget_kill_inside_one_long_module_is_slow_when_pulses_show_progress(
     data["pulses"] = [_pulse(last_event + dt, True) for dt in range(1, 25)]
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
-    assert verdict.facts["since_last_event_s"] == pytest.approx(1.0, abs=1e-3)
+    assert verdict.facts.position.since_last_event_s == pytest.approx(1.0, abs=1e-3)
     assert "the last progress (heartbeat or sampler pulse) came 1.0 s before the kill" \
         in verdict.reasons[0]
 
@@ -402,7 +403,7 @@ def test_progress_is_one_definition_that_the_watcher_the_rules_and_a_window_shar
     data["pulses"] = [event for event in events if event["kind"] == "pulse"]
     assert last_progress_t(Evidence.from_dict(data)) == 6.0
     idle = StallEvidence(since_last_event_s=3.0, window_s=3.0, cpu_delta_s=0.0)
-    assert judge_window(idle, events, 3.0).facts["heartbeat_progress"] == sum(expected)
+    assert judge_window(idle, events, 3.0).facts.position.heartbeat_progress == sum(expected)
     assert judge_window(idle, events[6:], 3.0).name == "DEADLOCK"
 
 
@@ -414,8 +415,8 @@ def test_a_spin_that_a_loaded_machine_gave_little_cpu_reads_as_busy_by_its_deman
     moving[1]["threads"][0]["frames"][0]["line"] = 32
     data["stall"].update(cpu_delta_s=3.4, main_cpu_delta_s=3.4, runq_delta_s=8.4)
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "STALL-BUSY" and verdict.facts["confidence"] == "high"
-    assert verdict.facts["demand"] == pytest.approx(11.8 / 12.0)
+    assert verdict.name == "STALL-BUSY" and verdict.facts.position.confidence == "high"
+    assert verdict.facts.stall.demand == pytest.approx(11.8 / 12.0)
     assert verdict.reasons[0].endswith("its main thread wanted the CPU 98% of that time "
                                        "(8.4 s of it waiting for a core)")
 
@@ -424,7 +425,7 @@ def test_a_waiting_thread_on_a_loaded_machine_is_still_a_deadlock():
     data = raw("deadlock_lock.json")
     data["stall"].update(main_cpu_delta_s=0.0, runq_delta_s=0.01)
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "DEADLOCK" and verdict.facts["confidence"] == "high"
+    assert verdict.name == "DEADLOCK" and verdict.facts.position.confidence == "high"
 
 
 def test_a_waiting_thread_woken_into_a_busy_run_queue_is_still_a_deadlock():
@@ -436,7 +437,7 @@ def test_a_waiting_thread_woken_into_a_busy_run_queue_is_still_a_deadlock():
                          runq_delta_s=0.44 * window)
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "DEADLOCK", verdict.reasons
-    assert verdict.facts["demand"] == pytest.approx(0.44, abs=0.01)
+    assert verdict.facts.stall.demand == pytest.approx(0.44, abs=0.01)
 
 
 def test_a_stall_declared_on_a_contended_machine_is_inconclusive_with_the_figures():
@@ -444,7 +445,8 @@ def test_a_stall_declared_on_a_contended_machine_is_inconclusive_with_the_figure
     data["stall"].update(stretched=True, opportunity_s=4.2)
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "INCONCLUSIVE"
-    assert verdict.facts["would_be"] == "STALL-BUSY" and verdict.facts["contended"] is True
+    position = verdict.facts.position
+    assert position.would_be == "STALL-BUSY" and position.contended is True
     assert verdict.reasons[-1].startswith("the machine was contended: in 10.0 s without "
                                           "progress the job had 4.2 s of CPU opportunity")
 
@@ -461,15 +463,15 @@ def test_a_slow_verdict_names_the_loop_and_line_of_the_sampled_profile():
         "backward_ops": []}
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "SLOW"
-    assert verdict.facts["hot_line"] == "attend (model.py:42)"
+    assert verdict.facts.hot.hot_line == "attend (model.py:42)"
     # the profile's 240 samples name the hot frame and its share; the three stack samples
     # taken at the kill only say where the run was then
-    assert verdict.facts["hot_frame"] == "attend (model.py:42)"
-    assert verdict.facts["hot_share"] == 0.75 and verdict.facts["hot_source"] == "profile"
-    assert verdict.facts["kill_frame"] == "_select_per_token (per_token_loop.py:38)"
+    assert verdict.facts.hot.hot_frame == "attend (model.py:42)"
+    assert verdict.facts.hot.hot_share == 0.75 and verdict.facts.hot.hot_source == "profile"
+    assert verdict.facts.hot.kill_frame == "_select_per_token (per_token_loop.py:38)"
     assert any(r.startswith("at the kill the stacks were in _select_per_token "
                             "(per_token_loop.py:38)") for r in verdict.reasons)
-    assert verdict.facts["loop"]["variable"] == "t"
+    assert verdict.facts.hot.loop["variable"] == "t"
     assert "sampled profile: 240 stacks over 30 s (forward 83%, backward 17%)" \
         in verdict.reasons
     assert ("hottest line of user code: attend (model.py:42) "
@@ -507,7 +509,7 @@ def test_a_run_cut_off_in_its_first_backward_is_still_told_slow_by_defect():
                            "machine_flops_per_s": 2e11})
     data["spec"]["seq_len"] = 4096
     verdict = decide(Evidence.from_dict(data))
-    assert verdict.name == "SLOW" and verdict.facts["slow_by"] == "defect"
+    assert verdict.name == "SLOW" and verdict.facts.slow.slow_by == "defect"
     assert any(r.startswith("slow by defect: 4096 host reads") for r in verdict.reasons)
 
 
@@ -537,5 +539,5 @@ def test_an_exception_reraised_from_a_dataloader_worker_says_the_original_messag
     verdict = decide(Evidence.from_dict(data))
     assert verdict.name == "ERROR"
     said = "\"record 37 has no 'label'\" (raised in DataLoader worker process 1)"
-    assert verdict.facts["message"] == said
+    assert verdict.facts.crash.message == said
     assert verdict.reasons[0].endswith(f"raised KeyError: {said}")

@@ -54,9 +54,10 @@ def record(name: str, slow_by: str | None = None) -> TrialRecord:
 
 def test_a_record_names_its_facts_and_why_it_is_slow():
     assert record("SLOW", "size").slow_by == "size" and record("SLOW").slow_by is None
-    assert record("OK").facts == {} and record("SLOW", "defect").facts == {"slow_by": "defect"}
+    assert record("OK").facts.to_dict() == {} and \
+        record("SLOW", "defect").facts.to_dict() == {"slow_by": "defect"}
     bare = TrialRecord({}, None, Verdict("OK", []), "trial-0", 1.0)
-    assert bare.facts == {} and bare.slow_by is None
+    assert not bare.facts and bare.slow_by is None
 
 
 def test_the_triage_chases_an_inconclusive_trial_but_not_a_slow_by_size_one():
