@@ -18,6 +18,7 @@ from nsadiag.finding.numbers import share
 from nsadiag.finding.source import Sources, carried_sources
 from nsadiag.finding.trial import next_action, stall_proof, status_of
 from nsadiag.ranknames import RankNames
+from nsadiag.runmeta import RunMeta
 from nsadiag.verdict.names import Verdict
 
 NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
@@ -114,7 +115,7 @@ def _culprit(process: AttachedProcess | None, sources: Sources) -> Culprit | Non
     return None
 
 
-def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
+def attach_finding(stored: AttachRecord, meta: RunMeta) -> Finding:
     """The finding of one attach (``stored`` is attach.json, ``meta`` run.json)."""
     verdict = stored.verdict
     name, facts = verdict.name, verdict.facts
@@ -122,9 +123,8 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
     culprit = _culprit(process, carried_sources(stored.source))
     own_facts = (process.verdict.facts if process and process.verdict else None) or facts
     kind = kind_of(name, facts.get("slow_by"))
-    target = f"the ranks under pid {meta['pid']}" if meta.get("ranks") else \
-        f"pid {meta['pid']}"
-    subject = f"{target}, watched {meta['duration_s']:g} s"
+    target = f"the ranks under pid {meta.pid}" if meta.ranks else f"pid {meta.pid}"
+    subject = f"{target}, watched {meta.duration_s:g} s"
     proof = stall_proof(own_facts) if name in ("STALL-BUSY", "DEADLOCK") else \
         (verdict.reasons or [None])[0]
     action = next_action(name, own_facts, culprit) if name != "OK" else NOTHING_STUCK
@@ -138,7 +138,7 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
                        else warn(text))
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     implicated = [fail(f"{culprit.where()}: {culprit.why}.")] if culprit else []
-    summary = [f"Watched {target} for {meta['duration_s']:g} s without stopping it: "
+    summary = [f"Watched {target} for {meta.duration_s:g} s without stopping it: "
                f"{stored.state}."] + [r[:1].upper() + r[1:] + "." for r in
                                       verdict.reasons[:2]]
     return Finding(command="attach", verdict=name, kind=kind,

@@ -14,22 +14,24 @@ from typing import Any
 
 from nsadiag.finding import Culprit, Finding, fail, ok, warn
 from nsadiag.finding.numbers import sig, size
+from nsadiag.memoryrecord import MemoryRecord
+from nsadiag.recordspec import RecordSpec
 
 
-def _subject(spec: Mapping[str, Any]) -> str:
-    layers = f", {spec['n_layers']} layers" if spec.get("n_layers") else ""
-    return f"{spec.get('target', 'nsa')}{layers}, S={spec.get('seq_len')}"
+def _subject(spec: RecordSpec) -> str:
+    layers = f", {spec.n_layers} layers" if spec.n_layers else ""
+    return f"{spec.target or 'nsa'}{layers}, S={spec.seq_len}"
 
 
-def memory_finding(measured: Mapping[str, Any], spec: Mapping[str, Any]) -> Finding:
+def memory_finding(measured: MemoryRecord, spec: RecordSpec) -> Finding:
     """What `nsadiag memory` measured: the saved bytes, the peak, a layer that stands out."""
-    standouts = list(measured.get("layer_standouts") or [])
-    saved, peak = measured["saved_total"], measured["peak_rss"]
-    modules = sorted((measured.get("saved_by_module") or {}).items(), key=lambda kv: -kv[1])
+    standouts = list(measured.layer_standouts)
+    saved, peak = measured.saved_total, measured.peak_rss
+    modules = sorted(measured.saved_by_module.items(), key=lambda kv: -kv[1])
     culprit = (Culprit(None, None, "saves more than 4x the median layer for backward",
                        module=standouts[0]) if standouts else None)
     results = [ok(f"saved for backward: {size(saved)} by the first forward"),
-               ok(f"peak RSS: {size(peak)}; one step {sig(measured['step_s'])} s")]
+               ok(f"peak RSS: {size(peak)}; one step {sig(measured.step_s)} s")]
     results += [fail(f"{name} saves more than 4x the median layer") for name in standouts]
     if modules:
         results.append(ok(f"most saved by one module: {modules[0][0]} ({size(modules[0][1])})"))
@@ -37,7 +39,7 @@ def memory_finding(measured: Mapping[str, Any], spec: Mapping[str, Any]) -> Find
         command="memory", verdict="MEASURED", kind="measured", status="measured",
         headline=f"MEASURED (measured): {size(saved)} saved for backward, peak RSS {size(peak)}"
                  + (f"; {', '.join(standouts)} stand(s) out" if standouts else ""),
-        subject=_subject(spec) + f", {measured.get('device')}",
+        subject=_subject(spec) + f", {measured.device}",
         next_action=(f"Read what {standouts[0]} keeps for backward (the largest saved "
                      f"tensors below): a layer far above the others holds a temporary or a "
                      f"cache." if standouts else
@@ -46,12 +48,12 @@ def memory_finding(measured: Mapping[str, Any], spec: Mapping[str, Any]) -> Find
         culprit=culprit,
         proof=f"{size(saved)} saved for backward, peak RSS {size(peak)}",
         summary=[f"The first forward saved {size(saved)} for backward on "
-                 f"{measured.get('device')}; one step takes {sig(measured['step_s'])} s and "
+                 f"{measured.device}; one step takes {sig(measured.step_s)} s and "
                  f"the process peaked at {size(peak)} resident."],
         results=results)
 
 
-def trace_finding(result: Mapping[str, Any], spec: Mapping[str, Any]) -> Finding:
+def trace_finding(result: Mapping[str, Any], spec: RecordSpec) -> Finding:
     """What `nsadiag trace` measured: the step time, the tracer's overhead and the gradient
     anomalies (parameters without a gradient, gradients accumulated twice, a backward
     that never finished)."""

@@ -16,12 +16,13 @@ from typing import Any
 from nsadiag.evidence import DdpFacts, StallEvidence
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
-from nsadiag.report.markdown import config_table, last_events, stack_excerpt
+from nsadiag.report.markdown import config_table, last_events, stack_excerpt, torch_of
 from nsadiag.report.ranks import job_hosts, rank_heading, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord
+from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import row_from_record
 
 LABEL = "ddp"
@@ -67,7 +68,7 @@ def ddp_rerun(record: TrialRecord) -> list[str]:
             "--ddp-backend", str(ddp.backend if ddp else None), *trial_options(record.spec)]
 
 
-def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
+def build_ddp_report(records: list[TrialRecord], meta: RunMeta
                      ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a ddp run directory's record."""
     record = records[-1]
@@ -79,9 +80,9 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {world_size} ranks ({backend})"
     report = Report.of(finding)
-    torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
+    torch_version = torch_of(meta.env)
     report.add("Configuration", config_table(
-        record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
+        record.spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
         [("world size", world_size), ("ddp backend", backend),
@@ -102,8 +103,8 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     text = report.markdown()
     row = row_from_record(record, LABEL)
     slow_by = facts.get("slow_by")
-    verdicts = [verdict_row(LABEL, verdict.name, record.spec.get("n_layers"),
-                            record.spec.get("seq_len"), slow_by)]
+    verdicts = [verdict_row(LABEL, verdict.name, record.spec.n_layers, record.spec.seq_len,
+                            slow_by)]
     summary = Summary(
         command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict.to_dict() if verdict.name != "OK" else None,

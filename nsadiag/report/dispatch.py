@@ -26,11 +26,12 @@ reported as a malformed record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
+from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.redact import Redactor
 from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
@@ -46,6 +47,7 @@ from nsadiag.rundir import (
     write_json,
     write_text,
 )
+from nsadiag.runmeta import RunMeta
 from nsadiag.textsafe import clean, clean_obj
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from nsadiag.triage.state import TriageState
 
 PLOTS = ("sweep.png", "memory.png", "flame.png")
-DICT_KINDS = ("attach", "memory", "trace", "stacks")
+DICT_KINDS = ("trace", "stacks")
 """Kinds whose stored JSON is rendered as read, not parsed into a typed record first."""
 RANKED_KINDS = ("ddp", "run", "watch")
 """Kinds whose summary names the job's hosts (``hosts``: nsadiag.report.ranks)."""
@@ -83,29 +85,25 @@ class Rendered:
         return self.summary["exit_code"]
 
 
-META_FIELDS = {"argv": (list, "a list"),
-               "branch": (str, "a string"), "env": (dict, "an object"),
-               "spec": (dict, "an object"), "labels": (dict, "an object")}
-"""The run.json fields the renderers read, with the JSON type each must have when set."""
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    """run.json of a run directory ({} when there is none); RecordError (one line) when it
-    is not an object or a field the renderers read has the wrong type."""
+def stored_meta(run_dir: Path) -> dict[str, Any]:
+    """run.json of a run directory as stored ({} when there is none); RecordError (one
+    line) when it is not an object."""
     path = run_dir / "run.json"
     meta = read_json(path, "run.json") if path.exists() else {}
     if not isinstance(meta, dict):
         raise RecordError(f"run.json: {path} is not a JSON object")
-    for name, (kind, said) in META_FIELDS.items():
-        if meta.get(name) is not None and not isinstance(meta[name], kind):
-            raise RecordError(f"run.json: {name} must be {said}, got "
-                              f"{type(meta[name]).__name__}")
     return meta
 
 
-def run_kind(run_dir: Path, meta: dict[str, Any]) -> str:
+def read_meta(run_dir: Path) -> RunMeta:
+    """run.json of a run directory, parsed (nsadiag.runmeta); RecordError (one line) when
+    it is not an object or a field the renderers read has the wrong type."""
+    return RunMeta.from_dict(stored_meta(run_dir))
+
+
+def run_kind(run_dir: Path, meta: RunMeta) -> str:
     """The run's kind: run.json's command_name, else what its files say."""
-    kind = meta.get("command_name")
+    kind = meta.command_name
     if kind is None:
         for name, guess in (("triage.json", "triage"), ("record.json", "run"),
                             ("attach.json", "attach"),
@@ -141,14 +139,14 @@ def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
     return record
 
 
-def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
     if kind in ("sweep-layers", "isolate-branch"):
         from nsadiag.report.sweep import build_report
 
-        return build_report(run_dir, _records(run_dir, skipped), {"command_name": kind,
-                                                                  **meta})
+        return build_report(run_dir, _records(run_dir, skipped),
+                            replace(meta, command_name=meta.command_name or kind))
     if kind == "sweep-seq":
         from nsadiag.report.seq import build_seq_report
 
@@ -168,7 +166,7 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
 
         return build_attach_report(parse_stored(
             "attach.json", AttachRecord.from_dict,
-            read_json(run_dir / "attach.json", "attach.json")), meta)
+            read_json(run_dir / "attach.json", "attach.json")), meta.attached())
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
@@ -180,12 +178,13 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
 
         results, spec, world_size = parse_stored(
             "checks.json", checks, read_json(run_dir / "checks.json", "checks.json"))
-        return build_check_report(results, spec, meta.get("argv") or [], world_size)
+        return build_check_report(results, spec, list(meta.argv), world_size)
     if kind == "memory":
         from nsadiag.report.memory import build_memory_report
 
-        return build_memory_report(run_dir, read_json(run_dir / "memory.json", "memory.json"),
-                                   meta)
+        return build_memory_report(run_dir, parse_stored(
+            "memory.json", MemoryRecord.from_dict,
+            read_json(run_dir / "memory.json", "memory.json")), meta)
     if kind == "trace":
         from nsadiag.report.trace import build_trace_report
 
@@ -212,7 +211,7 @@ def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], dict[str, Any], i
             int(stored["world_size"]))
 
 
-def build_confined(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
                    ) -> tuple[str, dict[str, Any], list[str]]:
     """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
     the lines saying what it did not read."""

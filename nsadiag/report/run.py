@@ -65,9 +65,10 @@ def _stderr_tail(run_dir: Path) -> list[str]:
 
 def run_finding(record: TrialRecord) -> Finding:
     """The finding of one run or watched block, with the command that repeats it."""
-    kind = record.spec.get("kind", "run")
-    rerun = (f"nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} --deadline "
-             f"{record.spec['deadline_s']:g} -- {shlex.join(record.spec['command'])}"
+    spec = record.spec
+    kind = spec.kind or "run"
+    rerun = (f"nsadiag run --stall-timeout {spec.stall_timeout_s:g} --deadline "
+             f"{spec.deadline_s:g} -- {shlex.join(spec.command or ())}"
              if kind == "run" else None)
     # the straggler a host saw while the job ran (its record's hosts), or the one the
     # verdict over every host's ranks found in their recorded steps
@@ -133,7 +134,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         details={"finding": finding.to_dict(), "verdict": verdict.name,
                  "slow_by": slow_by,
                  "command_exit_code": command.exit_code if command else None,
-                 "argv": list(record.spec["command"]), "ranks": rows,
+                 "argv": list(record.spec.command or ()), "ranks": rows,
                  "hosts": job_hosts(record, rows),
                  "straggler": (hosts or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

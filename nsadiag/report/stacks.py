@@ -20,6 +20,7 @@ from nsadiag.probes.frames import threads_that_matter, wait_frame
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import items
+from nsadiag.runmeta import RunMeta
 
 FRAMES = 14
 SUMMARY_FRAMES = 8
@@ -65,7 +66,7 @@ def process_view(proc: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
+def build_stacks_report(stacks: Mapping[str, Any], meta: RunMeta
                         ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a stacks run."""
     processes = [process_view(p) for p in stacks["processes"]]
@@ -101,7 +102,7 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
             md += ["", "Other threads:", ""]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
-    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
+    report.add("Reproduction", ["```", shlex.join(meta.argv), "```"])
     summary = Summary(command="stacks", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(), "processes": processes,
                                "odd_ones_out": stacks["odd_ones_out"],

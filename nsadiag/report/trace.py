@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.measured import trace_finding
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import items
+from nsadiag.runmeta import RunMeta
 
 SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
                 "step_s_untraced_all", "overhead_pct", "events", "unused_parameters",
@@ -28,12 +30,12 @@ SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
 SHOWN = 15
 
 
-def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[str, Any]
+def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: RunMeta
                        ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a trace run."""
     import pandas as pd
 
-    spec = meta.get("spec") or {}
+    spec = meta.spec or RecordSpec()
     finding = trace_finding(result, spec)
     md = items(finding.results)
     md += ["", f"Untraced and traced step medians: {result['step_s_untraced']:.3f} s and "
@@ -44,7 +46,7 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
                    f"`{Path(result['profiler_trace']).name}`."]
     report = Report.of(finding, results=md)
     report.add("Configuration", config_table(
-        spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
+        spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
                "device", "overrides")))
     spans = pd.DataFrame(result["timeline"]).reindex(
         columns=["module", "phase", "start_us", "duration_us"])
@@ -61,7 +63,7 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
         ", ".join(f"`{p}` ({n}x)" for p, n in result["repeated_gradients"].items()) or "none"))
     md.append("- Backward started and never finished: " + (
         ", ".join(f"`{m}`" for m in result["unfinished_backward"]) or "none"))
-    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
+    report.add("Reproduction", ["```", shlex.join(meta.argv), "```"])
     summary = Summary(command="trace", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(),
                                **{k: result.get(k) for k in SUMMARY_KEYS}})

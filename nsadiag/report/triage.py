@@ -64,7 +64,7 @@ def _config_section(result: TriageResult, records: dict[str, TrialRecord]) -> li
     lines = ["| field | " + " | ".join(name for name, _ in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for key in CONFIG_FIELDS:
-        values = [spec_cell(key, r.spec.get(key, 1 if key == "world_size" else None))
+        values = [spec_cell(key, r.spec.to_dict().get(key, 1 if key == "world_size" else None))
                   for _, r in columns]
         lines.append(f"| {key} | " + " | ".join(values) + " |")
     lines.append("| **verdict** | " + " | ".join(f"**{r.verdict_name}**" for _, r in columns)
