@@ -16,6 +16,7 @@ from nsadiag.finding import Culprit, Finding, fail, ok, warn
 from nsadiag.finding.numbers import sig, size
 from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.recordspec import RecordSpec
+from nsadiag.traceresult import TraceResult
 
 
 def _subject(spec: RecordSpec) -> str:
@@ -53,19 +54,19 @@ def memory_finding(measured: MemoryRecord, spec: RecordSpec) -> Finding:
         results=results)
 
 
-def trace_finding(result: Mapping[str, Any], spec: RecordSpec) -> Finding:
+def trace_finding(result: TraceResult, spec: RecordSpec) -> Finding:
     """What `nsadiag trace` measured: the step time, the tracer's overhead and the gradient
     anomalies (parameters without a gradient, gradients accumulated twice, a backward
     that never finished)."""
     anomalies = [(name, found) for name, found in (
-        ("parameters without a gradient", result["unused_parameters"]),
-        ("gradients accumulated more than once", result["repeated_gradients"]),
-        ("backward started and never finished", result["unfinished_backward"])) if found]
-    step = result["step_s_untraced"]
+        ("parameters without a gradient", result.unused_parameters),
+        ("gradients accumulated more than once", result.repeated_gradients),
+        ("backward started and never finished", result.unfinished_backward)) if found]
+    step = result.step_s_untraced
     first = anomalies[0] if anomalies else None
     culprit = (Culprit(None, None, first[0], module=str(list(first[1])[0])) if first else None)
-    results = [ok(f"one step {sig(step)} s untraced, {sig(result['step_s_traced'])} s traced "
-                  f"({result['overhead_pct']:+.0f}%)")]
+    results = [ok(f"one step {sig(step)} s untraced, {sig(result.step_s_traced)} s traced "
+                  f"({result.overhead_pct:+.0f}%)")]
     results += [fail(f"{name}: {', '.join(map(str, list(found)[:4]))}")
                 for name, found in anomalies]
     if not anomalies:
@@ -79,8 +80,8 @@ def trace_finding(result: Mapping[str, Any], spec: RecordSpec) -> Finding:
                      "Open `trace.json` in https://ui.perfetto.dev to see where the step's "
                      "time goes."),
         culprit=culprit,
-        proof=f"one step {sig(step)} s untraced ({result['overhead_pct']:+.0f}% traced)",
-        summary=[f"One training step takes {sig(step)} s untraced; {result['events']} events "
+        proof=f"one step {sig(step)} s untraced ({result.overhead_pct:+.0f}% traced)",
+        summary=[f"One training step takes {sig(step)} s untraced; {result.events} events "
                  f"were recorded."], results=results)
 
 

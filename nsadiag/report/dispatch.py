@@ -15,13 +15,13 @@ what `nsadiag report DIR` and every command end with. Both files are redacted
 that is torn or malformed is skipped and listed at the end of report.md and in summary.json's
 ``skipped_records``.
 
-A stored record is parsed where it is read: trials.jsonl lines and record.json against the
-trial schema, triage.json and checks.json into their typed state (nsadiag.rundir.
-parse_stored); one that does not parse is one RecordError line, and the renderers get
-typed records. attach.json, memory.json, trace-result.json and stacks.json are rendered
-from their JSON objects as read, with no parser of their own yet: for those kinds
-(DICT_KINDS) alone a key missing or a value of the wrong type met while rendering is
-reported as a malformed record.
+A stored record is parsed where it is read (nsadiag.rundir.parse_stored): trials.jsonl
+lines and record.json against the trial schema (their spec a RecordSpec), run.json into a
+RunMeta, triage.json and checks.json into their typed state, attach.json, memory.json,
+trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, TraceResult,
+StacksRecord). One that does not parse is one RecordError line; the renderers get typed
+records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
+not taken for a malformed file.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
 from nsadiag.memoryrecord import MemoryRecord
+from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import Redactor
 from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
@@ -48,15 +49,15 @@ from nsadiag.rundir import (
     write_text,
 )
 from nsadiag.runmeta import RunMeta
+from nsadiag.stacksrecord import StacksRecord
 from nsadiag.textsafe import clean, clean_obj
+from nsadiag.traceresult import TraceResult
 
 if TYPE_CHECKING:
     from nsadiag.checks import CheckResult
     from nsadiag.triage.state import TriageState
 
 PLOTS = ("sweep.png", "memory.png", "flame.png")
-DICT_KINDS = ("trace", "stacks")
-"""Kinds whose stored JSON is rendered as read, not parsed into a typed record first."""
 RANKED_KINDS = ("ddp", "run", "watch")
 """Kinds whose summary names the job's hosts (``hosts``: nsadiag.report.ranks)."""
 LOCK_WAIT_S = 10.0
@@ -188,11 +189,14 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
     if kind == "trace":
         from nsadiag.report.trace import build_trace_report
 
-        return build_trace_report(run_dir, read_json(run_dir / "trace-result.json",
-                                                     "trace-result.json"), meta)
+        return build_trace_report(run_dir, parse_stored(
+            "trace-result.json", TraceResult.from_dict,
+            read_json(run_dir / "trace-result.json", "trace-result.json")), meta)
     from nsadiag.report.stacks import build_stacks_report
 
-    return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
+    return build_stacks_report(parse_stored(
+        "stacks.json", StacksRecord.from_dict,
+        read_json(run_dir / "stacks.json", "stacks.json")), meta)
 
 
 def triage_state(stored: dict[str, Any]) -> TriageState:
@@ -203,12 +207,12 @@ def triage_state(stored: dict[str, Any]) -> TriageState:
     return TriageState.from_dict(stored)
 
 
-def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], dict[str, Any], int]:
+def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], RecordSpec, int]:
     """checks.json as (its results, the spec they ran with, the DDP world size)."""
     from nsadiag.checks import CheckResult
 
-    return ([CheckResult.from_dict(c) for c in stored["results"]], dict(stored["spec"]),
-            int(stored["world_size"]))
+    return ([CheckResult.from_dict(c) for c in stored["results"]],
+            RecordSpec.from_dict(stored["spec"]), int(stored["world_size"]))
 
 
 def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
@@ -246,14 +250,10 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
-    # a typed record was parsed where it was read: a KeyError while rendering it is a fault
-    # of the renderer, not of the file, and goes up as itself
-    unparsed = (KeyError, TypeError, IndexError, AttributeError) if kind in DICT_KINDS else ()
+    # every record was parsed where it was read (RecordError there): a KeyError while
+    # rendering one is a fault of the renderer, not of the file, and goes up as itself
     try:
         text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
-    except unparsed as err:
-        raise RecordError(f"report: a stored record of {run_dir} is malformed "
-                          f"({type(err).__name__}: {err})") from None
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None
