@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsadiag.envinfo import EnvReport
 from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import RecordError
 
@@ -31,7 +32,7 @@ class RunMeta:
     command_name  the command that made the run (nsadiag.report.summary.KINDS)
     argv          its command line, as typed
     branch        the branch isolate-branch measured alone
-    env           the environment (nsadiag.env: python, packages, cuda, devices, ...)
+    env           the environment the run was made in (None: not recorded)
     spec          the base trial spec (memory, trace)
     labels        {trial directory name: label} of a sweep's trials
     pid           the process an attach watched (and, with ``ranks``, the ranks under it)
@@ -41,7 +42,7 @@ class RunMeta:
     command_name: str | None = None
     argv: tuple[str, ...] = ()
     branch: str | None = None
-    env: Mapping[str, Any] = field(default_factory=dict)
+    env: EnvReport | None = None
     spec: RecordSpec | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     pid: int | None = None
@@ -62,6 +63,7 @@ class RunMeta:
                                   f"{type(data[name]).__name__}")
         try:
             spec = RecordSpec.from_dict(data["spec"]) if data.get("spec") else None
+            env = EnvReport.from_dict(data["env"]) if data.get("env") else None
         except TypeError as err:
             raise RecordError(f"run.json: {err}") from None
         labels = data.get("labels") or {}
@@ -69,7 +71,7 @@ class RunMeta:
             raise RecordError("run.json: labels must name each trial by a string")
         return cls(command_name=data.get("command_name"),
                    argv=tuple(str(word) for word in data.get("argv") or ()),
-                   branch=data.get("branch"), env=dict(data.get("env") or {}), spec=spec,
+                   branch=data.get("branch"), env=env, spec=spec,
                    labels=dict(labels), pid=data.get("pid"), duration_s=data.get("duration_s"),
                    ranks=bool(data.get("ranks")))
 

@@ -16,7 +16,7 @@ from typing import Any
 from nsadiag.evidence import DdpFacts, StallEvidence
 from nsadiag.finding.commands import trial_options
 from nsadiag.finding.trial import trial_finding
-from nsadiag.report.markdown import config_table, last_events, stack_excerpt, torch_of
+from nsadiag.report.markdown import config_table, last_events, stack_excerpt
 from nsadiag.report.ranks import job_hosts, rank_heading, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
@@ -80,7 +80,7 @@ def build_ddp_report(records: list[TrialRecord], meta: RunMeta
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {world_size} ranks ({backend})"
     report = Report.of(finding)
-    torch_version = torch_of(meta.env)
+    torch_version = meta.env.torch if meta.env is not None else None
     report.add("Configuration", config_table(
         record.spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",

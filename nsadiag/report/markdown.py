@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.envinfo import EnvReport
 from nsadiag.evidence import StackFrame, StallEvidence
 from nsadiag.finding.commands import cli_value
 from nsadiag.finding.numbers import cost_ratio
@@ -283,15 +284,8 @@ def spec_cell(key: str, value: Any) -> str:
     return cell(value)
 
 
-def torch_of(env: Mapping[str, Any]) -> Any:
-    """The torch version a run's environment (run.json's env) names, None when it names
-    none."""
-    packages = env.get("packages")
-    return packages.get("torch") if isinstance(packages, Mapping) else None
-
-
-def env_rows(env: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def env_rows(env: EnvReport | None) -> list[tuple[str, Any]]:
     """torch, python and CUDA of a run's environment, for a configuration table."""
-    if not env:
+    if env is None:
         return []
-    return [("torch", torch_of(env)), ("python", env.get("python")), ("cuda", env.get("cuda"))]
+    return [("torch", env.torch), ("python", env.python), ("cuda", env.cuda)]

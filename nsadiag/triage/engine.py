@@ -326,7 +326,7 @@ class Triage:
     # ---- stages --------------------------------------------------------------------------
 
     def env(self) -> None:
-        env = collect_env().as_dict()
+        env = collect_env()
         self.state.env = env
         self.state.env_problems = env_problems(env, self.base.device)
 

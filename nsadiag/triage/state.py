@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from nsadiag.checks import CheckResult
+from nsadiag.envinfo import EnvReport
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.decide import Confidence, ModuleTime
 from nsadiag.verdict import VerdictName
@@ -245,7 +246,7 @@ class TriageState:
     stages_done: list[str] = field(default_factory=list)
     stopped: str | None = None
     elapsed_s: float | None = None
-    env: dict[str, Any] | None = None
+    env: EnvReport | None = None
     env_problems: list[str] = field(default_factory=list)
     checks: ChecksStage | None = None
     sweep: SweepStage | None = None
@@ -286,7 +287,7 @@ class TriageState:
             "stopped": self.stopped, "base_spec": self.base_spec.to_dict(),
             "world_size": self.world_size, "env_problems": self.env_problems}
         if self.env is not None:
-            data["env"] = self.env
+            data["env"] = self.env.as_dict()
         if self.elapsed_s is not None:
             data["elapsed_s"] = self.elapsed_s
         stages = {"checks": self.checks, "sweep": self.sweep, "repeats": self.repeats,
@@ -309,8 +310,10 @@ class TriageState:
         stages["bisection"] = (Bisection.from_dict(data["bisection"])
                                if data.get("bisection") else None)
         regression = data.get("regression")
+        env = EnvReport.from_dict(data["env"]) if "env" in data and data["env"] else None
         return _stored(cls, data, base_spec=TrialSpec(**data["base_spec"]), **stages,
-                       regression=_stored(Regression, regression) if regression else None)
+                       regression=_stored(Regression, regression) if regression else None,
+                       env=env)
 
 
 STAGE_TYPES = {"checks": ChecksStage, "sweep": SweepStage, "repeats": RepeatsStage,

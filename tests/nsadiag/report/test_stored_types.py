@@ -123,7 +123,7 @@ def test_run_json_is_parsed_once_with_its_labels_env_and_spec():
     stored = json.loads((REPORTS / "sweep-layers-cuda" / "run.json").read_text())
     meta = RunMeta.from_dict(stored)
     assert meta.command_name == stored["command_name"] and list(meta.argv) == stored["argv"]
-    assert dict(meta.labels) == stored["labels"] and dict(meta.env) == stored["env"]
+    assert dict(meta.labels) == stored["labels"] and meta.env.as_dict() == stored["env"]
     assert meta.label_of("trial-99") == stored["command_name"]
     spec = _lines(TRIALS)[0]["spec"]
     assert RunMeta.from_dict({"spec": spec}).spec == RecordSpec.from_dict(spec)
