@@ -19,6 +19,7 @@ from nsadiag.finding.source import Sources, carried_sources
 from nsadiag.finding.trial import next_action, stall_proof, status_of
 from nsadiag.ranknames import RankNames
 from nsadiag.runmeta import RunMeta
+from nsadiag.stored import NUMBER, optional
 from nsadiag.verdict.names import Verdict
 
 NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
@@ -53,16 +54,16 @@ class AttachedProcess:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachedProcess:
-        verdict, stall = data.get("verdict"), data.get("stall")
-        names = data.get("names")
-        return cls(pid=int(data["pid"]), rank=data.get("rank"),
-                   names=RankNames.from_dict({**names, "rank": data.get("rank")})
-                   if isinstance(names, dict) else None,
-                   cmdline=str(data.get("cmdline") or ""), state=str(data["state"]),
+        verdict, stall = optional(data, "verdict", dict), optional(data, "stall", dict)
+        names, rank = optional(data, "names", dict), optional(data, "rank", int)
+        return cls(pid=int(data["pid"]), rank=rank,
+                   names=RankNames.from_dict({**names, "rank": rank}) if names else None,
+                   cmdline=optional(data, "cmdline", str) or "", state=str(data["state"]),
                    verdict=_verdict_of(verdict) if verdict else None,
-                   cpu_fraction=data.get("cpu_fraction"), user_frame=data.get("user_frame"),
-                   collective_frame=data.get("collective_frame"),
-                   heartbeat_events=data.get("heartbeat_events"),
+                   cpu_fraction=optional(data, "cpu_fraction", NUMBER),
+                   user_frame=optional(data, "user_frame", str),
+                   collective_frame=optional(data, "collective_frame", str),
+                   heartbeat_events=optional(data, "heartbeat_events", int),
                    stall=StallEvidence.from_dict(stall) if stall else None)
 
     def label(self) -> str:
@@ -88,8 +89,8 @@ class AttachRecord:
     def from_dict(cls, data: dict[str, Any]) -> AttachRecord:
         return cls(verdict=_verdict_of(data["verdict"]), state=str(data["state"]),
                    processes=tuple(AttachedProcess.from_dict(p)
-                                   for p in data.get("processes") or ()),
-                   source=data.get("source"))
+                                   for p in optional(data, "processes", list) or ()),
+                   source=optional(data, "source", dict))
 
 
 def blamed(stored: AttachRecord) -> AttachedProcess | None:

@@ -30,6 +30,7 @@ from nsadiag.report.straggler import straggler_section
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
+from nsadiag.stored import optional
 
 STDERR_LINES = 15
 STDERR_TAIL_BYTES = 64 * 1024  # read from the end only: a command's stderr may be huge
@@ -51,11 +52,12 @@ class ProcessRow:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessRow:
-        stall = data.get("stall")
-        return cls(name=str(data["name"]), pid=data.get("pid"), role=data.get("role"),
-                   events=dict(data.get("events") or {}),
+        stall = optional(data, "stall", dict)
+        return cls(name=str(data["name"]), pid=optional(data, "pid", int),
+                   role=optional(data, "role", str),
+                   events=dict(optional(data, "events", dict) or {}),
                    stacks_class=StallEvidence.from_dict(stall).stacks_class if stall else None,
-                   place=data.get("place"))
+                   place=optional(data, "place", str))
 
 
 def _stderr_tail(run_dir: Path) -> list[str]:

@@ -152,3 +152,21 @@ def test_a_fault_while_rendering_a_parsed_record_is_not_called_a_malformed_file(
                                                  "cuda": None}))
     with pytest.raises(RecordError, match=r"^memory.json: a stored record is malformed"):
         dispatch.render_run(run)
+
+
+def test_an_optional_field_of_the_wrong_type_is_refused_where_the_file_is_read():
+    from nsadiag.finding.attach import AttachRecord
+    from nsadiag.stored import optional
+
+    assert optional({"rank": None}, "rank", int) is None and optional({}, "rank", int) is None
+    assert optional({"share": 1}, "share", (int, float)) == 1
+    with pytest.raises(TypeError, match="^share: must be int or float, got bool$"):
+        optional({"share": True}, "share", (int, float))
+    process = {"pid": 4, "state": "idle", "rank": "3"}
+    stored = {"verdict": {"name": "OK", "reasons": ["r"]}, "state": "idle",
+              "processes": [process]}
+    with pytest.raises(RecordError, match=r"^attach.json: .*\(TypeError: rank: must be int, "
+                                          r"got str\)$"):
+        parse_stored("attach.json", AttachRecord.from_dict, stored)
+    assert AttachRecord.from_dict({**stored, "processes": [{**process, "rank": 3}]}
+                                  ).processes[0].rank == 3
