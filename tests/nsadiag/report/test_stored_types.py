@@ -170,3 +170,22 @@ def test_an_optional_field_of_the_wrong_type_is_refused_where_the_file_is_read()
         parse_stored("attach.json", AttachRecord.from_dict, stored)
     assert AttachRecord.from_dict({**stored, "processes": [{**process, "rank": 3}]}
                                   ).processes[0].rank == 3
+
+
+def test_the_commands_of_a_finding_are_built_from_the_typed_spec():
+    from nsadiag.finding.commands import check_command, reproduce, trial_options
+
+    spec = TrialRecord.from_dict(_lines(TRIALS)[0]).spec
+    command = reproduce(spec)
+    assert command[:2] == ["nsadiag", "sweep-layers"]
+    assert command[command.index("--layers") + 1] == str(spec.n_layers)
+    assert command[command.index("--stall-timeout") + 1] == f"{spec.stall_timeout_s:g}"
+    alone = dataclasses.replace(spec, branches=("sel",))
+    assert reproduce(alone)[:3] == ["nsadiag", "isolate-branch", "sel"]
+    ddp = check_command("ddp", spec, 2, 4)
+    assert ddp[:4] == ["nsadiag", "check", "ddp", "--target"]
+    assert ddp[ddp.index("--world-size") + 1] == "4" and ddp[ddp.index("--layers") + 1] == "2"
+    user_command = RecordSpec.from_dict({"command": ["python", "train.py"],
+                                         "stall_timeout_s": 60.0, "deadline_s": 20.0})
+    with pytest.raises(ValueError, match="^spec: not a trial's spec"):
+        trial_options(user_command)
