@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from nsadiag.checks import CheckResult
 from nsadiag.envinfo import EnvReport
 from nsadiag.spec import TrialSpec
+from nsadiag.stored import optional
 from nsadiag.triage.decide import Confidence, ModuleTime
 from nsadiag.verdict import VerdictName
 
@@ -97,7 +98,8 @@ class ChecksStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChecksStage:
         return _stored(cls, data,
-                       results=[CheckResult.from_dict(r) for r in data.get("results") or []])
+                       results=[CheckResult.from_dict(r)
+                                for r in optional(data, "results", list) or []])
 
 
 def finished(result: CheckResult) -> bool:
@@ -123,7 +125,7 @@ class SweepStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepStage:
-        failing = data.get("failing")
+        failing = optional(data, "failing", dict)
         return _stored(cls, data, probed=_refs(data, "probed"),
                        failing=TrialRef.from_dict(failing) if failing else None)
 
@@ -144,7 +146,7 @@ class RepeatsStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RepeatsStage:
-        conf = data.get("confidence")
+        conf = optional(data, "confidence", dict)
         return _stored(cls, data, runs=_refs(data, "runs"),
                        confidence=Confidence.from_dict(conf) if conf else None)
 
@@ -173,9 +175,10 @@ class Attribution:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
         names = {f.name for f in dataclasses.fields(cls)}
-        by_module = data.get("by_module")
+        by_module = optional(data, "by_module", list)
         return _stored(cls, data,
-                       by_pattern=[ModuleTime(**t) for t in data.get("by_pattern") or []],
+                       by_pattern=[ModuleTime(**t)
+                                   for t in optional(data, "by_pattern", list) or []],
                        by_module=[ModuleTime(**t) for t in by_module]
                        if by_module is not None else None,
                        extra={k: v for k, v in data.items() if k not in names})
@@ -307,13 +310,13 @@ class TriageState:
         # empty (an empty one was written before the state was typed)
         stages = {name: kind.from_dict(data[name]) if name in data else None
                   for name, kind in STAGE_TYPES.items()}
-        stages["bisection"] = (Bisection.from_dict(data["bisection"])
-                               if data.get("bisection") else None)
-        regression = data.get("regression")
-        env = EnvReport.from_dict(data["env"]) if "env" in data and data["env"] else None
+        bisection = optional(data, "bisection", dict)
+        stages["bisection"] = Bisection.from_dict(bisection) if bisection else None
+        regression = optional(data, "regression", dict)
+        env = optional(data, "env", dict)
         return _stored(cls, data, base_spec=TrialSpec(**data["base_spec"]), **stages,
                        regression=_stored(Regression, regression) if regression else None,
-                       env=env)
+                       env=EnvReport.from_dict(env) if env else None)
 
 
 STAGE_TYPES = {"checks": ChecksStage, "sweep": SweepStage, "repeats": RepeatsStage,
