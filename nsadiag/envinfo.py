@@ -12,27 +12,61 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
 class EnvReport:
-    python: str
-    platform: str
-    cpu_count: int
+    """The environment (``collect_env``). Read back from a run's records (``from_dict``),
+    a field the stored copy lacks is None (or empty)."""
+
+    python: str | None
+    platform: str | None
+    cpu_count: int | None
     packages: dict[str, str]
     torch_threads: int | None
-    cuda: str
+    cuda: str | None
     devices: list[str]
-    allocator_conf: str
-    py_spy: str
-    ptrace: str
-    nvml: str
+    allocator_conf: str | None
+    py_spy: str | None
+    ptrace: str | None
+    nvml: str | None
     notes: list[str] = field(default_factory=list)
     usable_cpus: int | None = None
     load_average: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def torch(self) -> str | None:
+        """The installed torch's version, None when the report names none."""
+        return self.packages.get("torch")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EnvReport:
+        """A stored environment (run.json's ``env``, triage.json's); TypeError naming a
+        field of the wrong type."""
+        if not isinstance(data, dict):
+            raise TypeError(f"env: must be an object, got {type(data).__name__}")
+        values: dict[str, Any] = {}
+        for name, kinds in _STORED_TYPES.items():
+            value = data[name] if name in data else None
+            if value is not None and (not isinstance(value, kinds) or
+                                      (isinstance(value, bool) and bool not in kinds)):
+                raise TypeError(f"env.{name}: got {type(value).__name__}")
+            values[name] = value
+        for name, empty in (("packages", dict), ("devices", list), ("notes", list),
+                            ("load_average", list)):
+            values[name] = empty(values[name] or empty())
+        return cls(**values)
+
+
+_STORED_TYPES: dict[str, type | tuple[type, ...]] = {
+    "python": str, "platform": str, "cpu_count": int, "packages": dict, "torch_threads": int,
+    "cuda": str, "devices": list, "allocator_conf": str, "py_spy": str, "ptrace": str,
+    "nvml": str, "notes": list, "usable_cpus": int, "load_average": list}
+"""What each field of a stored EnvReport must be when set."""
 
 
 def _version(dist: str) -> str:

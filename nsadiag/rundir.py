@@ -74,6 +74,8 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
 from nsadiag.evidence import Evidence
+from nsadiag.probes.gpu import GpuState, gpu_json, gpu_of
+from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, errors
 from nsadiag.verdict.names import Verdict, VerdictName
@@ -115,12 +117,17 @@ class TrialRecord:
     once; a record whose evidence is empty has none (None).
     """
 
-    spec: dict[str, Any]
+    spec: RecordSpec
     evidence: Evidence | None
     verdict: Verdict
     trial_dir: str
     wall_s: float
-    gpu: list[dict[str, Any]] | str | None = None  # NVML state when the runner stopped it
+    gpu: GpuState | None = None  # NVML state when the runner stopped it
+
+    def __post_init__(self) -> None:
+        # a spec handed over as its JSON object (a freshly built record) is parsed here
+        if not isinstance(self.spec, RecordSpec):
+            self.spec = RecordSpec.from_dict(self.spec)
 
     @property
     def verdict_name(self) -> VerdictName:
@@ -139,10 +146,9 @@ class TrialRecord:
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.to_dict().items() if k != "spec"} \
             if self.evidence is not None else {}
-        return {"schema_version": SCHEMA_VERSION, "spec": self.spec, "evidence": evidence,
-                "verdict": self.verdict.to_dict(), "trial_dir": self.trial_dir,
-                "wall_s": self.wall_s,
-                "gpu": self.gpu}
+        return {"schema_version": SCHEMA_VERSION, "spec": self.spec.to_dict(),
+                "evidence": evidence, "verdict": self.verdict.to_dict(),
+                "trial_dir": self.trial_dir, "wall_s": self.wall_s, "gpu": gpu_json(self.gpu)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
@@ -157,8 +163,24 @@ class TrialRecord:
         found = errors(current, "trial")
         if found:
             raise RecordError(f"not a trial record ({found[0]})")
-        return cls(data["spec"], _evidence_of(data), _verdict_of(data["verdict"]),
-                   data["trial_dir"], float(data["wall_s"]), data.get("gpu"))
+        return cls(_spec_of(data["spec"]), _evidence_of(data), _verdict_of(data["verdict"]),
+                   data["trial_dir"], float(data["wall_s"]), _gpu_of(data.get("gpu")))
+
+
+def _spec_of(data: dict[str, Any]) -> RecordSpec:
+    """The typed spec of a stored record; RecordError for a field of the wrong type."""
+    try:
+        return RecordSpec.from_dict(data)
+    except TypeError as err:
+        raise RecordError(f"not a trial record ({err})") from None
+
+
+def _gpu_of(data: Any) -> GpuState | None:
+    """The GPU state of a stored record; RecordError for a row of another shape."""
+    try:
+        return gpu_of(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise RecordError(f"not a trial record (gpu: {type(err).__name__}: {err})") from None
 
 
 def _evidence_of(data: dict[str, Any]) -> Evidence | None:
@@ -897,10 +919,10 @@ def load_records(path: Path, skipped: list[str] | None = None) -> list[TrialReco
 def _without_superseded(records: list[TrialRecord]) -> list[TrialRecord]:
     """``records`` less each interrupted trial (``evidence.interrupted``) that a resume
     ran again: a later record of the same spec replaces it."""
-    last = {spec_key(r.spec): i for i, r in enumerate(records)}
+    last = {spec_key(r.spec.to_dict()): i for i, r in enumerate(records)}
     return [r for i, r in enumerate(records)
             if not (r.evidence is not None and r.evidence.interrupted and
-                    last[spec_key(r.spec)] > i)]
+                    last[spec_key(r.spec.to_dict())] > i)]
 
 
 def _record_of(line: bytes, records: list[TrialRecord]) -> str | None:

@@ -194,7 +194,7 @@ def _result_or_events(record: TrialRecord) -> dict[str, Any]:
     steps = [e for e in events if e.get("kind") == "step"]
     rebuilt: dict[str, Any] = {key: [e[key] for e in steps if key in e]
                                for key in ("step_s", "forward_s", "backward_s")}
-    asked = int(record.spec.get("steps") or 0)
+    asked = record.spec.steps or 0
     rebuilt["steps_done"] = min(steps[-1]["step"] + 1, asked or steps[-1]["step"] + 1) \
         if steps else 0
     rebuilt.update({key: steps[-1].get(key) for key in RATE_FIELDS} if steps else {})
@@ -230,14 +230,14 @@ def row_from_record(record: TrialRecord, label: str = "") -> SweepRow:
     state = result.get("state_bytes")
     cost = step_cost(result, step_s)
     facts = record.verdict.facts
-    return SweepRow(label=label, n_layers=int(record.spec["n_layers"] or 0),
+    return SweepRow(label=label, n_layers=record.spec.n_layers or 0,
                     verdict=record.verdict_name, forward_s=median("forward_s"),
                     backward_s=median("backward_s"), step_s=step_s,
                     peak_rss=peak, saved_bytes=saved,
                     steps_done=int(result.get("steps_done", 0)),
                     trial_dir=record.trial_dir,
                     saved_by_branch=result.get("saved_by_branch"),
-                    step_s_spread=spread("step_s"), seq_len=record.spec.get("seq_len"),
+                    step_s_spread=spread("step_s"), seq_len=record.spec.seq_len,
                     timed_steps=len(measured("step_s")),
                     rest_bytes=max(0, device_peak - saved - (state or 0))
                     if device_peak is not None and saved is not None else None,
@@ -262,7 +262,7 @@ def run_sweep(base: TrialSpec, points: Sequence[int], run_dir: Path, label: str 
     sequence lengths with vary="seq_len"); returns the records in the order run."""
     trials_path = run_dir / "trials.jsonl"
     # an interrupted trial is kept for its report, and run again on a resume
-    done = {spec_key(r.spec): r for r in load_records(trials_path)
+    done = {spec_key(r.spec.to_dict()): r for r in load_records(trials_path)
             if r.evidence is None or not r.evidence.interrupted}
     records = []
     for point in points:

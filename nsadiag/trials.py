@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag.rundir import TrialRecord, load_records, read_json
+from nsadiag.runmeta import RunMeta
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,11 +47,11 @@ def triage_labels(state: dict[str, Any]) -> dict[str, str]:
 
 def _labels(run_dir: Path) -> tuple[dict[str, str], str]:
     path = run_dir / "run.json"
-    meta = read_json(path, "run.json") if path.exists() else {}
-    labels = dict(meta.get("labels") or {})
+    meta = RunMeta.from_dict(read_json(path, "run.json") if path.exists() else {})
+    labels = dict(meta.labels)
     if (run_dir / "triage.json").exists():
         labels.update(triage_labels(read_json(run_dir / "triage.json", "triage.json")))
-    return labels, str(meta.get("command_name") or "sweep-layers")
+    return labels, meta.command_name or "sweep-layers"
 
 
 def _row(record: TrialRecord, label: str) -> dict[str, Any]:
@@ -62,16 +63,16 @@ def _row(record: TrialRecord, label: str) -> dict[str, Any]:
                            "reason": (record.verdict.reasons or [None])[0],
                            "wall_s": record.wall_s}
     for key in SPEC_COLUMNS:
-        value = spec.get(key)
+        value = getattr(spec, key)
         row[key] = ",".join(value) if isinstance(value, (list, tuple)) else value
-    if "command" in spec:  # nsadiag run: the user's command instead of a TrialSpec
-        row["command"] = " ".join(spec["command"])
-    for name, value in sorted((spec.get("overrides") or {}).items()):
+    if spec.command is not None:  # nsadiag run: the user's command instead of a TrialSpec
+        row["command"] = " ".join(spec.command)
+    for name, value in sorted(spec.overrides.items()):
         row[f"overrides.{name}"] = (",".join(map(str, value))
                                     if isinstance(value, (list, tuple)) else value)
     ddp = record.evidence.ddp if record.evidence is not None else None
     row["world_size"] = ddp.world_size if ddp is not None else 1
-    measured = row_from_record(record, label) if spec.get("target") else None
+    measured = row_from_record(record, label) if spec.target else None
     for key in MEASURED:
         row[key] = getattr(measured, key) if measured else None
     by_branch = (measured.saved_by_branch if measured else None) or {}

@@ -16,6 +16,7 @@ import torch
 from nsa.config import NSAConfig
 from nsadiag.checks import CheckResult
 from nsadiag.evidence import Evidence
+from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.state import TriageState
@@ -82,9 +83,11 @@ def plain_spec(n_layers: int, **changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
-def evidence_of(spec: dict[str, Any], stored: dict[str, Any]) -> Evidence:
+def evidence_of(spec: dict[str, Any] | RecordSpec, stored: dict[str, Any]) -> Evidence:
     """The Evidence whose JSON form is ``stored`` (keys missing read as their defaults), of
     a process that exited with code 0 unless ``stored`` names its outcome."""
+    if isinstance(spec, RecordSpec):
+        spec = spec.to_dict()
     return Evidence.from_dict({"outcome": {"exit_code": 0}, **stored, "spec": spec})
 
 

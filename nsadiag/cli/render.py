@@ -239,10 +239,9 @@ def activity(event: Mapping[str, Any]) -> str:
     return "running"
 
 
-def branch_label(spec: Mapping[str, Any]) -> str:
+def branch_label(branches: Sequence[str] | None) -> str:
     """Which branches a trial ran, for a sweep that compares branches: "all branches", or
     "sel only" for a trial that ran only some."""
-    branches = spec.get("branches")
     return f"{','.join(branches)} only" if branches else "all branches"
 
 
@@ -276,7 +275,7 @@ class Follow:
             self.progress.__exit__(*exc)
 
     def on_trial(self, point: int, spec: TrialSpec) -> None:
-        label = f", {branch_label({'branches': spec.branches})}" if self.by_branch else ""
+        label = f", {branch_label(spec.branches)}" if self.by_branch else ""
         text = f"{spec.n_layers or '-'} layers, S={spec.seq_len}{label}"
         self.trial = text
         if self.progress is None:
@@ -289,9 +288,9 @@ class Follow:
             self.progress.update(self.task, description=f"{self.trial}: {activity(events[-1])}")
 
     def on_record(self, record: TrialRecord) -> None:
-        label = f"{branch_label(record.spec):<14} " if self.by_branch else ""
-        line = (f"  {record.spec.get('n_layers') or '-':>3} layers  "
-                f"S={record.spec.get('seq_len')!s:<6} {label}{record.verdict_name:<16} "
+        label = f"{branch_label(record.spec.branches):<14} " if self.by_branch else ""
+        line = (f"  {record.spec.n_layers or '-':>3} layers  "
+                f"S={record.spec.seq_len!s:<6} {label}{record.verdict_name:<16} "
                 f"{record.wall_s:6.1f} s  {Path(record.trial_dir).name}")
         if self.progress is None:
             self.term.note(line)

@@ -12,6 +12,5 @@ def env_report(device: str = "cpu") -> dict[str, Any]:
     """Versions, devices, profilers and permissions (nsadiag.envinfo.collect_env), and the
     problems that would weaken a diagnosis on ``device`` (missing py-spy, refused ptrace,
     a loaded machine, ...)."""
-    report = collect_env().as_dict()
-    report["problems"] = env_problems(report, device)
-    return report
+    env = collect_env()
+    return {**env.as_dict(), "problems": env_problems(env, device)}

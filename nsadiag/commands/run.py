@@ -124,7 +124,7 @@ def _short_report(record: TrialRecord, run_dir: Path, no_redact: bool, why: str)
     """report.md with the verdict and its reasons only (best effort)."""
     verdict = record.verdict
     lines = [f"# nsadiag run: {verdict.name}", "",
-             f"`{shlex.join(record.spec['command'])}`", "",
+             f"`{shlex.join(record.spec.command or ())}`", "",
              *[f"- {reason}" for reason in verdict.reasons], "",
              f"The full report could not be written: {why}", ""]
     text = "\n".join(lines)

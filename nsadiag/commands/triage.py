@@ -45,7 +45,7 @@ from nsadiag.ci import write_step_summary
 from nsadiag.compare import DEFAULT_THRESHOLD, load_summary
 from nsadiag.preflight import check_ddp, check_target
 from nsadiag.redact import redact_obj
-from nsadiag.report.dispatch import Rendered, read_meta, render_run
+from nsadiag.report.dispatch import Rendered, render_run, stored_meta
 from nsadiag.rundir import prepare_run_dir, read_json, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.engine import Triage, TriageCallbacks, TriageOptions
@@ -86,7 +86,7 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
     prepare_run_dir(run_dir)
     if callbacks is not None and callbacks.on_plan:
         callbacks.on_plan()
-    meta = {k: v for k, v in read_meta(run_dir).items()
+    meta = {k: v for k, v in stored_meta(run_dir).items()
             if k not in ("schema_version", "command_name", "argv")}
     write_run_meta(run_dir, "triage", list(argv), **meta)
     write_text(run_dir / "spec.json", base.to_json())

@@ -18,6 +18,8 @@ from nsadiag.finding.numbers import share
 from nsadiag.finding.source import Sources, carried_sources
 from nsadiag.finding.trial import next_action, stall_proof, status_of
 from nsadiag.ranknames import RankNames
+from nsadiag.runmeta import RunMeta
+from nsadiag.stored import NUMBER, optional
 from nsadiag.verdict.names import Verdict
 
 NOTHING_STUCK = ("Nothing stuck was seen in the window: if the run still seems to hang, attach "
@@ -52,16 +54,16 @@ class AttachedProcess:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachedProcess:
-        verdict, stall = data.get("verdict"), data.get("stall")
-        names = data.get("names")
-        return cls(pid=int(data["pid"]), rank=data.get("rank"),
-                   names=RankNames.from_dict({**names, "rank": data.get("rank")})
-                   if isinstance(names, dict) else None,
-                   cmdline=str(data.get("cmdline") or ""), state=str(data["state"]),
+        verdict, stall = optional(data, "verdict", dict), optional(data, "stall", dict)
+        names, rank = optional(data, "names", dict), optional(data, "rank", int)
+        return cls(pid=int(data["pid"]), rank=rank,
+                   names=RankNames.from_dict({**names, "rank": rank}) if names else None,
+                   cmdline=optional(data, "cmdline", str) or "", state=str(data["state"]),
                    verdict=_verdict_of(verdict) if verdict else None,
-                   cpu_fraction=data.get("cpu_fraction"), user_frame=data.get("user_frame"),
-                   collective_frame=data.get("collective_frame"),
-                   heartbeat_events=data.get("heartbeat_events"),
+                   cpu_fraction=optional(data, "cpu_fraction", NUMBER),
+                   user_frame=optional(data, "user_frame", str),
+                   collective_frame=optional(data, "collective_frame", str),
+                   heartbeat_events=optional(data, "heartbeat_events", int),
                    stall=StallEvidence.from_dict(stall) if stall else None)
 
     def label(self) -> str:
@@ -87,8 +89,8 @@ class AttachRecord:
     def from_dict(cls, data: dict[str, Any]) -> AttachRecord:
         return cls(verdict=_verdict_of(data["verdict"]), state=str(data["state"]),
                    processes=tuple(AttachedProcess.from_dict(p)
-                                   for p in data.get("processes") or ()),
-                   source=data.get("source"))
+                                   for p in optional(data, "processes", list) or ()),
+                   source=optional(data, "source", dict))
 
 
 def blamed(stored: AttachRecord) -> AttachedProcess | None:
@@ -114,7 +116,7 @@ def _culprit(process: AttachedProcess | None, sources: Sources) -> Culprit | Non
     return None
 
 
-def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
+def attach_finding(stored: AttachRecord, meta: RunMeta) -> Finding:
     """The finding of one attach (``stored`` is attach.json, ``meta`` run.json)."""
     verdict = stored.verdict
     name, facts = verdict.name, verdict.facts
@@ -122,9 +124,8 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
     culprit = _culprit(process, carried_sources(stored.source))
     own_facts = (process.verdict.facts if process and process.verdict else None) or facts
     kind = kind_of(name, facts.slow.slow_by)
-    target = f"the ranks under pid {meta['pid']}" if meta.get("ranks") else \
-        f"pid {meta['pid']}"
-    subject = f"{target}, watched {meta['duration_s']:g} s"
+    target = f"the ranks under pid {meta.pid}" if meta.ranks else f"pid {meta.pid}"
+    subject = f"{target}, watched {meta.duration_s:g} s"
     proof = stall_proof(own_facts) if name in ("STALL-BUSY", "DEADLOCK") else \
         (verdict.reasons or [None])[0]
     action = next_action(name, own_facts, culprit) if name != "OK" else NOTHING_STUCK
@@ -138,7 +139,7 @@ def attach_finding(stored: AttachRecord, meta: dict[str, Any]) -> Finding:
                        else warn(text))
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     implicated = [fail(f"{culprit.where()}: {culprit.why}.")] if culprit else []
-    summary = [f"Watched {target} for {meta['duration_s']:g} s without stopping it: "
+    summary = [f"Watched {target} for {meta.duration_s:g} s without stopping it: "
                f"{stored.state}."] + [r[:1].upper() + r[1:] + "." for r in
                                       verdict.reasons[:2]]
     return Finding(command="attach", verdict=name, kind=kind,

@@ -10,10 +10,10 @@ OOM, a stall) is a failure; NOT APPLICABLE is neither.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from nsadiag.checks import CheckResult
 from nsadiag.finding import Culprit, Finding, Item, fail, ok, warn
+from nsadiag.recordspec import RecordSpec
 from nsadiag.verdict import explain_exception
 from nsadiag.verdict.triage import CHECK_TIMED_OUT
 
@@ -89,12 +89,12 @@ def check_culprit(result: CheckResult) -> Culprit | None:
     return Culprit(None, None, why, module=result.module)
 
 
-def check_finding(results: Sequence[CheckResult], spec: dict[str, Any],
+def check_finding(results: Sequence[CheckResult], spec: RecordSpec,
                   rerun: str | None = None) -> Finding:
-    """The finding of the checks run on ``spec`` (a TrialSpec's JSON form)."""
+    """The finding of the checks run on ``spec`` (checks.json's TrialSpec)."""
     bad = [r for r in results if failed(r)]
     unsure = [r for r in results if timed_out(r)]
-    subject = f"{spec.get('target')}, S={spec.get('seq_len')}"
+    subject = f"{spec.target}, S={spec.seq_len}"
     items = [check_item(r) for r in results]
     if bad:
         first = bad[0]
@@ -120,7 +120,7 @@ def check_finding(results: Sequence[CheckResult], spec: dict[str, Any],
             status="inconclusive",
             headline=f"INCONCLUSIVE (inconclusive): {names} did not finish in time",
             subject=subject, next_action=f"Run {names} again with a larger --budget (each "
-            f"ran out of its {spec.get('budget_s', 0):g} s).",
+            f"ran out of its {spec.budget_s or 0:g} s).",
             proof=f"{len(passed)} of {len(results)} check(s) passed, {len(unsure)} ran out "
                   f"of time",
             summary=[f"{len(unsure)} check(s) ran out of time and decided nothing: {names}; "

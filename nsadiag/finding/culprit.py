@@ -140,7 +140,7 @@ def _user_path(record: TrialRecord, function: str, name: str) -> str | None:
     """The full path of the user's file ``name``: from the profile (``_full_path``), else
     the script the command ran under that name (a frame of a process with no profile)."""
     return _full_path(record, function, name) or next(
-        (arg for arg in record.spec.get("command") or [] if Path(arg).name == name), None)
+        (arg for arg in record.spec.command or () if Path(arg).name == name), None)
 
 
 MAX_PROFILE_BYTES = 64 * 2**20

@@ -17,6 +17,7 @@ from nsadiag.finding import Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.numbers import cost_ratio, sig, size
 from nsadiag.finding.trial import trial_finding
+from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, fit_quantity, row_from_record
 from nsadiag.verdict.thresholds import FASTER_THAN_SAVED
@@ -100,7 +101,7 @@ def sweep_finding(records: Sequence[TrialRecord], rows: Sequence[SweepRow], comm
     """The finding of a sweep's records (rows in the same order, every label) and what its
     fits say; ``rerun`` is the command of the smallest failing trial."""
     unit = "S" if command == "sweep-seq" else "layers"
-    first = records[0].spec if records else {}
+    first = records[0].spec if records else RecordSpec()
     failing = first_failure(records) or next(
         (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
     points = sorted({r.seq_len if unit == "S" else r.n_layers for r in rows
@@ -108,9 +109,9 @@ def sweep_finding(records: Sequence[TrialRecord], rows: Sequence[SweepRow], comm
     span = (f"S={points[0]}…{points[-1]}" if unit == "S" and len(points) > 1 else
             f"layers {points[0]}-{points[-1]}" if len(points) > 1 else
             (f"S={points[0]}" if unit == "S" else _layers(points[0])) if points else "nothing")
-    subject = f"{first.get('target', 'nsa')}, {span}" + (
-        f", S={first.get('seq_len')}" if unit == "layers" and first.get("seq_len") else
-        f", {_layers(first['n_layers'])}" if unit == "S" and first.get("n_layers") else "")
+    subject = f"{first.target or 'nsa'}, {span}" + (
+        f", S={first.seq_len}" if unit == "layers" and first.seq_len else
+        f", {_layers(first.n_layers)}" if unit == "S" and first.n_layers else "")
     results = [row_item(r, unit) for r in rows]
     ruled_out, implicated = fit_items(facts.fits, "token" if unit == "S" else "layer")
     more_out, more_in = growth_items(facts.growth, "tokens" if unit == "S" else "layers")
@@ -128,8 +129,8 @@ def sweep_finding(records: Sequence[TrialRecord], rows: Sequence[SweepRow], comm
                                f"finished every step."))
     if failing is not None:
         found = trial_finding(failing, command, None)
-        point = (f"S={failing.spec.get('seq_len')}" if unit == "S" else
-                 _layers(int(failing.spec.get("n_layers") or 0)))
+        point = (f"S={failing.spec.seq_len}" if unit == "S" else
+                 _layers(failing.spec.n_layers or 0))
         where = f" — {found.culprit.where()}" if found.culprit and found.culprit.line else ""
         action = found.next_action + (f" Reproduce it alone: `{' '.join(rerun)}`."
                                       if rerun else "")
@@ -314,7 +315,7 @@ def decide_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str]
     ``memory`` is this machine's, for the predicted cliff."""
     from pathlib import Path
 
-    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
+    records = sorted(records, key=lambda r: r.spec.n_layers or 0)
     groups: dict[str, list[SweepRow]] = {}
     for record in records:
         label = labels.get(Path(record.trial_dir).name) or command
@@ -333,7 +334,7 @@ def decide_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str]
 
 def decide_seq_sweep(records: Sequence[TrialRecord], memory: int) -> SweepResult:
     """The result of a sweep over S (one label, "sweep-seq")."""
-    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
+    records = sorted(records, key=lambda r: r.spec.seq_len or 0)
     rows = [row_from_record(record, "sweep-seq") for record in records]
     facts = analyse_seq(rows, memory)
     failing = failing_record(records)

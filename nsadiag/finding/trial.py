@@ -20,22 +20,23 @@ from nsadiag.finding.culprit import culprit_of
 from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
 from nsadiag.ranknames import RankNames
+from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
 from nsadiag.verdict.chain import WaitChain
 from nsadiag.verdictfacts import RankRow, SlowCause, VerdictFacts
 
 
-def subject_of(spec: dict[str, Any]) -> str:
+def subject_of(spec: RecordSpec) -> str:
     """What one trial ran, in a few words: "repro.per_token_loop:make, 1 layer, S=256"."""
-    if spec.get("command"):
-        return f"`{shlex.join(str(word) for word in spec['command'])}`"
-    layers = spec.get("n_layers")
-    parts = [spec.get("target") or "nsa"]
+    if spec.command:
+        return f"`{shlex.join(spec.command)}`"
+    layers = spec.n_layers
+    parts = [spec.target or "nsa"]
     if layers is not None:
         parts.append(f"{layers} layer" + ("s" if layers != 1 else ""))
-    if spec.get("seq_len"):
-        parts.append(f"S={spec['seq_len']}")
+    if spec.seq_len:
+        parts.append(f"S={spec.seq_len}")
     return ", ".join(parts)
 
 
@@ -83,7 +84,7 @@ def defect_proof(record: TrialRecord) -> str | None:
     """The count that says slow by defect: a host read per token, else a loop of tiny
     ops, else the loop counter that reached the sequence length."""
     counts = WorkCounts.from_dict(work_counts(record))
-    seq_len = int(record.spec.get("seq_len") or 0)
+    seq_len = record.spec.seq_len or 0
     reads = counts.host_reads_per_step
     if reads and seq_len and reads >= seq_len:
         return (f"{count(reads)} host reads (`.item()`, `.tolist()`) per step for "

@@ -35,6 +35,7 @@ from nsadiag.harness.streams import Stream
 from nsadiag.hosts.merged import HostsView, decide_hosts
 from nsadiag.probes import frames
 from nsadiag.probes.frames import describe_place, place_sentence
+from nsadiag.probes.gpu import gpu_of
 from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
 from nsadiag.rundir import TrialRecord, write_json, write_text
@@ -263,4 +264,4 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", evidence.to_dict(), reserve=False)
     return TrialRecord(spec=spec, evidence=evidence, verdict=verdict,
-                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=end.gpu)
+                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu_of(end.gpu))

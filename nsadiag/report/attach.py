@@ -19,6 +19,7 @@ from nsadiag.report.ranks import name_cells
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
+from nsadiag.runmeta import RunMeta
 
 LABEL = "attach"
 
@@ -71,7 +72,7 @@ def _names_fields(process: AttachedProcess) -> dict[str, Any]:
             "node_rank": process.names.node_rank}
 
 
-def build_attach_report(stored: AttachRecord, meta: dict[str, Any]
+def build_attach_report(stored: AttachRecord, meta: RunMeta
                         ) -> tuple[str, dict[str, Any]]:
     """(report.md text, summary.json) of one attach; ``stored`` is attach.json, ``meta``
     run.json (pid, duration_s, ranks)."""
@@ -107,7 +108,7 @@ def build_attach_report(stored: AttachRecord, meta: dict[str, Any]
         verdicts=[verdict_row(LABEL, verdict.name)],
         failing=verdict.to_dict() if verdict.name != "OK" else None,
         details={"finding": finding.to_dict(), "verdict": verdict.name, "state": state,
-                 "pid": meta["pid"], "ranks": bool(meta["ranks"]),
+                 "pid": meta.pid, "ranks": meta.ranks,
                  "processes": [{"pid": p.pid, "rank": p.rank, **_names_fields(p),
                                 "state": p.state,
                                 "verdict": p.verdict.name if p.verdict else None,

@@ -10,11 +10,12 @@ run.json.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from nsadiag.checks import CheckResult
 from nsadiag.finding.check import check_finding, known_causes
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, dict_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
@@ -29,12 +30,12 @@ def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
     return f"{', '.join(map(str, seen))} (the factory's default)"
 
 
-def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
+def build_check_report(results: Sequence[CheckResult], spec: RecordSpec,
                        argv: Sequence[str], world_size: int) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of the checks run on ``spec`` (a TrialSpec's JSON form)."""
-    finding = check_finding(results, dict(spec), shlex.join(argv) if argv else None)
+    """(markdown, summary.json) of the checks run on ``spec`` (checks.json's TrialSpec)."""
+    finding = check_finding(results, spec, shlex.join(argv) if argv else None)
     report = Report.of(finding)
-    shown = {**spec, "n_layers": layers_run(results, spec.get("n_layers"))}
+    shown = {**spec.to_dict(), "n_layers": layers_run(results, spec.n_layers)}
     report.add("Configuration", config_table(
         shown, ("target", "n_layers", "seq_len", "batch", "dtype", "backend", "device", "seed",
                 "stall_timeout_s", "budget_s", "overrides"), [("ddp world size", world_size)]))
@@ -48,7 +49,7 @@ def build_check_report(results: Sequence[CheckResult], spec: Mapping[str, Any],
     report.add("Recommendations", recommendations(finding))
     summary = Summary(
         command="check", headline=finding.headline, status=finding.status,
-        verdicts=[verdict_row(r.name, r.status, spec.get("n_layers"), spec.get("seq_len"))
+        verdicts=[verdict_row(r.name, r.status, spec.n_layers, spec.seq_len)
                   for r in results],
         failing=next((r.verdict.to_dict() for r in results if not r.passed and
                       r.verdict.name == finding.verdict), None),

@@ -22,6 +22,7 @@ from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord
+from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import row_from_record
 
 LABEL = "ddp"
@@ -67,7 +68,7 @@ def ddp_rerun(record: TrialRecord) -> list[str]:
             "--ddp-backend", str(ddp.backend if ddp else None), *trial_options(record.spec)]
 
 
-def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
+def build_ddp_report(records: list[TrialRecord], meta: RunMeta
                      ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a ddp run directory's record."""
     record = records[-1]
@@ -79,9 +80,9 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
     finding.subject += f", {world_size} ranks ({backend})"
     report = Report.of(finding)
-    torch_version = ((meta.get("env") or {}).get("packages") or {}).get("torch")
+    torch_version = meta.env.torch if meta.env is not None else None
     report.add("Configuration", config_table(
-        record.spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
+        record.spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt",
                       "backend", "device", "steps", "stall_timeout_s", "budget_s",
                       "overrides"),
         [("world size", world_size), ("ddp backend", backend),
@@ -102,8 +103,8 @@ def build_ddp_report(records: list[TrialRecord], meta: dict[str, Any]
     text = report.markdown()
     row = row_from_record(record, LABEL)
     slow_by = facts.slow.slow_by
-    verdicts = [verdict_row(LABEL, verdict.name, record.spec.get("n_layers"),
-                            record.spec.get("seq_len"), slow_by)]
+    verdicts = [verdict_row(LABEL, verdict.name, record.spec.n_layers, record.spec.seq_len,
+                            slow_by)]
     summary = Summary(
         command="ddp", headline=finding.headline, status=finding.status, verdicts=verdicts,
         rows=[row.to_dict()], failing=verdict.to_dict() if verdict.name != "OK" else None,

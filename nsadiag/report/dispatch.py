@@ -15,22 +15,24 @@ what `nsadiag report DIR` and every command end with. Both files are redacted
 that is torn or malformed is skipped and listed at the end of report.md and in summary.json's
 ``skipped_records``.
 
-A stored record is parsed where it is read: trials.jsonl lines and record.json against the
-trial schema, triage.json and checks.json into their typed state (nsadiag.rundir.
-parse_stored); one that does not parse is one RecordError line, and the renderers get
-typed records. attach.json, memory.json, trace-result.json and stacks.json are rendered
-from their JSON objects as read, with no parser of their own yet: for those kinds
-(DICT_KINDS) alone a key missing or a value of the wrong type met while rendering is
-reported as a malformed record.
+A stored record is parsed where it is read (nsadiag.rundir.parse_stored): trials.jsonl
+lines and record.json against the trial schema (their spec a RecordSpec), run.json into a
+RunMeta, triage.json and checks.json into their typed state, attach.json, memory.json,
+trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, TraceResult,
+StacksRecord). One that does not parse is one RecordError line; the renderers get typed
+records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
+not taken for a malformed file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
+from nsadiag.memoryrecord import MemoryRecord
+from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import Redactor
 from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
@@ -46,15 +48,16 @@ from nsadiag.rundir import (
     write_json,
     write_text,
 )
+from nsadiag.runmeta import RunMeta
+from nsadiag.stacksrecord import StacksRecord
 from nsadiag.textsafe import clean, clean_obj
+from nsadiag.traceresult import TraceResult
 
 if TYPE_CHECKING:
     from nsadiag.checks import CheckResult
     from nsadiag.triage.state import TriageState
 
 PLOTS = ("sweep.png", "memory.png", "flame.png")
-DICT_KINDS = ("attach", "memory", "trace", "stacks")
-"""Kinds whose stored JSON is rendered as read, not parsed into a typed record first."""
 RANKED_KINDS = ("ddp", "run", "watch")
 """Kinds whose summary names the job's hosts (``hosts``: nsadiag.report.ranks)."""
 LOCK_WAIT_S = 10.0
@@ -83,29 +86,25 @@ class Rendered:
         return self.summary["exit_code"]
 
 
-META_FIELDS = {"argv": (list, "a list"),
-               "branch": (str, "a string"), "env": (dict, "an object"),
-               "spec": (dict, "an object"), "labels": (dict, "an object")}
-"""The run.json fields the renderers read, with the JSON type each must have when set."""
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    """run.json of a run directory ({} when there is none); RecordError (one line) when it
-    is not an object or a field the renderers read has the wrong type."""
+def stored_meta(run_dir: Path) -> dict[str, Any]:
+    """run.json of a run directory as stored ({} when there is none); RecordError (one
+    line) when it is not an object."""
     path = run_dir / "run.json"
     meta = read_json(path, "run.json") if path.exists() else {}
     if not isinstance(meta, dict):
         raise RecordError(f"run.json: {path} is not a JSON object")
-    for name, (kind, said) in META_FIELDS.items():
-        if meta.get(name) is not None and not isinstance(meta[name], kind):
-            raise RecordError(f"run.json: {name} must be {said}, got "
-                              f"{type(meta[name]).__name__}")
     return meta
 
 
-def run_kind(run_dir: Path, meta: dict[str, Any]) -> str:
+def read_meta(run_dir: Path) -> RunMeta:
+    """run.json of a run directory, parsed (nsadiag.runmeta); RecordError (one line) when
+    it is not an object or a field the renderers read has the wrong type."""
+    return RunMeta.from_dict(stored_meta(run_dir))
+
+
+def run_kind(run_dir: Path, meta: RunMeta) -> str:
     """The run's kind: run.json's command_name, else what its files say."""
-    kind = meta.get("command_name")
+    kind = meta.command_name
     if kind is None:
         for name, guess in (("triage.json", "triage"), ("record.json", "run"),
                             ("attach.json", "attach"),
@@ -141,14 +140,14 @@ def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
     return record
 
 
-def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
     if kind in ("sweep-layers", "isolate-branch"):
         from nsadiag.report.sweep import build_report
 
-        return build_report(run_dir, _records(run_dir, skipped), {"command_name": kind,
-                                                                  **meta})
+        return build_report(run_dir, _records(run_dir, skipped),
+                            replace(meta, command_name=meta.command_name or kind))
     if kind == "sweep-seq":
         from nsadiag.report.seq import build_seq_report
 
@@ -168,7 +167,7 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
 
         return build_attach_report(parse_stored(
             "attach.json", AttachRecord.from_dict,
-            read_json(run_dir / "attach.json", "attach.json")), meta)
+            read_json(run_dir / "attach.json", "attach.json")), meta.attached())
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
@@ -180,20 +179,24 @@ def build(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
 
         results, spec, world_size = parse_stored(
             "checks.json", checks, read_json(run_dir / "checks.json", "checks.json"))
-        return build_check_report(results, spec, meta.get("argv") or [], world_size)
+        return build_check_report(results, spec, list(meta.argv), world_size)
     if kind == "memory":
         from nsadiag.report.memory import build_memory_report
 
-        return build_memory_report(run_dir, read_json(run_dir / "memory.json", "memory.json"),
-                                   meta)
+        return build_memory_report(run_dir, parse_stored(
+            "memory.json", MemoryRecord.from_dict,
+            read_json(run_dir / "memory.json", "memory.json")), meta)
     if kind == "trace":
         from nsadiag.report.trace import build_trace_report
 
-        return build_trace_report(run_dir, read_json(run_dir / "trace-result.json",
-                                                     "trace-result.json"), meta)
+        return build_trace_report(run_dir, parse_stored(
+            "trace-result.json", TraceResult.from_dict,
+            read_json(run_dir / "trace-result.json", "trace-result.json")), meta)
     from nsadiag.report.stacks import build_stacks_report
 
-    return build_stacks_report(read_json(run_dir / "stacks.json", "stacks.json"), meta)
+    return build_stacks_report(parse_stored(
+        "stacks.json", StacksRecord.from_dict,
+        read_json(run_dir / "stacks.json", "stacks.json")), meta)
 
 
 def triage_state(stored: dict[str, Any]) -> TriageState:
@@ -204,15 +207,15 @@ def triage_state(stored: dict[str, Any]) -> TriageState:
     return TriageState.from_dict(stored)
 
 
-def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], dict[str, Any], int]:
+def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], RecordSpec, int]:
     """checks.json as (its results, the spec they ran with, the DDP world size)."""
     from nsadiag.checks import CheckResult
 
-    return ([CheckResult.from_dict(c) for c in stored["results"]], dict(stored["spec"]),
-            int(stored["world_size"]))
+    return ([CheckResult.from_dict(c) for c in stored["results"]],
+            RecordSpec.from_dict(stored["spec"]), int(stored["world_size"]))
 
 
-def build_confined(run_dir: Path, kind: str, meta: dict[str, Any], skipped: list[str]
+def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
                    ) -> tuple[str, dict[str, Any], list[str]]:
     """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
     the lines saying what it did not read."""
@@ -247,14 +250,10 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
-    # a typed record was parsed where it was read: a KeyError while rendering it is a fault
-    # of the renderer, not of the file, and goes up as itself
-    unparsed = (KeyError, TypeError, IndexError, AttributeError) if kind in DICT_KINDS else ()
+    # every record was parsed where it was read (RecordError there): a KeyError while
+    # rendering one is a fault of the renderer, not of the file, and goes up as itself
     try:
         text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
-    except unparsed as err:
-        raise RecordError(f"report: a stored record of {run_dir} is malformed "
-                          f"({type(err).__name__}: {err})") from None
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None

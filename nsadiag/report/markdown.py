@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.envinfo import EnvReport
 from nsadiag.evidence import StackFrame, StallEvidence
 from nsadiag.finding.commands import cli_value
 from nsadiag.finding.numbers import cost_ratio
 from nsadiag.fmt import bytes_cell, seconds_cell, sig
 from nsadiag.probes.frames import threads_that_matter
+from nsadiag.probes.gpu import GpuUnavailable, gpu_json
 from nsadiag.probes.profile import tables as profile_tables
 from nsadiag.rundir import TrialRecord
 
@@ -211,14 +213,14 @@ def stall_summary(record: TrialRecord) -> dict[str, Any] | None:
     return {"stacks_class": stall.stacks_class,
             "unfinished_backward": list(stall.unfinished_backward),
             "cpu_fraction": stall.cpu_fraction(),
-            "unavailable": list(stall.unavailable), "gpu": record.gpu}
+            "unavailable": list(stall.unavailable), "gpu": gpu_json(record.gpu)}
 
 
 def evidence_section(record: TrialRecord) -> list[str]:
     """A trial's verdict and reasons, stall facts, GPU state, last events, last stack
     sample and the traceback's last lines."""
     verdict, evidence = record.verdict, record.evidence
-    layers = record.spec.get("n_layers")
+    layers = record.spec.n_layers
     shape = f" ({layers} layers)" if layers is not None else ""
     lines = [f"Trial `{Path(record.trial_dir).name}`{shape}: **{verdict.name}**", ""]
     lines += [f"- {reason}" for reason in verdict.reasons]
@@ -232,12 +234,12 @@ def evidence_section(record: TrialRecord) -> list[str]:
         lines += [""] + profile_tables(profile) + [""]
     for missing in stall.unavailable if stall is not None else []:
         lines.append(f"- Evidence unavailable: {missing}")
-    if isinstance(record.gpu, str):
+    if isinstance(record.gpu, GpuUnavailable):
         lines.append(f"- {record.gpu}")
-    for device in record.gpu if isinstance(record.gpu, list) else []:
-        lines.append(f"- GPU {device['index']} {device['name']}: {device['util_gpu_pct']}% busy, "
-                     f"{bytes_cell(device['mem_used'])} of {bytes_cell(device['mem_total'])}, "
-                     f"throttle reasons {device.get('throttle_reasons')}")
+    for device in record.gpu if isinstance(record.gpu, tuple) else ():
+        lines.append(f"- GPU {device.index} {device.name}: {device.util_gpu_pct}% busy, "
+                     f"{bytes_cell(device.mem_used)} of {bytes_cell(device.mem_total)}, "
+                     f"throttle reasons {device.throttle_reasons}")
     result = evidence.result if evidence is not None else None
     exception = (result or {}).get("exception")
     lines += ["", "Last heartbeat events:", ""] + last_events(
@@ -282,9 +284,8 @@ def spec_cell(key: str, value: Any) -> str:
     return cell(value)
 
 
-def env_rows(env: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def env_rows(env: EnvReport | None) -> list[tuple[str, Any]]:
     """torch, python and CUDA of a run's environment, for a configuration table."""
-    if not env:
+    if env is None:
         return []
-    return [("torch", (env.get("packages") or {}).get("torch")), ("python", env.get("python")),
-            ("cuda", env.get("cuda"))]
+    return [("torch", env.torch), ("python", env.python), ("cuda", env.cuda)]

@@ -17,11 +17,15 @@ from typing import Any
 
 from nsadiag.finding.measured import memory_finding
 from nsadiag.fmt import bytes_cell
+from nsadiag.memoryrecord import MemoryRecord
+from nsadiag.probes.gpu import GpuUnavailable
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.plots import memory_plot
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import items
+from nsadiag.runmeta import RunMeta
 
 SUMMARY_KEYS = ("device", "saved_total", "saved_by_module", "saved_by_branch", "per_layer",
                 "layer_standouts", "largest_saved", "step_s", "peak_rss", "cuda", "history",
@@ -49,51 +53,52 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
             f"(open in https://pytorch.org/memory_viz)."]
 
 
-def build_memory_report(run_dir: Path, measured: Mapping[str, Any], meta: Mapping[str, Any]
+def build_memory_report(run_dir: Path, measured: MemoryRecord, meta: RunMeta
                         ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a memory run; writes memory.png into run_dir."""
     import pandas as pd
 
-    spec = meta.get("spec") or {}
-    layers = measured.get("per_layer") or []
+    spec = meta.spec or RecordSpec()
     finding = memory_finding(measured, spec)
     png = memory_plot(measured, run_dir / "memory.png")
     md = items(finding.results)
-    if measured.get("saved_by_branch"):
+    if measured.saved_by_branch:
         md += ["", "By NSA branch: " + ", ".join(
-            f"{b} {bytes_cell(n)}" for b, n in measured["saved_by_branch"].items()) + "."]
+            f"{b} {bytes_cell(n)}" for b, n in measured.saved_by_branch.items()) + "."]
     report = Report.of(finding, results=md)
     report.add("Configuration", config_table(
-        spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
+        spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
                "device", "steps", "overrides")))
     md = report.add("Per layer", []).body
-    per_layer = _frame(layers, ["layer", "saved", "cuda_delta"])
+    per_layer = _frame([r.to_dict() for r in measured.per_layer],
+                       ["layer", "saved", "cuda_delta"])
     per_layer.columns = ["layer", "saved for backward", "CUDA allocated delta"]
     md += md_table(per_layer, {"saved for backward": bytes_cell,
                                "CUDA allocated delta": bytes_cell})
     if png:
         md += ["", f"![saved for backward per layer and branch]({png.name})"]
-    modules = pd.DataFrame(list((measured.get("saved_by_module") or {}).items()),
-                           columns=["module", "saved"])
+    modules = pd.DataFrame(list(measured.saved_by_module.items()), columns=["module", "saved"])
     report.add("Per module", md_table(modules, {"saved": bytes_cell}, limit=TOP_MODULES))
-    largest = _frame(measured.get("largest_saved") or [], ["module", "shape", "dtype", "nbytes"])
+    largest = _frame([t.to_dict() for t in measured.largest_saved],
+                     ["module", "shape", "dtype", "nbytes"])
     largest.columns = ["largest saved tensors", "shape", "dtype", "size"]
     report.add("Largest saved tensors", md_table(
         largest, {"size": bytes_cell, "shape": lambda v: str(list(v))}))
     md = report.add("Allocator", []).body
-    cuda = measured.get("cuda")
+    cuda = measured.cuda
     md.append(cuda if isinstance(cuda, str) else ", ".join(f"{k} {v}" for k, v in cuda.items()))
-    md += [""] + _history_lines(measured.get("history") or {})
-    if isinstance(measured.get("gpu"), str):
-        md += ["", measured["gpu"]]
-    ab = measured.get("ab_expandable_segments")
+    md += [""] + _history_lines(measured.history)
+    if isinstance(measured.gpu, GpuUnavailable):
+        md += ["", str(measured.gpu)]
+    ab = measured.ab_expandable_segments
     if ab:
         rows = pd.DataFrame(ab["rows"])
         report.add("Expandable segments A/B", md_table(
             rows[["quantity", "baseline", "expandable", "change"]],
             {"change": lambda v: f"x{v:.2f}"}))
-    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
+    report.add("Reproduction", ["```", shlex.join(meta.argv), "```"])
+    stored = measured.to_dict()
     summary = Summary(command="memory", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(),
-                               **{k: measured[k] for k in SUMMARY_KEYS if k in measured}})
+                               **{k: stored[k] for k in SUMMARY_KEYS if k in stored}})
     return report.markdown(), summary.to_dict()

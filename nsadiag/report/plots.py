@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.probes.sampler import is_user_file
 from nsadiag.rundir import write_bytes
 from nsadiag.sweep import Fit, SweepRow
@@ -139,11 +140,10 @@ def sweep_plot(rows_by_label: Mapping[str, Sequence[SweepRow]],
     return _save(fig, path)
 
 
-def memory_plot(summary: Mapping[str, Any], path: Path) -> Path | None:
+def memory_plot(measured: MemoryRecord, path: Path) -> Path | None:
     """Bytes saved for backward per layer (a layer standing out in red) and per NSA
     branch; None when nothing was saved."""
-    layers = summary.get("per_layer") or []
-    branches = summary.get("saved_by_branch") or {}
+    layers, branches = measured.per_layer, measured.saved_by_branch
     if not layers and not branches:
         return None
     plt = _pyplot()
@@ -151,12 +151,12 @@ def memory_plot(summary: Mapping[str, Any], path: Path) -> Path | None:
 
     fig, (ax_l, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2),
                                      gridspec_kw={"width_ratios": [3, 1]})
-    standouts = set(summary.get("layer_standouts") or [])
+    standouts = set(measured.layer_standouts)
     positions = list(range(len(layers)))
-    ax_l.bar(positions, [row["saved"] / 2**20 for row in layers],
-             color=["red" if row["layer"] in standouts else "C0" for row in layers],
+    ax_l.bar(positions, [row.saved / 2**20 for row in layers],
+             color=["red" if row.layer in standouts else "C0" for row in layers],
              label="saved for backward")
-    ax_l.set_xticks(positions, [row["layer"] for row in layers], rotation=45, ha="right",
+    ax_l.set_xticks(positions, [row.layer for row in layers], rotation=45, ha="right",
                     fontsize=8)
     ax_l.set(ylabel="MiB", title="saved for backward per layer (first forward)")
     if standouts:

@@ -30,6 +30,7 @@ from nsadiag.report.straggler import straggler_section
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord, read_tail
+from nsadiag.stored import optional
 
 STDERR_LINES = 15
 STDERR_TAIL_BYTES = 64 * 1024  # read from the end only: a command's stderr may be huge
@@ -51,11 +52,12 @@ class ProcessRow:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessRow:
-        stall = data.get("stall")
-        return cls(name=str(data["name"]), pid=data.get("pid"), role=data.get("role"),
-                   events=dict(data.get("events") or {}),
+        stall = optional(data, "stall", dict)
+        return cls(name=str(data["name"]), pid=optional(data, "pid", int),
+                   role=optional(data, "role", str),
+                   events=dict(optional(data, "events", dict) or {}),
                    stacks_class=StallEvidence.from_dict(stall).stacks_class if stall else None,
-                   place=data.get("place"))
+                   place=optional(data, "place", str))
 
 
 def _stderr_tail(run_dir: Path) -> list[str]:
@@ -65,9 +67,10 @@ def _stderr_tail(run_dir: Path) -> list[str]:
 
 def run_finding(record: TrialRecord) -> Finding:
     """The finding of one run or watched block, with the command that repeats it."""
-    kind = record.spec.get("kind", "run")
-    rerun = (f"nsadiag run --stall-timeout {record.spec['stall_timeout_s']:g} --deadline "
-             f"{record.spec['deadline_s']:g} -- {shlex.join(record.spec['command'])}"
+    spec = record.spec
+    kind = spec.kind or "run"
+    rerun = (f"nsadiag run --stall-timeout {spec.stall_timeout_s:g} --deadline "
+             f"{spec.deadline_s:g} -- {shlex.join(spec.command or ())}"
              if kind == "run" else None)
     # the straggler a host saw while the job ran (its record's hosts), or the one the
     # verdict over every host's ranks found in their recorded steps
@@ -133,7 +136,7 @@ def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str,
         details={"finding": finding.to_dict(), "verdict": verdict.name,
                  "slow_by": slow_by,
                  "command_exit_code": command.exit_code if command else None,
-                 "argv": list(record.spec["command"]), "ranks": [row.to_dict() for row in rows],
+                 "argv": list(record.spec.command or ()), "ranks": [row.to_dict() for row in rows],
                  "hosts": job_hosts(record, rows),
                  "straggler": (hosts or {}).get("straggler")})
     return report.markdown(), summary.to_dict()

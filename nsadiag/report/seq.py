@@ -21,6 +21,7 @@ import psutil
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_seq_sweep
 from nsadiag.fmt import bytes_cell, seconds_cell
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import (
     config_table,
     evidence_section,
@@ -33,6 +34,7 @@ from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
 from nsadiag.rundir import TrialRecord
+from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import Fit, SweepRow
 
 
@@ -63,7 +65,7 @@ def _fits_lines(fits: dict[str, Fit]) -> list[str]:
 LABEL = "sweep-seq"
 
 
-def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any]
+def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: RunMeta
                      ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a sweep-seq run directory's records; writes
     sweep.png (time and peak against S, the fits, the predicted peak and the cliff) into
@@ -72,10 +74,10 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
     result = decide_seq_sweep(records, total)
     finding, facts, failing = result.finding, result.facts, result.failing
     rows = result.rows
-    records = sorted(records, key=lambda r: int(r.spec["seq_len"]))
-    first = records[0].spec if records else {}
+    records = sorted(records, key=lambda r: r.spec.seq_len or 0)
+    first = records[0].spec if records else RecordSpec()
     report = Report.of(finding)
-    report.add("Configuration", config_table(first, (
+    report.add("Configuration", config_table(first.to_dict(), (
         "target", "n_layers", "batch", "dtype", "grad_ckpt", "branches", "backend", "device",
         "steps", "stall_timeout_s", "budget_s", "overrides")))
     frame = rows_frame(rows)
@@ -94,7 +96,7 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
         md += ["No trial finished."]
     md += ["", "### Fits against the sequence length", ""] + _fits_lines(facts.fits)
     png = sweep_plot({LABEL: rows}, {LABEL: dict(facts.fits)}, run_dir / "sweep.png",
-                     {LABEL: f"{LABEL} ({first.get('target')}, {first.get('n_layers') or 'default'}"
+                     {LABEL: f"{LABEL} ({first.target}, {first.n_layers or 'default'}"
                              f" layers)"}, x="seq_len", memory=total, cliff=facts.cliff)
     if png:
         md += ["", f"![time and memory against the sequence length, the fits and the "
@@ -105,7 +107,7 @@ def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[s
         md += flame_section(failing, finding, run_dir)
     report.add("Root cause", cause_section(finding))
     report.add("Minimal reproduction", reproduction(
-        meta.get("argv"), reproduce(failing.spec) if failing else None))
+        meta.argv, reproduce(failing.spec) if failing else None))
     report.add("Recommendations", recommendations(finding))
     summary = Summary(
         command="sweep-seq", headline=finding.headline, status=finding.status,

@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-from nsadiag.evidence import StackSample, ThreadStack
+from nsadiag.evidence import ThreadStack
 from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes.frames import threads_that_matter, wait_frame
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import items
+from nsadiag.runmeta import RunMeta
+from nsadiag.stacksrecord import SampledProcess, StacksRecord
 
 FRAMES = 14
 SUMMARY_FRAMES = 8
@@ -52,24 +54,25 @@ def _frame_lines(thread: ThreadStack) -> list[str]:
     return lines
 
 
-def process_view(proc: Mapping[str, Any]) -> dict[str, Any]:
+def process_view(proc: SampledProcess) -> dict[str, Any]:
     """A process of stacks.json as summary.json keeps it: everything but the samples,
     the threads that matter in the last sample, and how many other threads there were."""
-    view = {k: proc[k] for k in ("pid", "rank", "cmdline", "state", "cpu_fraction",
-                                 "signature", "unavailable")}
-    last = StackSample.from_dict(proc["samples"][-1]) if proc["samples"] else None
+    view: dict[str, Any] = {
+        "pid": proc.pid, "rank": proc.rank, "cmdline": proc.cmdline, "state": proc.state,
+        "cpu_fraction": proc.cpu_fraction, "signature": proc.signature,
+        "unavailable": list(proc.unavailable)}
+    last = proc.samples[-1] if proc.samples else None
     shown = threads_that_matter(last) if last else []
     view["threads"] = [thread_view(t) for t in shown]
     view["other_threads"] = len(last.threads) - len(shown) if last else 0
-    view["samples"] = len(proc["samples"])
+    view["samples"] = len(proc.samples)
     return view
 
 
-def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
-                        ) -> tuple[str, dict[str, Any]]:
+def build_stacks_report(stacks: StacksRecord, meta: RunMeta) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a stacks run."""
-    processes = [process_view(p) for p in stacks["processes"]]
-    finding = stacks_finding(processes, list(stacks["odd_ones_out"]))
+    processes = [process_view(p) for p in stacks.processes]
+    finding = stacks_finding(processes, list(stacks.odd_ones_out))
     md = items(finding.results)
     md += ["", "| pid | rank | state | CPU | samples | innermost frames |",
            "|---|---|---|---|---|---|"]
@@ -78,34 +81,33 @@ def build_stacks_report(stacks: Mapping[str, Any], meta: Mapping[str, Any]
         rank = "-" if proc["rank"] is None else str(proc["rank"])
         md.append(f"| {proc['pid']} | {rank} | **{proc['state']}** | {cpu} | "
                   f"{proc['samples']} | {proc['signature'] or '-'} |")
-    if stacks["odd_ones_out"]:
+    if stacks.odd_ones_out:
         md += [""] + [f"Odd one out: pid {pid} differs from the other processes."
-                      for pid in stacks["odd_ones_out"]]
+                      for pid in stacks.odd_ones_out]
     report = Report.of(finding, results=md)
-    for raw, proc in zip(stacks["processes"], processes, strict=True):
+    for raw, proc in zip(stacks.processes, processes, strict=True):
         md = report.add(f"pid {proc['pid']}: {proc['state']}", [f"`{proc['cmdline']}`", ""]).body
         md += [f"- unavailable: {reason}" for reason in proc["unavailable"]]
-        if not raw["samples"]:
+        if not raw.samples:
             continue
-        last = raw["samples"][-1]
-        if last.get("note"):
-            md.append(f"- note: {last['note']}")
+        last = raw.samples[-1]
+        if last.note:
+            md.append(f"- note: {last.note}")
         shown = {t["name"] for t in proc["threads"]}
         md += ["", f"Threads that matter ({len(proc['threads'])}; "
                    f"{proc['other_threads']} other):", ""]
         for thread in proc["threads"]:
             md += _thread_lines(thread)
-        others = [ThreadStack.from_dict(t) for t in last["threads"]]
-        others = [t for t in others if (t.name or hex(t.thread_id)) not in shown]
+        others = [t for t in last.threads if (t.name or hex(t.thread_id)) not in shown]
         if others:
             md += ["", "Other threads:", ""]
             for thread in others:
                 md += _thread_lines(thread_view(thread, FRAMES))
-    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
+    report.add("Reproduction", ["```", shlex.join(meta.argv), "```"])
     summary = Summary(command="stacks", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(), "processes": processes,
-                               "odd_ones_out": stacks["odd_ones_out"],
-                               "clusters": stacks["clusters"]})
+                               "odd_ones_out": list(stacks.odd_ones_out),
+                               "clusters": list(stacks.clusters)})
     return report.markdown(), summary.to_dict()
 
 

@@ -21,6 +21,7 @@ from nsadiag.finding import Item
 from nsadiag.finding.commands import reproduce
 from nsadiag.finding.sweep import decide_layer_sweep
 from nsadiag.fmt import bytes_cell, seconds_cell
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import (
     config_table,
     env_rows,
@@ -35,6 +36,7 @@ from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, items, recommendations
 from nsadiag.rundir import TrialRecord
+from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import Fit, SweepRow
 
 CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
@@ -42,10 +44,9 @@ CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "
                "overrides")
 
 
-def run_label(meta: Mapping[str, Any], record: TrialRecord) -> str:
+def run_label(meta: RunMeta, record: TrialRecord) -> str:
     """A trial's label: the one run.json gives it, else the command's name."""
-    label = (meta.get("labels") or {}).get(Path(record.trial_dir).name)
-    return label or str(meta.get("command_name") or "sweep-layers")
+    return meta.label_of(Path(record.trial_dir).name)
 
 
 def fits_section(fits: Mapping[str, Fit], unit_x: str = "layer") -> list[str]:
@@ -104,37 +105,37 @@ def labelled_results(results: Sequence[Item], rows: Sequence[SweepRow]) -> list[
     return md
 
 
-def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: Mapping[str, Any]
+def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: RecordSpec | None
                  ) -> dict[str, str]:
     """Legend text per label: the label and what ran (target, sequence length)."""
-    what = f"{spec.get('target')}, S={spec.get('seq_len')}" if spec else ""
+    what = f"{spec.target}, S={spec.seq_len}" if spec is not None and spec.keys else ""
     return {label: f"{label} ({what})" if what else label for label in groups}
 
 
-def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, Any]
+def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: RunMeta
                  ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a layer sweep's records, grouped by label; writes
     sweep.png (and flame.png of a failing trial's profile) into run_dir. Redaction is the
     caller's (nsadiag.report.dispatch)."""
-    command = str(meta.get("command_name") or "sweep-layers")
+    command = meta.command_name or "sweep-layers"
     memory = psutil.virtual_memory().total
     labels = {Path(r.trial_dir).name: run_label(meta, r) for r in records}
     result = decide_layer_sweep(records, labels, command, memory)
     finding, groups, failing, facts = result.finding, result.groups, result.failing, \
         result.facts
     all_rows = result.rows
-    records = sorted(records, key=lambda r: int(r.spec["n_layers"] or 0))
-    first = records[0].spec if records else {}
+    records = sorted(records, key=lambda r: r.spec.n_layers or 0)
+    first = records[0].spec if records else None
     png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
                      memory=memory, cliff=facts.cliff)
     report = Report.of(finding, results=labelled_results(finding.results, all_rows))
-    report.add("Configuration", config_table(first, CONFIG_KEYS,
-                                             env_rows(meta.get("env") or {})))
+    report.add("Configuration", config_table(first.to_dict() if first else {}, CONFIG_KEYS,
+                                             env_rows(meta.env)))
     md = report.add("Measurements", results_table(all_rows)).body
     for label, fits in result.fits.items():
         md += ["", f"### Fits against layers — {label}", ""] + fits_section(fits)
-    if meta.get("branch") and len(groups) == 2:
-        md += ["", f"### What the {meta['branch']} branch costs", ""]
+    if meta.branch and len(groups) == 2:
+        md += ["", f"### What the {meta.branch} branch costs", ""]
         md += attribution_table(*groups.values())
     if png:
         md += ["", f"![time and memory against layers, with the fits]({png.name})"]
@@ -144,15 +145,14 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: dict[str, 
         md += flame_section(failing, finding, run_dir)
     report.add("Root cause", cause_section(finding))
     report.add("Minimal reproduction", reproduction(
-        meta.get("argv"), reproduce(failing.spec) if failing else None))
+        meta.argv, reproduce(failing.spec) if failing else None))
     report.add("Recommendations", recommendations(finding))
     details: dict[str, Any] = {
         "finding": finding.to_dict(),
-        "threshold": int(failing.spec["n_layers"]) if failing and failing.spec.get("n_layers")
-        else None,
+        "threshold": failing.spec.n_layers if failing and failing.spec.n_layers else None,
         "stall": stall_summary(failing) if failing else None}
     if command == "isolate-branch":
-        details["branch"] = meta.get("branch")
+        details["branch"] = meta.branch
     verdicts = [verdict_row(r.label, r.verdict, r.n_layers, r.seq_len, r.slow_by)
                 for r in all_rows]
     summary = Summary(

@@ -11,15 +11,17 @@ and branch spans.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.measured import trace_finding
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
 from nsadiag.report.top import items
+from nsadiag.runmeta import RunMeta
+from nsadiag.traceresult import TraceResult
 
 SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
                 "step_s_untraced_all", "overhead_pct", "events", "unused_parameters",
@@ -28,25 +30,25 @@ SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
 SHOWN = 15
 
 
-def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[str, Any]
+def build_trace_report(run_dir: Path, result: TraceResult, meta: RunMeta
                        ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a trace run."""
     import pandas as pd
 
-    spec = meta.get("spec") or {}
+    spec = meta.spec or RecordSpec()
     finding = trace_finding(result, spec)
     md = items(finding.results)
-    md += ["", f"Untraced and traced step medians: {result['step_s_untraced']:.3f} s and "
-               f"{result['step_s_traced']:.3f} s. Timeline: `{Path(result['trace_json']).name}` "
+    md += ["", f"Untraced and traced step medians: {result.step_s_untraced:.3f} s and "
+               f"{result.step_s_traced:.3f} s. Timeline: `{Path(result.trace_json).name}` "
                f"(Perfetto)."]
-    if result.get("profiler_trace"):
+    if result.profiler_trace:
         md += ["", f"torch.profiler trace with the same module and branch spans: "
-                   f"`{Path(result['profiler_trace']).name}`."]
+                   f"`{Path(result.profiler_trace).name}`."]
     report = Report.of(finding, results=md)
     report.add("Configuration", config_table(
-        spec, ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
+        spec.to_dict(), ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "backend",
                "device", "overrides")))
-    spans = pd.DataFrame(result["timeline"]).reindex(
+    spans = pd.DataFrame(list(result.timeline)).reindex(
         columns=["module", "phase", "start_us", "duration_us"])
     spans["start_us"] = spans["start_us"] / 1000
     spans["duration_us"] = spans["duration_us"] / 1000
@@ -56,13 +58,14 @@ def build_trace_report(run_dir: Path, result: Mapping[str, Any], meta: Mapping[s
         limit=SHOWN))
     md = report.add("Gradients", []).body
     md.append("- Parameters without a gradient: " + (
-        ", ".join(f"`{p}`" for p in result["unused_parameters"]) or "none"))
+        ", ".join(f"`{p}`" for p in result.unused_parameters) or "none"))
     md.append("- Gradients accumulated more than once in a step: " + (
-        ", ".join(f"`{p}` ({n}x)" for p, n in result["repeated_gradients"].items()) or "none"))
+        ", ".join(f"`{p}` ({n}x)" for p, n in result.repeated_gradients.items()) or "none"))
     md.append("- Backward started and never finished: " + (
-        ", ".join(f"`{m}`" for m in result["unfinished_backward"]) or "none"))
-    report.add("Reproduction", ["```", shlex.join(meta.get("argv") or []), "```"])
+        ", ".join(f"`{m}`" for m in result.unfinished_backward) or "none"))
+    report.add("Reproduction", ["```", shlex.join(meta.argv), "```"])
+    stored = result.to_dict()
     summary = Summary(command="trace", headline=finding.headline, status="measured",
                       details={"finding": finding.to_dict(),
-                               **{k: result.get(k) for k in SUMMARY_KEYS}})
+                               **{k: stored[k] for k in SUMMARY_KEYS}})
     return report.markdown(), summary.to_dict()

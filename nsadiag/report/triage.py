@@ -43,16 +43,15 @@ def _records(run_dir: Path) -> dict[str, TrialRecord]:
 
 
 def _env_section(state: TriageState) -> list[str]:
-    env = state.env or {}
-    if not env:
+    env = state.env
+    if env is None:
         return ["The environment was not recorded."]
     lines = ["| item | value |", "|---|---|",
-             f"| python | {env.get('python') or '-'} |",
-             f"| torch | {(env.get('packages') or {}).get('torch') or '-'} |",
-             f"| platform | {env.get('platform') or '-'} |",
-             f"| CPUs / torch threads | {env.get('cpu_count')} / {env.get('torch_threads')} |",
-             f"| CUDA | {env.get('cuda') or '-'} |", f"| py-spy | {env.get('py_spy') or '-'} |",
-             f"| ptrace | {env.get('ptrace') or '-'} |"]
+             f"| python | {env.python or '-'} |", f"| torch | {env.torch or '-'} |",
+             f"| platform | {env.platform or '-'} |",
+             f"| CPUs / torch threads | {env.cpu_count} / {env.torch_threads} |",
+             f"| CUDA | {env.cuda or '-'} |", f"| py-spy | {env.py_spy or '-'} |",
+             f"| ptrace | {env.ptrace or '-'} |"]
     problems = state.env_problems
     return lines + ["", "Problems: " + ("; ".join(problems) if problems else "none found.")]
 
@@ -64,7 +63,7 @@ def _config_section(result: TriageResult, records: dict[str, TrialRecord]) -> li
     lines = ["| field | " + " | ".join(name for name, _ in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for key in CONFIG_FIELDS:
-        values = [spec_cell(key, r.spec.get(key, 1 if key == "world_size" else None))
+        values = [spec_cell(key, r.spec.to_dict().get(key, 1 if key == "world_size" else None))
                   for _, r in columns]
         lines.append(f"| {key} | " + " | ".join(values) + " |")
     lines.append("| **verdict** | " + " | ".join(f"**{r.verdict_name}**" for _, r in columns)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from nsadiag.envinfo import EnvReport
 from nsadiag.evidence import Evidence
 from nsadiag.finding.numbers import cost_ratio
 from nsadiag.verdict import VerdictName, is_failure
@@ -333,23 +334,23 @@ def baseline_values(failing: Mapping[str, Any], changes: Mapping[str, Any],
     return values
 
 
-def env_problems(env: Mapping[str, Any], device: str) -> list[str]:
-    """Sentences for what in the environment (an EnvReport as a dict) weakens a diagnosis."""
+def env_problems(env: EnvReport, device: str) -> list[str]:
+    """Sentences for what in the environment weakens a diagnosis."""
     problems = []
-    if str(env.get("py_spy", "")).startswith(("not found", "unusable")):
-        problems.append(f"py-spy {env['py_spy']}: verdicts come without stack samples or hot "
+    if (env.py_spy or "").startswith(("not found", "unusable")):
+        problems.append(f"py-spy {env.py_spy}: verdicts come without stack samples or hot "
                         f"frames")
-    if str(env.get("ptrace", "")).startswith("refused"):
-        problems.append(f"ptrace {env['ptrace']}")
-    if device == "cuda" and not env.get("devices"):
-        problems.append(f"device cuda requested but CUDA is {env.get('cuda')}")
-    threads, cpus = env.get("torch_threads"), env.get("cpu_count")
+    if (env.ptrace or "").startswith("refused"):
+        problems.append(f"ptrace {env.ptrace}")
+    if device == "cuda" and not env.devices:
+        problems.append(f"device cuda requested but CUDA is {env.cuda}")
+    threads, cpus = env.torch_threads, env.cpu_count
     if isinstance(threads, int) and isinstance(cpus, int) and cpus and threads > cpus:
         problems.append(f"torch uses {threads} threads on {cpus} CPUs: timings are "
                         f"oversubscribed")
-    if str(env.get("cuda", "")).startswith("torch not installed"):
+    if (env.cuda or "").startswith("torch not installed"):
         problems.append("torch is not installed")
-    load, usable = env.get("load_average") or [], env.get("usable_cpus") or cpus
+    load, usable = env.load_average, env.usable_cpus or cpus
     if load and isinstance(usable, int) and usable and load[0] > LOADED_PER_CPU * usable:
         problems.append(f"the machine is loaded: load average {load[0]:.1f} on {usable} "
                         f"usable CPU(s): timings stretch, and a timing verdict (SLOW, "

@@ -150,7 +150,8 @@ class _Book:
         for record in load_records(self.run_dir / "trials.jsonl"):
             ddp = record.evidence.ddp if record.evidence is not None else None
             world_size = ddp.world_size if ddp is not None else 1
-            self.stored.setdefault(_config_key({**record.spec, "world_size": world_size}),
+            self.stored.setdefault(_config_key({**record.spec.to_dict(),
+                                                "world_size": world_size}),
                                    []).append(record)
 
     def run(self, spec: TrialSpec, world_size: int = 1, ddp_backend: str = "gloo"
@@ -182,13 +183,13 @@ class _Book:
         if self.callbacks.on_record:
             self.callbacks.on_record(record)
         if not _started_training(record):
-            raise TriageStop(f"the {record.spec['budget_s']:.0f} s budget of "
+            raise TriageStop(f"the {record.spec.budget_s:.0f} s budget of "
                              f"{Path(record.trial_dir).name} ran out before training started "
                              f"(starting Python, importing torch and building the model took "
                              f"longer), so its verdict decides nothing: raise --budget")
         if _cut_short(record, self.limit) and record.verdict_name == "SLOW":
             raise OutOfTime(f"the trial in {Path(record.trial_dir).name} was shortened to "
-                            f"{record.spec['budget_s']:.0f} s by the time limit and did not "
+                            f"{record.spec.budget_s:.0f} s by the time limit and did not "
                             f"finish")
         return record
 
@@ -208,7 +209,7 @@ def _started_training(record: TrialRecord) -> bool:
 
 
 def _cut_short(record: TrialRecord, limit: TimeLimit) -> bool:
-    return record.spec["budget_s"] < limit.planned_budget_s - 1e-6
+    return (record.spec.budget_s or 0.0) < limit.planned_budget_s - 1e-6
 
 
 def slow_by_size(record: TrialRecord) -> bool:
@@ -232,7 +233,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
     world_size = ddp.world_size if ddp is not None else 1
     row = row_from_record(record)
     return TrialRef(trial=Path(record.trial_dir).name, verdict=record.verdict_name,
-                    n_layers=record.spec.get("n_layers"), world_size=world_size,
+                    n_layers=record.spec.n_layers, world_size=world_size,
                     reason=record.verdict.reasons[0],
                     slow_by=record.slow_by,
                     defect=_defect_counted(record), step_s=row.step_s,
@@ -244,7 +245,7 @@ def _trial_ref(record: TrialRecord, **extra: Any) -> TrialRef:
 def _defect_counted(record: TrialRecord) -> bool | None:
     """Whether the counts of the trial's first forward say defect (host reads per token,
     tiny ops), None when no forward was counted."""
-    found, _ = slow_by(work_counts(record), int(record.spec.get("seq_len") or 0))
+    found, _ = slow_by(work_counts(record), record.spec.seq_len or 0)
     return None if found is None else found == "defect"
 
 
@@ -325,7 +326,7 @@ class Triage:
     # ---- stages --------------------------------------------------------------------------
 
     def env(self) -> None:
-        env = collect_env().as_dict()
+        env = collect_env()
         self.state.env = env
         self.state.env_problems = env_problems(env, self.base.device)
 

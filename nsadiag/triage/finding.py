@@ -41,6 +41,7 @@ from nsadiag.finding.numbers import cost_ratio, duration, share, sig
 from nsadiag.finding.sweep import SweepFacts, layer_facts, row_item
 from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.profile import describe as describe_profile
+from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.sweep import SweepRow, analyse, row_from_record
 from nsadiag.triage.decide import Confidence, ModuleTime
@@ -624,7 +625,7 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
                       "deltas": deltas, "regressed": regressed}
     reproduction = None
     if failure and failure.check:
-        reproduction = check_command(failure.check, state.base_spec.to_dict(),
+        reproduction = check_command(failure.check, RecordSpec.from_dict(state.base_spec.to_dict()),
                                      failure.n_layers, state.world_size)
         bad = next(r for r in _results(state) if r.name == failure.check)
         finding = _check_finding(state, bad, reproduction)

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from nsadiag.checks import CheckResult
+from nsadiag.envinfo import EnvReport
 from nsadiag.spec import TrialSpec
+from nsadiag.stored import optional
 from nsadiag.triage.decide import Confidence, ModuleTime
 from nsadiag.verdict import VerdictName
 
@@ -96,7 +98,8 @@ class ChecksStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChecksStage:
         return _stored(cls, data,
-                       results=[CheckResult.from_dict(r) for r in data.get("results") or []])
+                       results=[CheckResult.from_dict(r)
+                                for r in optional(data, "results", list) or []])
 
 
 def finished(result: CheckResult) -> bool:
@@ -122,7 +125,7 @@ class SweepStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepStage:
-        failing = data.get("failing")
+        failing = optional(data, "failing", dict)
         return _stored(cls, data, probed=_refs(data, "probed"),
                        failing=TrialRef.from_dict(failing) if failing else None)
 
@@ -143,7 +146,7 @@ class RepeatsStage:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RepeatsStage:
-        conf = data.get("confidence")
+        conf = optional(data, "confidence", dict)
         return _stored(cls, data, runs=_refs(data, "runs"),
                        confidence=Confidence.from_dict(conf) if conf else None)
 
@@ -172,9 +175,10 @@ class Attribution:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
         names = {f.name for f in dataclasses.fields(cls)}
-        by_module = data.get("by_module")
+        by_module = optional(data, "by_module", list)
         return _stored(cls, data,
-                       by_pattern=[ModuleTime(**t) for t in data.get("by_pattern") or []],
+                       by_pattern=[ModuleTime(**t)
+                                   for t in optional(data, "by_pattern", list) or []],
                        by_module=[ModuleTime(**t) for t in by_module]
                        if by_module is not None else None,
                        extra={k: v for k, v in data.items() if k not in names})
@@ -245,7 +249,7 @@ class TriageState:
     stages_done: list[str] = field(default_factory=list)
     stopped: str | None = None
     elapsed_s: float | None = None
-    env: dict[str, Any] | None = None
+    env: EnvReport | None = None
     env_problems: list[str] = field(default_factory=list)
     checks: ChecksStage | None = None
     sweep: SweepStage | None = None
@@ -286,7 +290,7 @@ class TriageState:
             "stopped": self.stopped, "base_spec": self.base_spec.to_dict(),
             "world_size": self.world_size, "env_problems": self.env_problems}
         if self.env is not None:
-            data["env"] = self.env
+            data["env"] = self.env.as_dict()
         if self.elapsed_s is not None:
             data["elapsed_s"] = self.elapsed_s
         stages = {"checks": self.checks, "sweep": self.sweep, "repeats": self.repeats,
@@ -306,11 +310,13 @@ class TriageState:
         # empty (an empty one was written before the state was typed)
         stages = {name: kind.from_dict(data[name]) if name in data else None
                   for name, kind in STAGE_TYPES.items()}
-        stages["bisection"] = (Bisection.from_dict(data["bisection"])
-                               if data.get("bisection") else None)
-        regression = data.get("regression")
+        bisection = optional(data, "bisection", dict)
+        stages["bisection"] = Bisection.from_dict(bisection) if bisection else None
+        regression = optional(data, "regression", dict)
+        env = optional(data, "env", dict)
         return _stored(cls, data, base_spec=TrialSpec(**data["base_spec"]), **stages,
-                       regression=_stored(Regression, regression) if regression else None)
+                       regression=_stored(Regression, regression) if regression else None,
+                       env=EnvReport.from_dict(env) if env else None)
 
 
 STAGE_TYPES = {"checks": ChecksStage, "sweep": SweepStage, "repeats": RepeatsStage,

@@ -9,6 +9,7 @@ from nsadiag.checks import run_check
 from nsadiag.finding import Finding
 from nsadiag.harness.jobs import run_trial
 from nsadiag.report.sweep import build_report
+from nsadiag.runmeta import RunMeta
 from nsadiag.spec import TrialSpec
 from repro import ZOO
 from tests.helpers import REPRO
@@ -30,7 +31,7 @@ def _reported(tmp_path, record):
     """The report of a sweep made of this one trial, and its finding."""
     run_dir = tmp_path / "report"
     run_dir.mkdir()
-    text, summary = build_report(run_dir, [record], {"command_name": "sweep-layers"})
+    text, summary = build_report(run_dir, [record], RunMeta(command_name="sweep-layers"))
     return text, Finding.from_dict(summary["finding"])
 
 

@@ -19,6 +19,7 @@ import torch
 from nsadiag.checks import causality, ckpt, parity, run_check, run_checks
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.harness.times import pg_timeout_for
+from nsadiag.recordspec import RecordSpec
 from nsadiag.spec import TrialSpec
 from tests.helpers import nsadiag
 
@@ -164,7 +165,7 @@ def test_parity_without_nsa_layers_is_not_applicable(writer):
     assert result.to_dict()["status"] == "NOT APPLICABLE"
     from nsadiag.finding.check import check_finding
 
-    found = check_finding([result], {"target": "tests.check_targets:future_peek"})
+    found = check_finding([result], RecordSpec(target="tests.check_targets:future_peek"))
     assert found.status == "healthy" and found.results[0].mark == "warn"
     assert found.headline == "OK (healthy): 0 check(s) passed, 1 not applicable"
 

@@ -77,7 +77,7 @@ def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert path.read_bytes() == before  # cut back: the half line is gone
     append_record(path, one_step_record(3))
-    assert [r.spec["n_layers"] for r in load_records(path)] == [1, 3]
+    assert [r.spec.n_layers for r in load_records(path)] == [1, 3]
 
 
 def test_a_torn_or_malformed_line_is_skipped_and_reported(tmp_path):

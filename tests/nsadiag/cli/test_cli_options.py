@@ -114,12 +114,13 @@ def test_trial_options_hand_a_command_one_object():
 
 def test_a_preset_shapes_the_built_in_model_and_set_overrides_its_fields():
     from nsadiag.finding.commands import shape_options
+    from nsadiag.recordspec import RecordSpec
     from nsadiag.spec import PRESETS
 
     spec = TrialOptions(preset="tiny", set_=["w=16"]).spec()
     assert spec.overrides == {**PRESETS["tiny"], "w": 16}
     # a reproduction command gives the preset back, with only what differs from it
-    assert shape_options({"target": "nsa", "overrides": spec.overrides}) == [
+    assert shape_options(RecordSpec(target="nsa", overrides=spec.overrides)) == [
         "--preset", "tiny", "--set", "w=16"]
     with pytest.raises(ValueError, match="^preset: shapes the built-in target nsa only"):
         TrialOptions(target="pkg.mod:make", preset="tiny").spec()

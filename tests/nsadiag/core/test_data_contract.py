@@ -96,7 +96,7 @@ def test_a_record_carries_its_spec_once_and_reads_back_whole(tmp_path):
     text = (tmp_path / "trials.jsonl").read_text()
     assert text.count('"n_layers"') == 1  # the spec is written once
     (back,) = load_records(tmp_path / "trials.jsonl")
-    assert back.spec == record.spec and back.evidence.spec == record.spec
+    assert back.spec == record.spec and back.evidence.spec == record.spec.to_dict()
     assert back.evidence == record.evidence and back.verdict == record.verdict
 
 

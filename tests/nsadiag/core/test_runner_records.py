@@ -5,6 +5,7 @@ from nsadiag.finding.commands import reproduce
 from nsadiag.harness.machine import cgroup_oom_kills
 from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
+from nsadiag.runmeta import RunMeta
 from tests.helpers import plain_spec, trial_record
 
 
@@ -22,7 +23,7 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
     with open(path, "a") as f:
         f.write('{"spec": {"n_la')  # a writer killed mid-line
     append_record(path, _record(2, "OK", "trial-2"))
-    assert [r.spec["n_layers"] for r in load_records(path)] == [1, 2]
+    assert [r.spec.n_layers for r in load_records(path)] == [1, 2]
 
 
 def test_new_trials_never_reuse_an_existing_directory(tmp_path):
@@ -35,7 +36,7 @@ def test_new_trials_never_reuse_an_existing_directory(tmp_path):
 def test_the_threshold_is_the_smallest_failing_depth_whatever_the_file_order(tmp_path):
     records = [_record(8, "SLOW", "trial-0"), *(_record(n, "OK", f"trial-{n}")
                                                  for n in (1, 2, 3)), _record(6, "SLOW", "t6")]
-    text, summary = build_report(tmp_path, records, {"command_name": "sweep-layers"})
+    text, summary = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     assert summary["threshold"] == 6
     finding = Finding.from_dict(summary["finding"])
     assert finding.verdict == "SLOW" and finding.headline.endswith("at 6 layers")

@@ -14,6 +14,7 @@ from nsadiag.finding.check import check_finding
 from nsadiag.finding.culprit import culprit_of
 from nsadiag.finding.numbers import cost_ratio, duration, share, sig, size
 from nsadiag.finding.trial import trial_finding
+from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
 from tests.helpers import REPRO, evidence_of
@@ -107,7 +108,7 @@ def test_a_check_that_ran_out_of_time_is_inconclusive_and_names_no_module():
     slow = CheckResult("parity", False, Verdict("SLOW", ["still progressing at the budget"]),
                        "blocks.1", "the parity check did not finish: SLOW")
     ok = CheckResult("causality", True, Verdict("OK", ["fine"]), None, "nothing moved")
-    finding = check_finding([ok, slow], {"target": "nsa", "seq_len": 64, "budget_s": 40.0})
+    finding = check_finding([ok, slow], RecordSpec(target="nsa", seq_len=64, budget_s=40.0))
     assert (finding.verdict, finding.status, finding.culprit) == ("INCONCLUSIVE",
                                                                   "inconclusive", None)
     assert [i.mark for i in finding.results] == ["ok", "warn"]

@@ -13,9 +13,11 @@ from nsadiag.harness.child import run, seed_everything
 from nsadiag.harness.heartbeat import unfinished_backward
 from nsadiag.harness.jobs import run_trial
 from nsadiag.probes import stacks
+from nsadiag.probes.gpu import GpuUnavailable, gpu_json
 from nsadiag.probes.memory import SavedTensorLedger
 from nsadiag.report.markdown import results_table
 from nsadiag.report.sweep import build_report
+from nsadiag.runmeta import RunMeta
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.targets import resolve
@@ -97,13 +99,13 @@ def test_stall_evidence_names_the_class_and_the_open_backward_without_py_spy(
     assert "wait" in " ".join(record.verdict.reasons) or "blocked" in " ".join(
         record.verdict.reasons)
 
-    text, summary = build_report(tmp_path, [record], {"command_name": "sweep-layers"})
+    text, summary = build_report(tmp_path, [record], RunMeta(command_name="sweep-layers"))
     assert "- Stacks read as **waiting** over 3 sample(s) (stacks from faulthandler" in text
     assert "- Backward started and never finished: `layers.1` (innermost first)" in text
-    gpu = record.gpu if isinstance(record.gpu, str) else "GPU 0"
+    gpu = str(record.gpu) if isinstance(record.gpu, GpuUnavailable) else "GPU 0"
     assert gpu in text  # NVML state, or its one-line reason on a machine without a driver
     assert summary["stall"]["stacks_class"] == "waiting"
     assert summary["stall"]["unfinished_backward"] == ["layers.1"]
-    assert summary["stall"]["gpu"] == json.loads(json.dumps(record.gpu))
+    assert summary["stall"]["gpu"] == json.loads(json.dumps(gpu_json(record.gpu)))
     row = row_from_record(record)  # killed: rebuilt from the backward start event
     assert row.saved_by_branch == {} and row.saved_bytes > 0  # no NSA branch here

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -250,7 +251,7 @@ def _escapes_dir(tmp_path: Path) -> Path:
     record = _run_record(str(tmp_path / "escapes"), "ERROR", facts, result={
         "status": "error", "exception": {"type": "RuntimeError", "message": HOSTILE_TEXT,
                                          "traceback": f"RuntimeError: {HOSTILE_TEXT}\n"}})
-    record.spec["command"] = ["python", f"train{TITLE}.py", CURSOR]
+    record.spec = replace(record.spec, command=("python", f"train{TITLE}.py", CURSOR))
     record.verdict.reasons = [f"raised RuntimeError: {HOSTILE_TEXT}"]
     run = _plant_run(tmp_path / "escapes", record)
     (run / "stderr.txt").write_text(f"Traceback\nRuntimeError: {HOSTILE_TEXT}\n")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from nsadiag import rundir
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report import dispatch
 from nsadiag.report.bundle import bundle_path, clean_png
 from nsadiag.rundir import append_record, load_records
@@ -182,8 +183,9 @@ def test_stderr_linked_outside_never_reaches_the_report(tmp_path, home):
     run = tmp_path / "received"
     run.mkdir()
     record = one_step_record()
-    record.spec = {"command": ["python", "train.py"], "stall_timeout_s": 60.0,
-                   "deadline_s": 60.0, "subject": "the command"}
+    record.spec = RecordSpec.from_dict({"command": ["python", "train.py"],
+                                        "stall_timeout_s": 60.0, "deadline_s": 60.0,
+                                        "subject": "the command"})
     record.evidence = evidence_of(record.spec, {**record.evidence.to_dict(), "exit_code": 0,
                                                 "processes": []})
     (run / "record.json").write_text(json.dumps(record.to_dict()))
@@ -233,7 +235,7 @@ def test_a_record_of_a_newer_schema_is_refused_in_one_line(tmp_path):
     with open(path, "a") as f:
         f.write(json.dumps(newer) + "\n")
     skipped: list[str] = []
-    assert [r.spec["n_layers"] for r in load_records(path, skipped)] == [1]
+    assert [r.spec.n_layers for r in load_records(path, skipped)] == [1]
     assert skipped == ["trials.jsonl line 2: trial record: schema_version 999 is not one this "
                        "nsadiag reads (1 to 1): written by a newer nsadiag, or not by nsadiag"]
     run = tmp_path / "run"
@@ -278,7 +280,7 @@ def test_trials_jsonl_is_read_line_by_line_in_bounded_memory(tmp_path, monkeypat
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert [r.spec["n_layers"] for r in records] == [1, 2]
+    assert [r.spec.n_layers for r in records] == [1, 2]
     assert skipped == ["trials.jsonl line 2: longer than 1 MiB, not read"]
     assert peak < 8 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 40 MiB line"
     # many records: only the first MAX_RECORDS_BYTES are kept, the rest named

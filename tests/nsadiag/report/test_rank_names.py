@@ -26,6 +26,7 @@ from nsadiag.report.bundle import write_bundle
 from nsadiag.report.dispatch import render_run
 from nsadiag.report.ranks import ranks_table
 from nsadiag.rundir import TrialRecord, write_json, write_private_json
+from nsadiag.runmeta import RunMeta
 from nsadiag.spec import TrialSpec
 from nsadiag.verdict.ranks import RankEvidence, decide_ranks
 from nsadiag.verdict.thresholds import HOSTS_LOST_AFTER_S
@@ -323,7 +324,7 @@ def test_the_attach_report_names_each_rank_by_host_local_and_node_rank(tmp_path)
                           "facts": {"odd_ranks": []}},
               "state": "waiting in a collective", "processes": processes}
     markdown, summary = build_attach_report(AttachRecord.from_dict(stored),
-                                            {"pid": 40, "duration_s": 3.0, "ranks": True})
+                                            RunMeta(pid=40, duration_s=3.0, ranks=True))
     section = markdown.split("## Processes\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")]
     assert rows[0] == ("| pid | host | rank | local rank | node rank | state | CPU | "

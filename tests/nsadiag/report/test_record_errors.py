@@ -69,9 +69,10 @@ def test_a_fault_while_rendering_parsed_records_is_not_called_a_malformed_record
         render_run(run)
 
 
-def test_a_kind_rendered_from_its_json_as_read_still_says_malformed(tmp_path):
+def test_a_stacks_json_that_does_not_parse_is_one_record_error_naming_it(tmp_path):
     run = run_dir(tmp_path, "stacks", stacks_json={"not": "stacks"})
-    with pytest.raises(RecordError, match="a stored record of .* is malformed"):
+    with pytest.raises(RecordError, match=r"^stacks.json: a stored record is malformed "
+                                          r"\(KeyError: 'processes'\)$"):
         render_run(run)
 
 

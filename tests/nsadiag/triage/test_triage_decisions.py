@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 
+from nsadiag.envinfo import EnvReport
 from nsadiag.triage.decide import (
     BASELINE,
     MIN_TRIAL_BUDGET_S,
@@ -229,10 +230,10 @@ def test_knob_changes_are_the_accepted_knobs_off_the_baseline():
 def test_env_problems_name_what_weakens_the_evidence():
     healthy = dict(py_spy="py-spy 0.4.0", ptrace="allowed (ptrace_scope=0)", devices=[],
                    cuda="not available", torch_threads=2, cpu_count=2)
-    assert env_problems(healthy, "cpu") == []
+    assert env_problems(EnvReport.from_dict(healthy), "cpu") == []
     broken = dict(healthy, py_spy="not found (pip install py-spy)",
                   ptrace="refused (ptrace_scope=3): py-spy cannot attach", torch_threads=16)
-    problems = env_problems(broken, "cuda")
+    problems = env_problems(EnvReport.from_dict(broken), "cuda")
     assert len(problems) == 4
     assert "without stack samples" in problems[0]
     assert "refused" in problems[1]
@@ -243,8 +244,10 @@ def test_env_problems_name_what_weakens_the_evidence():
 def test_a_loaded_machine_is_named_as_a_problem():
     env = dict(py_spy="py-spy 0.4.0", ptrace="allowed (ptrace_scope=0)", devices=[],
                cuda="not available", torch_threads=2, cpu_count=8, usable_cpus=2)
-    assert env_problems({**env, "load_average": [2.9, 2.0, 1.0]}, "cpu") == []
-    problems = env_problems({**env, "load_average": [7.0, 6.5, 4.0]}, "cpu")
+    assert env_problems(EnvReport.from_dict({**env, "load_average": [2.9, 2.0, 1.0]}),
+                        "cpu") == []
+    problems = env_problems(EnvReport.from_dict({**env, "load_average": [7.0, 6.5, 4.0]}),
+                            "cpu")
     assert problems == ["the machine is loaded: load average 7.0 on 2 usable CPU(s): timings "
                         "stretch, and a timing verdict (SLOW, STALL-BUSY) may read "
                         "INCONCLUSIVE or not reproduce"]
