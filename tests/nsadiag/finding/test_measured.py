@@ -3,15 +3,18 @@ hand-written measurements: MEASURED with the number a reader looks for first, wh
 out named as the module or process to read, and the next step that follows from it."""
 
 from nsadiag.finding.measured import memory_finding, stacks_finding, trace_finding
+from nsadiag.memoryrecord import MemoryRecord
+from nsadiag.recordspec import RecordSpec
+from nsadiag.traceresult import TraceResult
 
-SPEC = {"target": "nsa", "n_layers": 4, "seq_len": 2048}
+SPEC = RecordSpec.from_dict({"target": "nsa", "n_layers": 4, "seq_len": 2048})
 GIB = 2**30
 
 
-def memory(standouts: list[str]) -> dict:
-    return {"saved_total": 3 * GIB // 2, "peak_rss": 6 * GIB, "step_s": 1.234,
-            "device": "cpu", "layer_standouts": standouts,
-            "saved_by_module": {"blocks.0": GIB // 4, "blocks.3": GIB}}
+def memory(standouts: list[str]) -> MemoryRecord:
+    return MemoryRecord(saved_total=3 * GIB // 2, peak_rss=6 * GIB, step_s=1.234, device="cpu",
+                        layer_standouts=tuple(standouts),
+                        saved_by_module={"blocks.0": GIB // 4, "blocks.3": GIB})
 
 
 def test_a_layer_saving_far_more_than_the_others_is_the_culprit_and_the_next_step():
@@ -36,10 +39,11 @@ def test_memory_with_no_standout_points_at_the_sweeps():
     assert "`nsadiag sweep-seq`" in found.next_action
 
 
-def trace(unused: list[str], repeated: list[str]) -> dict:
-    return {"unused_parameters": unused, "repeated_gradients": repeated,
-            "unfinished_backward": [], "step_s_untraced": 0.5, "step_s_traced": 0.6,
-            "overhead_pct": 20.0, "events": 1234}
+def trace(unused: list[str], repeated: list[str]) -> TraceResult:
+    return TraceResult.from_dict({
+        "unused_parameters": unused, "repeated_gradients": {name: 2 for name in repeated},
+        "unfinished_backward": [], "step_s_untraced": 0.5, "step_s_traced": 0.6,
+        "overhead_pct": 20.0, "events": 1234, "timeline": [], "trace_json": "trace.json"})
 
 
 def test_a_gradient_anomaly_names_its_first_module():

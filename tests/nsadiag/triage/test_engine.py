@@ -7,12 +7,12 @@ before training started. Also the options it refuses and the knobs it varies."""
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import nsadiag.triage.engine as engine
+from nsadiag.envinfo import EnvReport
 from nsadiag.rundir import append_record
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.decide import BASELINE, TriageStop, plan_trial_budget
@@ -34,7 +34,7 @@ def no_trial_runs(monkeypatch):
     monkeypatch.setattr(engine, "run_trial", refuse)
     monkeypatch.setattr(engine, "run_ddp_trial", refuse)
     env = {"py_spy": "not found on PATH", "cpu_count": 2, "torch_threads": 2}
-    monkeypatch.setattr(engine, "collect_env", lambda: SimpleNamespace(as_dict=lambda: env))
+    monkeypatch.setattr(engine, "collect_env", lambda: EnvReport.from_dict(env))
 
 
 class Stored:
