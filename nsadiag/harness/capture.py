@@ -143,13 +143,13 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                                          local_names=local_names, deadline=deadline,
                                          ends_by=ends_by)
     elapsed = time.monotonic() - started
+    stacks.carry_thread_names(samples)  # a late sample may name no thread
     cpu_after, clock_after = stacks.process_cpu_seconds(pid), main_thread_clock(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     main_cpu = runq = None
     if clock_before and clock_after:
         main_cpu, runq = clock_after[0] - clock_before[0], clock_after[1] - clock_before[1]
-    if dump and not any((s.note or "").startswith("stacks from faulthandler")
-                        for s in samples):
+    if dump and not any(stacks.from_faulthandler(s) for s in samples):
         dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
         if isinstance(dumped, str):
             unavailable.append(dumped)
