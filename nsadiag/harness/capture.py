@@ -64,11 +64,15 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
     `deadline` (a time.monotonic() reading) the samples are taken at fixed times spread
     from now to it, a late sample is not followed by the full interval, and none starts
     after it: the whole takes about as long as asked, however slow each sample is. With
-    `ends_by` instead, every sample ends by it (see _samples_ending_by)."""
+    `ends_by` instead, every sample ends by it (see _samples_ending_by). A thread named in
+    one sample is named in all (a late sample may come from faulthandler, which names none:
+    stacks.carry_thread_names)."""
     limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
     if ends_by is not None:
-        return _samples_ending_by(pid, count, ends_by, limit, faulthandler_file, native,
-                                  local_names)
+        samples, unavailable = _samples_ending_by(pid, count, ends_by, limit,
+                                                  faulthandler_file, native, local_names)
+        stacks.carry_thread_names(samples)
+        return samples, unavailable
     samples, unavailable = [], []
     start = time.monotonic()
     for i in range(count):
@@ -87,6 +91,7 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
             unavailable.append(taken)
         else:
             samples.append(taken)
+    stacks.carry_thread_names(samples)
     return samples, sorted(set(unavailable))
 
 
@@ -143,7 +148,6 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
                                          local_names=local_names, deadline=deadline,
                                          ends_by=ends_by)
     elapsed = time.monotonic() - started
-    stacks.carry_thread_names(samples)  # a late sample may name no thread
     cpu_after, clock_after = stacks.process_cpu_seconds(pid), main_thread_clock(pid)
     cpu_delta = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     main_cpu = runq = None
