@@ -5,8 +5,11 @@
                                    [--from-json PATH ...] [--pty] [--causes-out PATH]
 
 Diagnoses every fault-zoo entry (repro.ZOO, as `nsadiag env --self-test` does) and runs
-every script of repro/scripts/ under `nsadiag run` with the options its docstring gives,
-first without added load ("quiet": whatever else the machine runs), then with two
+every script of repro/scripts/ under `nsadiag run` with the options and the environment its
+docstring gives (cxx_wrapper_waits.sh is no entry of its own: it is the compiler that
+compiled_model_cpu.py's run names in `CXX`); a script that asks a question at the terminal
+gets its answer typed once the question has waited past the stall timeout. First without
+added load ("quiet": whatever else the machine runs), then with two
 `python -c 'while True: pass'` burners (started here and killed at the end). Prints one
 row per entry: the expected verdict and, per condition, the verdict got and the time to
 it (a zoo entry's trial or check; a script's whole `nsadiag run`, start-up included).
@@ -29,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import select
 import shlex
 import subprocess
 import sys
@@ -67,7 +71,35 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
     "loss_token_loop.py": ("SLOW", ["--deadline", "15", "--stall-timeout", "30"],
                            ["python", "{script}"]),
     "val_history_graph.py": ("OOM", [], ["ulimit", "{script}"]),
+    "checkpoint_recompute.py": ("SLOW", ["--deadline", "20"], ["python", "{script}"]),
+    "compiled_model_cpu.py": ("DEADLOCK", [], ["python", "{script}"]),
+    "compiled_variable_lengths.py": ("SLOW", ["--deadline", "40"], ["python", "{script}"]),
+    "pool_worker_killed.py": ("DEADLOCK", [], ["python", "{script}"]),
+    "prompt_before_overwrite.py": ("OK", [], ["python", "{script}"]),
+    "prompt_in_worker_thread.py": ("OK", [], ["python", "{script}"]),
+    "reward_server_reads_to_eof.py": ("DEADLOCK", ["--stall-timeout", "5"],
+                                      ["python", "{script}"]),
+    "server_keeps_output_open.py": ("DEADLOCK", [], ["python", "{script}"]),
+    "slow_storage_loader.py": ("SLOW", ["--deadline", "20"], ["python", "{script}"]),
+    "writer_thread_never_told_to_stop.py": ("DEADLOCK", [], ["python", "{script}"]),
 }
+SCRIPT_ENV: dict[str, dict[str, str]] = {
+    # the site's CXX, a compiler wrapper that never answers (cxx_wrapper_waits.sh stands for
+    # it); a fresh inductor cache (in the run's directory), so that no earlier build of the
+    # same graph lets the compile skip the compiler
+    "compiled_model_cpu.py": {"CXX": str(SCRIPTS / "cxx_wrapper_waits.sh"),
+                              "TORCHINDUCTOR_CACHE_DIR": "{out}/inductor"},
+}
+"""Environment a script's docstring runs it with, beside the bench's own ({out}: the run's
+directory)."""
+PROMPTS: dict[str, tuple[str, str]] = {
+    "prompt_before_overwrite.py": ("exists; overwrite it? [y/N]", "n\n"),
+    "prompt_in_worker_thread.py": ("exists; rebuild it? [y/N]", "n\n"),
+}
+"""Scripts that ask a question at the terminal: the question, and what a person types once
+ANSWER_AFTER_S past the run's stall timeout has gone by since it was shown (so a stall
+called while the question waits would be seen)."""
+ANSWER_AFTER_S = 10.0
 CAUSES: dict[str, str] = {
     # the fault zoo: what each entry's docstring states
     "per_token_loop": "per-token host reads", "long_token_loop": "per-token host reads",
@@ -86,6 +118,11 @@ CAUSES: dict[str, str] = {
     "poll_for_file.py": "poll", "ddp_uneven_data.py": "uneven-steps",
     "ddp_rank_polls_file.py": "poll", "loss_token_loop.py": "per-token host reads",
     "val_history_graph.py": "retains history",
+    "checkpoint_recompute.py": "checkpoint-recompute", "compiled_model_cpu.py": "compile-cxx",
+    "compiled_variable_lengths.py": "recompiles", "pool_worker_killed.py": "pool-worker-ended",
+    "prompt_before_overwrite.py": "none", "prompt_in_worker_thread.py": "none",
+    "reward_server_reads_to_eof.py": "socket-peer", "server_keeps_output_open.py": "pipe-held",
+    "slow_storage_loader.py": "data-bound", "writer_thread_never_told_to_stop.py": "no-producer",
 }
 """Each entry's true cause, as its docstring states it, in the words cause_of prints: a
 stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), the slow class (per-token host
@@ -103,6 +140,8 @@ def cause_of(verdict: str, finding: dict[str, Any], facts: dict[str, Any]) -> st
     if verdict == "SLOW":
         if culprit.get("host_read") or facts.get("slow_by") == "defect":
             return "per-token host reads"
+        if facts.get("slow_cause"):  # data-bound, recompiles, checkpoint-recompute
+            return str(facts["slow_cause"]["kind"])
         return f"slow by {facts['slow_by']}" if facts.get("slow_by") else "none"
     if verdict == "OOM":
         return f"retains {culprit['retains']}" if culprit.get("retains") else \
@@ -137,24 +176,81 @@ def command(kind: str, script: Path) -> list[str]:
     return [sys.executable, str(script)]
 
 
+def _stall_timeout(options: list[str]) -> float:
+    """The stall timeout a run's options give (nsadiag run's default without one)."""
+    from nsadiag.spec import STALL_TIMEOUT_S
+
+    if "--stall-timeout" in options:
+        return float(options[options.index("--stall-timeout") + 1])
+    return STALL_TIMEOUT_S
+
+
+def _drive(argv: list[str], env: dict[str, str], prompt: tuple[str, str] | None,
+           answer_after_s: float, timeout_s: float) -> tuple[int | None, str]:
+    """Run ``argv`` with its stdin a pipe and its stdout and stderr read together; once
+    ``prompt``'s question has been shown for ``answer_after_s``, type its answer (through
+    `script`, the pty passes it on as typed at the terminal). The exit status (None: killed
+    at ``timeout_s``) and the output."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdin is not None and process.stdout is not None
+    chunks: list[bytes] = []
+    asked_at: float | None = None
+    answered = prompt is None
+    end = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([process.stdout], [], [], 0.5)
+            if ready:
+                data = os.read(process.stdout.fileno(), 65536)
+                if not data:
+                    break
+                chunks.append(data)
+            if not answered and prompt is not None:
+                shown = b"".join(chunks).decode(errors="replace")
+                if asked_at is None and prompt[0] in shown:
+                    asked_at = time.monotonic()
+                if asked_at is not None and time.monotonic() - asked_at >= answer_after_s:
+                    process.stdin.write(prompt[1].encode())
+                    process.stdin.flush()
+                    answered = True
+        else:
+            process.kill()
+            process.wait()
+            return None, b"".join(chunks).decode(errors="replace")
+        return process.wait(timeout=max(1.0, end - time.monotonic())), \
+            b"".join(chunks).decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdin.close()
+        process.stdout.close()
+
+
 def run_script(name: str, out: Path, pty: bool = False) -> dict[str, Any]:
     """One script under `nsadiag run` (in a pseudo-terminal, through `script`, with
-    ``pty``): its verdict, the cause printed against CAUSES, the chain and Next as printed,
-    and the seconds to the verdict."""
+    ``pty``), with the environment its docstring gives (SCRIPT_ENV) and, for a script that
+    asks a question (PROMPTS), the answer typed ANSWER_AFTER_S past the stall timeout after
+    it was shown: its verdict, the cause printed against CAUSES, the chain and Next as
+    printed, and the seconds to the verdict."""
     expected, options, (kind, _) = SCRIPT_RUNS[name]
     argv = [sys.executable, "-m", "nsadiag.cli", "run", *options, "--out", str(out), "--",
             *command(kind, SCRIPTS / name)]
     if pty:
         argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
+    env = {**os.environ, **{key: value.format(out=out)
+                            for key, value in SCRIPT_ENV.get(name, {}).items()}}
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+    returncode, output = _drive(argv, env, PROMPTS.get(name),
+                                _stall_timeout(options) + ANSWER_AFTER_S, 900)
     seconds = time.monotonic() - started
     try:
         summary = json.loads((out / "summary.json").read_text())
         record = json.loads((out / "record.json").read_text())
         got, reason = summary["verdict"], summary["headline"]
     except (OSError, ValueError, KeyError):
-        got, reason = f"exit {done.returncode}", done.stderr.strip()[-300:]
+        got, reason = f"exit {returncode}", output.strip()[-300:]
         summary, record = {}, {}
     finding = summary.get("finding") or {}
     cause = cause_of(got, finding, record.get("verdict", {}).get("facts") or {})
@@ -303,8 +399,10 @@ def write_report(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
         f"CPUs (torch {torch.__version__}, no GPU): every fault-zoo entry diagnosed in a "
         f"watched child (as `nsadiag env --self-test` does; the time is the trial's or the "
         f"check's), and every script of `repro/scripts/` run under `nsadiag run` with the "
-        f"options its docstring gives (the time is the whole `nsadiag run`, from start to "
-        f"the verdict), first with no load added, then with two `python -c 'while True: "
+        f"options and the environment its docstring gives (the time is the whole `nsadiag "
+        f"run`, from start to the verdict; a script that asks a question at the terminal is "
+        f"answered {ANSWER_AFTER_S:.0f} s past the stall timeout after it asked, and that "
+        f"wait is in its time), first with no load added, then with two `python -c 'while True: "
         f"pass'` burners. The machine is shared with other work, so the column without added "
         f"load is not a quiet machine: each column gives the 1-minute load averages read at the "
         f"end of its runs (measured in parts, the lowest and the highest).", "",

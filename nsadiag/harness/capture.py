@@ -64,11 +64,15 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
     `deadline` (a time.monotonic() reading) the samples are taken at fixed times spread
     from now to it, a late sample is not followed by the full interval, and none starts
     after it: the whole takes about as long as asked, however slow each sample is. With
-    `ends_by` instead, every sample ends by it (see _samples_ending_by)."""
+    `ends_by` instead, every sample ends by it (see _samples_ending_by). A thread named in
+    one sample is named in all (a late sample may come from faulthandler, which names none:
+    stacks.carry_thread_names)."""
     limit = timeout_s if timeout_s is not None else max(5.0, interval_s * 4)
     if ends_by is not None:
-        return _samples_ending_by(pid, count, ends_by, limit, faulthandler_file, native,
-                                  local_names)
+        samples, unavailable = _samples_ending_by(pid, count, ends_by, limit,
+                                                  faulthandler_file, native, local_names)
+        stacks.carry_thread_names(samples)
+        return samples, unavailable
     samples, unavailable = [], []
     start = time.monotonic()
     for i in range(count):
@@ -87,6 +91,7 @@ def sample_stacks(pid: int, count: int, interval_s: float, *, timeout_s: float |
             unavailable.append(taken)
         else:
             samples.append(taken)
+    stacks.carry_thread_names(samples)
     return samples, sorted(set(unavailable))
 
 
@@ -148,8 +153,7 @@ def capture_stall(pid: int, since_last_event_s: float, window_s: float,
     main_cpu = runq = None
     if clock_before and clock_after:
         main_cpu, runq = clock_after[0] - clock_before[0], clock_after[1] - clock_before[1]
-    if dump and not any((s.note or "").startswith("stacks from faulthandler")
-                        for s in samples):
+    if dump and not any(stacks.from_faulthandler(s) for s in samples):
         dumped = stacks.faulthandler_capture(pid, faulthandler_path)  # only if registered
         if isinstance(dumped, str):
             unavailable.append(dumped)

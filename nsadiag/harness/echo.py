@@ -83,6 +83,10 @@ class LiveStatus(Protocol):
 
     def line(self) -> str | None: ...
 
+    awaits_person: Callable[[int], bool]
+    """Whether a process waits for an answer typed at the terminal: the status line says
+    so, and the watch's stall clock asks the same one (nsadiag.probes.waits.PersonWait)."""
+
 
 def _same_file(a: int, b: int) -> bool:
     try:

@@ -346,7 +346,9 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         shared.on_straggler = live.on_straggler
     tree = _CommandTree(command, run_dir, shared, times.capture_window_s)
     try:
-        end = watch_session(tree, times, live.on_events if live is not None else None)
+        # the status line and the stall clock read one answer to "is a prompt waiting?"
+        end = watch_session(tree, times, live.on_events if live is not None else None,
+                            live.awaits_person if live is not None else None)
     except Interrupted as stopped:  # the diagnosis so far is kept (nsadiag.harness.interrupted)
         end = stopped.end
     if shared is not None and end.due is None and end.interrupted_at is None:

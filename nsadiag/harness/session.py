@@ -139,12 +139,14 @@ def _join_new(tree: Tree, clock: StallClock) -> None:
         clock.add_stream(stream)
 
 
-def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = None
-                  ) -> SessionEnd:
+def watch_session(tree: Tree, times: WatchTimes, on_events: OnEvents | None = None,
+                  awaits_person: Callable[[int], bool] | None = None) -> SessionEnd:
     """Watch ``tree`` under ``times`` (see the module docstring). ``on_events`` hears each
-    poll's new events (pulses only when nothing else came)."""
+    poll's new events (pulses only when nothing else came). ``awaits_person``: whether a
+    process waits for an answer at the terminal, the one the status line asks too (None:
+    the stall clock's own)."""
     clock = StallClock([], times.stall_timeout_s, times.budget_s,
-                       startup_grace_s=times.startup_grace_s)
+                       startup_grace_s=times.startup_grace_s, awaits_person=awaits_person)
     clocks = MainThreadClocks()
     load_before = machine_load()
     started = time.time()

@@ -200,7 +200,7 @@ def capture(pid: int, native: bool = False, timeout_s: float = 10.0,
         return sample
     fallback = faulthandler_capture(pid, faulthandler_file)
     if isinstance(fallback, StackSample):
-        fallback.note = f"stacks from faulthandler: {sample}"
+        fallback.note = f"{FROM_FAULTHANDLER}: {sample}"
         return fallback
     return f"{sample}; {fallback}"
 
@@ -225,6 +225,42 @@ def _capture_py_spy(pid: int, native: bool, timeout_s: float,
     if isinstance(sample, StackSample):
         sample.note = f"native frames unavailable: {first.text}"
     return sample
+
+
+FROM_FAULTHANDLER = "stacks from faulthandler"
+"""How the note of a sample taken by the faulthandler rung begins (``capture``)."""
+
+
+def from_faulthandler(sample: StackSample) -> bool:
+    """Whether ``sample`` came from the faulthandler rung, which names no thread (its
+    "MainThread" and "current thread" are guesses from the frames and the signal)."""
+    return (sample.note or "").startswith(FROM_FAULTHANDLER)
+
+
+def carry_thread_names(samples: list[StackSample]) -> None:
+    """Give each thread the name py-spy read for it in any sample of the same process.
+
+    On a loaded machine a sample late in a capture window may be cut off and be taken by
+    the faulthandler rung instead, and py-spy itself leaves a name out when it cannot read
+    the ``threading`` module's table: without this the last sample, the one a wait chain
+    reads, calls a thread by its ident ("thread 1406...") where the others said "loader".
+    A thread is the same thread in every sample of a process by its ident (py-spy's
+    ``thread_id`` and faulthandler's "Thread 0x..." are both the ``threading`` ident); a
+    name py-spy read replaces a missing one and the faulthandler rung's guesses, never
+    another name py-spy read."""
+    named: dict[tuple[int, int], str] = {}
+    for sample in samples:
+        if from_faulthandler(sample):
+            continue
+        for thread in sample.threads:
+            if thread.name:
+                named[(sample.pid, thread.thread_id)] = thread.name
+    for sample in samples:
+        guessed = from_faulthandler(sample)
+        for thread in sample.threads:
+            name = named.get((sample.pid, thread.thread_id))
+            if name is not None and (thread.name is None or guessed):
+                thread.name = name
 
 
 # ---- faulthandler, the last rung ------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
@@ -154,26 +155,33 @@ class PersonWait:
     terminal while the main thread waits elsewhere (a key listener beside a deadlock) is
     not one: the wait it holds up is not the prompt's. The main thread's stack is read
     again when the reading threads change, or JOIN_RECHECK_S after it was last found
-    joining (NOT_JOINING_RECHECK_S after it was found elsewhere)."""
+    joining (NOT_JOINING_RECHECK_S after it was found elsewhere).
+
+    One instance serves a whole run: the stall clock (the watch's thread) and the live
+    status line (the echo's thread) ask the same one, so that they read one answer from
+    one stack read, never two py-spy dumps that may disagree; hence the lock."""
 
     def __init__(self, joins: Callable[[int], bool] = main_thread_joins,
-                 clock: Callable[[], float] = time.monotonic):
-        self.joins, self.clock = joins, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 readers: Callable[[int], list[int]] = terminal_readers):
+        self.joins, self.clock, self.readers = joins, clock, readers
         self.known: dict[int, tuple[tuple[int, ...], float, bool]] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, pid: int) -> bool:
-        readers = tuple(terminal_readers(pid))
+        readers = tuple(self.readers(pid))
         if not readers:
             return False
         if readers[0] == pid:
             return True
-        now = self.clock()
-        seen = self.known.get(pid)
-        if seen is None or seen[0] != readers or \
-                now - seen[1] >= (JOIN_RECHECK_S if seen[2] else NOT_JOINING_RECHECK_S):
-            seen = (readers, now, self.joins(pid))
-            self.known[pid] = seen
-        return seen[2]
+        with self._lock:
+            now = self.clock()
+            seen = self.known.get(pid)
+            if seen is None or seen[0] != readers or \
+                    now - seen[1] >= (JOIN_RECHECK_S if seen[2] else NOT_JOINING_RECHECK_S):
+                seen = (readers, now, self.joins(pid))
+                self.known[pid] = seen
+            return seen[2]
 
 
 POLLIN = 0x1

@@ -2,7 +2,9 @@
 every entry and stays out of the suite): cause_of reads the cause a finding printed in the
 words of the entries' stated causes, and the table's percentiles are nearest-rank."""
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +12,17 @@ from nsadiag.verdict.chain import ENDS
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from bench_verdicts import CAUSES, SCRIPT_RUNS, cause_of, cause_table, percentile  # noqa: E402
+from bench_verdicts import (  # noqa: E402
+    CAUSES,
+    PROMPTS,
+    SCRIPT_ENV,
+    SCRIPT_RUNS,
+    SCRIPTS,
+    _drive,
+    cause_of,
+    cause_table,
+    percentile,
+)
 
 
 @pytest.mark.parametrize(("verdict", "finding", "facts", "cause"), [
@@ -24,6 +36,13 @@ from bench_verdicts import CAUSES, SCRIPT_RUNS, cause_of, cause_table, percentil
     ("SLOW", {"culprit": None}, {"slow_by": "defect"}, "per-token host reads"),
     ("SLOW", {}, {"slow_by": "size"}, "slow by size"),
     ("SLOW", {"culprit": {"host_read": None}}, {"slow_by": None}, "none"),
+    # else the slow cause's class, as the finding says it beside SLOW
+    ("SLOW", {}, {"slow_by": None, "slow_cause": {"kind": "data-bound", "share": 0.97}},
+     "data-bound"),
+    ("SLOW", {}, {"slow_by": "size", "slow_cause": {"kind": "recompiles"}}, "recompiles"),
+    ("SLOW", {"culprit": {"host_read": "4 `x.item()`"}},
+     {"slow_by": "defect", "slow_cause": {"kind": "checkpoint-recompute"}},
+     "per-token host reads"),
     # memory: what retains it, else growth with a holder, else a peak
     ("OOM", {"culprit": {"retains": "history"}}, {"rss_growth_per_step": 5e6}, "retains history"),
     ("OOM", {}, {"rss_growth_per_step": 5e6, "rss_holder": "model.py:9"},
@@ -48,7 +67,7 @@ def test_every_entry_states_a_cause_cause_of_can_print():
     assert set(CAUSES) == set(ZOO) | set(SCRIPT_RUNS)
     printable = {*ENDS, "per-token host reads", "peak memory", "collective mismatch", "none",
                  "busy-native", "busy-python", "ckpt check", "raises RuntimeError",
-                 "signal SIGSEGV"}
+                 "signal SIGSEGV", "data-bound", "recompiles", "checkpoint-recompute"}
     assert {c for c in CAUSES.values() if not c.startswith("retains ")} <= printable
 
 
@@ -66,3 +85,22 @@ def test_percentiles_are_nearest_rank_and_the_table_counts_right_causes():
                         "20.0 s |")
     assert lines[-1] == ("- no added load (load 2.5): cause right 1 of 2; time to verdict p50 "
                          "5.0 s, p90 20.0 s.")
+
+
+def test_every_script_of_repro_scripts_is_an_entry_or_the_helper_an_entry_names():
+    scripts = {path.name for path in SCRIPTS.iterdir() if path.suffix in (".py", ".sh")}
+    helpers = {Path(value).name for env in SCRIPT_ENV.values() for value in env.values()}
+    assert scripts - helpers == set(SCRIPT_RUNS)
+    assert set(PROMPTS) <= set(SCRIPT_RUNS)
+
+
+def test_a_prompt_is_answered_once_it_has_waited_and_its_answer_read():
+    # the question written without a newline, as input() writes it; the answer typed once
+    ask = ("import sys; sys.stdout.write('overwrite it? [y/N] '); sys.stdout.flush(); "
+           "print('got', repr(sys.stdin.readline()))")
+    code, output = _drive([sys.executable, "-c", ask], dict(os.environ),
+                          ("overwrite it? [y/N]", "n\n"), 0.0, 120)
+    assert code == 0 and "got 'n\\n'" in output, output
+    code, output = _drive([sys.executable, "-c", "print('no question')"], dict(os.environ),
+                          None, 0.0, 120)
+    assert code == 0 and output == "no question\n"
