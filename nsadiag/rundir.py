@@ -113,8 +113,10 @@ class TrialRecord:
 
     As a trials.jsonl line (``to_dict``) it carries ``schema_version`` and its spec once:
     the evidence's copy of the spec is left out and restored on reading (``from_dict``).
-    The line's shape is nsadiag/schemas/trial.schema.json. ``evidence`` is parsed there,
-    once; a record whose evidence is empty has none (None).
+    The line's shape is nsadiag/schemas/trial.schema.json. ``spec`` (a RecordSpec),
+    ``evidence`` and ``gpu`` (nsadiag.probes.gpu.GpuState) are parsed there, once; a record
+    whose evidence is empty has none (None). A record built from a spec's JSON object (the
+    harness's, a test's) parses that spec when it is made.
     """
 
     spec: RecordSpec
