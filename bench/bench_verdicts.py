@@ -278,7 +278,7 @@ def run_zoo(name: str) -> dict[str, Any]:
             causes[entry] = cause_of(result.verdict.name, finding, {"check": result.name})
         else:
             finding = trial_finding(result, "self-test").to_dict()
-            causes[entry] = cause_of(result.verdict_name, finding, result.verdict.facts)
+            causes[entry] = cause_of(result.verdict_name, finding, result.verdict.facts.to_dict())
         printed.update(chain=finding.get("chain"), next=finding.get("next_action"))
 
     [row] = self_test(only=[name], on_result=on_result)

@@ -5,7 +5,10 @@ events (nsadiag.probes.recompiles) and the processes sampled at the kill, ``slow
 classifies a run as
 
 - ``data-bound``: the main thread sat in the DataLoader's ``__next__`` in at least
-  DATA_BOUND_SHARE of its samples; with the share, whether it waited (off the CPU) or
+  DATA_BOUND_SHARE of its samples, or in at least DATA_LARGEST_SHARE and in more of them
+  than in any one other phase (a loaded machine slows the model's work but not a read's
+  wait, so the share falls there; the sentence then says it is under half and what it
+  outweighed); with the share, whether it waited (off the CPU) or
   loaded the batch itself, the line it asked from, and each DataLoader worker's line at
   the kill, and whether the workers were idle (a read or a sleep) or busy;
 - ``recompiles``: Dynamo compiled again at least MIN_RECOMPILES times and the main thread
@@ -33,6 +36,7 @@ from nsadiag.probes.frames import describe_place, main_thread
 from nsadiag.verdict.thresholds import (
     COMPILE_BOUND_SHARE,
     DATA_BOUND_SHARE,
+    DATA_LARGEST_SHARE,
     MIN_RECOMPILES,
     RECOMPUTE_SHARE,
 )
@@ -69,12 +73,28 @@ def _workers(evidence: Evidence) -> list[dict[str, Any]]:
     return sorted(found, key=lambda worker: worker["worker"])
 
 
+def _largest_other(profile: dict[str, Any], region: dict[str, Any]) -> tuple[str, int] | None:
+    """The training phase with the most samples outside the region, and that count."""
+    inside = region.get("by_phase") or {}
+    outside = {phase: int(count) - int(inside.get(phase, 0)) for phase, count in
+               (profile.get("phases") or {}).items() if phase != "build"}
+    outside = {phase: count for phase, count in outside.items() if count > 0}
+    if not outside:
+        return None
+    phase = max(outside, key=lambda name: outside[name])
+    return phase, outside[phase]
+
+
 def _data_bound(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] | None:
     region = (profile.get("regions") or {}).get("data")
     training = _training_samples(profile)
-    if not region or training <= 0 or region["count"] < DATA_BOUND_SHARE * training:
+    if not region or training <= 0:
         return None
     share = region["count"] / training
+    other = _largest_other(profile, region)
+    largest = other is None or region["count"] > other[1]
+    if share < DATA_BOUND_SHARE and not (share >= DATA_LARGEST_SHARE and largest):
+        return None
     on_cpu = region.get("on_cpu")
     waited = on_cpu is not None and 2 * on_cpu <= region["count"]
     asked = _first(region.get("entered_from"))
@@ -85,6 +105,10 @@ def _data_bound(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] |
     sentence = (f"data-bound: the main process {doing} in {share:.0%} of its samples once "
                 f"training began ({region['count']} of {training}{cpu})"
                 + (f", asking at {asked}" if asked else ""))
+    if share < DATA_BOUND_SHARE and other is not None:
+        # under half: say so, and what it outweighed, so the share is read as measured
+        sentence += (f", under half but more than any other phase outside it (the "
+                     f"{other[0]} phase: {other[1]} samples, {other[1] / training:.0%})")
     if workers:
         lines = sorted({str(w["where"]) for w in workers if w["where"]})
         idle = sum(w["samples"] - w["active"] for w in workers)
@@ -109,6 +133,7 @@ def _data_bound(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] |
     return {"kind": "data-bound", "share": share, "samples": region["count"],
             "of_samples": training, "waited": waited, "on_cpu": on_cpu,
             "asked_at": asked, "workers": workers, "loaded_at": region.get("inner"),
+            "largest_other": ({"phase": other[0], "samples": other[1]} if other else None),
             "sentence": sentence}
 
 

@@ -199,6 +199,17 @@ reads, a tiny model) 0.73 and 0.94 quiet, 0.70 with two CPU burners; the same sc
 a model that outweighed its reads (20 ms reads, 0.16) and one close to even (80 ms reads,
 0.49) stayed below it."""
 
+DATA_LARGEST_SHARE = 0.4
+"""Below DATA_BOUND_SHARE a SLOW run is still data-bound when its main thread sat in the
+DataLoader's ``__next__`` in at least this share of its samples once training began AND in
+more of them than in any one other phase (the forward outside ``__next__``, the backward,
+the rest): the input pipeline is then the largest single part of the step. On a contended
+machine the model's own work slows with the CPUs while a read's sleep does not, so the
+data share falls: repro/scripts/slow_storage_loader.py (69 % quiet) gave 0.68, 0.58, 0.87
+and 0.49 under two CPU burners on 2 shared cores (load 12-13), the last with 56 samples in
+``__next__`` against 43 in the backward; the same script with 20 ms reads (0.16) stays
+out."""
+
 MIN_RECOMPILES = 3
 """A SLOW run's cause is recompiles only when Dynamo compiled again at least this many
 times: a compiled run whose shapes change once pays one recompile (Dynamo then marks the

@@ -15,6 +15,7 @@ from nsadiag.finding.numbers import sig
 from nsadiag.verdict.thresholds import (
     COMPILE_BOUND_SHARE,
     DATA_BOUND_SHARE,
+    DATA_LARGEST_SHARE,
     MIN_RECOMPILES,
     RECOMPUTE_SHARE,
 )
@@ -313,7 +314,11 @@ def _slow_with_cause(tmp_path, script: str, deadline: int, kind: str
 def test_a_run_waiting_on_slow_storage_is_data_bound_naming_its_workers(tmp_path):
     summary, facts, cause = _slow_with_cause(tmp_path, "slow_storage_loader.py", 15,
                                              "data-bound")
-    assert cause["share"] >= DATA_BOUND_SHARE and cause["waited"]
+    # on a loaded machine the model's steps slow and the share may fall under half: then
+    # it must still outweigh every other phase (DATA_LARGEST_SHARE)
+    assert cause["waited"] and (cause["share"] >= DATA_BOUND_SHARE or (
+        cause["share"] >= DATA_LARGEST_SHARE and
+        cause["samples"] > cause["largest_other"]["samples"]))
     loop = _line("slow_storage_loader.py", "for inputs, targets in loader:", exact=True)
     assert cause["asked_at"] == f"main (slow_storage_loader.py:{loop})"
     read = _line("slow_storage_loader.py", "time.sleep(READ_LATENCY_S)")

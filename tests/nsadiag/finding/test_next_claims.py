@@ -358,3 +358,35 @@ def test_no_cause_is_named_below_the_thresholds():
     said = next_action("SLOW", VerdictFacts(), None)
     assert "num_workers" not in said and "dynamic=True" not in said and \
         "Checkpoint" not in said
+
+
+def test_a_loaded_run_waiting_for_batches_under_half_is_data_bound_when_it_is_the_largest():
+    # the loaded slow_storage_loader.py run: 56 of 114 samples in `__next__`, 43 in the
+    # backward, 15 in the forward's own work; the burners slowed the model, not the reads
+    evidence = _evidence([_stack([MAIN, LOOP, ["__next__", DATA, 733]], 56, "forward", 4),
+                          _stack([MAIN, ["main", "/home/u/train.py", 52]], 15, "forward", 15),
+                          _stack([MAIN, ["main", "/home/u/train.py", 60]], 43, "backward", 40)],
+                         others=[_worker(0, True, False), _worker(1, True, False)])
+    cause = slow_cause(evidence)
+    assert cause is not None and cause["kind"] == "data-bound"
+    assert cause["share"] == pytest.approx(56 / 114)
+    assert cause["largest_other"] == {"phase": "backward", "samples": 43}
+    assert "in 49% of its samples" in cause["sentence"]
+    assert "under half but more than any other phase outside it (the backward phase: 43 " \
+           "samples, 38%)" in cause["sentence"]
+    said = next_action("SLOW", VerdictFacts.of({"slow_cause": cause}), None)
+    assert "A faster model will not help" in said and "make its body cheaper" not in said
+
+
+@pytest.mark.parametrize(("waiting", "forward", "backward"), [(56, 1, 57), (44, 40, 30)],
+                         ids=str)
+def test_a_wait_under_half_is_no_cause_when_another_phase_outweighs_it_or_it_is_small(
+        waiting, forward, backward):
+    # 56 of 114 samples waiting but 57 in the backward: the model's work is as large; 44
+    # of 114 (39%) is the largest phase but under DATA_LARGEST_SHARE
+    evidence = _evidence([_stack([MAIN, LOOP, ["__next__", DATA, 733]], waiting, "forward", 2),
+                          _stack([MAIN, ["main", "/home/u/train.py", 52]], forward, "forward",
+                                 forward),
+                          _stack([MAIN, ["main", "/home/u/train.py", 60]], backward,
+                                 "backward", backward)])
+    assert slow_cause(evidence) is None
