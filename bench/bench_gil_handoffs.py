@@ -20,7 +20,8 @@ script with some of its parts only (nsadiag.harness.watched.ObserverParts):
 ``observer`` (all parts), ``none`` (no part: the heartbeat file and exception hooks),
 ``sampler`` (the sampler alone: no torch hooks, no block events), ``no-block-events``
 (all but the sampler's block events), ``no-compile-watch`` (all but the polling of
-Dynamo's compiles). The torch hooks and the compile polling run on the sampler's
+Dynamo's compiles), ``no-block-hooks`` (all but the forward pre-hooks on the model's
+blocks). The torch hooks and the compile polling run on the sampler's
 wake-ups, so there is no variant without the sampler but with them.
 """
 
@@ -42,8 +43,9 @@ IN_PROCESS = {
     "observer": "all",
     "none": "",
     "sampler": "sampler",
-    "no-block-events": "sampler,torch_hooks,compile_watch",
-    "no-compile-watch": "sampler,block_events,torch_hooks",
+    "no-block-events": "sampler,torch_hooks,compile_watch,block_hooks",
+    "no-compile-watch": "sampler,block_events,torch_hooks,block_hooks",
+    "no-block-hooks": "sampler,block_events,torch_hooks,compile_watch",
 }
 VARIANTS = ("plain", "run", "run-baseline", *IN_PROCESS)
 
