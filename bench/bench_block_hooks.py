@@ -15,6 +15,10 @@ CPU time (``time.thread_time``):
   between rounds at load 8.
 - per step, as a check on the whole: the model (64 such blocks, SGD, a few milliseconds a
   step) trains ``--steps`` steps plain and with the hook on every block, ``--rounds`` times.
+- in the observer (``--observer``): the same model trained under nsadiag's in-process
+  observer (nsadiag.harness.watched, every part on), which thins its block hooks after the
+  first steps (nsadiag.harness.thinning); then ``--steps`` steps at a time alternately with
+  the hooks it kept, with a hook on every block, and with no block hook, ``--rounds`` times.
 """
 
 from __future__ import annotations
@@ -75,6 +79,49 @@ def hooked_call_s(block: nn.Module, counters: WorkCounters, calls: int, chunks: 
     return found
 
 
+def observer_rounds(model: nn.Module, optimizer: Any, batch: Any, steps: int, rounds: int
+                    ) -> list[dict]:
+    """CPU time per step under the in-process observer with its block hooks as it kept
+    them, on every block, and on none (see the module docstring)."""
+    import tempfile
+
+    from nsadiag.harness import thinning, watched
+
+    with tempfile.TemporaryDirectory(prefix="bench-block-hooks-") as tmp:
+        heartbeat = watched.ProcessHeartbeat(Path(tmp))
+        heartbeat.start()
+        deadline = time.monotonic() + 30
+        while heartbeat.finder is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cpu_per_step(model, optimizer, batch, 2 * thinning.BLOCK_HOOK_SAMPLE_STEPS)
+        names = [name for name, _ in heartbeat.blocks]
+        kept = heartbeat.block_stride
+
+        def hook_every(stride: int | None) -> None:
+            for handle in heartbeat.block_handles.values():
+                handle.remove()
+            heartbeat.block_handles.clear()
+            if stride is not None:
+                for block in thinning.watched_blocks(names, stride):
+                    heartbeat._hook_block(block)
+
+        rows = []
+        for round_ in range(rounds):
+            load = float(Path("/proc/loadavg").read_text().split()[0])
+            found = {"round": round_, "load": load, "stride": kept}
+            variants = [("kept", kept), ("every", 1), ("none", None)]
+            for variant, stride in variants[round_ % 3:] + variants[:round_ % 3]:  # rotated
+                hook_every(stride)
+                found[variant] = cpu_per_step(model, optimizer, batch, steps)
+            hook_every(kept)
+            print(f"observer round {round_}: load {load:.2f}  one block in {kept} watched "
+                  f"{found['kept'] * 1e3:.3f} ms/step, every block "
+                  f"{found['every'] * 1e3:.3f}, none {found['none'] * 1e3:.3f}", flush=True)
+            rows.append(found)
+        heartbeat.stop(remove=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -82,6 +129,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=64)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--chunks", type=int, default=300)
+    parser.add_argument("--observer", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -112,7 +160,14 @@ def main() -> None:
         print(f"round {round_}: load {load:.2f}  plain {plain * 1e3:.3f} ms/step  hooked "
               f"{hooked * 1e3:.3f} ms/step  +{(hooked / plain - 1):.1%}  one hooked call "
               f"{call_s * 1e6:.2f} us", flush=True)
-    print(json.dumps({"cpus": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+    observed = observer_rounds(model, optimizer, batch, args.steps, args.rounds) \
+        if args.observer else []
+    for variant in ("kept", "every") if observed else ():
+        ratios = [r[variant] / r["none"] for r in observed]
+        print(f"observer, block hooks {variant} over none: median {statistics.median(ratios):.3f}"
+              f" (range {min(ratios):.3f}-{max(ratios):.3f})")
+    print(json.dumps({"observer": observed, "cpus": len(os.sched_getaffinity(0)),
+                      "torch": torch.__version__,
                       "load_before": load, "calls": args.calls, "chunks": args.chunks,
                       "hooked_call_s_median": statistics.median(per_call),
                       "hooked_call_s_quartiles": [quartiles[0], quartiles[2]],
