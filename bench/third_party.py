@@ -231,7 +231,7 @@ READING = (
     "252 ms plain (it is 35 ms on a quiet machine): its median (-10 %) and range (-58 % to "
     "+46 %) are the load's, and say only that nsadiag's cost is below what that machine "
     "resolves. All five watched runs were OK with the plain runs' recompiles (none). chemprop"
-    " was not measured again in pairs: a run took about two minutes at that load. The "
+    " was not measured in pairs that morning: a run took about two minutes at that load. The "
     "Trainer's train_runtime covers its first step, so for `--torch_compile` it holds "
     "Dynamo's tracing of the model, which traces nsadiag's (empty) hooks as well: a "
     "compile-time cost, not a step-time one (the steady compiled step: "
