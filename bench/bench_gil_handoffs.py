@@ -20,7 +20,8 @@ script with some of its parts only (nsadiag.harness.watched.ObserverParts):
 ``observer`` (all parts), ``none`` (no part: the heartbeat file and exception hooks),
 ``sampler`` (the sampler alone: no torch hooks, no block events), ``no-block-events``
 (all but the sampler's block events), ``no-compile-watch`` (all but the polling of
-Dynamo's compiles). The torch hooks and the compile polling run on the sampler's
+Dynamo's compiles), ``no-block-hooks`` (all but the forward pre-hooks on the model's
+blocks). The torch hooks and the compile polling run on the sampler's
 wake-ups, so there is no variant without the sampler but with them.
 """
 
@@ -42,8 +43,9 @@ IN_PROCESS = {
     "observer": "all",
     "none": "",
     "sampler": "sampler",
-    "no-block-events": "sampler,torch_hooks,compile_watch",
-    "no-compile-watch": "sampler,block_events,torch_hooks",
+    "no-block-events": "sampler,torch_hooks,compile_watch,block_hooks",
+    "no-compile-watch": "sampler,block_events,torch_hooks,block_hooks",
+    "no-block-hooks": "sampler,block_events,torch_hooks,compile_watch",
 }
 VARIANTS = ("plain", "run", "run-baseline", *IN_PROCESS)
 
@@ -52,9 +54,10 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def one_run(variant: str, steps: int, scratch: Path, baseline: Path | None = None) -> dict:
+def one_run(variant: str, steps: int, scratch: Path, baseline: Path | None = None,
+            compiled: bool = False) -> dict:
     """One run of the loop; its JSON line with the load before and after."""
-    command = [sys.executable, str(LOOP), str(steps)]
+    command = [sys.executable, str(LOOP), str(steps), *(["--compile"] if compiled else [])]
     run_dir = scratch / f"run-{time.monotonic_ns()}"
     cwd = ROOT
     if variant == "run-baseline":
@@ -108,7 +111,8 @@ def summary(rows: list[dict], variants: list[str]) -> dict[str, dict]:
 
 def markdown(result: dict) -> str:
     lines = [f"`python bench/bench_gil_handoffs.py --rounds {result['rounds']} --steps "
-             f"{result['steps']} --variants {' '.join(result['variants'])}` on "
+             f"{result['steps']}{' --compile' if result.get('compile') else ''} --variants "
+             f"{' '.join(result['variants'])}` on "
              f"{result['cpus']} CPUs: medians over the rounds; the ratios are each run's "
              "over the plain run of its round.", "",
              "| variant | runs | loop wall s | wall / plain (range) | main thread CPU s | "
@@ -143,6 +147,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--compile", action="store_true",
+                        help="train torch.compile(model), compiled before the timed loop")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="a source tree whose nsadiag the run-baseline variant uses")
     parser.add_argument("--out", type=Path, default=None,
@@ -154,7 +160,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gil-") as tmp:
         for round_ in range(args.rounds):
             for variant in args.variants:
-                row = one_run(variant, args.steps, Path(tmp), args.baseline_tree)
+                row = one_run(variant, args.steps, Path(tmp), args.baseline_tree, args.compile)
                 row["round"] = round_
                 rows.append(row)
                 print(f"round {round_} {variant:24} wall {row['loop_s']:6.2f} s  cpu "
@@ -162,7 +168,7 @@ def main() -> None:
                       f"{row['load_before']:.1f} -> {row['load_after']:.1f}  other threads' "
                       f"voluntary {row['threads']}", flush=True)
     result = {"rows": rows, "summary": summary(rows, args.variants), "rounds": args.rounds,
-              "steps": args.steps, "variants": args.variants,
+              "steps": args.steps, "compile": args.compile, "variants": args.variants,
               "cpus": len(os.sched_getaffinity(0))}
     text = markdown(result)
     if args.out is not None:

@@ -1,6 +1,6 @@
 """A loop of many tiny module calls that reports what its main thread went through.
 
-    python bench/gil_loop.py STEPS [--observe PARTS]
+    python bench/gil_loop.py STEPS [--observe PARTS] [--compile]
 
 The model is /work/shared/hooks/small_modules.py's (64 residual blocks of Linear, LayerNorm
 and GELU, width 32, batch 16, SGD: about 260 module calls a step of a few milliseconds).
@@ -14,6 +14,9 @@ process holds, and on a loaded machine for a core once the GIL is back.
 process itself, with only the parts named (comma-separated ``ObserverParts`` fields, or
 ``all``), writing to a temporary run directory: the attribution of bench/bench_gil_handoffs.py.
 Under ``nsadiag run`` the observer is injected as usual and ``--observe`` is not given.
+``--compile`` trains ``torch.compile(model)`` instead, after eight steps outside the timed
+loop (the compile, and the observer's decision on its block hooks after the fifth, come
+before it).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("steps", type=int)
     parser.add_argument("--observe", default=None)
+    parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gil-loop-") as tmp:
         watched = observe(args.observe, Path(tmp)) if args.observe is not None else None
@@ -80,11 +84,18 @@ def main() -> None:
         model = nn.Sequential(*[Block(32) for _ in range(64)], nn.Linear(32, 4))
         optimizer = torch.optim.SGD(model.parameters(), 1e-2)
         x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        if args.compile:
+            model = torch.compile(model)
         if watched is not None:  # the observer's torch hooks go in once torch is imported
             deadline = time.monotonic() + 30
             while watched.finder is None and watched.root is None and \
                     time.monotonic() < deadline and watched.parts.torch_hooks:
                 time.sleep(0.05)
+        for _ in range(int(args.compile) * 8):  # the compile, outside the timed loop
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         native = threading.get_native_id()
         voluntary, involuntary = thread_switches(native)
         others = {t: (thread_switches(t.native_id)[0], thread_cpu_s(t.native_id))

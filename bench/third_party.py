@@ -39,7 +39,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -168,6 +168,18 @@ def _per_step_from_epoch_stamps(steps_per_epoch: int) -> Callable[[str], float |
     return read
 
 
+def _per_step_from_loop_s(steps: int) -> Callable[[str], float | None]:
+    """bench/gil_loop.py's JSON line: the timed loop's wall seconds over its steps."""
+    def read(text: str) -> float | None:
+        loop_s = _last_float(r'"loop_s": ([\d.]+)')(text)
+        return loop_s / steps if loop_s else None
+    return read
+
+
+SMALL_STEPS = 400
+SMALL = ["BIN/python", str(ROOT / "bench" / "gil_loop.py"), str(SMALL_STEPS)]
+SMALL_STEP = (f"the timed loop's wall time (loop_s) over its {SMALL_STEPS} steps (the compiled "
+              "model's compile and first eight steps come before that loop)")
 TRL_STEPS = 150
 TRL_INSTALL = "torch==2.13.0 rl_zoo3==2.9.2 trl==1.16.0"
 TRL = ["BIN/trl", "sft", "--model_name_or_path", "WORK/tiny-gpt2", "--dataset_name",
@@ -175,10 +187,14 @@ TRL = ["BIN/trl", "sft", "--model_name_or_path", "WORK/tiny-gpt2", "--dataset_na
        "--per_device_train_batch_size", "4", "--max_length", "128", "--report_to", "none",
        "--logging_steps", "50", "--save_strategy", "no", "--use_cpu", "True",
        "--dataloader_num_workers", "0", "--seed", "0"]
-TRL_STEP = f"the Trainer's train_runtime over its {TRL_STEPS} steps"
+TRL_STEP = "the Trainer's train_runtime over its --max_steps (in the command)"
 # drop_last: MACE trains on the configurations left after the validation split, whole batches
 MACE_STEPS_PER_EPOCH = (MACE_CONFIGS - int(MACE_VALID_FRACTION * MACE_CONFIGS)) // MACE_BATCH
 CODEBASES = [
+    Codebase("small modules (64 blocks of Linear, LayerNorm, GELU; bench/gil_loop.py)",
+             "torch==2.13.0", SMALL, _per_step_from_loop_s(SMALL_STEPS), SMALL_STEP),
+    Codebase("small modules, torch.compile (inductor)", "torch==2.13.0", [*SMALL, "--compile"],
+             _per_step_from_loop_s(SMALL_STEPS), SMALL_STEP),
     Codebase("rl_zoo3 train (stable-baselines3 PPO, CartPole)", TRL_INSTALL,
              ["BIN/python", "-m", "rl_zoo3.train", "--algo", "ppo", "--env", "CartPole-v1",
               "-n", "2048", "--device", "cpu", "--eval-freq", "-1", "--seed", "0", "-f",
@@ -215,7 +231,7 @@ READING = (
     "252 ms plain (it is 35 ms on a quiet machine): its median (-10 %) and range (-58 % to "
     "+46 %) are the load's, and say only that nsadiag's cost is below what that machine "
     "resolves. All five watched runs were OK with the plain runs' recompiles (none). chemprop"
-    " was not measured again in pairs: a run took about two minutes at that load. The "
+    " was not measured in pairs that morning: a run took about two minutes at that load. The "
     "Trainer's train_runtime covers its first step, so for `--torch_compile` it holds "
     "Dynamo's tracing of the model, which traces nsadiag's (empty) hooks as well: a "
     "compile-time cost, not a step-time one (the steady compiled step: "
@@ -223,6 +239,20 @@ READING = (
     "pins huggingface-hub<1.4, which trl's transformers 5 cannot import, and in a virtualenv"
     " of its own its compiled pretraining did not reach a logged iteration within five "
     "minutes here.")
+
+
+def with_lengths(codebase: Codebase, trl_steps: int | None, chemprop_epochs: int | None
+                 ) -> Codebase:
+    """``codebase`` with the trl runs' --max_steps and chemprop's --epochs as given (None:
+    as in CODEBASES), to fit a measurement into the time a quiet machine is available."""
+    argv = list(codebase.argv)
+    per_step = codebase.seconds_per_step
+    if trl_steps is not None and "--max_steps" in argv:
+        argv[argv.index("--max_steps") + 1] = str(trl_steps)
+        per_step = _per_step_from_runtime(trl_steps)
+    if chemprop_epochs is not None and codebase.name.startswith("chemprop"):
+        argv[argv.index("--epochs") + 1] = str(chemprop_epochs)
+    return replace(codebase, argv=argv, seconds_per_step=per_step)
 
 
 def load_average() -> float:
@@ -362,10 +392,15 @@ def main() -> None:
     parser.add_argument("--burners", nargs="+", type=int, default=[0])
     parser.add_argument("--pairs", type=int, default=5,
                         help="alternated plain and watched runs per codebase and load")
+    parser.add_argument("--trl-steps", type=int, default=None,
+                        help=f"the trl runs' --max_steps (default {TRL_STEPS})")
+    parser.add_argument("--chemprop-epochs", type=int, default=None,
+                        help="chemprop's --epochs (default 10; its step time is its last "
+                             "epoch's)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    chosen = [c for c in CODEBASES if not args.only or
-              any(c.name.startswith(p) for p in args.only)]
+    chosen = [with_lengths(c, args.trl_steps, args.chemprop_epochs) for c in CODEBASES
+              if not args.only or any(c.name.startswith(p) for p in args.only)]
     for prepare in dict.fromkeys(c.prepare for c in chosen if c.prepare):
         subprocess.run([str(args.python), "-c", prepare, str(TEXT), str(args.work)],
                        check=True, capture_output=True, timeout=600)

@@ -46,8 +46,11 @@ and the guards never see them change; the global hook is removed. One model per 
 watched so, the first one trained (another model trained later shows through its steps, its
 backward and the sampler). A block call costs torch's hook path and a counted enter (the
 work counter ``calls`` counts block calls here, ``block`` names the last; nothing is written
-or timed per block call), the model's call a "forward" start and two memory marks:
-O(blocks) a step, whatever the number of modules.
+or timed per block call), the model's call a "forward" start and two memory marks. Where
+the block hooks cost more than a small share of the training thread's CPU time per step (a
+model of many tiny blocks), only one block in so many keeps its hook after the first few
+steps, and the block named says so (nsadiag.harness.thinning): the always-on cost is a
+bounded share of the step, whatever the number of blocks and modules.
 
 Compiled code is left as it is: inside a region torch.compile traces, every hook does
 nothing and reads nothing (nsadiag.probes.counters.outside_compiled_code), so a compiled
@@ -79,6 +82,7 @@ from typing import Any
 
 from nsadiag.harness import child_exits, thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
+from nsadiag.harness.thinning import StrideDecision, WatchedBlock, watched_blocks
 from nsadiag.harness.uncopied import keep_out_of_copies
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
@@ -103,6 +107,8 @@ class ObserverParts:
     """The torch hooks, installed once torch is used (from the sampler's thread)."""
     compile_watch: bool = True
     """The polling of Dynamo's compile records (nsadiag.probes.recompiles)."""
+    block_hooks: bool = True
+    """The forward pre-hooks on the model's blocks (the other torch hooks stay)."""
 
 
 def own_rank(environ: dict[str, str] | None = None, parent_rank: str | None = None
@@ -156,6 +162,10 @@ class ProcessHeartbeat:
                                on_sample=self._tick)
         self.root: Any = None  # the model, once its first training call was seen
         self.finder: Any = None  # the global pre-hook's handle until then
+        self.blocks: list[tuple[str, Any]] = []  # the model's repeated blocks, by name
+        self.block_handles: dict[int, Any] = {}  # the hooks on them, by the block's index
+        self.thinning: StrideDecision | None = None  # until the stride is decided
+        self.block_stride = 1  # one block in this many keeps its hook
         self.steps = 0
         self.marks = {"step": time.perf_counter(), "forward": None, "backward": None}
         self.handles: list[Any] = []
@@ -209,6 +219,8 @@ class ProcessHeartbeat:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        self.block_handles.clear()
+        self.thinning = None
         if self.collectives is not None:
             self.collectives.remove()
         for owner, name, original in reversed(self.restore):
@@ -351,16 +363,33 @@ class ProcessHeartbeat:
         keep_out_of_copies(module, on_root)  # torch.save(model) works as without nsadiag
         self.handles += on_root
         self.writer.count_blocks(self.counters.entered)
-        for name, block in self._find_blocks(module):
-            on_block = self._hook_block(name, block)
-            keep_out_of_copies(block, on_block)
-            self.handles += on_block
+        self.blocks = self._find_blocks(module) if self.parts.block_hooks else []
+        for watched in watched_blocks([name for name, _ in self.blocks], 1):
+            self._hook_block(watched)
+        if len(self.blocks) > 1:
+            self.thinning = StrideDecision(len(self.blocks))
         self._enter(module, args)  # this call's pre-hooks were read before ours was added
 
-    def _hook_block(self, name: str, block: Any) -> list[Any]:
+    def _hook_block(self, watched: WatchedBlock) -> None:
         """A pre-hook only: the block entered last is the one running (blocks are
         siblings), and a second hook per block would double what blocks cost."""
-        return [block.register_forward_pre_hook(self.counters.block_hook(name))]
+        block = self.blocks[watched.index][1]
+        handle = block.register_forward_pre_hook(
+            self.counters.block_hook(watched.label, watched.stands_for))
+        keep_out_of_copies(block, [handle])  # torch.save(model) works as without nsadiag
+        self.block_handles[watched.index] = handle
+        self.handles.append(handle)
+
+    def _thin_block_hooks(self, stride: int) -> None:
+        """Keep the hooks of one block in ``stride`` (nsadiag.harness.thinning); on the
+        training thread, between two steps, so no hook dict changes while torch runs it."""
+        for handle in self.block_handles.values():
+            handle.remove()
+            self.handles.remove(handle)
+        self.block_handles.clear()
+        for watched in watched_blocks([name for name, _ in self.blocks], stride):
+            self._hook_block(watched)
+        self.block_stride = stride
 
     def _enter(self, module: Any, args: Any) -> None:
         if self.forked:
@@ -407,6 +436,13 @@ class ProcessHeartbeat:
                               backward_s=now - backward)
         self.marks = {"step": now, "forward": None, "backward": None}
         self.steps += 1
+        if self.thinning is not None:
+            stride = self.thinning.step_ended(self.counters.calls, time.thread_time(),
+                                              threading.get_ident())
+            if stride is not None:
+                self.thinning = None
+                if stride > 1:
+                    self._thin_block_hooks(stride)
         # what happens until the next forward (loading the next batch, a collective the
         # script issues between steps) belongs to the next step's forward
         self.writer.phase, self.writer.step = "forward", self.steps

@@ -74,12 +74,13 @@ class WorkCounters:
         (nsadiag.harness.heartbeat ``count_blocks``)."""
         return self.calls, self.block
 
-    def block_hook(self, name: str) -> Callable[[Any, Any], None]:
+    def block_hook(self, name: str, stands_for: int = 1) -> Callable[[Any, Any], None]:
         """A forward pre-hook for one block of the watched model: counts its call in
-        ``calls`` and leaves its name in ``block``, and nothing more (the heartbeat writes
-        the counts at a bounded rate). Inside code torch.compile traces it does nothing,
-        as ``outside_compiled_code`` would make it, without that wrapper's second call: a
-        model of many small blocks runs it at every block call."""
+        ``calls`` (as ``stands_for`` block calls: a block watched for the unhooked ones
+        after it, nsadiag.harness.thinning) and leaves its name in ``block``, and nothing
+        more (the heartbeat writes the counts at a bounded rate). Inside code torch.compile
+        traces it does nothing, as ``outside_compiled_code`` would make it, without that
+        wrapper's second call: a model of many small blocks runs it at every block call."""
         import torch
 
         is_compiling = torch.compiler.is_compiling
@@ -89,7 +90,7 @@ class WorkCounters:
                 return
             if _PENDING:
                 skip_dynamo_frames()
-            self.calls += 1
+            self.calls += stands_for
             self.block = name
 
         _skip_in_dynamo(enter.__code__)

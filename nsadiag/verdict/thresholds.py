@@ -283,3 +283,30 @@ reads of the store). Both stay above what even ranks showed in the measurements 
 the largest least own time of even ranks was 1.54x the others' median (two CPU burners,
 load 8-9), and their gaps on a tiny model at most 8 ms; a rank named at 2.0x is dropped
 once its least falls by a fifth."""
+
+# ---- the observer's own cost in a watched process ----------------------------------------
+
+BLOCK_HOOK_CALL_S = 5e-6
+"""What one call of a watched block costs the training thread: torch's module call with a
+forward hook (``Module._call_impl`` leaves its fast path) and nsadiag's pre-hook
+(``WorkCounters.block_hook``), over the same call without them. Measured with
+bench/bench_block_hooks.py (torch 2.13 CPU, 2 shared cores): a block of Linear, LayerNorm
+and GELU (width 32, batch 16) in training mode, 200 alternated chunks of 200 calls, CPU time
+of the calling thread; median 4.8 us a hooked call at load 6.7 (3.7 us without autograd
+recording). A model of 64 such blocks (about 8 ms of CPU a step) paid 4 % of its step for
+the hooks."""
+
+BLOCK_HOOK_BUDGET = 0.01
+"""The share of the training thread's CPU time per step that the watched blocks' pre-hooks
+may cost (BLOCK_HOOK_CALL_S per hooked call); above it only one block in so many keeps its
+hook (nsadiag.harness.thinning). A chosen margin: the observer's whole budget is 5 % of a
+step (issue 32), and its per-step part (a "forward" and a "backward" start, a step event,
+two memory marks: about 50 us) and the sampler's hand-offs of the GIL take most of it on a
+model of millisecond steps."""
+
+BLOCK_HOOK_SAMPLE_STEPS = 4
+"""The steps after the one that found the model over which the blocks' calls and the
+training thread's CPU time are read for that decision. The first step is left out (it
+finds and hooks the model, and a compiled model compiles in it); a chosen count, enough to
+average out one slow step (a logging step, a checkpoint) and short against any run worth
+watching."""
