@@ -241,6 +241,10 @@ READING = (
     "minutes here.")
 
 
+CHEMPROP_WARMUP_EPOCHS = 2
+"""chemprop train's default --warmup-epochs: it refuses --epochs not above it."""
+
+
 def with_lengths(codebase: Codebase, trl_steps: int | None, chemprop_epochs: int | None
                  ) -> Codebase:
     """``codebase`` with the trl runs' --max_steps and chemprop's --epochs as given (None:
@@ -398,6 +402,9 @@ def main() -> None:
                         help="chemprop's --epochs (default 10; its step time is its last "
                              "epoch's)")
     args = parser.parse_args()
+    if args.chemprop_epochs is not None and args.chemprop_epochs <= CHEMPROP_WARMUP_EPOCHS:
+        parser.error(f"--chemprop-epochs must be above chemprop's {CHEMPROP_WARMUP_EPOCHS} "
+                     f"warm-up epochs (chemprop refuses fewer)")
     args.work.mkdir(parents=True, exist_ok=True)
     chosen = [with_lengths(c, args.trl_steps, args.chemprop_epochs) for c in CODEBASES
               if not args.only or any(c.name.startswith(p) for p in args.only)]

@@ -296,7 +296,7 @@ class MemoryFacts:
 @dataclass(frozen=True)
 class CrashFacts:
     """How the process ended without finishing: the signal and the crash it left, or the
-    exception it raised (and the known cause's fixes), or its exit code."""
+    exception it raised (and which known error it is), or its exit code."""
 
     signal: int | None = None
     signal_name: str | None = None
@@ -304,7 +304,7 @@ class CrashFacts:
     exception_type: str | None = None
     message: str | None = None
     where: str | None = None
-    fixes: list[str] | None = None
+    known_error: str | None = None  # a known error's name (nsadiag.verdict.known)
     exit_code: int | None = None
     result_status: str | None = None
 

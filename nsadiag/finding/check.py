@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from nsadiag.checks import CheckResult
 from nsadiag.finding import Culprit, Finding, Item, fail, ok, warn
+from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.recordspec import RecordSpec
 from nsadiag.verdict import explain_exception
 from nsadiag.verdict.triage import CHECK_TIMED_OUT
@@ -65,7 +66,8 @@ def known_causes(result: CheckResult) -> list[str]:
     explained = explain_exception("", " ".join(result.verdict.reasons))
     if explained is None:
         return []
-    return [f"Cause: {explained['cause']}."] + [f"Fix: {fix}." for fix in explained["fixes"]]
+    return [f"Cause: {explained['cause']}."] + [f"Fix: {fix}." for fix in
+                                                 fixes_for(explained["known"])]
 
 
 def check_next(result: CheckResult) -> str:

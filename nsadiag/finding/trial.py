@@ -17,6 +17,7 @@ from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.culprit import culprit_of
+from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
 from nsadiag.ranknames import RankNames
@@ -306,8 +307,9 @@ def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
         return (f"Make every rank issue the same collectives: the one{where} runs on some "
                 f"ranks only; issue it on all of them or on none.")
     if name == "ERROR":
-        if facts.crash.fixes:
-            return f"{facts.crash.fixes[0][:1].upper()}{facts.crash.fixes[0][1:]}."
+        fixes = fixes_for(facts.crash.known_error)
+        if fixes:
+            return f"{fixes[0][:1].upper()}{fixes[0][1:]}."
         return f"Fix the {facts.crash.exception_type or 'exception'} raised{where}."
     if name == "CRASH" and facts.ranks.lost_hosts:
         lost = ", ".join(f"host {row['host']}" for row in facts.ranks.lost_hosts)
@@ -450,7 +452,7 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     if facts.position.cause:
         summary.append(f"Cause: {facts.position.cause}.")
     ruled_out, implicated = cause_items(record, culprit)
-    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in facts.crash.fixes or []][1:]
+    fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in fixes_for(facts.crash.known_error)][1:]
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     return Finding(command=command, verdict=name, kind=kind,
                    status=status_of(name, facts.slow.slow_by),

@@ -6,7 +6,8 @@ a live process over an attach window; ``ranks`` decides a multi-rank job; ``prog
 one definition of progress, with rate and ETA; ``size_or_defect`` says why a run is slow;
 ``load`` reads a job's load figures; ``triage`` says what a check that ran out of time
 stands for and a triage's verdict when nothing failed; ``explain_exception`` gives the cause
-and fixes of a known error message (``known``); ``thresholds`` holds every figure these
+of a known error message and names the error (``known``; its fixes are in
+nsadiag.finding.known_fixes); ``thresholds`` holds every figure these
 compare against;
 ``VerdictName`` is every verdict's name; ``is_failure`` says whether a verdict is a failure
 found (a SLOW by size is not), ``VerdictName.is_timing`` whether a loaded machine can produce

@@ -37,11 +37,15 @@ def is_oom_exception(exception: dict[str, Any], child_says_oom: bool) -> bool:
 
 
 READY_TWICE = re.compile(r"Expected to mark a variable ready only once|marked as ready twice")
+READY_TWICE_ERROR = "ddp-ready-twice"
+"""The name a verdict records for DDP's "marked as ready twice" (facts.known_error)."""
+
 READY_TWICE_PARAMETER = re.compile(r"with name (?P<name>\S+) has been marked as ready twice")
 
 
 def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
-    """The cause and the fixes of an exception whose message is known, else None.
+    """The cause of an exception whose message is known, with the name of that known
+    error (``known``; nsadiag.finding.known_fixes holds what to do about it), else None.
 
     DDP's "Expected to mark a variable ready only once" / "marked as ready twice": a
     parameter received its gradient twice in one backward. Under reentrant gradient
@@ -60,11 +64,5 @@ def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
                "other modules than its forward did, e.g. a late-bound closure `lambda x: "
                "blk(x)` inside `for blk in blocks`, which recomputes the last block for every "
                "segment, so its parameters become ready once per segment")
-    fixes = ["bind the block when the checkpoint is made: checkpoint(blk, x), "
-             "functools.partial(checkpoint, blk) or `lambda x, blk=blk: blk(x)`",
-             "use non-reentrant checkpointing (use_reentrant=False), then verify the "
-             "gradients with `nsadiag check ckpt`: a late-bound closure stays silently wrong "
-             "there",
-             "DDP's static_graph=True only hides the double gradient"]
-    return {"cause": cause, "parameter": parameter, "fixes": fixes}
+    return {"cause": cause, "parameter": parameter, "known": READY_TWICE_ERROR}
 

@@ -135,9 +135,8 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
         reasons.append(f"innermost project frame: {where}")
     explanation = explain_exception(kind, message)
     if explanation:
-        facts.update(cause=explanation["cause"], fixes=explanation["fixes"])
+        facts.update(cause=explanation["cause"], known_error=explanation["known"])
         reasons.append(f"cause: {explanation['cause']}")
-        reasons.append("fixes: " + "; ".join(explanation["fixes"]))
     if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
         return Verdict("ERROR", reasons, facts)
     if facts["peak_rss"]:

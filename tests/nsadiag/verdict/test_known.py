@@ -4,6 +4,7 @@ type, flag or message, and DDP's "marked as ready twice" explained with its para
 
 import pytest
 
+from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.verdict.known import explain_exception, is_oom_exception, project_frame
 
 TRACEBACK = """Traceback (most recent call last):
@@ -58,7 +59,7 @@ def test_a_gradient_ready_twice_is_explained_with_the_parameter_it_names():
     assert found["cause"].startswith("a parameter received its gradient twice in one "
                                      "backward (blocks.1.mlp.weight): with reentrant "
                                      "checkpointing")
-    assert any("use_reentrant=False" in fix for fix in found["fixes"])
+    assert any("use_reentrant=False" in fix for fix in fixes_for(found["known"]))
 
 
 def test_a_ready_twice_without_a_name_and_an_unknown_message():

@@ -2,6 +2,7 @@
 and the Flight Recorder summary, on synthetic fixtures (no processes)."""
 
 from nsadiag.evidence import Evidence, ProcessOutcome
+from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.harness.collectives import summarize
 from nsadiag.probes.flight_recorder import summarize_dump
 from nsadiag.verdict import explain_exception
@@ -167,8 +168,8 @@ def test_ready_twice_is_explained_with_the_parameter_and_fixes():
     assert explained["parameter"] == "model.blocks.3.down.bias"
     assert "(model.blocks.3.down.bias)" in explained["cause"]
     assert "lambda x: blk(x)" in explained["cause"]
-    assert any("functools.partial(checkpoint, blk)" in fix for fix in explained["fixes"])
-    assert any("use_reentrant=False" in fix for fix in explained["fixes"])
+    assert any("functools.partial(checkpoint, blk)" in fix for fix in fixes_for(explained["known"]))
+    assert any("use_reentrant=False" in fix for fix in fixes_for(explained["known"]))
     assert explain_exception("RuntimeError", "CUDA error: device-side assert") is None
 
 
