@@ -32,18 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from small_blocks import Block  # bench/ is the script's own folder
 from torch import nn
 
 from nsadiag.probes.counters import WorkCounters
-
-
-class Block(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.l, self.n, self.a = nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.a(self.n(self.l(x)))
 
 
 def cpu_per_step(model: nn.Module, optimizer: Any, batch: tuple[torch.Tensor, torch.Tensor],

@@ -73,13 +73,7 @@ def main() -> None:
         torch.manual_seed(0)
         torch.set_num_threads(1)
 
-        class Block(nn.Module):
-            def __init__(self, width: int):
-                super().__init__()
-                self.l, self.n, self.a = nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return x + self.a(self.n(self.l(x)))
+        from small_blocks import Block  # torch is imported here, after the observer
 
         model = nn.Sequential(*[Block(32) for _ in range(64)], nn.Linear(32, 4))
         optimizer = torch.optim.SGD(model.parameters(), 1e-2)

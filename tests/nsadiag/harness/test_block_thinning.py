@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 from nsadiag.harness import watched
 from nsadiag.harness.thinning import StrideDecision, block_stride, watched_blocks
 from nsadiag.verdict.thresholds import BLOCK_HOOK_SAMPLE_STEPS
+from tests.nsadiag.harness.small_blocks import SmallBlock, wait_until
 
 
 def test_hooks_that_cost_at_most_the_budget_stay_on_every_block():
@@ -71,20 +71,6 @@ def test_steps_on_another_thread_keep_every_block():
     assert decision.step_ended(192, 0.0002, thread=2) == 1
 
 
-class Small(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.linear, self.norm, self.act = nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.norm(self.linear(x)))
-
-
-def _wait(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 def _train_watched(tmp_path: Path, model: nn.Module, x: torch.Tensor, steps: int
@@ -97,7 +83,7 @@ def _train_watched(tmp_path: Path, model: nn.Module, x: torch.Tensor, steps: int
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the training thread does the step's work: its CPU time is read
     try:
-        assert _wait(lambda: heartbeat.finder is not None)  # torch is in use: hooks go in
+        assert wait_until(lambda: heartbeat.finder is not None)  # torch is in use: hooks go in
         for _ in range(steps):
             model(x).square().mean().backward()
             optimizer.step()
@@ -117,7 +103,7 @@ def test_a_model_of_many_small_blocks_ends_with_fewer_hooks(tmp_path: Path):
     several times the budget of a step that takes a few milliseconds of CPU."""
     blocks, steps = 64, BLOCK_HOOK_SAMPLE_STEPS + 4
     torch.manual_seed(0)
-    model = nn.Sequential(*[Small(16) for _ in range(blocks)])
+    model = nn.Sequential(*[SmallBlock(16) for _ in range(blocks)])
     heartbeat, events, hooks = _train_watched(tmp_path, model, torch.randn(8, 16), steps)
     stride = heartbeat.block_stride
     assert stride > 1

@@ -16,24 +16,11 @@ from torch.nn.modules import module as module_mod
 from nsadiag.harness import watched
 from nsadiag.probes import counters as counters_mod
 from nsadiag.probes.sampler import INTERVAL_S
+from tests.nsadiag.harness.small_blocks import SmallBlock, wait_until
 
 BLOCKS, STEPS = 48, 12
 
 
-class Small(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear, self.norm, self.act = nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.act(self.norm(self.linear(x)))
-
-
-def _wait(condition, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: Path,
@@ -50,7 +37,7 @@ def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: P
     # instrumented from the next on, by design)
     monkeypatch.setattr(counters_mod, "LONG_BACKWARD_S", float("inf"))
     torch.manual_seed(0)
-    model = nn.Sequential(*[Small() for _ in range(BLOCKS)], nn.Linear(8, 2))
+    model = nn.Sequential(*[SmallBlock(8) for _ in range(BLOCKS)], nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
     global_hooks = len(module_mod._global_forward_pre_hooks)
@@ -58,7 +45,7 @@ def test_a_model_of_many_small_modules_costs_blocks_not_module_calls(tmp_path: P
     started = time.monotonic()
     heartbeat.start()
     try:
-        assert _wait(lambda: heartbeat.finder is not None)  # torch is in use: hooks go in
+        assert wait_until(lambda: heartbeat.finder is not None)  # torch is in use: hooks go in
         assert len(module_mod._global_forward_pre_hooks) == global_hooks + 1
         for _ in range(STEPS):
             loss = nn.functional.cross_entropy(model(x), y)
@@ -109,7 +96,7 @@ class Waiting(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.until is not None:
-            self.held = _wait(self.until)
+            self.held = wait_until(self.until)
         return self.linear(x)
 
 
@@ -121,7 +108,7 @@ def test_block_counts_reach_the_heartbeat_while_the_forward_runs(tmp_path: Path)
     heartbeat = watched.ProcessHeartbeat(tmp_path)
     heartbeat.start()
     try:
-        assert _wait(lambda: heartbeat.finder is not None)
+        assert wait_until(lambda: heartbeat.finder is not None)
         model[2].until = lambda: heartbeat.writer.module_events > 0
         model(torch.randn(2, 4)).sum().backward()
         assert model[2].held  # a module event was written while block 2 ran
