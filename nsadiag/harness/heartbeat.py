@@ -10,11 +10,13 @@ Every line has, in this order:
     module, edge   module events only: dotted module name, "enter" | "exit"
     edges          module events of a watched user process only (``write_blocks``): the
                    block enters this event stands for, itself included
-    rss            resident bytes of this process (/proc/self/statm)
+    rss            resident bytes of this process (/proc/self/statm); a watched user
+                   process's module events carry the reading of the event before them
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
     cuda_reserved  torch.cuda.memory_reserved(), null likewise
 "start" marks the beginning of a phase: "build" once (with the process's pid, and its rank
-under torchrun), then "forward", "backward", "optimizer" of every step; the "backward"
+under torchrun), then "forward", "backward", "optimizer" of every step (in a watched user
+process only those after PHASE_EVENT_QUIET_S without one: ``enter_phase``); the "backward"
 start of step 0 carries saved_bytes and
 saved_by_branch (what its forward saved for backward, so a trial killed later still has
 them). "step" (phase "optimizer") closes a finished step and carries
@@ -82,6 +84,14 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 the cost of writing an event."""
 FLUSH_S = 0.05
 """A buffered writer (``buffered=True``) flushes at most this often, and at every pulse."""
+PHASE_EVENT_QUIET_S = 0.05
+"""A watched user process writes a phase's "start" event (``enter_phase``) only when no
+phase start or step event was written for this long. Each event costs the model's thread
+20 to 40 us (an encoding, a read of its resident memory, a write): two phase starts a step
+were 1 to 1.5 % of a step of 7 ms (bench/gil_loop.py). A step of 50 ms or more keeps all
+its events; a faster loop writes every step event, and its phases reach the file through
+the pulses (every second) and the next event, which is as fast as the watcher reads them.
+A chosen gap, FLUSH_S, the module events' own."""
 
 
 class HeartbeatWriter:
@@ -101,6 +111,8 @@ class HeartbeatWriter:
         self.path = Path(path)
         self.buffered = buffered
         self._flushed = 0.0  # time.monotonic() of the last flush
+        self._phase_written = 0.0  # time.monotonic() of the last "start" or "step" event
+        self._last_rss: int | None = None  # the resident bytes of the latest event
         # a watched process's block enters (count_blocks): (enters so far, block entered
         # last), the enters the module events written stand for, the enters at phase start
         self._entered: Callable[[], tuple[int, str | None]] | None = None
@@ -133,6 +145,19 @@ class HeartbeatWriter:
             if self._entered is not None:
                 self._enters_at_phase = self._entered()[0]
             self._write("start", phase, **extra)
+
+    def enter_phase(self, phase: str, step: int, quiet_s: float = PHASE_EVENT_QUIET_S) -> None:
+        """Enter ``phase`` of ``step`` as ``start`` does, writing its "start" event only
+        when no phase start or step was written for ``quiet_s`` (see PHASE_EVENT_QUIET_S);
+        otherwise the phase changes in memory, where pulses and the next event read it."""
+        with self._lock:
+            if time.monotonic() - self._phase_written >= quiet_s:
+                self.start(phase, step)
+                return
+            self.phase, self.step = phase, step
+            self._open.clear()
+            if self._entered is not None:
+                self._enters_at_phase = self._entered()[0]
 
     def module(self, name: str, phase: str, edge: str) -> None:
         """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
@@ -238,7 +263,12 @@ class HeartbeatWriter:
         if "module" in extra:
             event["module"] = extra.pop("module")
             event["edge"] = extra.pop("edge")
-        event["rss"] = self._rss()
+        # a buffered writer's module events (the block counts, written at every sample and
+        # phase) carry the resident memory of the event before them: each read is a
+        # system call the model's thread pays for, and only step ends are fitted
+        reuse = self.buffered and kind == "module" and self._last_rss is not None
+        event["rss"] = self._last_rss if reuse else self._rss()
+        self._last_rss = event["rss"]
         event["cuda_alloc"], event["cuda_reserved"] = _cuda_memory()
         event.update(extra)
         with self._lock:
@@ -248,6 +278,8 @@ class HeartbeatWriter:
                 self.module_events += 1
             if kind != "pulse":
                 self.events += 1
+            if kind in ("start", "step"):
+                self._phase_written = time.monotonic()
             if self.lost is not None:
                 return
             if self._fd is None:  # closed: at exit, a late pulse

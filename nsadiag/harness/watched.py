@@ -399,7 +399,7 @@ class ProcessHeartbeat:
             return
         if self.marks["forward"] is None:
             self.marks["forward"] = time.perf_counter()
-        self.writer.start("forward", self.steps)
+        self.writer.enter_phase("forward", self.steps)
 
     def _exit(self, module: Any, args: Any, output: Any) -> None:
         if not self.forked:
@@ -421,7 +421,7 @@ class ProcessHeartbeat:
             return
         if self.marks["backward"] is None:
             self.marks["backward"] = time.perf_counter()
-        self.writer.start("backward", self.steps)
+        self.writer.enter_phase("backward", self.steps)
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """One optimizer step: the step's time since the last, split at the step's first

@@ -204,6 +204,38 @@ class Loop:
                 "end": self.end, "phase": self.phase, "module": self.module}
 
 
+MARK_BUDGET = 0.01
+"""The share of the wall time the memory marks on the model's thread may take. Measured
+(bench/gil_loop.py, 64 blocks of Linear, LayerNorm and GELU, steps of 7 ms): two marks a
+step read the heap in 7 to 60 us each once the model had trained, 2.9 % of the main thread's
+samples, the largest part of the observer's cost there. A chosen share of the observer's 5 %
+(issue 32): a model of 30 ms steps or more keeps every mark."""
+
+MARK_CREDIT_S = 0.002
+"""The most mark time that time without marks saves up (``MarkBudget``): a burst of marks
+after a long quiet stretch (an evaluation, a checkpoint) reads at most this much before
+the share applies again. A chosen bound, a few dozen readings."""
+
+
+class MarkBudget:
+    """Whether a memory mark may read now: a leaky bucket that fills at ``share`` of the
+    wall time, up to ``credit_s``, and empties by what each reading took."""
+
+    def __init__(self, share: float = MARK_BUDGET, credit_s: float = MARK_CREDIT_S) -> None:
+        self.share, self.credit_s = share, credit_s
+        self._credit = credit_s
+        self._last: float | None = None
+
+    def allows(self, now: float) -> bool:
+        if self._last is not None:
+            self._credit = min(self.credit_s, self._credit + self.share * (now - self._last))
+        self._last = now
+        return self._credit > 0
+
+    def spend(self, seconds: float) -> None:
+        self._credit -= seconds
+
+
 class MemoryLedger:
     """Memory above the first reading, attributed to where it rose (see the module
     docstring). ``observe(value, frames, step)`` takes one reading with the user frames
@@ -459,6 +491,8 @@ class Sampler(threading.Thread):
         self._previous: tuple[float, float, float] | None = None  # t, on-CPU, run queue
         self._previous_stack: set[Frame] = set()
         self._memory_lock = threading.Lock()  # readings come from hooks too
+        self._mark_budget = MarkBudget()
+        self._marks_skipped = False  # a mark read nothing since the last reading
         self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
         self._own_runq = 0.0
         try:
@@ -575,17 +609,34 @@ class Sampler(threading.Thread):
         line's, nor the next one's)."""
         with self._memory_lock:
             previous, self._previous_stack = self._previous_stack, set(user_stack)
+            self._marks_skipped = False
             self._observe_memory(tuple(frame for frame in user_stack if frame in previous))
 
     def mark_memory(self) -> None:
         """A reading of memory now, on the thread that calls it: a hook calls it as a
         top-level module call begins and ends, so what the call allocated is attributed
         exactly to the line of the user's code that made it (the validation forward whose
-        graph a list keeps, not the training forward beside it)."""
+        graph a list keeps, not the training forward beside it).
+
+        A reading costs the model's thread its time (``mallinfo2`` walks the heap's free
+        lists: 1 us in a fresh process, 7 us and more once a model has trained), so the
+        marks keep to MARK_BUDGET of the wall time (``MarkBudget``). A mark over budget
+        reads nothing and only narrows the frames a later rise may be given to: whatever
+        rises until the next reading belongs to the frames on every stack seen since the
+        last one, as between two samples, never to one call that may not have made it."""
         stack = user_stack_of(sys._getframe(1))
+        started = time.perf_counter()
         with self._memory_lock:
-            self._previous_stack = set(stack)
-            self._observe_memory(stack)
+            if not self._mark_budget.allows(started):
+                self._previous_stack &= set(stack)
+                self._marks_skipped = True
+                return
+            frames = stack
+            if self._marks_skipped:
+                frames = tuple(frame for frame in stack if frame in self._previous_stack)
+            self._previous_stack, self._marks_skipped = set(stack), False
+            self._observe_memory(frames)
+            self._mark_budget.spend(time.perf_counter() - started)
 
     def _observe_memory(self, user_stack: tuple[Frame, ...]) -> None:
         step = self._step()

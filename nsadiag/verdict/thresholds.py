@@ -12,7 +12,7 @@ the reports and found by the constant's name.
 
 from __future__ import annotations
 
-from nsadiag.probes import frames
+from nsadiag.probes import frames, sampler
 
 # ---- a stalled process: busy, idle, or in between ----------------------------------------
 
@@ -310,3 +310,10 @@ training thread's CPU time are read for that decision. The first step is left ou
 finds and hooks the model, and a compiled model compiles in it); a chosen count, enough to
 average out one slow step (a logging step, a checkpoint) and short against any run worth
 watching."""
+
+MARK_BUDGET = sampler.MARK_BUDGET
+"""The share of the wall time the memory marks at each top-level model call may take on
+the model's thread; over it a mark reads nothing and a rise goes to the frames on every
+stack since the last reading. 0.01, defined beside the marks (nsadiag.probes.sampler, below
+the verdicts), with its measurement there."""
+

@@ -123,3 +123,37 @@ def test_the_observer_adds_one_thread_and_polls_compiles_on_its_wake_ups(tmp_pat
         assert polls == [1, 1]
     finally:
         heartbeat.stop(remove=True)
+
+
+def test_a_phase_entered_soon_after_an_event_changes_in_memory_only(tmp_path: Path):
+    path = tmp_path / "events.jsonl"
+    writer = HeartbeatWriter(path, buffered=True)
+    writer.enter_phase("forward", 0, quiet_s=3600.0)  # nothing written yet: written
+    writer.enter_phase("backward", 0, quiet_s=3600.0)  # right after it: in memory
+    assert (writer.phase, writer.step) == ("backward", 0)
+    writer.step_done(step_s=0.01, forward_s=0.005, backward_s=0.005)
+    writer.enter_phase("forward", 1, quiet_s=3600.0)
+    assert (writer.phase, writer.step) == ("forward", 1)
+    writer.enter_phase("backward", 1, quiet_s=0.0)  # a quiet gap: written
+    writer.close()
+    kinds = [(e["kind"], e["phase"], e["step"]) for e in _events(path)]
+    assert kinds == [("start", "forward", 0), ("step", "optimizer", 0),
+                     ("start", "backward", 1)]
+
+
+def test_a_buffered_writers_block_events_read_no_memory_of_their_own(tmp_path: Path,
+                                                                     monkeypatch):
+    path = tmp_path / "events.jsonl"
+    writer = HeartbeatWriter(path, buffered=True)
+    counted = {"enters": 0}
+    writer.count_blocks(lambda: (counted["enters"], "blocks.0"))
+    readings = iter([111, 222, 333])
+    monkeypatch.setattr(writer, "_rss", lambda: next(readings))
+    writer.start("forward", 0)  # reads 111
+    for enters in (3, 6):
+        counted["enters"] = enters
+        writer.write_blocks()  # module events: the reading before them, no read
+    writer.step_done(step_s=0.01, forward_s=0.01, backward_s=0.0)  # reads 222
+    writer.close()
+    rss = [(e["kind"], e["rss"]) for e in _events(path)]
+    assert rss == [("start", 111), ("module", 111), ("module", 111), ("step", 222)]
