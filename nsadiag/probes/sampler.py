@@ -204,12 +204,13 @@ class Loop:
                 "end": self.end, "phase": self.phase, "module": self.module}
 
 
-MARK_BUDGET = 0.01
+MARK_BUDGET = 0.005
 """The share of the wall time the memory marks on the model's thread may take. Measured
 (bench/gil_loop.py, 64 blocks of Linear, LayerNorm and GELU, steps of 7 ms): two marks a
 step read the heap in 7 to 60 us each once the model had trained, 2.9 % of the main thread's
 samples, the largest part of the observer's cost there. A chosen share of the observer's 5 %
-(issue 32): a model of 30 ms steps or more keeps every mark."""
+(issue 32), as the block hooks' (BLOCK_HOOK_BUDGET): a model of steps of 20 ms or more
+keeps every mark."""
 
 MARK_CREDIT_S = 0.002
 """The most mark time that time without marks saves up (``MarkBudget``): a burst of marks

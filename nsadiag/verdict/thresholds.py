@@ -296,13 +296,14 @@ of the calling thread; median 4.8 us a hooked call at load 6.7 (3.7 us without a
 recording). A model of 64 such blocks (about 8 ms of CPU a step) paid 4 % of its step for
 the hooks."""
 
-BLOCK_HOOK_BUDGET = 0.01
+BLOCK_HOOK_BUDGET = 0.005
 """The share of the training thread's CPU time per step that the watched blocks' pre-hooks
 may cost (BLOCK_HOOK_CALL_S per hooked call); above it only one block in so many keeps its
 hook (nsadiag.harness.thinning). A chosen margin: the observer's whole budget is 5 % of a
-step (issue 32), and its per-step part (a "forward" and a "backward" start, a step event,
-two memory marks: about 50 us) and the sampler's hand-offs of the GIL take most of it on a
-model of millisecond steps."""
+step (issue 32); on a model of 7 ms steps the sampler and its hand-offs of the GIL took
+about 1.5 %, the step event and the marks' stack walks about 1 %, and the memory marks keep
+to MARK_BUDGET, so the block hooks get half a percent (64 blocks of 0.1 ms: one in 10
+keeps its hook)."""
 
 BLOCK_HOOK_SAMPLE_STEPS = 4
 """The steps after the one that found the model over which the blocks' calls and the
@@ -314,6 +315,6 @@ watching."""
 MARK_BUDGET = sampler.MARK_BUDGET
 """The share of the wall time the memory marks at each top-level model call may take on
 the model's thread; over it a mark reads nothing and a rise goes to the frames on every
-stack since the last reading. 0.01, defined beside the marks (nsadiag.probes.sampler, below
+stack since the last reading. 0.005, defined beside the marks (nsadiag.probes.sampler, below
 the verdicts), with its measurement there."""
 
