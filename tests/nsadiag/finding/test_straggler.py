@@ -4,7 +4,8 @@ most seen frame when the finding names none, its next step comes first and a SLO
 next step follows; a stuck run's top block keeps its own culprit."""
 
 from nsadiag.finding import Culprit, Finding
-from nsadiag.finding.straggler import with_straggler
+from nsadiag.finding.straggler import next_step, with_straggler
+from nsadiag.verdict.straggler import Straggler
 
 STRAGGLER = {"rank": 3, "label": "rank 3 on host2", "host": "host2", "local_rank": 1,
              "node_rank": 1, "steps": [40, 41, 42], "others": 3, "own_s": 0.6,
@@ -51,6 +52,16 @@ def test_without_a_frame_the_next_step_is_the_longest_part_of_its_step():
     assert named.culprit is None
     assert ("with 0.500 s of its 0.700 s step before its backward (loading the batch and "
             "forward): look there (its host's sampler named no frame)") in named.next_action
+
+
+def test_the_next_step_names_its_backward_when_that_is_the_longer_part():
+    backward = Straggler.from_dict({**STRAGGLER, "frame": None, "forward_s": 0.1,
+                                    "backward_s": 0.5})
+    assert next_step(backward) == (
+        "Rank 3 on host2 spends 0.600 s per step outside collectives, 3.0x the others' "
+        "median (0.200 s), with 0.500 s of its 0.700 s step in its backward: look there "
+        "(its host's sampler named no frame); the other 3 rank(s) wait for it in "
+        "collectives (a median 0.400 s per step).")
 
 
 def test_a_stuck_run_or_no_straggler_leaves_the_finding_as_it_was():
