@@ -21,7 +21,10 @@ RunMeta, triage.json and checks.json into their typed state, attach.json, memory
 trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, TraceResult,
 StacksRecord). One that does not parse is one RecordError line; the renderers get typed
 records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
-not taken for a malformed file.
+not taken for a malformed file. A run's record.json carries its Finding (decided once,
+when the record was made): the renderer lays it out. One written before findings were
+stored has its finding decided where it is loaded (``stored_record``), the one place that
+does; `nsadiag run` and nsadiag.watch() hand their record over instead of reading it back.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
+from nsadiag.findingdata import Finding
 from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import Redactor
@@ -140,9 +144,33 @@ def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
     return record
 
 
-def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
-          ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
+def stored_record(run_dir: Path) -> TrialRecord:
+    """record.json of a run or watch directory, parsed (RecordError, one line, when it is
+    malformed, its stored finding included) and located in ``run_dir``; a record written
+    before findings were stored gets its finding decided here, the one place that does."""
+    record = located(parse_stored("record.json", TrialRecord.from_dict,
+                                  read_json(run_dir / "record.json", "record.json")), run_dir)
+    if record.finding is None:
+        from nsadiag.finding.run import with_finding
+
+        record = with_finding(record)
+    return record
+
+
+def record_finding(record: TrialRecord) -> Finding:
+    """The finding a run's record carries; ValueError for one that carries none (a record
+    handed over must have been given its finding where it was made)."""
+    if record.finding is None:
+        raise ValueError("record: carries no finding (nsadiag.finding.run.with_finding "
+                         "gives it one where the record is made)")
+    return record.finding
+
+
+def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str],
+          given: TrialRecord | None = None) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a run directory of ``kind``, unredacted; a run or watch
+    directory's record is ``given`` by the process that made it (not read back from
+    record.json) or read from record.json."""
     if kind in ("sweep-layers", "isolate-branch"):
         from nsadiag.report.sweep import build_report
 
@@ -171,9 +199,8 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
-        record = parse_stored("record.json", TrialRecord.from_dict,
-                              read_json(run_dir / "record.json", "record.json"))
-        return build_run_report(located(record, run_dir), run_dir)
+        record = given or stored_record(run_dir)
+        return build_run_report(record, record_finding(record), run_dir)
     if kind == "check":
         from nsadiag.report.check import build_check_report
 
@@ -215,12 +242,12 @@ def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], RecordSpec, int]:
             RecordSpec.from_dict(stored["spec"]), int(stored["world_size"]))
 
 
-def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
-                   ) -> tuple[str, dict[str, Any], list[str]]:
+def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str],
+                   given: TrialRecord | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
     the lines saying what it did not read."""
     with runfiles.rendering(run_dir) as not_read:
-        text, summary = build(run_dir, kind, meta, skipped)
+        text, summary = build(run_dir, kind, meta, skipped, given)
     return text, summary, not_read
 
 
@@ -233,27 +260,30 @@ def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
         return render_run(run_dir, no_redact)
 
 
-def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
+def render_run(run_dir: Path, no_redact: bool = False, record: TrialRecord | None = None
+               ) -> Rendered:
     """Write the run directory's report.md and summary.json (redacted unless
-    ``no_redact``, with what the run recorded to hide) from its stored records; ValueError
-    (one line) for a directory that holds no run or a malformed record. The caller holds
+    ``no_redact``, with what the run recorded to hide) from its stored records, or for a run
+    or watch directory from ``record``, the record (with its finding) that the calling
+    process has just written to record.json and need not read back; ValueError (one line)
+    for a directory that holds no run or a malformed record. The caller holds
     the directory (the command that ran it, or ``render_locked``); once the report is
     written, the disk reserve of the run (nsadiag.rundir) is given back."""
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
-    rendered = _render(run_dir, no_redact)
+    rendered = _render(run_dir, no_redact, record)
     give_back_reserve(run_dir)
     return rendered
 
 
-def _render(run_dir: Path, no_redact: bool) -> Rendered:
+def _render(run_dir: Path, no_redact: bool, record: TrialRecord | None) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
     # every record was parsed where it was read (RecordError there): a KeyError while
     # rendering one is a fault of the renderer, not of the file, and goes up as itself
     try:
-        text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
+        text, summary, not_read = build_confined(run_dir, kind, meta, skipped, record)
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None

@@ -13,11 +13,11 @@ import random
 import pytest
 
 from nsadiag.evidence import Evidence
+from nsadiag.finding.run import run_finding
 from nsadiag.hosts.address import JobShape, StoreAddress
 from nsadiag.hosts.link import HostLink
 from nsadiag.hosts.merged import decide_hosts
 from nsadiag.hosts.shared import SharedView
-from nsadiag.report.run import run_finding
 from nsadiag.report.straggler import straggler_section
 from nsadiag.report.top import top_block
 from nsadiag.rundir import TrialRecord
