@@ -34,7 +34,7 @@ from nsadiag.harness import stop
 from nsadiag.harness.echo import LiveStatus
 from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.redact import Redactor
-from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.report.dispatch import Rendered, render_record
 from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,
@@ -90,7 +90,7 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
-        rendered = render_run(run_dir, no_redact, record)
+        rendered = render_record(record, run_dir, no_redact)
     except ValueError as err:
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "

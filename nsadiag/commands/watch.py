@@ -54,7 +54,7 @@ from typing import Any
 from nsadiag.finding.run import with_finding
 from nsadiag.harness.watch_helper import watch_block
 from nsadiag.harness.watched import ProcessHeartbeat, disarm_faulthandler, process_dir, start
-from nsadiag.report.dispatch import render_run
+from nsadiag.report.dispatch import render_record
 from nsadiag.rundir import (
     TrialRecord,
     prepare_run_dir,
@@ -220,7 +220,7 @@ def _write_report(record: TrialRecord, run_dir: Path, no_redact: bool) -> None:
     summary.json rendered from that record (as for nsadiag run)."""
     record = with_finding(record)
     write_json(run_dir / "record.json", record.to_dict())
-    render_run(run_dir, no_redact, record)
+    render_record(record, run_dir, no_redact)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from attach.json). Directories written before
 run.json named every kind are recognised by their files.
 
 ``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
-what `nsadiag report DIR` and every command end with. Both files are redacted
+what `nsadiag report DIR` and every command end with; `nsadiag run` and nsadiag.watch()
+end with ``render_record``, from the record they hold. Both files are redacted
 (nsadiag.redact) unless ``no_redact``, except for the hosts the job's ranks are named by
 (``job_hosts``): a report on the job's machines names them. A record line of trials.jsonl
 that is torn or malformed is skipped and listed at the end of report.md and in summary.json's
@@ -24,7 +25,8 @@ records only, so a KeyError or TypeError while rendering is a fault of nsadiag a
 not taken for a malformed file. A run's record.json carries its Finding (decided once,
 when the record was made): the renderer lays it out. One written before findings were
 stored has its finding decided where it is loaded (``stored_record``), the one place that
-does; `nsadiag run` and nsadiag.watch() hand their record over instead of reading it back.
+does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``) instead
+of reading it back.
 """
 
 from __future__ import annotations
@@ -166,11 +168,9 @@ def record_finding(record: TrialRecord) -> Finding:
     return record.finding
 
 
-def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str],
-          given: TrialRecord | None = None) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a run directory of ``kind``, unredacted; a run or watch
-    directory's record is ``given`` by the process that made it (not read back from
-    record.json) or read from record.json."""
+def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
+          ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
     if kind in ("sweep-layers", "isolate-branch"):
         from nsadiag.report.sweep import build_report
 
@@ -199,7 +199,7 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str],
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
-        record = given or stored_record(run_dir)
+        record = stored_record(run_dir)
         return build_run_report(record, record_finding(record), run_dir)
     if kind == "check":
         from nsadiag.report.check import build_check_report
@@ -242,12 +242,12 @@ def checks(stored: dict[str, Any]) -> tuple[list[CheckResult], RecordSpec, int]:
             RecordSpec.from_dict(stored["spec"]), int(stored["world_size"]))
 
 
-def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str],
-                   given: TrialRecord | None = None) -> tuple[str, dict[str, Any], list[str]]:
+def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
+                   ) -> tuple[str, dict[str, Any], list[str]]:
     """``build`` reading no file a record names outside ``run_dir`` (nsadiag.runfiles), and
     the lines saying what it did not read."""
     with runfiles.rendering(run_dir) as not_read:
-        text, summary = build(run_dir, kind, meta, skipped, given)
+        text, summary = build(run_dir, kind, meta, skipped)
     return text, summary, not_read
 
 
@@ -260,33 +260,44 @@ def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
         return render_run(run_dir, no_redact)
 
 
-def render_run(run_dir: Path, no_redact: bool = False, record: TrialRecord | None = None
-               ) -> Rendered:
+def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
     """Write the run directory's report.md and summary.json (redacted unless
-    ``no_redact``, with what the run recorded to hide) from its stored records, or for a run
-    or watch directory from ``record``, the record (with its finding) that the calling
-    process has just written to record.json and need not read back; ValueError (one line)
-    for a directory that holds no run or a malformed record. The caller holds
+    ``no_redact``, with what the run recorded to hide) from its stored records; ValueError
+    (one line) for a directory that holds no run or a malformed record. The caller holds
     the directory (the command that ran it, or ``render_locked``); once the report is
     written, the disk reserve of the run (nsadiag.rundir) is given back."""
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
-    rendered = _render(run_dir, no_redact, record)
-    give_back_reserve(run_dir)
-    return rendered
-
-
-def _render(run_dir: Path, no_redact: bool, record: TrialRecord | None) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
     # every record was parsed where it was read (RecordError there): a KeyError while
     # rendering one is a fault of the renderer, not of the file, and goes up as itself
     try:
-        text, summary, not_read = build_confined(run_dir, kind, meta, skipped, record)
+        text, summary, not_read = build_confined(run_dir, kind, meta, skipped)
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None
+    return _write(run_dir, kind, text, summary, skipped, not_read, no_redact)
+
+
+def render_record(record: TrialRecord, run_dir: Path, no_redact: bool = False) -> Rendered:
+    """``render_run`` of a run or watch directory from ``record``, the record (with its
+    finding) that the calling process (`nsadiag run`, nsadiag.watch()'s helper) has just
+    written to record.json: nothing is read back or decided again."""
+    from nsadiag.report.run import build_run_report
+
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    with runfiles.rendering(run_dir) as not_read:
+        text, summary = build_run_report(record, record_finding(record), run_dir)
+    return _write(run_dir, "run", text, summary, [], not_read, no_redact)
+
+
+def _write(run_dir: Path, kind: str, text: str, summary: dict[str, Any], skipped: list[str],
+           not_read: list[str], no_redact: bool) -> Rendered:
+    """report.md and summary.json as rendered, with what was skipped or not read, cleaned
+    and redacted; then the run's disk reserve is given back."""
     if skipped:
         text += Section("Records skipped", [f"- {s}" for s in skipped]).markdown()
         summary["skipped_records"] = skipped
@@ -306,6 +317,7 @@ def _render(run_dir: Path, no_redact: bool, record: TrialRecord | None) -> Rende
     report = write_text(run_dir / "report.md", text)
     written = write_json(run_dir / "summary.json", summary)
     plots = [run_dir / name for name in PLOTS if (run_dir / name).exists()]
+    give_back_reserve(run_dir)
     return Rendered(report, written, summary, [report, written, *plots], hosts)
 
 
