@@ -194,18 +194,22 @@ def _spec_of(data: dict[str, Any]) -> RecordSpec:
 
 
 def _finding_of(data: Any) -> Finding | None:
-    """The stored finding of a record (None when it has none), checked against the shape
-    summary.json gives a finding; RecordError naming the first violation."""
+    return stored_finding(data, "not a trial record")
+
+
+def stored_finding(data: Any, what: str) -> Finding | None:
+    """The finding a stored record keeps (its ``finding``: the data, or None when it keeps
+    none, written before findings were stored), checked against the shape summary.json
+    gives a finding; RecordError, "``what`` (finding ...)" naming the first violation."""
     if data is None:
         return None
     found = definition_errors(data, "summary", "finding")
     if found:
-        raise RecordError(f"not a trial record (finding {found[0]})")
+        raise RecordError(f"{what} (finding {found[0]})")
     try:
         return Finding.from_dict(data)
     except (KeyError, TypeError, ValueError) as err:
-        raise RecordError(f"not a trial record (finding: {type(err).__name__}: {err})") \
-            from None
+        raise RecordError(f"{what} (finding: {type(err).__name__}: {err})") from None
 
 
 def _gpu_of(data: Any) -> GpuState | None:

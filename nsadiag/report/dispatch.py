@@ -31,6 +31,8 @@ of reading it back.
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +52,7 @@ from nsadiag.rundir import (
     locked,
     parse_stored,
     read_json,
+    stored_finding,
     stored_redaction,
     write_json,
     write_text,
@@ -149,14 +152,30 @@ def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
 def stored_record(run_dir: Path) -> TrialRecord:
     """record.json of a run or watch directory, parsed (RecordError, one line, when it is
     malformed, its stored finding included) and located in ``run_dir``; a record written
-    before findings were stored gets its finding decided here, the one place that does."""
+    before findings were stored gets its finding here (``decided_late``)."""
     record = located(parse_stored("record.json", TrialRecord.from_dict,
                                   read_json(run_dir / "record.json", "record.json")), run_dir)
     if record.finding is None:
-        from nsadiag.finding.run import with_finding
+        from nsadiag.finding.run import run_finding
 
-        record = with_finding(record)
+        record = replace(record, finding=decided_late(lambda: run_finding(record)))
     return record
+
+
+def kept_or_decided(stored: Any, what: str, decide: Callable[[], Finding]) -> Finding:
+    """The finding a stored JSON object keeps under ``finding`` (checked against its schema:
+    RecordError, one line, naming ``what``), or for one written before findings were
+    stored, the one ``decide`` gives (``decided_late``)."""
+    kept = stored_finding(stored.get("finding") if isinstance(stored, dict) else None,
+                          f"{what}: a stored record is malformed")
+    return kept if kept is not None else decided_late(decide)
+
+
+def decided_late(decide: Callable[[], Finding]) -> Finding:
+    """The one place a report decides a finding: for a record written before findings were
+    stored with the record (by an older nsadiag), the finding its command would have
+    stored, decided as it is loaded. Every other finding is laid out as it was kept."""
+    return decide()
 
 
 def record_finding(record: TrialRecord) -> Finding:
@@ -202,23 +221,32 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
         record = stored_record(run_dir)
         return build_run_report(record, record_finding(record), run_dir)
     if kind == "check":
+        from nsadiag.finding.check import check_finding
         from nsadiag.report.check import build_check_report
 
-        results, spec, world_size = parse_stored(
-            "checks.json", checks, read_json(run_dir / "checks.json", "checks.json"))
-        return build_check_report(results, spec, list(meta.argv), world_size)
+        stored = read_json(run_dir / "checks.json", "checks.json")
+        results, spec, world_size = parse_stored("checks.json", checks, stored)
+        finding = kept_or_decided(stored, "checks.json", lambda: check_finding(
+            results, spec, shlex.join(meta.argv) if meta.argv else None))
+        return build_check_report(results, spec, list(meta.argv), world_size, finding)
     if kind == "memory":
+        from nsadiag.finding.measured import memory_finding
         from nsadiag.report.memory import build_memory_report
 
-        return build_memory_report(run_dir, parse_stored(
-            "memory.json", MemoryRecord.from_dict,
-            read_json(run_dir / "memory.json", "memory.json")), meta)
+        stored = read_json(run_dir / "memory.json", "memory.json")
+        measured = parse_stored("memory.json", MemoryRecord.from_dict, stored)
+        finding = kept_or_decided(stored, "memory.json", lambda: memory_finding(
+            measured, meta.spec or RecordSpec()))
+        return build_memory_report(run_dir, measured, meta, finding)
     if kind == "trace":
+        from nsadiag.finding.measured import trace_finding
         from nsadiag.report.trace import build_trace_report
 
-        return build_trace_report(run_dir, parse_stored(
-            "trace-result.json", TraceResult.from_dict,
-            read_json(run_dir / "trace-result.json", "trace-result.json")), meta)
+        stored = read_json(run_dir / "trace-result.json", "trace-result.json")
+        result = parse_stored("trace-result.json", TraceResult.from_dict, stored)
+        finding = kept_or_decided(stored, "trace-result.json", lambda: trace_finding(
+            result, meta.spec or RecordSpec()))
+        return build_trace_report(run_dir, result, meta, finding)
     from nsadiag.report.stacks import build_stacks_report
 
     return build_stacks_report(parse_stored(

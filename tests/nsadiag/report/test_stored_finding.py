@@ -16,7 +16,7 @@ from nsadiag.finding.run import run_finding, with_finding
 from nsadiag.findingdata import Culprit, Finding, Item
 from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import RecordError, TrialRecord
-from tests.helpers import evidence_of, trial_record
+from tests.helpers import check_result, evidence_of, trial_record
 
 
 def _record(run: Path) -> TrialRecord:
@@ -96,3 +96,51 @@ def test_a_stored_finding_off_its_schema_is_one_record_error_line(tmp_path, brok
     with pytest.raises(RecordError, match=r"^not a trial record \(finding at \$: "
                                           r"'headline' is a required property\)$"):
         TrialRecord.from_dict(data)
+
+
+# ---- the kinds that keep their finding in their own JSON file ------------------------------
+
+PLANTED = Finding(command="x", verdict="MEASURED", kind="measured", status="measured",
+                  headline="MEASURED (measured): the stored headline", subject="the target",
+                  next_action="The stored next step.")
+MEMORY = {"device": "cpu", "saved_total": 4096, "step_s": 0.5, "peak_rss": 1 << 30,
+          "saved_by_module": {"blocks.0": 4096}, "saved_by_branch": {"sel": 4096},
+          "per_layer": [{"layer": "blocks.0", "saved": 4096, "cuda_delta": None}],
+          "layer_standouts": [], "largest_saved": [],
+          "cuda": "not a CUDA device", "history": {"unavailable": "not a CUDA device"}}
+
+
+def _checks() -> dict:
+    return {"spec": {"target": "nsa", "seq_len": 16}, "world_size": 2,
+            "results": [{k: v for k, v in check_result("ckpt", "OK").items()
+                         if k != "finished"}]}
+
+
+def _plant_kind(run: Path, kind: str, name: str, stored: dict) -> Path:
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"command_name": kind, "argv": [
+        "nsadiag", kind], "spec": {"target": "nsa", "seq_len": 16}}))
+    (run / name).write_text(json.dumps(stored))
+    return run
+
+
+@pytest.mark.parametrize("kind, name, stored", [
+    ("check", "checks.json", _checks()), ("memory", "memory.json", MEMORY)])
+def test_a_kind_that_keeps_its_finding_in_its_file_renders_the_kept_one(
+        tmp_path, kind, name, stored):
+    older = render_run(_plant_kind(tmp_path / "older", kind, name, stored))
+    decided = older.summary["finding"]
+    assert decided["command"] == kind  # decided where it was loaded: the stored files had none
+    kept = render_run(_plant_kind(tmp_path / "kept", kind, name, {
+        **stored, "finding": {**decided, "headline": "kept: the stored headline"}}))
+    assert kept.headline == "kept: the stored headline"
+    assert {**kept.summary["finding"], "headline": decided["headline"]} == decided
+    planted = render_run(_plant_kind(tmp_path / "planted", kind, name,
+                                     {**stored, "finding": PLANTED.to_dict()}))
+    assert planted.summary["finding"] == PLANTED.to_dict()
+    assert "The stored next step." in planted.report.read_text()
+    broken = _plant_kind(tmp_path / "broken", kind, name, {
+        **stored, "finding": {**PLANTED.to_dict(), "status": "fine"}})
+    with pytest.raises(RecordError, match=rf"^{name}: a stored record is malformed \(finding "
+                                          rf"at \$.status: 'fine' is not one of"):
+        render_run(broken)
