@@ -28,7 +28,8 @@ def run_finding(record: TrialRecord) -> Finding:
     # the straggler a host saw while the job ran (its record's hosts), or the one the
     # verdict over every host's ranks found in their recorded steps
     hosts = record.evidence.hosts if record.evidence is not None else None
-    straggler = (hosts or {}).get("straggler") or record.verdict.facts.ranks.straggler
+    decided = record.verdict.facts.ranks.straggler
+    straggler = (hosts or {}).get("straggler") or (decided.to_dict() if decided else None)
     return with_straggler(trial_finding(record, kind, rerun), straggler)
 
 

@@ -3,9 +3,14 @@ headline names the rank and how much slower, the proof gives its figures, the li
 most seen frame when the finding names none, its next step comes first and a SLOW's own
 next step follows; a stuck run's top block keeps its own culprit."""
 
+import json
+
+import pytest
+
 from nsadiag.finding import Culprit, Finding
 from nsadiag.finding.straggler import next_step, with_straggler
 from nsadiag.verdict.straggler import Straggler
+from nsadiag.verdictfacts import FactsError, StragglerFact, VerdictFacts
 
 STRAGGLER = {"rank": 3, "label": "rank 3 on host2", "host": "host2", "local_rank": 1,
              "node_rank": 1, "steps": [40, 41, 42], "others": 3, "own_s": 0.6,
@@ -69,3 +74,16 @@ def test_a_stuck_run_or_no_straggler_leaves_the_finding_as_it_was():
     assert with_straggler(stuck, STRAGGLER) is stuck
     healthy = finding("OK", "Nothing to do.")
     assert with_straggler(healthy, None) is healthy
+
+
+def test_a_verdicts_straggler_is_typed_and_writes_back_the_same_json():
+    stored = {**Straggler.from_dict(STRAGGLER).to_dict(), "seen_at": 1_700_000_000.5}
+    facts = VerdictFacts.from_dict({"straggler": stored})
+    found = facts.ranks.straggler
+    assert isinstance(found, StragglerFact)
+    assert (found.rank, found.label, found.host, found.ratio, found.seen_at) == (
+        3, "rank 3 on host2", "host2", 3.0, 1_700_000_000.5)
+    assert found.sentence.startswith("straggler: rank 3 on host2 takes 0.600 s per step")
+    assert json.dumps(facts.to_dict()) == json.dumps({"straggler": stored})
+    with pytest.raises(FactsError, match=r"^facts.straggler.rank: 'three' is not of type"):
+        VerdictFacts.from_dict({"straggler": {**stored, "rank": "three"}})
