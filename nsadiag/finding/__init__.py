@@ -18,6 +18,13 @@ Each command builds its finding where its result is assembled (``nsadiag.finding
 for one trial, ``.sweep``, ``.check``, ``.attach``, ``.measured``, and
 ``nsadiag.triage.finding``); ``nsadiag.report`` only lays it out. summary.json carries it
 as ``finding`` (``to_dict``), and ``from_dict`` reads it back.
+
+Decided once and kept: `nsadiag run` and ``nsadiag.watch()`` keep their finding with
+their record in record.json (``.run.with_finding``), `nsadiag check`, `memory` and
+`trace` in checks.json, memory.json and trace-result.json; a report renders the kept one.
+The data types (``Finding``, ``Culprit``, ``Item`` and the words their fields take) live
+in nsadiag.findingdata, below the run directory that stores them, and are handed on
+here; this package holds the deciding code.
 """
 
 from __future__ import annotations

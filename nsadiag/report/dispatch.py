@@ -209,12 +209,15 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
         return build_triage_report(run_dir, parse_stored(
             "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
     if kind == "attach":
-        from nsadiag.finding.attach import AttachRecord
+        from nsadiag.finding.attach import AttachRecord, attach_finding
         from nsadiag.report.attach import build_attach_report
 
-        return build_attach_report(parse_stored(
-            "attach.json", AttachRecord.from_dict,
-            read_json(run_dir / "attach.json", "attach.json")), meta.attached())
+        stored = read_json(run_dir / "attach.json", "attach.json")
+        attached = parse_stored("attach.json", AttachRecord.from_dict, stored)
+        attach_meta = meta.attached()
+        finding = kept_or_decided(stored, "attach.json", lambda: attach_finding(
+            attached, attach_meta))
+        return build_attach_report(attached, attach_meta, finding)
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
