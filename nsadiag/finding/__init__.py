@@ -20,8 +20,10 @@ for one trial, ``.sweep``, ``.check``, ``.attach``, ``.measured``, and
 as ``finding`` (``to_dict``), and ``from_dict`` reads it back.
 
 Decided once and kept: `nsadiag run` and ``nsadiag.watch()`` keep their finding with
-their record in record.json (``.run.with_finding``), `nsadiag check`, `memory` and
-`trace` in checks.json, memory.json and trace-result.json; a report renders the kept one.
+their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`
+and `attach` in checks.json, memory.json, trace-result.json and attach.json; a report
+renders the kept one. The sweeps, ddp, triage and stacks still decide theirs as the
+report is rendered.
 The data types (``Finding``, ``Culprit``, ``Item`` and the words their fields take) live
 in nsadiag.findingdata, below the run directory that stores them, and are handed on
 here; this package holds the deciding code.
