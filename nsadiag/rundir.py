@@ -74,10 +74,11 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, TypeVar
 
 from nsadiag.evidence import Evidence
+from nsadiag.findingdata import Finding
 from nsadiag.probes.gpu import GpuState, gpu_json, gpu_of
 from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import record_of_this_process
-from nsadiag.schema import SCHEMA_VERSION, errors
+from nsadiag.schema import SCHEMA_VERSION, definition_errors, errors
 from nsadiag.verdict.names import Verdict, VerdictName
 from nsadiag.verdictfacts import VerdictFacts
 
@@ -117,6 +118,15 @@ class TrialRecord:
     ``evidence`` and ``gpu`` (nsadiag.probes.gpu.GpuState) are parsed there, once; a record
     whose evidence is empty has none (None). A record built from a spec's JSON object (the
     harness's, a test's) parses that spec when it is made.
+
+    ``finding`` is the Finding decided once where the command assembles its result
+    (nsadiag.finding.run.with_finding, called by `nsadiag run` and nsadiag.watch()), kept
+    with the record in record.json so that a report renders it and decides nothing. The
+    record is the store and not summary.json: summary.json is redacted and cleaned for
+    other tools, while the record holds the run's raw data, which every later render (its
+    own redaction included) starts from. None on trials.jsonl lines (a sweep's trials are
+    judged together) and on a record.json written before findings were stored, whose
+    finding the report decides when it loads it (nsadiag.report.dispatch).
     """
 
     spec: RecordSpec
@@ -125,6 +135,7 @@ class TrialRecord:
     trial_dir: str
     wall_s: float
     gpu: GpuState | None = None  # NVML state when the runner stopped it
+    finding: Finding | None = None
 
     def __post_init__(self) -> None:
         # a spec handed over as its JSON object (a freshly built record) is parsed here
@@ -148,9 +159,13 @@ class TrialRecord:
     def to_dict(self) -> dict[str, Any]:
         evidence = {k: v for k, v in self.evidence.to_dict().items() if k != "spec"} \
             if self.evidence is not None else {}
-        return {"schema_version": SCHEMA_VERSION, "spec": self.spec.to_dict(),
-                "evidence": evidence, "verdict": self.verdict.to_dict(),
-                "trial_dir": self.trial_dir, "wall_s": self.wall_s, "gpu": gpu_json(self.gpu)}
+        stored = {"schema_version": SCHEMA_VERSION, "spec": self.spec.to_dict(),
+                  "evidence": evidence, "verdict": self.verdict.to_dict(),
+                  "trial_dir": self.trial_dir, "wall_s": self.wall_s,
+                  "gpu": gpu_json(self.gpu)}
+        if self.finding is not None:
+            stored["finding"] = self.finding.to_dict()
+        return stored
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
@@ -166,7 +181,8 @@ class TrialRecord:
         if found:
             raise RecordError(f"not a trial record ({found[0]})")
         return cls(_spec_of(data["spec"]), _evidence_of(data), _verdict_of(data["verdict"]),
-                   data["trial_dir"], float(data["wall_s"]), _gpu_of(data.get("gpu")))
+                   data["trial_dir"], float(data["wall_s"]), _gpu_of(data.get("gpu")),
+                   _finding_of(data.get("finding")))
 
 
 def _spec_of(data: dict[str, Any]) -> RecordSpec:
@@ -175,6 +191,25 @@ def _spec_of(data: dict[str, Any]) -> RecordSpec:
         return RecordSpec.from_dict(data)
     except TypeError as err:
         raise RecordError(f"not a trial record ({err})") from None
+
+
+def _finding_of(data: Any) -> Finding | None:
+    return stored_finding(data, "not a trial record")
+
+
+def stored_finding(data: Any, what: str) -> Finding | None:
+    """The finding a stored record keeps (its ``finding``: the data, or None when it keeps
+    none, written before findings were stored), checked against the shape summary.json
+    gives a finding; RecordError, "``what`` (finding ...)" naming the first violation."""
+    if data is None:
+        return None
+    found = definition_errors(data, "summary", "finding")
+    if found:
+        raise RecordError(f"{what} (finding {found[0]})")
+    try:
+        return Finding.from_dict(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise RecordError(f"{what} (finding: {type(err).__name__}: {err})") from None
 
 
 def _gpu_of(data: Any) -> GpuState | None:

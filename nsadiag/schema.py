@@ -45,6 +45,21 @@ def errors(instance: Any, name: str) -> list[str]:
     return _messages(_validator(name), instance)
 
 
+def definition_errors(instance: Any, name: str, definition: str) -> list[str]:
+    """Every way ``instance`` breaks the definition ``definition`` (under ``$defs``) of the
+    shipped schema ``name``: a part of one file checked against the shape another file
+    gives it (a record's stored finding against summary.json's)."""
+    return _messages(_definition_validator(name, definition), instance)
+
+
+@cache
+def _definition_validator(name: str, definition: str) -> Draft202012Validator:
+    schema = load_schema(name)
+    if definition not in schema.get("$defs", {}):
+        raise ValueError(f"definition: {name} schema has no $defs/{definition}")
+    return Draft202012Validator({"$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"})
+
+
 def check(instance: Any, name: str, what: str) -> None:
     """ValueError naming ``what`` and the first violation when ``instance`` does not
     conform to the shipped schema ``name``."""

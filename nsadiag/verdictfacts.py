@@ -84,6 +84,32 @@ class RankRow:
 
 
 @dataclass(frozen=True)
+class StragglerFact:
+    """The straggler a job's verdict names: the slow rank's object as the straggler rule
+    wrote it (nsadiag.verdict.straggler.Straggler.to_dict: its figures and the sentence
+    that says them) and, from a host's shared view, when its latest read named it
+    (``seen_at``, a UNIX time; None otherwise). The fields are what readers quote; ``raw``
+    is the whole object, so ``to_dict`` writes it back as it was."""
+
+    rank: int
+    label: str
+    host: str | None
+    ratio: float | None
+    sentence: str
+    seen_at: float | None
+    raw: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StragglerFact:
+        """FactsError for an object without a rank, label or sentence, or with a field of
+        the wrong type."""
+        return _part(cls, data, "straggler")
+
+
+@dataclass(frozen=True)
 class Worker:
     """A DataLoader worker a data-bound SLOW names (nsadiag.verdict.slow_cause)."""
 
@@ -277,7 +303,7 @@ class RankFacts:
     hosts: dict[str, Any] | None = None
     waiting_for: list[Any] | None = None
     lost_hosts: list[Any] | None = None
-    straggler: dict[str, Any] | None = None
+    straggler: StragglerFact | None = None
 
 
 @dataclass(frozen=True)
@@ -322,7 +348,7 @@ class CheckFacts:
     figures: Mapping[str, Any] = field(default_factory=dict)
 
 
-_NESTED = (Load, RankRow, Worker, SlowCause, Crash, ChainHop, Chain)
+_NESTED = (Load, RankRow, StragglerFact, Worker, SlowCause, Crash, ChainHop, Chain)
 """The nested facts readers index into, each parsed by ``_part``."""
 
 _FAMILIES: dict[str, type] = {"position": PositionFacts, "hot": HotFacts, "slow": SlowFacts,

@@ -356,7 +356,8 @@ def merge_cmd(
     else:
         chain = verdict.facts.stall.wait_chain.printed if verdict.facts.stall.wait_chain \
             else None
-        straggler = (verdict.facts.ranks.straggler or {}).get("sentence")
+        straggler = verdict.facts.ranks.straggler.sentence if verdict.facts.ranks.straggler \
+            else None
         for line in [f"{verdict.name}: {verdict.reasons[0]}",
                      *([f"wait chain: {chain}"] if chain else []),
                      *([straggler] if straggler else [])]:

@@ -9,9 +9,10 @@ seconds (nsadiag.harness.window: stack samples, CPU time, native samples of a fr
 the heartbeat a process nsadiag already watches wrote meanwhile) and writes the run
 directory. What each process and the job read as is nsadiag.verdict.window's.
 
-The run directory gets run.json, attach.json (every observation, samples included),
-report.md and summary.json (redacted unless ``no_redact``); the exit code follows the
-verdict as for every command (nsadiag.ci).
+The run directory gets run.json, attach.json (every observation, samples included, and the
+finding decided from them once, nsadiag.finding.attach), report.md and summary.json
+(redacted unless ``no_redact``); the exit code follows the verdict as for every command
+(nsadiag.ci).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from pathlib import Path
 import psutil
 
 from nsadiag.envinfo import ptrace_permission
+from nsadiag.finding.attach import AttachRecord, attach_finding
 from nsadiag.harness.window import SAMPLES, WindowObservation, sample_all
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.ranknames import process_names
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
+from nsadiag.runmeta import RunMeta
 from nsadiag.sourcelines import capture
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.window import state_of
@@ -100,8 +103,8 @@ def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
     prepare_run_dir(run_dir)
     if on_start:
         on_start(f"sampling {len(targets)} process(es) for {duration_s:g} s")
-    write_run_meta(run_dir, "attach", list(argv), pid=pid, duration_s=duration_s,
-                   ranks=ranks)
+    meta = {"pid": pid, "duration_s": duration_s, "ranks": ranks}
+    write_run_meta(run_dir, "attach", list(argv), **meta)
     # each rank's names from the environment its launcher gave it, read before the
     # window (a rank may end during it)
     names = {target: process_names(target).to_dict() for target, _ in targets} \
@@ -111,5 +114,7 @@ def attach_command(pid: int, duration_s: float, ranks: bool, run_dir: Path,
               "processes": [{**o.to_dict(), **({"names": names[o.pid]} if o.pid in names
                                                 else {})} for o in observations]}
     stored["source"] = capture(stored)  # this machine's code of the lines it names
+    stored["finding"] = attach_finding(AttachRecord.from_dict(stored), RunMeta.from_dict(
+        {"command_name": "attach", "argv": list(argv), **meta})).to_dict()
     write_json(run_dir / "attach.json", stored)
     return render_run(run_dir, no_redact)

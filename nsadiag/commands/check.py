@@ -1,19 +1,22 @@
 """nsadiag check: run correctness checks on a target, keep them, write the report.
 
 The run directory holds run.json, spec.json, one folder per check (the child's events,
-result and check.json), checks.json (every CheckResult, what `nsadiag report` re-renders
-from), report.md and summary.json (nsadiag.report.check). Host names, IPs and user names
-are redacted unless asked not to.
+result and check.json), checks.json (every CheckResult and their finding, decided once
+here: what `nsadiag report` re-renders from), report.md and summary.json
+(nsadiag.report.check). Host names, IPs and user names are redacted unless asked not to.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nsadiag.checks import CHECK_NAMES, CheckResult, run_checks
+from nsadiag.finding.check import check_finding
 from nsadiag.preflight import check_target
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
@@ -52,7 +55,10 @@ def check_command(names: Sequence[str], spec: TrialSpec, run_dir: Path, argv: Se
         if on_check:
             on_check(name, i, len(todo))
         results += run_checks([name], spec.replace(out_dir=str(run_dir)), run_dir, world_size)
+    finding = check_finding(results, RecordSpec.from_dict(json.loads(spec.to_json())),
+                            shlex.join(argv) if argv else None)
     write_json(run_dir / "checks.json", {"spec": json.loads(spec.to_json()),
                                          "world_size": world_size,
-                                         "results": [r.to_dict() for r in results]})
+                                         "results": [r.to_dict() for r in results],
+                                         "finding": finding.to_dict()})
     return results, render_run(run_dir, no_redact)

@@ -3,13 +3,14 @@ branch and layer saves for backward, the largest saved tensors, peak RSS and, on
 the allocator's counters, a recorded memory history (snapshot.pickle) and its summary.
 
 `memory_run` is the command: it checks the options before anything is written, measures
-(`memory_command`, in this process), keeps memory.json and renders report.md, memory.png
-and summary.json (nsadiag.report.memory). `ab_expandable_segments` measures twice more,
-each time as a "memory" job in a fresh watched child (nsadiag.harness.jobs): once with the
-allocator configuration of this process minus `expandable_segments`, once with
-`expandable_segments:True` added. The variable is set in the child's environment only; the
-allocator reads it when CUDA initialises, so it cannot be switched inside a process that
-already used CUDA.
+(`memory_command`, in this process), decides the finding once
+(nsadiag.finding.measured.memory_finding), keeps memory.json with it under ``finding`` and
+renders report.md, memory.png and summary.json (nsadiag.report.memory).
+`ab_expandable_segments` measures twice more, each time as a "memory" job in a fresh
+watched child (nsadiag.harness.jobs): once with the allocator configuration of this process
+minus `expandable_segments`, once with `expandable_segments:True` added. The variable is
+set in the child's environment only; the allocator reads it when CUDA initialises, so it
+cannot be switched inside a process that already used CUDA.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.finding.measured import memory_finding
 from nsadiag.harness.jobs import run_job
 from nsadiag.harness.memory import measure_steps
 from nsadiag.harness.targetcheck import require_importable
+from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.preflight import check_device, check_target
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
 from nsadiag.spec import JobSpec, TrialSpec
@@ -68,7 +72,10 @@ def memory_run(spec: TrialSpec, run_dir: Path, argv: Sequence[str], top: int = 1
         if on_start:
             on_start("the expandable-segments A/B: two more children")
         summary["ab_expandable_segments"] = ab_expandable_segments(spec, run_dir, top)
-        write_json(run_dir / "memory.json", summary)
+    summary["finding"] = memory_finding(MemoryRecord.from_dict(summary),
+                                        RecordSpec.from_dict(json.loads(spec.to_json())))\
+        .to_dict()
+    write_json(run_dir / "memory.json", summary)
     return render_run(run_dir, no_redact)
 
 

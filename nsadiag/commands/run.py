@@ -1,9 +1,11 @@
 """nsadiag run -- CMD: the user's own command, watched to a verdict, then the report.
 
 The watching is nsadiag.harness.runcmd.run_command; this module checks the limits and the
-command, keeps the record (record.json) and run.json, and renders report.md and
-summary.json (nsadiag.report.run). A command that is refused (no command, not found, a
-directory, not executable, bad limits) leaves no run directory behind.
+command, decides the run's finding once (nsadiag.finding.run.with_finding), keeps the record
+with it (record.json) and run.json, and renders report.md and summary.json from that record
+in hand (nsadiag.report.run), without reading record.json back. A command that is refused
+(no command, not found, a directory, not executable, bad limits) leaves no run directory
+behind.
 
 A --out that holds an earlier run is not touched until the new run has its verdict: the
 earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once record.json of the
@@ -27,11 +29,12 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nsadiag.finding.run import with_finding
 from nsadiag.harness import stop
 from nsadiag.harness.echo import LiveStatus
 from nsadiag.harness.runcmd import check_command, run_command
 from nsadiag.redact import Redactor
-from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.report.dispatch import Rendered, render_record
 from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,
@@ -72,7 +75,8 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         try:
             if on_start:
                 on_start(f"watching {shlex.join(command)}")
-            record = run_command(list(command), run_dir, stall_timeout_s, deadline_s, live)
+            record = with_finding(
+                run_command(list(command), run_dir, stall_timeout_s, deadline_s, live))
             _keep_record(record, run_dir, argv)
         except BaseException:
             restore_earlier(run_dir, earlier)
@@ -86,7 +90,7 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
         if on_note:
             on_note(f"nsadiag run: {line}")
     try:
-        rendered = render_run(run_dir, no_redact)
+        rendered = render_record(record, run_dir, no_redact)
     except ValueError as err:
         _short_report(record, run_dir, no_redact, str(err))
         raise ValueError(f"{err}; the verdict: {_headline(record)} (a short report is in "

@@ -22,11 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nsadiag.finding.measured import trace_finding
 from nsadiag.harness.targetcheck import require_importable
 from nsadiag.preflight import check_device, check_target
+from nsadiag.recordspec import RecordSpec
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta, write_text
 from nsadiag.spec import TrialSpec
+from nsadiag.traceresult import TraceResult
 
 TIMED_STEPS = 3
 TOP = 30
@@ -117,13 +120,16 @@ def trace_run(spec: TrialSpec, run_dir: Path, argv: Sequence[str], profiler: boo
               on_step: Callable[[str], None] | None = None,
               no_redact: bool = False) -> Rendered:
     """`nsadiag trace`: check the target and device before the run directory exists,
-    trace, keep trace-result.json, render report.md and summary.json."""
+    trace, decide the finding once and keep it in trace-result.json (``finding``) with the
+    result, render report.md and summary.json."""
     check_device(spec)
     check_target(spec)
     prepare_run_dir(run_dir)
     write_run_meta(run_dir, "trace", list(argv), spec=json.loads(spec.to_json()))
     result = trace_command(spec, run_dir, profiler, on_step)
-    write_json(run_dir / "trace-result.json", result)
+    finding = trace_finding(TraceResult.from_dict(result),
+                            RecordSpec.from_dict(json.loads(spec.to_json())))
+    write_json(run_dir / "trace-result.json", {**result, "finding": finding.to_dict()})
     rendered = render_run(run_dir, no_redact)
     rendered.files += [Path(result["trace_json"])] + (
         [Path(result["profiler_trace"])] if result["profiler_trace"] else [])

@@ -51,9 +51,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsadiag.finding.run import with_finding
 from nsadiag.harness.watch_helper import watch_block
 from nsadiag.harness.watched import ProcessHeartbeat, disarm_faulthandler, process_dir, start
-from nsadiag.report.dispatch import render_run
+from nsadiag.report.dispatch import render_record
 from nsadiag.rundir import (
     TrialRecord,
     prepare_run_dir,
@@ -215,9 +216,11 @@ def _helper(argv: list[str]) -> int:
 
 
 def _write_report(record: TrialRecord, run_dir: Path, no_redact: bool) -> None:
-    """record.json, and report.md and summary.json rendered from it (as for nsadiag run)."""
+    """The block's finding, decided once; record.json with it, and report.md and
+    summary.json rendered from that record (as for nsadiag run)."""
+    record = with_finding(record)
     write_json(run_dir / "record.json", record.to_dict())
-    render_run(run_dir, no_redact)
+    render_record(record, run_dir, no_redact)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,27 @@ def with_straggler(finding: Finding, found: dict[str, Any] | None) -> Finding:
             " UTC)" if isinstance(seen, (int, float)) else "")
     return dataclasses.replace(
         finding, headline=f"{finding.headline}; straggler: {slow.label}, {slow.times()}",
-        proof=slow.proof() + when, culprit=culprit, next_action=slow.next_step(),
+        proof=slow.proof() + when, culprit=culprit, next_action=next_step(slow),
         recommendations=[*kept, *finding.recommendations])
 
+
+def next_step(slow: Straggler) -> str:
+    """What to do about a straggler: look where its sampler saw it most, or (its host did
+    not say) at the part of its step that takes longest."""
+    at = slow.frame_at()
+    if at is not None:
+        frame = slow.frame or {}
+        where = (f"at {at[0]} (in {at[1]}; its sampler saw it there in {frame['seen']} "
+                 f"of its last {frame['of']} pulses): look there")
+    else:
+        before = slow.forward_s >= slow.backward_s
+        part = ("before its backward (loading the batch and forward)" if before
+                else "in its backward")
+        where = (f"with {max(slow.forward_s, slow.backward_s):.3f} s of its "
+                 f"{slow.step_s:.3f} s step {part}: look there (its host's sampler "
+                 f"named no frame)")
+    return (f"{slow.label[:1].upper()}{slow.label[1:]} spends {slow.own_s:.3f} s per "
+            f"step outside collectives, {slow.times()} the others' median "
+            f"({slow.others_own_s:.3f} s), {where}; the other {slow.others} "
+            f"rank(s) wait for it in collectives (a median {slow.others_waited_s:.3f} s "
+            f"per step).")

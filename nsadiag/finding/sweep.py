@@ -9,6 +9,7 @@ sequence length where the fitted peak reaches this machine's memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,9 @@ from nsadiag.verdict.thresholds import FASTER_THAN_SAVED
 
 PREDICT_FACTORS = (2, 4)
 """sweep-seq predicts the peak at these multiples of its longest OK length."""
+ROOT_ROUNDING = 1e-6
+"""How far above a whole number a fitted root may lie and still be read as it: np.roots
+returns 10.000000000002 for a line that reaches the limit at exactly 10."""
 
 
 def _layers(n: int | None) -> str:
@@ -222,15 +226,20 @@ def analyse_seq(rows: Sequence[SweepRow], memory: int) -> SweepFacts:
 
 def crossing(xs: Sequence[int], ys: Sequence[float], quadratic: bool, limit: float
              ) -> int | None:
-    """The smallest x beyond the last one where the least-squares line (or parabola) of
-    ys against xs reaches ``limit``; None when it never does."""
+    """The smallest whole x beyond the last one at which the least-squares line (or
+    parabola) of ys against xs has reached ``limit``: the first size that runs out, so a
+    fitted root of 10.5 is 11 (at 10 the fit is still below the limit); None when it never
+    does."""
     import numpy as np
 
     coefficients = np.polyfit(np.asarray(xs, float), np.asarray(ys, float),
                               2 if quadratic else 1)
     coefficients[-1] -= limit
     roots = [r.real for r in np.roots(coefficients) if abs(r.imag) < 1e-9 and r.real > xs[-1]]
-    return int(min(roots)) if roots else None
+    if not roots:
+        return None
+    # a root that is a whole number up to the fit's rounding (10.000000001) is that number
+    return math.ceil(min(roots) - ROOT_ROUNDING)
 
 
 def cliff_sentence(facts: SweepFacts, unit: str = "S") -> str | None:

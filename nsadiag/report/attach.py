@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from nsadiag.evidence import StackSample
-from nsadiag.finding.attach import AttachedProcess, AttachRecord, attach_finding
+from nsadiag.finding.attach import AttachedProcess, AttachRecord
+from nsadiag.findingdata import Finding
 from nsadiag.report.markdown import fold_native
 from nsadiag.report.ranks import name_cells
 from nsadiag.report.skeleton import Report
@@ -72,12 +73,12 @@ def _names_fields(process: AttachedProcess) -> dict[str, Any]:
             "node_rank": process.names.node_rank}
 
 
-def build_attach_report(stored: AttachRecord, meta: RunMeta
+def build_attach_report(stored: AttachRecord, meta: RunMeta, finding: Finding
                         ) -> tuple[str, dict[str, Any]]:
     """(report.md text, summary.json) of one attach; ``stored`` is attach.json, ``meta``
-    run.json (pid, duration_s, ranks)."""
+    run.json (pid, duration_s, ranks), ``finding`` the one attach.json keeps (decided by
+    nsadiag.commands.attach)."""
     verdict, processes, state = stored.verdict, stored.processes, stored.state
-    finding = attach_finding(stored, meta)
     report = Report.of(finding)
     named = any(p.names is not None for p in processes)
     heads = "| host | rank | local rank | node rank |" if named else "| rank |"

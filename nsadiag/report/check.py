@@ -1,6 +1,7 @@
 """The report of `nsadiag check`: correctness checks on a target.
 
-The top block and summary of the finding (nsadiag.finding.check), then results (one line
+The top block and summary of the finding (nsadiag.finding.check, decided once by the
+command and kept in checks.json), then results (one line
 per check), configuration, each check's evidence table, root cause, the reproduction and
 recommendations. The checks are the run directory's checks.json (``CheckResult.to_dict()``
 each, written by nsadiag.commands.check), the configuration its spec, the command its
@@ -14,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from nsadiag.checks import CheckResult
-from nsadiag.finding.check import check_finding, known_causes
+from nsadiag.finding.check import known_causes
+from nsadiag.findingdata import Finding
 from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, dict_table
 from nsadiag.report.skeleton import Report
@@ -31,9 +33,10 @@ def layers_run(results: Sequence[CheckResult], asked: int | None) -> str:
 
 
 def build_check_report(results: Sequence[CheckResult], spec: RecordSpec,
-                       argv: Sequence[str], world_size: int) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of the checks run on ``spec`` (checks.json's TrialSpec)."""
-    finding = check_finding(results, spec, shlex.join(argv) if argv else None)
+                       argv: Sequence[str], world_size: int, finding: Finding
+                       ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of the checks run on ``spec`` (checks.json's TrialSpec),
+    laying out their ``finding`` (checks.json's, decided by nsadiag.commands.check)."""
     report = Report.of(finding)
     shown = {**spec.to_dict(), "n_layers": layers_run(results, spec.n_layers)}
     report.add("Configuration", config_table(

@@ -9,7 +9,8 @@ from attach.json). Directories written before
 run.json named every kind are recognised by their files.
 
 ``render_run(run_dir)`` writes report.md and summary.json (and the kind's plots) and is
-what `nsadiag report DIR` and every command end with. Both files are redacted
+what `nsadiag report DIR` and every command end with; `nsadiag run` and nsadiag.watch()
+end with ``render_record``, from the record they hold. Both files are redacted
 (nsadiag.redact) unless ``no_redact``, except for the hosts the job's ranks are named by
 (``job_hosts``): a report on the job's machines names them. A record line of trials.jsonl
 that is torn or malformed is skipped and listed at the end of report.md and in summary.json's
@@ -21,16 +22,23 @@ RunMeta, triage.json and checks.json into their typed state, attach.json, memory
 trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, TraceResult,
 StacksRecord). One that does not parse is one RecordError line; the renderers get typed
 records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
-not taken for a malformed file.
+not taken for a malformed file. A run's record.json carries its Finding (decided once,
+when the record was made): the renderer lays it out. One written before findings were
+stored has its finding decided where it is loaded (``stored_record``), the one place that
+does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``) instead
+of reading it back.
 """
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nsadiag import runfiles
+from nsadiag.findingdata import Finding
 from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import Redactor
@@ -44,6 +52,7 @@ from nsadiag.rundir import (
     locked,
     parse_stored,
     read_json,
+    stored_finding,
     stored_redaction,
     write_json,
     write_text,
@@ -140,6 +149,44 @@ def located(record: TrialRecord, run_dir: Path) -> TrialRecord:
     return record
 
 
+def stored_record(run_dir: Path) -> TrialRecord:
+    """record.json of a run or watch directory, parsed (RecordError, one line, when it is
+    malformed, its stored finding included) and located in ``run_dir``; a record written
+    before findings were stored gets its finding here (``decided_late``)."""
+    record = located(parse_stored("record.json", TrialRecord.from_dict,
+                                  read_json(run_dir / "record.json", "record.json")), run_dir)
+    if record.finding is None:
+        from nsadiag.finding.run import run_finding
+
+        record = replace(record, finding=decided_late(lambda: run_finding(record)))
+    return record
+
+
+def kept_or_decided(stored: Any, what: str, decide: Callable[[], Finding]) -> Finding:
+    """The finding a stored JSON object keeps under ``finding`` (checked against its schema:
+    RecordError, one line, naming ``what``), or for one written before findings were
+    stored, the one ``decide`` gives (``decided_late``)."""
+    kept = stored_finding(stored.get("finding") if isinstance(stored, dict) else None,
+                          f"{what}: a stored record is malformed")
+    return kept if kept is not None else decided_late(decide)
+
+
+def decided_late(decide: Callable[[], Finding]) -> Finding:
+    """The one place a report decides a finding: for a record written before findings were
+    stored with the record (by an older nsadiag), the finding its command would have
+    stored, decided as it is loaded. Every other finding is laid out as it was kept."""
+    return decide()
+
+
+def record_finding(record: TrialRecord) -> Finding:
+    """The finding a run's record carries; ValueError for one that carries none (a record
+    handed over must have been given its finding where it was made)."""
+    if record.finding is None:
+        raise ValueError("record: carries no finding (nsadiag.finding.run.with_finding "
+                         "gives it one where the record is made)")
+    return record.finding
+
+
 def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
@@ -162,36 +209,47 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
         return build_triage_report(run_dir, parse_stored(
             "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
     if kind == "attach":
-        from nsadiag.finding.attach import AttachRecord
+        from nsadiag.finding.attach import AttachRecord, attach_finding
         from nsadiag.report.attach import build_attach_report
 
-        return build_attach_report(parse_stored(
-            "attach.json", AttachRecord.from_dict,
-            read_json(run_dir / "attach.json", "attach.json")), meta.attached())
+        stored = read_json(run_dir / "attach.json", "attach.json")
+        attached = parse_stored("attach.json", AttachRecord.from_dict, stored)
+        attach_meta = meta.attached()
+        finding = kept_or_decided(stored, "attach.json", lambda: attach_finding(
+            attached, attach_meta))
+        return build_attach_report(attached, attach_meta, finding)
     if kind in ("run", "watch"):
         from nsadiag.report.run import build_run_report
 
-        record = parse_stored("record.json", TrialRecord.from_dict,
-                              read_json(run_dir / "record.json", "record.json"))
-        return build_run_report(located(record, run_dir), run_dir)
+        record = stored_record(run_dir)
+        return build_run_report(record, record_finding(record), run_dir)
     if kind == "check":
+        from nsadiag.finding.check import check_finding
         from nsadiag.report.check import build_check_report
 
-        results, spec, world_size = parse_stored(
-            "checks.json", checks, read_json(run_dir / "checks.json", "checks.json"))
-        return build_check_report(results, spec, list(meta.argv), world_size)
+        stored = read_json(run_dir / "checks.json", "checks.json")
+        results, spec, world_size = parse_stored("checks.json", checks, stored)
+        finding = kept_or_decided(stored, "checks.json", lambda: check_finding(
+            results, spec, shlex.join(meta.argv) if meta.argv else None))
+        return build_check_report(results, spec, list(meta.argv), world_size, finding)
     if kind == "memory":
+        from nsadiag.finding.measured import memory_finding
         from nsadiag.report.memory import build_memory_report
 
-        return build_memory_report(run_dir, parse_stored(
-            "memory.json", MemoryRecord.from_dict,
-            read_json(run_dir / "memory.json", "memory.json")), meta)
+        stored = read_json(run_dir / "memory.json", "memory.json")
+        measured = parse_stored("memory.json", MemoryRecord.from_dict, stored)
+        finding = kept_or_decided(stored, "memory.json", lambda: memory_finding(
+            measured, meta.spec or RecordSpec()))
+        return build_memory_report(run_dir, measured, meta, finding)
     if kind == "trace":
+        from nsadiag.finding.measured import trace_finding
         from nsadiag.report.trace import build_trace_report
 
-        return build_trace_report(run_dir, parse_stored(
-            "trace-result.json", TraceResult.from_dict,
-            read_json(run_dir / "trace-result.json", "trace-result.json")), meta)
+        stored = read_json(run_dir / "trace-result.json", "trace-result.json")
+        result = parse_stored("trace-result.json", TraceResult.from_dict, stored)
+        finding = kept_or_decided(stored, "trace-result.json", lambda: trace_finding(
+            result, meta.spec or RecordSpec()))
+        return build_trace_report(run_dir, result, meta, finding)
     from nsadiag.report.stacks import build_stacks_report
 
     return build_stacks_report(parse_stored(
@@ -241,12 +299,6 @@ def render_run(run_dir: Path, no_redact: bool = False) -> Rendered:
     written, the disk reserve of the run (nsadiag.rundir) is given back."""
     if not run_dir.is_dir():
         raise ValueError(f"run_dir: {run_dir} is not a directory")
-    rendered = _render(run_dir, no_redact)
-    give_back_reserve(run_dir)
-    return rendered
-
-
-def _render(run_dir: Path, no_redact: bool) -> Rendered:
     meta = read_meta(run_dir)
     kind = run_kind(run_dir, meta)
     skipped: list[str] = []
@@ -257,6 +309,26 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     except RecursionError:
         raise ValueError(f"report: a stored record of {run_dir} nests too deeply to "
                          f"read") from None
+    return _write(run_dir, kind, text, summary, skipped, not_read, no_redact)
+
+
+def render_record(record: TrialRecord, run_dir: Path, no_redact: bool = False) -> Rendered:
+    """``render_run`` of a run or watch directory from ``record``, the record (with its
+    finding) that the calling process (`nsadiag run`, nsadiag.watch()'s helper) has just
+    written to record.json: nothing is read back or decided again."""
+    from nsadiag.report.run import build_run_report
+
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    with runfiles.rendering(run_dir) as not_read:
+        text, summary = build_run_report(record, record_finding(record), run_dir)
+    return _write(run_dir, "run", text, summary, [], not_read, no_redact)
+
+
+def _write(run_dir: Path, kind: str, text: str, summary: dict[str, Any], skipped: list[str],
+           not_read: list[str], no_redact: bool) -> Rendered:
+    """report.md and summary.json as rendered, with what was skipped or not read, cleaned
+    and redacted; then the run's disk reserve is given back."""
     if skipped:
         text += Section("Records skipped", [f"- {s}" for s in skipped]).markdown()
         summary["skipped_records"] = skipped
@@ -276,6 +348,7 @@ def _render(run_dir: Path, no_redact: bool) -> Rendered:
     report = write_text(run_dir / "report.md", text)
     written = write_json(run_dir / "summary.json", summary)
     plots = [run_dir / name for name in PLOTS if (run_dir / name).exists()]
+    give_back_reserve(run_dir)
     return Rendered(report, written, summary, [report, written, *plots], hosts)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nsadiag.finding.measured import memory_finding
+from nsadiag.findingdata import Finding
 from nsadiag.fmt import bytes_cell
 from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.probes.gpu import GpuUnavailable
@@ -53,13 +53,13 @@ def _history_lines(history: Mapping[str, Any]) -> list[str]:
             f"(open in https://pytorch.org/memory_viz)."]
 
 
-def build_memory_report(run_dir: Path, measured: MemoryRecord, meta: RunMeta
-                        ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a memory run; writes memory.png into run_dir."""
+def build_memory_report(run_dir: Path, measured: MemoryRecord, meta: RunMeta,
+                        finding: Finding) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a memory run, laying out its ``finding`` (memory.json's,
+    decided by nsadiag.commands.memory); writes memory.png into run_dir."""
     import pandas as pd
 
     spec = meta.spec or RecordSpec()
-    finding = memory_finding(measured, spec)
     png = memory_plot(measured, run_dir / "memory.png")
     md = items(finding.results)
     if measured.saved_by_branch:

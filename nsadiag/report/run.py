@@ -1,7 +1,8 @@
 """The report of `nsadiag run -- CMD`: the verdict on the user's own command (and on a
 block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 
-report.md: the top block and summary of the finding (nsadiag.finding.trial), the results,
+report.md: the top block and summary of the record's finding (decided once, when the record
+was made: nsadiag.finding.run), the results,
 every watched process (its events by kind), the ranks of a job of several (by host, global,
 local and node rank: nsadiag.report.ranks), the evidence of the training process (stacks,
 last events, the profile's loop and line, a flame graph), the tail of the command's
@@ -13,15 +14,12 @@ nsadiag.commands.run).
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import StallEvidence
-from nsadiag.finding import Finding
-from nsadiag.finding.straggler import with_straggler
-from nsadiag.finding.trial import trial_finding
+from nsadiag.findingdata import Finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
 from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
@@ -65,20 +63,6 @@ def _stderr_tail(run_dir: Path) -> list[str]:
     return lines[-STDERR_LINES:]
 
 
-def run_finding(record: TrialRecord) -> Finding:
-    """The finding of one run or watched block, with the command that repeats it."""
-    spec = record.spec
-    kind = spec.kind or "run"
-    rerun = (f"nsadiag run --stall-timeout {spec.stall_timeout_s:g} --deadline "
-             f"{spec.deadline_s:g} -- {shlex.join(spec.command or ())}"
-             if kind == "run" else None)
-    # the straggler a host saw while the job ran (its record's hosts), or the one the
-    # verdict over every host's ranks found in their recorded steps
-    hosts = record.evidence.hosts if record.evidence is not None else None
-    straggler = (hosts or {}).get("straggler") or record.verdict.facts.ranks.straggler
-    return with_straggler(trial_finding(record, kind, rerun), straggler)
-
-
 def containment_lines(containment: Any) -> list[str]:
     """How the command's processes were kept from outliving it (nsadiag.harness.launch):
     a cgroup killed whole, or best effort and why."""
@@ -94,12 +78,13 @@ def containment_lines(containment: Any) -> list[str]:
             f"could outlive the run."]
 
 
-def build_run_report(record: TrialRecord, run_dir: Path) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of one `nsadiag run`; writes flame.png when the training
-    process was profiled."""
+def build_run_report(record: TrialRecord, finding: Finding, run_dir: Path
+                     ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of one `nsadiag run`, laying out ``finding`` (the record's
+    own, decided when it was made: nsadiag.finding.run) beside the record's evidence;
+    writes flame.png when the training process was profiled."""
     verdict, evidence = record.verdict, record.evidence
     command = evidence.command if evidence is not None else None
-    finding = run_finding(record)
     report = Report.of(finding)
     md = report.add("Processes", [
         "Every Python process the command started; at a stall each was sampled at once "

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from nsadiag.finding.measured import trace_finding
+from nsadiag.findingdata import Finding
 from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import config_table, md_table
 from nsadiag.report.skeleton import Report
@@ -30,13 +30,13 @@ SUMMARY_KEYS = ("step_s_traced", "step_s_untraced", "step_s_traced_all",
 SHOWN = 15
 
 
-def build_trace_report(run_dir: Path, result: TraceResult, meta: RunMeta
+def build_trace_report(run_dir: Path, result: TraceResult, meta: RunMeta, finding: Finding
                        ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a trace run."""
+    """(markdown, summary.json) of a trace run, laying out its ``finding``
+    (trace-result.json's, decided by nsadiag.commands.trace)."""
     import pandas as pd
 
     spec = meta.spec or RecordSpec()
-    finding = trace_finding(result, spec)
     md = items(finding.results)
     md += ["", f"Untraced and traced step medians: {result.step_s_untraced:.3f} s and "
                f"{result.step_s_traced:.3f} s. Timeline: `{Path(result.trace_json).name}` "

@@ -188,27 +188,6 @@ class Straggler:
                 f"{self.steps[-1]}) against a median of {self.others_own_s:.3f} s for the "
                 f"other {self.others} rank(s): {self.times()}")
 
-    def next_step(self) -> str:
-        """What to do about it: look where its sampler saw it most, or (its host did not
-        say) at the part of its step that takes longest."""
-        at = self.frame_at()
-        if at is not None:
-            frame = self.frame or {}
-            where = (f"at {at[0]} (in {at[1]}; its sampler saw it there in {frame['seen']} "
-                     f"of its last {frame['of']} pulses): look there")
-        else:
-            before = self.forward_s >= self.backward_s
-            part = ("before its backward (loading the batch and forward)" if before
-                    else "in its backward")
-            where = (f"with {max(self.forward_s, self.backward_s):.3f} s of its "
-                     f"{self.step_s:.3f} s step {part}: look there (its host's sampler "
-                     f"named no frame)")
-        return (f"{self.label[:1].upper()}{self.label[1:]} spends {self.own_s:.3f} s per "
-                f"step outside collectives, {self.times()} the others' median "
-                f"({self.others_own_s:.3f} s), {where}; the other {self.others} "
-                f"rank(s) wait for it in collectives (a median {self.others_waited_s:.3f} s "
-                f"per step).")
-
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "label": self.label, "host": self.host,
                 "local_rank": self.local_rank, "node_rank": self.node_rank,

@@ -302,6 +302,11 @@ def test_cli_check_ckpt_on_the_late_bound_closure_exits_1_with_a_report(tmp_path
     finding = summary["finding"]
     assert (finding["verdict"], finding["kind"]) == ("WRONG", "wrong") and not summary["passed"]
     assert finding["culprit"]["module"] == "blocks.0" and "blocks.3" in finding["proof"]
+    # decided by the command and kept with the checks (raw: its rerun names the run
+    # directory as it is); the report lays it out, redacted
+    kept = json.loads((out / "checks.json").read_text())["finding"]
+    assert {**kept, "next_action": None} == {**finding, "next_action": None}
+    assert kept["next_action"].endswith(f"--out {out} --json`.")
     report = (out / "report.md").read_text()
     assert report.startswith("# nsadiag check: ❌ WRONG (wrong): the ckpt check in blocks.0")
     for section in ("## Summary", "## Configuration", "## Results", "## Evidence",

@@ -122,6 +122,9 @@ def test_a_training_loop_is_progressing_and_left_running(tmp_path):
         assert meta["command_name"] == "attach" and meta["pid"] == proc.pid
         assert (tmp_path / "attach" / "report.md").read_text().startswith(
             "# nsadiag attach: ✅ OK (healthy)")
+        # decided once by the command and kept in attach.json; the report lays it out
+        kept = json.loads((tmp_path / "attach" / "attach.json").read_text())["finding"]
+        assert kept["headline"] == summary["headline"] and kept["kind"] == "healthy"
     finally:
         kill_tree(proc)
 

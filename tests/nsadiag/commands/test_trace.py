@@ -183,6 +183,9 @@ def test_trace_cli_writes_a_perfetto_trace(tmp_path):
     assert report.startswith("# nsadiag trace: ✅ MEASURED (measured): one step") and \
         "## Gradients" in report
     assert summary["command"] == "trace" and summary["status"] == "measured"
+    # the command decided the finding and kept it with the result the report renders
+    kept = json.loads((tmp_path / "trace-result.json").read_text())["finding"]
+    assert kept == json.loads((tmp_path / "summary.json").read_text())["finding"]
 
 
 def test_profiler_trace_holds_module_and_branch_spans_around_the_operators(tmp_path):

@@ -56,9 +56,13 @@ def test_a_peak_outgrowing_the_saved_bytes_is_implicated_and_one_keeping_pace_ru
 
 
 def test_the_cliff_is_where_the_fitted_line_or_parabola_reaches_the_memory():
-    # y = 1000 x reaches 10,500 at x = 10.5; y = x^2 reaches 110.25 at x = 10.5
-    assert crossing([1, 2, 3], [1000.0, 2000.0, 3000.0], False, 10_500) == 10
-    assert crossing([1, 2, 3, 4], [1.0, 4.0, 9.0, 16.0], True, 110.25) == 10
+    # y = 1000 x reaches 10,500 at x = 10.5; y = x^2 reaches 110.25 at x = 10.5: at 10 the
+    # fit is still below the memory, so 11 is the first size that runs out
+    assert crossing([1, 2, 3], [1000.0, 2000.0, 3000.0], False, 10_500) == 11
+    assert crossing([1, 2, 3, 4], [1.0, 4.0, 9.0, 16.0], True, 110.25) == 11
+    # a fit that reaches the memory exactly at a whole size runs out at that size
+    assert crossing([1, 2, 3], [1000.0, 2000.0, 3000.0], False, 10_000) == 10
+    assert crossing([1, 2, 3, 4], [1.0, 4.0, 9.0, 16.0], True, 100.0) == 10
     assert crossing([1, 2, 3], [3000.0, 2000.0, 1000.0], False, 10_500) is None
 
 

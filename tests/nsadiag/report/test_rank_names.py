@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from nsadiag.cli import app
 from nsadiag.evidence import CommandFacts, DdpFacts, Evidence, ProcessOutcome
-from nsadiag.finding.attach import AttachRecord
+from nsadiag.finding.attach import AttachRecord, attach_finding
 from nsadiag.harness.collectives import summarize
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts
 from nsadiag.hosts.trace import hosts_trace
@@ -323,8 +323,9 @@ def test_the_attach_report_names_each_rank_by_host_local_and_node_rank(tmp_path)
     stored = {"verdict": {"name": "STALL-COLLECTIVE", "reasons": ["both wait"],
                           "facts": {"odd_ranks": []}},
               "state": "waiting in a collective", "processes": processes}
-    markdown, summary = build_attach_report(AttachRecord.from_dict(stored),
-                                            RunMeta(pid=40, duration_s=3.0, ranks=True))
+    attached, meta = AttachRecord.from_dict(stored), RunMeta(pid=40, duration_s=3.0,
+                                                             ranks=True)
+    markdown, summary = build_attach_report(attached, meta, attach_finding(attached, meta))
     section = markdown.split("## Processes\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")]
     assert rows[0] == ("| pid | host | rank | local rank | node rank | state | CPU | "

@@ -13,11 +13,11 @@ import random
 import pytest
 
 from nsadiag.evidence import Evidence
+from nsadiag.finding.run import run_finding
 from nsadiag.hosts.address import JobShape, StoreAddress
 from nsadiag.hosts.link import HostLink
 from nsadiag.hosts.merged import decide_hosts
 from nsadiag.hosts.shared import SharedView
-from nsadiag.report.run import run_finding
 from nsadiag.report.straggler import straggler_section
 from nsadiag.report.top import top_block
 from nsadiag.rundir import TrialRecord
@@ -297,7 +297,7 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
                                           "killed_by_runner": False, "wall_s": 5.0}})
     verdict = decide_hosts(job, ranks, views[1].view())
     assert verdict.reasons[-1] == seen[1]["sentence"]
-    assert verdict.facts.ranks.straggler["rank"] == 3
+    assert verdict.facts.ranks.straggler.rank == 3
     # host2's end, published without frames, keeps where its ranks were last seen
     views[1].settle([_rank(r, events[r]) for r in (2, 3)], ended_ok=True)
     assert views[1].states["host2"].frames == sleeping
@@ -338,8 +338,13 @@ def test_merge_names_the_straggler_with_the_frame_its_host_saw(tmp_path):
             _ended_run(tmp_path, "host2", [_rank(r, events[r]) for r in (2, 3)], sleeping)]
     verdict = merge_run_dirs(runs)
     found = verdict.facts.ranks.straggler
-    assert (found["rank"], found["host"], found["node_rank"]) == (3, "host2", 1)
-    assert found["frame"] == sleeping[3]
+    assert (found.rank, found.host, found.raw["node_rank"]) == (3, "host2", 1)
+    assert found.raw["frame"] == sleeping[3] and found.seen_at is None
+    assert found.sentence == verdict.reasons[-1]
+    # `nsadiag merge` prints the verdict, then the straggler's sentence from its typed fact
+    merged = nsadiag("merge", *map(str, runs))
+    assert merged.stderr == "" and merged.stdout.splitlines() == [
+        f"{verdict.name}: {verdict.reasons[0]}", found.sentence]
     assert verdict.reasons[-1].endswith("; its sampler saw it at main (train.py:31) in 9 of "
                                         "its last 10 pulses")
 
