@@ -37,6 +37,20 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
             for r in record.verdict.facts.ranks.ranks] == [(host, 0, 0, 0), (host, 1, 1, 0)]
 
 
+def test_one_rank_runs_under_torchrun_and_counts_its_collectives(tmp_path):
+    # one rank is still a DDP trial: one GPU holds only one NCCL rank, so the GPU test of
+    # the nccl path below needs this path too
+    spec = TrialSpec(target="nsa", n_layers=2, overrides=TINY, seq_len=64, batch=2, steps=2,
+                     stall_timeout_s=20.0, budget_s=120.0, out_dir=str(tmp_path / "trial"))
+    record = run_ddp_trial(spec, 1, "gloo")
+    assert record.verdict_name == "OK", record.verdict
+    assert record.verdict.facts.ranks.collectives_issued == {0: 4}
+    assert record.verdict.facts.ranks.world_size == 1
+    assert [rank["collectives"]["completed"] for rank in record.evidence.ranks] == [4]
+    assert (tmp_path / "trial" / "rank-0" / "result.json").is_file()
+    assert not (tmp_path / "trial" / "flight-recorder").exists()  # gloo: no NCCL recorder
+
+
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
     verdict, world, settings = DDP_ZOO["late_bound_ckpt"]
     out = tmp_path / "run"
