@@ -40,15 +40,17 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
 def test_one_rank_runs_under_torchrun_and_counts_its_collectives(tmp_path):
     # one rank is still a DDP trial: one GPU holds only one NCCL rank, so the GPU test of
     # the nccl path below needs this path too
-    spec = TrialSpec(target="nsa", n_layers=2, overrides=TINY, seq_len=64, batch=2, steps=2,
-                     stall_timeout_s=20.0, budget_s=120.0, out_dir=str(tmp_path / "trial"))
-    record = run_ddp_trial(spec, 1, "gloo")
-    assert record.verdict_name == "OK", record.verdict
-    assert record.verdict.facts.ranks.collectives_issued == {0: 4}
-    assert record.verdict.facts.ranks.world_size == 1
-    assert [rank["collectives"]["completed"] for rank in record.evidence.ranks] == [4]
-    assert (tmp_path / "trial" / "rank-0" / "result.json").is_file()
-    assert not (tmp_path / "trial" / "flight-recorder").exists()  # gloo: no NCCL recorder
+    out = tmp_path / "run"
+    done = nsadiag("ddp", "--world-size", "1", "--preset", "tiny", "--layers", "2",
+                   "--seq-len", "64", "--steps", "2", "--stall-timeout", "20", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["verdict"], summary["world_size"], summary["ddp_backend"]) == \
+        ("OK", 1, "gloo")
+    # per step: the DDP bucket all_reduce and the loss mean, as with two ranks
+    assert [(row["rank"], row["issued"]) for row in summary["ranks"]] == [(0, 4)]
+    assert (out / "trial-0" / "rank-0" / "result.json").is_file()
+    assert summary["flight_recorder"] == []  # gloo: no NCCL Flight Recorder
 
 
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
