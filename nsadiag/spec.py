@@ -252,7 +252,10 @@ class JobSpec:
     spec         the TrialSpec: target, shape, limits, and the job directory (out_dir)
     world_size   processes; above 1 the job runs under torchrun, each rank in
                  <out_dir>/rank-<r>/
-    ddp_backend  "gloo" or "nccl" (world_size > 1)
+    torchrun     run under torchrun as ranks even with world_size 1: a DDP trial of one
+                 rank (nsadiag ddp --world-size 1) wraps the model in DDP and counts its
+                 collectives, and with nccl arms the Flight Recorder, all on one GPU
+    ddp_backend  "gloo" or "nccl" (ranked jobs)
     pg_timeout_s the process-group timeout; None = nsadiag.harness.rank.pg_timeout_for
     check        the check's name (kind "check")
     top          rows of the largest saved tensors (kind "memory")
@@ -261,16 +264,24 @@ class JobSpec:
     kind: str
     spec: TrialSpec
     world_size: int = 1
+    torchrun: bool = False
     ddp_backend: str = "gloo"
     pg_timeout_s: float | None = None
     check: str | None = None
     top: int = 10
+
+    @property
+    def ranked(self) -> bool:
+        """Whether the job runs under torchrun, each process a rank in <out_dir>/rank-<r>/."""
+        return self.world_size > 1 or self.torchrun
 
     def validate(self) -> JobSpec:
         """Return self, or raise ValueError (one line naming the field)."""
         _check_choice("kind", self.kind, JOB_KINDS)
         self.spec.validate()
         _check_positive_int("world_size", self.world_size, "a positive integer")
+        if not isinstance(self.torchrun, bool):
+            raise ValueError(f"torchrun: must be true or false, got {self.torchrun!r}")
         _check_choice("ddp_backend", self.ddp_backend, DDP_BACKENDS)
         if self.pg_timeout_s is not None:
             _check_positive_number("pg_timeout_s", self.pg_timeout_s)

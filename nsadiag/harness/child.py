@@ -3,9 +3,9 @@
 The job (``nsadiag.spec.JobSpec``) says what to run: "trial" (train spec.steps steps,
 nsadiag.harness.trial), "check" (one correctness check, nsadiag.checks), "memory" (the
 memory probe's measurement) or "target" (import the target and check the spec's knobs
-against its factory: nsadiag.harness.targetcheck). With world_size > 1 the child runs
-under torchrun and every rank runs the same job in <out_dir>/rank-<r>/ after joining the
-process group; alone it runs in <out_dir>/.
+against its factory: nsadiag.harness.targetcheck). A ranked job (world_size > 1, or a DDP
+trial of one rank) runs under torchrun and every rank runs the same job in
+<out_dir>/rank-<r>/ after joining the process group; alone it runs in <out_dir>/.
 
 In order, everything slow last: read the job (a bad job: one line on stderr, exit 2);
 as a rank, die with the parent; arm faulthandler on SIGUSR1 (all threads, into
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         job = JobSpec.from_json(args[0])
-        rank = rank_env() if job.world_size > 1 else None
-        if job.world_size > 1 and rank is None:
+        rank = rank_env() if job.ranked else None
+        if job.ranked and rank is None:
             raise ValueError(f"world_size: {job.world_size} ranks need torchrun's RANK and "
                              f"WORLD_SIZE")
         directory = make_dir(process_dir(job, rank))

@@ -1,15 +1,16 @@
 """Run one job to its verdict: launch its child, watch it, capture evidence, stop it, decide.
 
-``run_job(job)`` starts ``python -m nsadiag.harness.child job.json`` (under torchrun for
-world_size > 1, each rank writing <trial_dir>/rank-<r>/) in a session of its own and
-watches it with the one parent loop (nsadiag.harness.session): at a stall or the budget
-every process is captured at once (nsadiag.harness.capture; with NCCL also a Flight
-Recorder dump of every rank), then every process of the job is killed, on every path out
-(Ctrl-C included), including those that left its session (nsadiag.harness.launch; a
-reaper process does it if nsadiag itself dies). The record (nsadiag.harness.record) is the
-Evidence of the job (for several ranks, also each rank's RankEvidence, decided across
-ranks), the verdict, and the trial directory. ``run_trial``, ``run_ddp_trial`` and
-``run_check_job`` are the three shapes of job the commands run.
+``run_job(job)`` starts ``python -m nsadiag.harness.child job.json`` (under torchrun for a
+ranked job: world_size > 1 or a DDP trial of one rank, each rank writing
+<trial_dir>/rank-<r>/) in a session of its own and watches it with the one parent loop
+(nsadiag.harness.session): at a stall or the budget every process is captured at once
+(nsadiag.harness.capture; with NCCL also a Flight Recorder dump of every rank), then every
+process of the job is killed, on every path out (Ctrl-C included), including those that
+left its session (nsadiag.harness.launch; a reaper process does it if nsadiag itself dies).
+The record (nsadiag.harness.record) is the Evidence of the job (for a ranked job, also each
+rank's RankEvidence, decided across ranks), the verdict, and the trial directory.
+``run_trial``, ``run_ddp_trial`` and ``run_check_job`` are the three shapes of job the
+commands run.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ within a poll or two."""
 
 
 def child_command(job: JobSpec, job_path: Path) -> list[str]:
-    """The command line of the job's child (torchrun for several ranks)."""
+    """The command line of the job's child (torchrun for a ranked job)."""
     child = ["-m", "nsadiag.harness.child", str(job_path)]
-    if job.world_size == 1:
+    if not job.ranked:
         return [sys.executable, *child]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(job.world_size), *child]
@@ -62,9 +63,9 @@ def child_env(job: JobSpec, trial_dir: Path,
             env.pop(name, None)
         else:
             env[name] = value
-    if job.world_size > 1:
+    if job.ranked:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
-    if job.world_size > 1 and job.ddp_backend == "nccl":
+    if job.ranked and job.ddp_backend == "nccl":
         env.update(flight_recorder.child_env(trial_dir))
     return env
 
@@ -96,7 +97,7 @@ class _JobTree(Tree):
         super().__init__(streams)
         self.launched = launched
         self.rank_dirs = [stream.path.parent for stream in streams]
-        self.nccl = job.world_size > 1 and job.ddp_backend == "nccl"
+        self.nccl = job.ranked and job.ddp_backend == "nccl"
 
     def running(self) -> bool:
         return self.launched.poll() is None
@@ -127,7 +128,7 @@ def run_job(job: JobSpec, on_events: OnEvents | None = None, poll_s: float = WAT
     trial_dir = prepare_trial_dir(Path(spec.out_dir))
     job_path = write_text(trial_dir / "job.json", job.to_json())
     write_text(trial_dir / "spec.json", spec.to_json())
-    names = ["main"] if job.world_size == 1 else [f"rank-{r}" for r in range(job.world_size)]
+    names = [f"rank-{r}" for r in range(job.world_size)] if job.ranked else ["main"]
     streams = [Stream(name, (trial_dir if name == "main" else trial_dir / name) /
                       "events.jsonl", spec.steps) for name in names]
     oom_kills_before = cgroup_oom_kills()
@@ -167,11 +168,11 @@ def _record(job: JobSpec, times: WatchTimes, trial_dir: Path, end: SessionEnd,
     outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at,
                          spec.memory_cap_bytes, oom_killer)
     ddp = None
-    if job.world_size > 1:
+    if job.ranked:
         ddp = DdpFacts(job.world_size, job.ddp_backend, times.pg_timeout_s,
                        times.collective_outlasts_capture(),
                        flight_recorder.collect(trial_dir))
-    ranks = dict(enumerate(end.streams)) if job.world_size > 1 else {}
+    ranks = dict(enumerate(end.streams)) if job.ranked else {}
     return build_record(json.loads(spec.to_json()), trial_dir, end, end.streams[0], ranks,
                         outcome, ended_ok=end.due is None and returncode == 0,
                         total_steps=spec.steps, ddp=ddp,
@@ -189,9 +190,10 @@ def run_trial(spec: TrialSpec, on_events: OnEvents | None = None) -> TrialRecord
 def run_ddp_trial(spec: TrialSpec, world_size: int, backend: str = "gloo",
                   pg_timeout_s: float | None = None,
                   on_events: OnEvents | None = None) -> TrialRecord:
-    """One training trial of `world_size` ranks under torchrun."""
-    return run_job(JobSpec("trial", spec, world_size=world_size, ddp_backend=backend,
-                           pg_timeout_s=pg_timeout_s), on_events)
+    """One training trial of `world_size` ranks under torchrun (one rank too: DDP and its
+    collectives are what a DDP trial watches, and one GPU holds only one NCCL rank)."""
+    return run_job(JobSpec("trial", spec, world_size=world_size, torchrun=True,
+                           ddp_backend=backend, pg_timeout_s=pg_timeout_s), on_events)
 
 
 def run_check_job(name: str, spec: TrialSpec, world_size: int = 1,

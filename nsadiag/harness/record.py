@@ -209,7 +209,8 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
                  command: CommandFacts | None = None, hosts: HostsView | None = None,
                  remote: Sequence[RankEvidence] = ()) -> TrialRecord:
     """The record of a watched run (see the module docstring). ``main``: the stream whose
-    Evidence is decided; ``ranks``: {rank: stream}, decided across ranks when two or more;
+    Evidence is decided; ``ranks``: {rank: stream}, decided across ranks when two or more
+    or when the run is a DDP job (``ddp``: one rank's collectives are its evidence too);
     ``ended_ok``: the run ended by itself, successfully (a process without a result then
     reads as ok); ``total_steps``: the steps the run was to take; ``fallback``: the
     exception to take when no process recorded one (the last traceback on a command's
@@ -248,7 +249,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         rank_list += [r for r in remote if r.rank not in own]
         verdict = decide_hosts(evidence, rank_list, hosts)
         evidence.ranks = [r.to_dict() for r in sorted(rank_list, key=lambda r: r.rank)]
-    elif len(ranks) >= 2:
+    elif len(ranks) >= 2 or (ddp is not None and ranks):
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)
                      for r, s in sorted(ranks.items())]

@@ -37,6 +37,22 @@ def test_healthy_nsa_is_ok_with_equal_collective_counts(tmp_path):
             for r in record.verdict.facts.ranks.ranks] == [(host, 0, 0, 0), (host, 1, 1, 0)]
 
 
+def test_one_rank_runs_under_torchrun_and_counts_its_collectives(tmp_path):
+    # one rank is still a DDP trial: one GPU holds only one NCCL rank, so the GPU test of
+    # the nccl path below needs this path too
+    out = tmp_path / "run"
+    done = nsadiag("ddp", "--world-size", "1", "--preset", "tiny", "--layers", "2",
+                   "--seq-len", "64", "--steps", "2", "--stall-timeout", "20", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["verdict"], summary["world_size"], summary["ddp_backend"]) == \
+        ("OK", 1, "gloo")
+    # per step: the DDP bucket all_reduce and the loss mean, as with two ranks
+    assert [(row["rank"], row["issued"]) for row in summary["ranks"]] == [(0, 4)]
+    assert (out / "trial-0" / "rank-0" / "result.json").is_file()
+    assert summary["flight_recorder"] == []  # gloo: no NCCL Flight Recorder
+
+
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):
     verdict, world, settings = DDP_ZOO["late_bound_ckpt"]
     out = tmp_path / "run"
