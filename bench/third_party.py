@@ -224,20 +224,23 @@ CODEBASES = [
 
 
 READING = (
-    "Reading the overhead: the rows with one pair were measured on 2026-11-26 and 27, before "
-    "the block hooks only counted and before runs were paired five times. The quiet rows "
-    "with five pairs were measured on 2026-11-28 between 12:27 and 13:03 UTC on a machine "
-    "otherwise near idle (load 0.6 to 2.6 on 2 CPUs), in this order: small modules, trl sft, trl "
-    "sft --torch_compile, chemprop (3 epochs, each run about 15 s); every watched run was OK "
-    "with the plain runs' recompiles (none). A single pair can stray far from the median "
-    "(chemprop +38 % in one pair, +0.7 % to +6.8 % in the other four). The "
-    "Trainer's train_runtime covers its first step, so for `--torch_compile` it holds "
-    "Dynamo's tracing of the model, which traces nsadiag's (empty) hooks as well: a "
-    "compile-time cost, not a step-time one (the steady compiled step: "
-    "`reports/bench_overhead.md`). Not in the table: litgpt 0.5.13 (`litgpt pretrain`): it "
-    "pins huggingface-hub<1.4, which trl's transformers 5 cannot import, and in a virtualenv"
-    " of its own its compiled pretraining did not reach a logged iteration within five "
-    "minutes here.")
+    "Reading the overhead: the rows with one pair were measured on 2026-11-26 and 27, "
+    "before the block hooks only counted and before runs were paired five times. The "
+    "quiet rows with five pairs were measured on 2026-11-28 between 14:51 and 15:02 UTC "
+    "on a machine otherwise near idle (load 0.9 to 1.5 on 2 CPUs), after the memory marks "
+    "and phase starts were bounded (docs/observer.md), in this order: small modules, trl "
+    "sft, chemprop (3 epochs, each run about 15 s), trl sft --torch_compile; every "
+    "watched run was OK with the plain runs' recompiles (none). The same rows measured at "
+    "12:27-13:03 UTC, before that change: small modules +29.6 % eager and +25.0 % "
+    "compiled, trl sft +5.4 %, --torch_compile +5.3 %, chemprop +6.1 %. A single pair can "
+    "stray far from the median (chemprop -19.9 % and +31.5 % in two pairs, 0 to +4.8 % in "
+    "the other three). The Trainer's train_runtime covers its first step, so for "
+    "`--torch_compile` it holds Dynamo's tracing of the model, which traces nsadiag's "
+    "(empty) hooks as well: a compile-time cost, not a step-time one (the steady compiled "
+    "step: `reports/bench_overhead.md`). Not in the table: litgpt 0.5.13 (`litgpt "
+    "pretrain`): it pins huggingface-hub<1.4, which trl's transformers 5 cannot import, "
+    "and in a virtualenv of its own its compiled pretraining did not reach a logged "
+    "iteration within five minutes here.")
 
 
 CHEMPROP_WARMUP_EPOCHS = 2
