@@ -21,9 +21,12 @@ as ``finding`` (``to_dict``), and ``from_dict`` reads it back.
 
 Decided once and kept: `nsadiag run` and ``nsadiag.watch()`` keep their finding with
 their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`
-and `attach` in checks.json, memory.json, trace-result.json and attach.json; a report
-renders the kept one. The sweeps, ddp, triage and stacks still decide theirs as the
-report is rendered.
+and `attach` in checks.json, memory.json, trace-result.json and attach.json; the sweeps
+(sweep-layers, isolate-branch, sweep-seq: ``.sweep.keep_sweep_finding``) in the run
+directory's finding.json, decided as the sweep ends (a sweep that resumes decides again
+from all its trials). A report renders the kept one; it decides one only
+for a file written before findings were kept (nsadiag.report.dispatch.decided_late).
+`nsadiag ddp`, `triage` and `stacks` still decide theirs as the report is rendered.
 The data types (``Finding``, ``Culprit``, ``Item`` and the words their fields take) live
 in nsadiag.findingdata, below the run directory that stores them, and are handed on
 here; this package holds the deciding code.

@@ -23,10 +23,12 @@ trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, Trace
 StacksRecord). One that does not parse is one RecordError line; the renderers get typed
 records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
 not taken for a malformed file. A run's record.json carries its Finding (decided once,
-when the record was made): the renderer lays it out. One written before findings were
-stored has its finding decided where it is loaded (``stored_record``), the one place that
-does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``) instead
-of reading it back.
+when the record was made): the renderer lays it out. A sweep keeps its finding in
+finding.json (decided as the sweep ended, with the machine memory its cliff was predicted
+against), check, memory, trace and attach in checks.json, memory.json, trace-result.json
+and attach.json. One written before findings were stored has its finding decided where it
+is loaded (``decided_late``), the one place that does; `nsadiag run` and nsadiag.watch()
+hand their record over (``render_record``) instead of reading it back.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from nsadiag.redact import Redactor
 from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
+    FINDING_FILE,
     RecordError,
     TrialRecord,
     give_back_reserve,
+    kept_finding_file,
     load_records,
     locked,
     parse_stored,
@@ -190,15 +194,8 @@ def record_finding(record: TrialRecord) -> Finding:
 def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
-    if kind in ("sweep-layers", "isolate-branch"):
-        from nsadiag.report.sweep import build_report
-
-        return build_report(run_dir, _records(run_dir, skipped),
-                            replace(meta, command_name=meta.command_name or kind))
-    if kind == "sweep-seq":
-        from nsadiag.report.seq import build_seq_report
-
-        return build_seq_report(run_dir, _records(run_dir, skipped), meta)
+    if kind in ("sweep-layers", "isolate-branch", "sweep-seq"):
+        return _sweep(run_dir, kind, meta, skipped)
     if kind == "ddp":
         from nsadiag.report.ddp import build_ddp_report
 
@@ -255,6 +252,44 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
     return build_stacks_report(parse_stored(
         "stacks.json", StacksRecord.from_dict,
         read_json(run_dir / "stacks.json", "stacks.json")), meta)
+
+
+def _sweep(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
+           ) -> tuple[str, dict[str, Any]]:
+    """A sweep's report: its trials' measurements, against the machine memory its kept
+    finding (finding.json) was decided with, and that finding; a sweep that kept none (an
+    older nsadiag, or one that did not end) has it decided here (``decided_late``), against
+    this machine's memory."""
+    import psutil
+
+    from nsadiag.finding.sweep import decide_sweep, measure_sweep
+
+    records = _records(run_dir, skipped)
+    kept = kept_finding_file(run_dir)
+    memory = kept_memory(kept) or psutil.virtual_memory().total
+    measured = measure_sweep(kind, records, meta, memory)
+    finding = kept_or_decided(kept, FINDING_FILE, lambda: decide_sweep(measured))
+    if kind == "sweep-seq":
+        from nsadiag.report.seq import build_seq_report
+
+        return build_seq_report(run_dir, measured, meta, finding)
+    from nsadiag.report.sweep import build_report
+
+    return build_report(run_dir, measured, replace(meta, command_name=measured.command),
+                        finding)
+
+
+def kept_memory(kept: dict[str, Any] | None) -> int | None:
+    """The machine memory (bytes) a kept sweep finding was decided against, None when
+    finding.json holds none; RecordError (one line) for one that is not a positive whole
+    number."""
+    memory = kept.get("machine_memory") if kept is not None else None
+    if memory is None:
+        return None
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
+        raise RecordError(f"{FINDING_FILE}: machine_memory must be a positive number of "
+                          f"bytes, got {str(memory)[:40]!r}")
+    return memory
 
 
 def triage_state(stored: dict[str, Any]) -> TriageState:
