@@ -5,8 +5,8 @@
         spec.json       the base trial spec
         trials.jsonl    one TrialRecord per finished trial, appended and fsynced in order
         trial-<n>/      a trial's own files (spec, heartbeat events, stacks, result)
-        finding.json    a sweep's finding, decided once when the sweep ended, and what it
-                        was decided against (``keep_finding``)
+        finding.json    the finding of a sweep, a DDP job or a triage, decided once when it
+                        ended, and what it was decided against (``keep_finding``)
         report.md, summary.json, plots
         redaction.json  what the run's reports hide (nsadiag.redact), private
 
@@ -215,8 +215,9 @@ def stored_finding(data: Any, what: str) -> Finding | None:
 
 
 FINDING_FILE = "finding.json"
-"""Where a command whose result is the run directory's trials (the sweeps) keeps the finding
-it decided when it ended: {"finding": ..., and what it was decided against}."""
+"""Where a command whose result is the run directory's trials (the sweeps, ddp, triage)
+keeps the finding it decided when it ended: {"finding": ..., and what it was decided
+against}."""
 
 
 def keep_finding(run_dir: Path, finding: Finding, **against: Any) -> Path:

@@ -23,12 +23,13 @@ trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, Trace
 StacksRecord). One that does not parse is one RecordError line; the renderers get typed
 records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
 not taken for a malformed file. A run's record.json carries its Finding (decided once,
-when the record was made): the renderer lays it out. A sweep keeps its finding in
-finding.json (decided as the sweep ended, with the machine memory its cliff was predicted
-against), check, memory, trace and attach in checks.json, memory.json, trace-result.json
-and attach.json. One written before findings were stored has its finding decided where it
-is loaded (``decided_late``), the one place that does; `nsadiag run` and nsadiag.watch()
-hand their record over (``render_record``) instead of reading it back.
+when the record was made): the renderer lays it out. A sweep, a ddp job and a triage keep
+theirs in finding.json (decided as the command ended; a sweep's and a triage's with the
+machine memory their cliff was predicted against), check, memory, trace and attach in
+checks.json, memory.json, trace-result.json and attach.json. One written before findings
+were stored has its finding decided where it is loaded (``decided_late``), the one place
+that does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``)
+instead of reading it back.
 """
 
 from __future__ import annotations
@@ -197,14 +198,30 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
     if kind in ("sweep-layers", "isolate-branch", "sweep-seq"):
         return _sweep(run_dir, kind, meta, skipped)
     if kind == "ddp":
+        from nsadiag.finding.ddp import ddp_finding
         from nsadiag.report.ddp import build_ddp_report
 
-        return build_ddp_report(_records(run_dir, skipped), meta)
+        records = _records(run_dir, skipped)
+        finding = kept_or_decided(kept_finding_file(run_dir), FINDING_FILE,
+                                  lambda: ddp_finding(records[-1]))
+        return build_ddp_report(records, meta, finding)
     if kind == "triage":
         from nsadiag.report.triage import build_triage_report
+        from nsadiag.triage.finding import (
+            measure_triage,
+            stored_trials,
+            triage_finding,
+            triage_result,
+        )
 
-        return build_triage_report(run_dir, parse_stored(
-            "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
+        state = parse_stored("triage.json", triage_state,
+                             read_json(run_dir / "triage.json", "triage.json"))
+        trials = stored_trials(run_dir)
+        kept = kept_finding_file(run_dir)
+        measured = measure_triage(state, trials, kept_memory(kept))
+        finding = kept_or_decided(kept, FINDING_FILE, lambda: triage_finding(
+            state, trials, measured))
+        return build_triage_report(run_dir, state, trials, triage_result(measured, finding))
     if kind == "attach":
         from nsadiag.finding.attach import AttachRecord, attach_finding
         from nsadiag.report.attach import build_attach_report
@@ -280,9 +297,9 @@ def _sweep(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
 
 
 def kept_memory(kept: dict[str, Any] | None) -> int | None:
-    """The machine memory (bytes) a kept sweep finding was decided against, None when
-    finding.json holds none; RecordError (one line) for one that is not a positive whole
-    number."""
+    """The machine memory (bytes) a kept finding (a sweep's, a triage's) was decided
+    against, None when finding.json holds none; RecordError (one line) for one that is not
+    a positive whole number."""
     memory = kept.get("machine_memory") if kept is not None else None
     if memory is None:
         return None

@@ -1,24 +1,33 @@
-"""The sweeps decide their Finding once, as they end, and keep it in the run directory's
-finding.json: the report lays out the kept one and decides nothing; a resumed sweep
-decides again from all its trials and replaces the kept one; a run directory without
-finding.json (an older nsadiag) still renders, its finding decided as it is loaded, to the
-same report. The trials are hand-built records (the trial runner is replaced), so these
-tests run no trial."""
+"""The sweeps, `nsadiag ddp` and `nsadiag triage` decide their Finding once, as they end, and
+keep it in the run directory's finding.json: the report lays out the kept one and decides
+nothing; a resumed sweep (or triage) decides again from all its trials and replaces the
+kept one; a run directory without finding.json (an older nsadiag) still renders, its
+finding decided as it is loaded, to the same report. The trials are hand-built records (the
+trial runner and the triage engine are replaced), so these tests run no trial."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+import nsadiag.commands.ddp as ddp_command_module
 import nsadiag.commands.sweep as sweep_commands
+import nsadiag.commands.triage as triage_command_module
+import nsadiag.finding.ddp as ddp_findings
 import nsadiag.finding.sweep as sweep_findings
+import nsadiag.triage.finding as triage_findings
+from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.sweep import isolate_branch, sweep_layers, sweep_seq
+from nsadiag.commands.triage import triage
+from nsadiag.findingdata import Finding
 from nsadiag.report.dispatch import render_run
 from nsadiag.rundir import FINDING_FILE, RecordError, append_record, load_records
 from nsadiag.spec import TrialSpec
-from tests.helpers import plain_spec, trial_record
+from nsadiag.triage.engine import TriageOptions
+from tests.helpers import check_result, evidence_of, plain_spec, triage_state, trial_record
 
 GIB = 2**30
 
@@ -73,6 +82,8 @@ def _never_decided(*args, **kwargs):
 def _no_deciding(monkeypatch) -> None:
     for name in ("decide_sweep", "sweep_finding"):
         monkeypatch.setattr(sweep_findings, name, _never_decided)
+    for name in ("ddp_finding", "trial_finding"):
+        monkeypatch.setattr(ddp_findings, name, _never_decided)
 
 
 BASE = TrialSpec(seq_len=64, steps=2, stall_timeout_s=5.0, budget_s=60.0, device="cpu")
@@ -171,3 +182,104 @@ def test_a_kept_sweep_finding_off_its_schema_or_memory_is_one_record_error_line(
     (run / FINDING_FILE).write_text("[]")
     with pytest.raises(RecordError, match=r"^finding.json: .* is not a JSON object$"):
         render_run(run)
+
+
+def _ddp_record(run: Path):
+    record = _record(run, 1)
+    record.evidence = evidence_of(record.spec, {**record.evidence.to_dict(),
+                                                "ddp": {"world_size": 2, "backend": "gloo"}})
+    return dataclasses.replace(record, trial_dir=str(run / "trial-0"))
+
+
+def test_ddp_keeps_its_finding_and_the_report_lays_it_out(tmp_path, monkeypatch):
+    run = tmp_path / "ddp"
+    monkeypatch.setattr(ddp_command_module, "run_ddp_trial",
+                        lambda spec, world_size, backend, **kw: _ddp_record(run))
+    done = ddp_command(BASE.replace(n_layers=1), 2, "gloo", run, ["nsadiag", "ddp"])
+    kept = Finding.from_dict(_kept(run)["finding"])
+    assert kept.command == "ddp" and kept.verdict == "OK"
+    assert kept.subject.endswith(", 2 ranks (gloo)")
+    assert done.summary["finding"] == kept.to_dict()
+    late_markdown = done.report.read_text()
+    _no_deciding(monkeypatch)
+    planted = dataclasses.replace(kept, headline="OK (healthy): the kept headline")
+    (run / FINDING_FILE).write_text(json.dumps({"finding": planted.to_dict()}))
+    rendered = render_run(run)
+    assert rendered.headline == "OK (healthy): the kept headline"
+    # the title carries the kept headline; every other line is the report of the same run
+    title, *rest = rendered.report.read_text().splitlines()
+    late_title, *late_rest = late_markdown.splitlines()
+    assert title == late_title.replace(kept.headline, planted.headline) != late_title
+    assert rest == late_rest
+
+
+def test_a_ddp_directory_without_finding_json_renders_the_same_report(tmp_path, monkeypatch):
+    run = tmp_path / "ddp"
+    monkeypatch.setattr(ddp_command_module, "run_ddp_trial",
+                        lambda spec, world_size, backend, **kw: _ddp_record(run))
+    kept = ddp_command(BASE.replace(n_layers=1), 2, "gloo", run, ["nsadiag", "ddp"])
+    (run / FINDING_FILE).unlink()
+    late = render_run(run)
+    assert late.summary == kept.summary
+    assert late.report.read_text() == kept.report.read_text()
+
+
+# ---- triage -------------------------------------------------------------------------------------
+
+
+def _fake_triage(state):
+    """The triage engine without trials: its run stores ``state`` in triage.json and the
+    sweep's one OK trial in trials.jsonl, as the stages leave them."""
+    class Triage:
+        def __init__(self, base, options, run_dir, argv, callbacks=None, clock=None):
+            self.run_dir = run_dir
+
+        def run(self):
+            append_record(self.run_dir / "trials.jsonl",
+                          dataclasses.replace(_record(self.run_dir, 1),
+                                              trial_dir=str(self.run_dir / "trial-0")))
+            (self.run_dir / "triage.json").write_text(json.dumps(state.to_dict()))
+            return state
+    return Triage
+
+
+def _failed_check_state():
+    wrong = check_result("ckpt", "WRONG", module="blocks.0")
+    return triage_state(checks={"n_layers": 2, "results": [wrong]})
+
+
+@pytest.mark.parametrize("state", [triage_state(), _failed_check_state()],
+                         ids=["healthy", "failed check"])
+def test_triage_keeps_its_finding_and_the_report_lays_it_out(tmp_path, monkeypatch, state):
+    monkeypatch.setattr(triage_command_module, "Triage", _fake_triage(state))
+    run = tmp_path / "triage"
+    done = triage(BASE.replace(n_layers=1), TriageOptions(max_layers=2), run,
+                  ["nsadiag", "triage"])
+    kept = _kept(run)
+    assert kept["finding"] == done.summary["finding"]
+    assert kept["finding"]["command"] == "triage"
+    assert kept["finding"]["verdict"] == ("WRONG" if state.checks else "OK")
+    assert isinstance(kept["machine_memory"], int)
+    markdown = done.report.report.read_text()
+    # laid out as kept, nothing decided
+    monkeypatch.setattr(triage_findings, "triage_finding", _never_decided)
+    (run / "report.md").unlink()
+    again = render_run(run)
+    assert again.summary == done.summary and again.report.read_text() == markdown
+    # a rerun drops the kept finding as it starts (its trials may change), and keeps its own
+    monkeypatch.undo()
+    monkeypatch.setattr(triage_command_module, "Triage", _fake_triage(_failed_check_state()))
+    triage(BASE.replace(n_layers=1), TriageOptions(max_layers=2), run, ["nsadiag", "triage"])
+    assert _kept(run)["finding"]["verdict"] == "WRONG"
+
+
+def test_a_triage_directory_without_finding_json_renders_the_same_report(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(triage_command_module, "Triage", _fake_triage(_failed_check_state()))
+    run = tmp_path / "triage"
+    kept = triage(BASE.replace(n_layers=1), TriageOptions(max_layers=2), run,
+                  ["nsadiag", "triage"])
+    (run / FINDING_FILE).unlink()
+    late = render_run(run)
+    assert late.summary == kept.summary
+    assert late.report.read_text() == kept.report.report.read_text()
