@@ -20,14 +20,15 @@ for one trial, ``.sweep``, ``.ddp``, ``.check``, ``.attach``, ``.measured``, and
 as ``finding`` (``to_dict``), and ``from_dict`` reads it back.
 
 Decided once and kept: `nsadiag run` and ``nsadiag.watch()`` keep their finding with
-their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`
-and `attach` in checks.json, memory.json, trace-result.json and attach.json; the sweeps
+their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`,
+`attach` and `stacks` in checks.json, memory.json, trace-result.json, attach.json and
+stacks.json; the sweeps
 (sweep-layers, isolate-branch, sweep-seq: ``.sweep.keep_sweep_finding``), `nsadiag ddp`
 (``.ddp``) and `nsadiag triage` (``nsadiag.triage.finding.keep_triage_finding``) in the
 run directory's finding.json, decided as the command ends (a sweep or triage that resumes
 decides again from all its trials). A report renders the kept one; it decides one only
 for a file written before findings were kept (nsadiag.report.dispatch.decided_late).
-`nsadiag stacks` still decides its finding as the report is rendered.
+Every command keeps its finding.
 The data types (``Finding``, ``Culprit``, ``Item`` and the words their fields take) live
 in nsadiag.findingdata, below the run directory that stores them, and are handed on
 here; this package holds the deciding code.

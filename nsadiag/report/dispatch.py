@@ -25,11 +25,11 @@ records only, so a KeyError or TypeError while rendering is a fault of nsadiag a
 not taken for a malformed file. A run's record.json carries its Finding (decided once,
 when the record was made): the renderer lays it out. A sweep, a ddp job and a triage keep
 theirs in finding.json (decided as the command ended; a sweep's and a triage's with the
-machine memory their cliff was predicted against), check, memory, trace and attach in
-checks.json, memory.json, trace-result.json and attach.json. One written before findings
-were stored has its finding decided where it is loaded (``decided_late``), the one place
-that does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``)
-instead of reading it back.
+machine memory their cliff was predicted against), check, memory, trace, attach and
+stacks in checks.json, memory.json, trace-result.json, attach.json and stacks.json. One
+written before findings were stored has its finding decided where it is loaded
+(``decided_late``), the one place that does; `nsadiag run` and nsadiag.watch() hand their
+record over (``render_record``) instead of reading it back.
 """
 
 from __future__ import annotations
@@ -264,11 +264,14 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
         finding = kept_or_decided(stored, "trace-result.json", lambda: trace_finding(
             result, meta.spec or RecordSpec()))
         return build_trace_report(run_dir, result, meta, finding)
-    from nsadiag.report.stacks import build_stacks_report
+    from nsadiag.finding.measured import stacks_finding
+    from nsadiag.report.stacks import build_stacks_report, process_view
 
-    return build_stacks_report(parse_stored(
-        "stacks.json", StacksRecord.from_dict,
-        read_json(run_dir / "stacks.json", "stacks.json")), meta)
+    stored = read_json(run_dir / "stacks.json", "stacks.json")
+    sampled = parse_stored("stacks.json", StacksRecord.from_dict, stored)
+    finding = kept_or_decided(stored, "stacks.json", lambda: stacks_finding(
+        [process_view(p) for p in sampled.processes], list(sampled.odd_ones_out)))
+    return build_stacks_report(sampled, meta, finding)
 
 
 def _sweep(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
