@@ -5,6 +5,8 @@
         spec.json       the base trial spec
         trials.jsonl    one TrialRecord per finished trial, appended and fsynced in order
         trial-<n>/      a trial's own files (spec, heartbeat events, stacks, result)
+        finding.json    the finding of a sweep, a DDP job or a triage, decided once when it
+                        ended, and what it was decided against (``keep_finding``)
         report.md, summary.json, plots
         redaction.json  what the run's reports hide (nsadiag.redact), private
 
@@ -212,6 +214,40 @@ def stored_finding(data: Any, what: str) -> Finding | None:
         raise RecordError(f"{what} (finding: {type(err).__name__}: {err})") from None
 
 
+FINDING_FILE = "finding.json"
+"""Where a command whose result is the run directory's trials (the sweeps, ddp, triage)
+keeps the finding it decided when it ended: {"finding": ..., and what it was decided
+against}."""
+
+
+def keep_finding(run_dir: Path, finding: Finding, **against: Any) -> Path:
+    """Keep ``finding`` in the run directory's FINDING_FILE, with ``against`` (JSON values:
+    what it was decided against that a later render must use too), replacing one kept
+    before; its schema_version lets an older nsadiag refuse it in one line."""
+    return write_json(run_dir / FINDING_FILE, {"schema_version": SCHEMA_VERSION,
+                                               "finding": finding.to_dict(), **against})
+
+
+def forget_finding(run_dir: Path) -> None:
+    """Remove the kept FINDING_FILE: a command about to add trials to the run directory
+    (a resumed sweep) makes it stale until it keeps a new one."""
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / FINDING_FILE).unlink()
+
+
+def kept_finding_file(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's FINDING_FILE as stored, None when it has none (written by an
+    nsadiag that kept no finding there, or by a command that did not end); ValueError
+    (one line) when it is unreadable or not a JSON object."""
+    path = run_dir / FINDING_FILE
+    if not os.path.lexists(path):
+        return None
+    data = read_json(path, FINDING_FILE)
+    if not isinstance(data, dict):
+        raise RecordError(f"{FINDING_FILE}: {path} is not a JSON object")
+    return data
+
+
 def _gpu_of(data: Any) -> GpuState | None:
     """The GPU state of a stored record; RecordError for a row of another shape."""
     try:
@@ -274,7 +310,8 @@ WRITTEN = frozenset({
     "memory.json", "trace-result.json", "trace.json", "profiler-trace.json", "stacks.json",
     "attach.json", "block.json", "events.jsonl", "profile.json", "profile.folded",
     "faulthandler.txt", "stdout.txt", "stderr.txt", "watch-helper.txt", "dump-request",
-    "hosts-trace.json", "sweep.png", "memory.png", "flame.png", "snapshot.pickle"})
+    "hosts-trace.json", "sweep.png", "memory.png", "flame.png", "snapshot.pickle",
+    "finding.json"})
 """The names of the files nsadiag writes into a run directory (and its trial, rank, process,
 check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
 _WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"

@@ -18,6 +18,7 @@ from nsadiag.checks import CheckResult
 from nsadiag.evidence import Evidence
 from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
+from nsadiag.runmeta import RunMeta
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.state import TriageState
 from nsadiag.verdict.names import Verdict
@@ -101,6 +102,21 @@ def trial_record(spec: dict[str, Any], result: dict[str, Any] | None, verdict: s
     evidence = evidence_of(spec, {"events": events or [], "result": result})
     return TrialRecord(spec, evidence, Verdict(verdict, reasons or [f"{verdict} because"],
                                                facts or {}), trial_dir, wall_s)
+
+
+def sweep_report(run_dir: Path, records: list[TrialRecord], meta: RunMeta
+                 ) -> tuple[str, dict[str, Any]]:
+    """report.md's text and summary.json of a layer sweep of ``records``, its finding
+    decided as the sweep command decides it when it ends (against this machine's
+    memory)."""
+    import psutil
+
+    from nsadiag.finding.sweep import decide_sweep, measure_sweep
+    from nsadiag.report.sweep import build_report
+
+    measured = measure_sweep(meta.command_name or "sweep-layers", records, meta,
+                             psutil.virtual_memory().total)
+    return build_report(run_dir, measured, meta, decide_sweep(measured))
 
 
 def one_step_record(n_layers: int = 1, trial_dir: str = "trial-0") -> TrialRecord:

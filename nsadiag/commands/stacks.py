@@ -26,10 +26,13 @@ import psutil
 
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
+from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes import frames, stacks
 from nsadiag.processes import can_attach, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run
+from nsadiag.report.stacks import process_view
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
+from nsadiag.stacksrecord import StacksRecord
 
 
 @dataclass
@@ -118,9 +121,13 @@ def stacks_run(pid: int, ranks: bool, count: int, interval_s: float, native: boo
                on_start: Callable[[str], None] | None = None) -> Rendered:
     """`nsadiag stacks`: sample (see ``stacks_command``; a missing process or a refused
     ptrace is refused before the run directory exists), keep the samples in stacks.json
-    (raw), render report.md and summary.json (nsadiag.report.stacks). ``on_start`` hears
+    (raw) with the finding decided from them once (nsadiag.finding.measured), render
+    report.md and summary.json (nsadiag.report.stacks). ``on_start`` hears
     when sampling starts."""
     summary = stacks_command(pid, ranks, count, interval_s, native, on_start=on_start)
+    sampled = StacksRecord.from_dict(summary)
+    summary["finding"] = stacks_finding([process_view(p) for p in sampled.processes],
+                                        list(sampled.odd_ones_out)).to_dict()
     prepare_run_dir(run_dir)
     write_run_meta(run_dir, "stacks", list(argv), pid=pid, ranks=ranks)
     write_json(run_dir / "stacks.json", summary)

@@ -1,10 +1,15 @@
-"""sweep-layers and isolate-branch: layer sweeps in a run directory, then the report.
+"""sweep-layers, sweep-seq and isolate-branch: sweeps in a run directory, then the report.
 
-Both commands check everything a user can get wrong before any trial starts (target,
+The commands check everything a user can get wrong before any trial starts (target,
 factory knobs, layer range, limits, output directory) and raise ValueError with one line;
 nothing is written to the run directory until those checks pass. A sweep the user
 interrupts (Ctrl-C, SIGTERM, SIGHUP) renders its report from the trials it finished and
 the one it interrupted before the command exits.
+
+A sweep decides its finding once, when it ends (finished or interrupted), from every trial
+its run directory holds, and keeps it in finding.json (nsadiag.finding.sweep
+``keep_sweep_finding``) before the report lays it out; a rerun in the same directory
+resumes, so it drops the kept finding as it starts and keeps a new one as it ends.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.envinfo import collect_env
+from nsadiag.finding.sweep import keep_sweep_finding
 from nsadiag.harness import stop
 from nsadiag.preflight import check_target
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import (
     TrialRecord,
+    forget_finding,
     prepare_run_dir,
     read_json,
     record_redaction,
@@ -49,20 +56,36 @@ def _meta(run_dir: Path, command_name: str, argv: Sequence[str]) -> dict[str, An
 
 
 @contextlib.contextmanager
-def _kept_when_interrupted(run_dir: Path) -> Iterator[None]:
+def _kept_when_interrupted(run_dir: Path, kind: str) -> Iterator[None]:
     """A sweep the user interrupts keeps what it found: its finished trials and the
-    interrupted one (nsadiag.sweep.run_sweep records it) are rendered into report.md
-    and summary.json, and ``stop.Kept`` carries them to the command line."""
+    interrupted one (nsadiag.sweep.run_sweep records it) decide its finding, kept in
+    finding.json, and are rendered into report.md and summary.json; ``stop.Kept`` carries
+    them to the command line."""
     try:
         yield
     except KeyboardInterrupt:
         if not (run_dir / "trials.jsonl").exists():
             raise
         try:
-            rendered = render_run(run_dir)
+            rendered = _ended(run_dir, kind)
         except ValueError:
             raise KeyboardInterrupt from None
         raise stop.Kept(rendered) from None
+
+
+def _ended(run_dir: Path, kind: str) -> Rendered:
+    """The sweep has ended: decide its finding once from every trial in the run directory
+    (a resumed sweep's earlier ones too), keep it, and render the report around it."""
+    keep_sweep_finding(run_dir, kind)
+    return render_run(run_dir)
+
+
+def _started(run_dir: Path, meta: dict[str, Any], base: TrialSpec) -> None:
+    """Write run.json and spec.json, and drop a finding kept by an earlier run in this
+    directory: this sweep may add trials to it (a resume), and keeps its own as it ends."""
+    _write_meta(run_dir, meta)
+    write_text(run_dir / "spec.json", base.to_json())
+    forget_finding(run_dir)
 
 
 def _planned(callbacks: Callbacks | None) -> None:
@@ -93,11 +116,10 @@ def sweep_layers(base: TrialSpec, layers: Sequence[int], run_dir: Path, argv: Se
     prepare_run_dir(run_dir)
     _planned(callbacks)
     meta = _meta(run_dir, "sweep-layers", argv)
-    _write_meta(run_dir, meta)
-    write_text(run_dir / "spec.json", base.to_json())
-    with _kept_when_interrupted(run_dir):
+    _started(run_dir, meta, base)
+    with _kept_when_interrupted(run_dir, "sweep-layers"):
         _labelled_sweep(base, layers, run_dir, "", meta, callbacks or Callbacks(), keep_going)
-    return render_run(run_dir)
+    return _ended(run_dir, "sweep-layers")
 
 
 def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Sequence[str],
@@ -108,12 +130,11 @@ def sweep_seq(base: TrialSpec, seq_lens: Sequence[int], run_dir: Path, argv: Seq
     prepare_run_dir(run_dir)
     _planned(callbacks)
     meta = _meta(run_dir, "sweep-seq", argv)
-    _write_meta(run_dir, meta)
-    write_text(run_dir / "spec.json", base.to_json())
-    with _kept_when_interrupted(run_dir):
+    _started(run_dir, meta, base)
+    with _kept_when_interrupted(run_dir, "sweep-seq"):
         _labelled_sweep(base, seq_lens, run_dir, "", meta, callbacks or Callbacks(),
                         keep_going, vary="seq_len")
-    return render_run(run_dir)
+    return _ended(run_dir, "sweep-seq")
 
 
 def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir: Path,
@@ -128,11 +149,10 @@ def isolate_branch(base: TrialSpec, branch: str, layers: Sequence[int], run_dir:
     _planned(callbacks)
     meta = _meta(run_dir, "isolate-branch", argv)
     meta["branch"] = branch
-    _write_meta(run_dir, meta)
-    write_text(run_dir / "spec.json", base.to_json())
+    _started(run_dir, meta, base)
     callbacks = callbacks or Callbacks()
-    with _kept_when_interrupted(run_dir):
+    with _kept_when_interrupted(run_dir, "isolate-branch"):
         _labelled_sweep(base.replace(branches=None), layers, run_dir, "all branches", meta,
                         callbacks)
         _labelled_sweep(only, layers, run_dir, f"{branch} only", meta, callbacks)
-    return render_run(run_dir)
+    return _ended(run_dir, "isolate-branch")

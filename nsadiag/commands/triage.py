@@ -16,11 +16,12 @@ Stages, in order (each stores what it learnt in <run_dir>/triage.json before the
    bisection    delta debugging of the knobs that differ from the healthy baseline
                 (grad_ckpt, dtype, backend, branches, seq_len, world_size) to a 1-minimal
                 failing set; world_size > 1 runs the trial under torchrun (nsadiag ddp)
-4. report   the finding (nsadiag.triage.finding), report.md and summary.json
-            (nsadiag.report.triage), optionally compared with a baseline summary.json for
-            regressions in step time and peak memory; then
-            triage.json is redacted like the report (unless no_redact): it is meant to be
-            shared, and a rerun resumes from trials.jsonl, not from it.
+4. report   triage.json is redacted like the report (unless no_redact): it is meant to be
+            shared, and a rerun resumes from trials.jsonl, not from it; then the finding
+            (nsadiag.triage.finding), decided once from the state as stored and kept in
+            finding.json, and report.md and summary.json (nsadiag.report.triage) around it,
+            optionally compared with a baseline summary.json for regressions in step time
+            and peak memory. A rerun drops the kept finding as it starts.
 
 Time: the whole triage stays inside ``max_minutes``. Each trial gets the planned budget
 (``plan_trial_budget``) or what is left; when not even a minimal trial fits, the triage
@@ -46,9 +47,17 @@ from nsadiag.compare import DEFAULT_THRESHOLD, load_summary
 from nsadiag.preflight import check_ddp, check_target
 from nsadiag.redact import redact_obj
 from nsadiag.report.dispatch import Rendered, render_run, stored_meta
-from nsadiag.rundir import prepare_run_dir, read_json, write_json, write_run_meta, write_text
+from nsadiag.rundir import (
+    forget_finding,
+    prepare_run_dir,
+    read_json,
+    write_json,
+    write_run_meta,
+    write_text,
+)
 from nsadiag.spec import TrialSpec
 from nsadiag.triage.engine import Triage, TriageCallbacks, TriageOptions
+from nsadiag.triage.finding import keep_triage_finding
 from nsadiag.triage.state import Regression
 
 __all__ = ["TriageCallbacks", "TriageOptions", "TriageOutcome", "triage"]
@@ -90,6 +99,7 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
             if k not in ("schema_version", "command_name", "argv")}
     write_run_meta(run_dir, "triage", list(argv), **meta)
     write_text(run_dir / "spec.json", base.to_json())
+    forget_finding(run_dir)  # a rerun adds to the trials: it keeps its own as it ends
     runner = Triage(base, options, run_dir, argv, callbacks, clock)
     try:
         state = runner.run()
@@ -100,6 +110,7 @@ def triage(base: TrialSpec, options: TriageOptions, run_dir: Path, argv: Sequenc
         if not options.no_redact and (run_dir / "triage.json").exists():
             write_json(run_dir / "triage.json",
                        redact_obj(read_json(run_dir / "triage.json", "triage.json")))
+    keep_triage_finding(run_dir)
     rendered = render_run(run_dir, options.no_redact)
     step_summary = write_step_summary(rendered.report.read_text()) if ci else None
     return TriageOutcome(rendered, rendered.summary, rendered.exit_code, step_summary)

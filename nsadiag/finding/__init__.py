@@ -15,15 +15,20 @@ A finding answers what a reader asks first, in this order:
 then a summary (sentences, ``SUMMARY_WORDS`` words at most), one-line results marked
 ok/fail/warn (``Item``), what is ruled out and what is implicated, and recommendations.
 Each command builds its finding where its result is assembled (``nsadiag.finding.trial``
-for one trial, ``.sweep``, ``.check``, ``.attach``, ``.measured``, and
+for one trial, ``.sweep``, ``.ddp``, ``.check``, ``.attach``, ``.measured``, and
 ``nsadiag.triage.finding``); ``nsadiag.report`` only lays it out. summary.json carries it
 as ``finding`` (``to_dict``), and ``from_dict`` reads it back.
 
 Decided once and kept: `nsadiag run` and ``nsadiag.watch()`` keep their finding with
-their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`
-and `attach` in checks.json, memory.json, trace-result.json and attach.json; a report
-renders the kept one. The sweeps, ddp, triage and stacks still decide theirs as the
-report is rendered.
+their record in record.json (``.run.with_finding``), `nsadiag check`, `memory`, `trace`,
+`attach` and `stacks` in checks.json, memory.json, trace-result.json, attach.json and
+stacks.json; the sweeps
+(sweep-layers, isolate-branch, sweep-seq: ``.sweep.keep_sweep_finding``), `nsadiag ddp`
+(``.ddp``) and `nsadiag triage` (``nsadiag.triage.finding.keep_triage_finding``) in the
+run directory's finding.json, decided as the command ends (a sweep or triage that resumes
+decides again from all its trials). A report renders the kept one; it decides one only
+for a file written before findings were kept (nsadiag.report.dispatch.decided_late).
+Every command keeps its finding.
 The data types (``Finding``, ``Culprit``, ``Item`` and the words their fields take) live
 in nsadiag.findingdata, below the run directory that stores them, and are handed on
 here; this package holds the deciding code.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nsadiag.finding import Finding, Item, fail, kind_of, ok, warn
@@ -19,7 +20,8 @@ from nsadiag.finding.commands import reproduce
 from nsadiag.finding.numbers import cost_ratio, sig, size
 from nsadiag.finding.trial import trial_finding
 from nsadiag.recordspec import RecordSpec
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, keep_finding, load_records, read_json
+from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import Fit, SweepRow, analyse, first_failure, fit_quantity, row_from_record
 from nsadiag.verdict.thresholds import FASTER_THAN_SAVED
 
@@ -291,15 +293,17 @@ def layer_facts(rows: Sequence[SweepRow], fits: Mapping[str, Fit],
                       cliff=cliff, memory=memory)
 
 
-# ---- a sweep's decided result ----------------------------------------------------------------
+# ---- a sweep's measurements, and its finding decided once ------------------------------------
 
 
 @dataclass
-class SweepResult:
-    """What a sweep's report shows, decided: the finding, the trials by label (rows) and
-    each label's fits, what the main label's fits predict, and the failing trial."""
+class SweepAnalysis:
+    """What a sweep's trials measured, for its finding and its report: the records in the
+    sweep's order, the trials by label (rows), each label's fits, what the main label's
+    fits predict, and the failing trial."""
 
-    finding: Finding
+    command: str
+    records: list[TrialRecord]
     groups: dict[str, list[SweepRow]]
     fits: dict[str, dict[str, Fit]]
     facts: SweepFacts
@@ -317,13 +321,11 @@ def failing_record(records: Sequence[TrialRecord]) -> TrialRecord | None:
         (r for r in records if r.verdict_name == "INCONCLUSIVE"), None)
 
 
-def decide_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str],
-                       command: str, memory: int) -> SweepResult:
-    """The result of a layer sweep: ``labels`` maps a trial directory's name to its run's
-    label (isolate-branch: "all branches", "<branch> only"), the command's name otherwise;
-    ``memory`` is this machine's, for the predicted cliff."""
-    from pathlib import Path
-
+def measure_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str],
+                        command: str, memory: int) -> SweepAnalysis:
+    """The measurements of a layer sweep: ``labels`` maps a trial directory's name to its
+    run's label (isolate-branch: "all branches", "<branch> only"), the command's name
+    otherwise; ``memory`` is the machine's, for the predicted cliff."""
     records = sorted(records, key=lambda r: r.spec.n_layers or 0)
     groups: dict[str, list[SweepRow]] = {}
     for record in records:
@@ -333,21 +335,52 @@ def decide_layer_sweep(records: Sequence[TrialRecord], labels: Mapping[str, str]
     main = next(iter(analyses.values()), {"fits": {}, "memory_growth": None})
     facts = layer_facts(next(iter(groups.values()), []), main["fits"], main["memory_growth"],
                         memory)
-    failing = failing_record(records)
-    rows = [row for rows in groups.values() for row in rows]
-    finding = sweep_finding(records, rows, command, facts,
-                            reproduce(failing.spec) if failing else None)
-    return SweepResult(finding, groups, {label: a["fits"] for label, a in analyses.items()},
-                       facts, failing)
+    return SweepAnalysis(command, records, groups,
+                         {label: a["fits"] for label, a in analyses.items()}, facts,
+                         failing_record(records))
 
 
-def decide_seq_sweep(records: Sequence[TrialRecord], memory: int) -> SweepResult:
-    """The result of a sweep over S (one label, "sweep-seq")."""
+def measure_seq_sweep(records: Sequence[TrialRecord], memory: int) -> SweepAnalysis:
+    """The measurements of a sweep over S (one label, "sweep-seq")."""
     records = sorted(records, key=lambda r: r.spec.seq_len or 0)
     rows = [row_from_record(record, "sweep-seq") for record in records]
     facts = analyse_seq(rows, memory)
-    failing = failing_record(records)
-    finding = sweep_finding(records, rows, "sweep-seq", facts,
-                            reproduce(failing.spec) if failing else None)
-    return SweepResult(finding, {"sweep-seq": rows}, {"sweep-seq": dict(facts.fits)}, facts,
-                       failing)
+    return SweepAnalysis("sweep-seq", records, {"sweep-seq": rows},
+                         {"sweep-seq": dict(facts.fits)}, facts, failing_record(records))
+
+
+def measure_sweep(kind: str, records: Sequence[TrialRecord], meta: RunMeta, memory: int
+                  ) -> SweepAnalysis:
+    """The measurements of a sweep run directory of ``kind`` (sweep-layers, isolate-branch,
+    sweep-seq): its records, labelled by its run.json (``meta``)."""
+    if kind == "sweep-seq":
+        return measure_seq_sweep(records, memory)
+    labels = {Path(r.trial_dir).name: meta.label_of(Path(r.trial_dir).name)
+              for r in records}
+    return measure_layer_sweep(records, labels, meta.command_name or kind, memory)
+
+
+def decide_sweep(measured: SweepAnalysis) -> Finding:
+    """The finding of a sweep from its measurements (decided once: by the sweep command as
+    it ends, or for a run directory that kept none, as its report is rendered)."""
+    failing = measured.failing
+    return sweep_finding(measured.records, measured.rows, measured.command, measured.facts,
+                         reproduce(failing.spec) if failing else None)
+
+
+def keep_sweep_finding(run_dir: Path, kind: str) -> Finding:
+    """Decide the finding of the sweep in ``run_dir`` (its trials.jsonl and run.json) as
+    the sweep ends, and keep it in the run directory's finding.json with this machine's
+    memory, which its cliff was decided against; ValueError (one line) when the directory
+    holds no finished trial."""
+    import psutil
+
+    records = load_records(run_dir / "trials.jsonl")
+    if not records:
+        raise ValueError(f"run_dir: no trials.jsonl with finished trials in {run_dir}")
+    path = run_dir / "run.json"
+    meta = RunMeta.from_dict(read_json(path, "run.json") if path.exists() else {})
+    memory = psutil.virtual_memory().total
+    finding = decide_sweep(measure_sweep(kind, records, meta, memory))
+    keep_finding(run_dir, finding, machine_memory=memory)
+    return finding

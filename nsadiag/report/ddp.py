@@ -1,11 +1,10 @@
 """The report of an `nsadiag ddp` run: one DDP trial, every rank side by side.
 
-The top block and summary of the finding (nsadiag.finding.trial: the odd rank's line, the
-collective that differs), then results, configuration, the per-rank table (host, global,
-local and node rank, pid, state, collectives issued, last collective, waiting in,
-position: nsadiag.report.ranks), each rank's last
-heartbeats and stacks, root cause, minimal reproduction and recommendations, built only
-from the stored record.
+The top block and summary of the finding `nsadiag ddp` kept (nsadiag.finding.ddp: the odd
+rank's line, the collective that differs), then results, configuration, the per-rank table
+(host, global, local and node rank, pid, state, collectives issued, last collective,
+waiting in, position: nsadiag.report.ranks), each rank's last heartbeats and stacks, root
+cause, minimal reproduction and recommendations, built only from the stored record.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ import shlex
 from typing import Any
 
 from nsadiag.evidence import DdpFacts, StallEvidence
-from nsadiag.finding.commands import trial_options
-from nsadiag.finding.trial import trial_finding
+from nsadiag.finding.ddp import ddp_rerun
+from nsadiag.findingdata import Finding
 from nsadiag.report.markdown import config_table, last_events, stack_excerpt
 from nsadiag.report.ranks import job_hosts, rank_heading, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
@@ -61,24 +60,16 @@ def _flight_recorder(ddp: DdpFacts | None) -> list[str]:
     return lines + [""]
 
 
-def ddp_rerun(record: TrialRecord) -> list[str]:
-    """The `nsadiag ddp` command of this trial."""
-    ddp = record.evidence.ddp if record.evidence is not None else None
-    return ["nsadiag", "ddp", "--world-size", str(ddp.world_size if ddp else None),
-            "--ddp-backend", str(ddp.backend if ddp else None), *trial_options(record.spec)]
-
-
-def build_ddp_report(records: list[TrialRecord], meta: RunMeta
+def build_ddp_report(records: list[TrialRecord], meta: RunMeta, finding: Finding
                      ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a ddp run directory's record."""
+    """(markdown, summary.json) of a ddp run directory's record and its ``finding`` (the
+    one `nsadiag ddp` kept, nsadiag.finding.ddp)."""
     record = records[-1]
     verdict, evidence = record.verdict, record.evidence
     ddp = evidence.ddp if evidence is not None else None
     world_size, backend = (ddp.world_size, ddp.backend) if ddp else (None, None)
     facts = verdict.facts
     rows = rank_rows(record)
-    finding = trial_finding(record, "ddp", shlex.join(ddp_rerun(record)))
-    finding.subject += f", {world_size} ranks ({backend})"
     report = Report.of(finding)
     torch_version = meta.env.torch if meta.env is not None else None
     report.add("Configuration", config_table(

@@ -23,10 +23,13 @@ trace-result.json and stacks.json into theirs (AttachRecord, MemoryRecord, Trace
 StacksRecord). One that does not parse is one RecordError line; the renderers get typed
 records only, so a KeyError or TypeError while rendering is a fault of nsadiag and is
 not taken for a malformed file. A run's record.json carries its Finding (decided once,
-when the record was made): the renderer lays it out. One written before findings were
-stored has its finding decided where it is loaded (``stored_record``), the one place that
-does; `nsadiag run` and nsadiag.watch() hand their record over (``render_record``) instead
-of reading it back.
+when the record was made): the renderer lays it out. A sweep, a ddp job and a triage keep
+theirs in finding.json (decided as the command ended; a sweep's and a triage's with the
+machine memory their cliff was predicted against), check, memory, trace, attach and
+stacks in checks.json, memory.json, trace-result.json, attach.json and stacks.json. One
+written before findings were stored has its finding decided where it is loaded
+(``decided_late``), the one place that does; `nsadiag run` and nsadiag.watch() hand their
+record over (``render_record``) instead of reading it back.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ from nsadiag.redact import Redactor
 from nsadiag.report.skeleton import Section
 from nsadiag.report.summary import KINDS
 from nsadiag.rundir import (
+    FINDING_FILE,
     RecordError,
     TrialRecord,
     give_back_reserve,
+    kept_finding_file,
     load_records,
     locked,
     parse_stored,
@@ -190,24 +195,33 @@ def record_finding(record: TrialRecord) -> Finding:
 def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
           ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of a run directory of ``kind``, unredacted."""
-    if kind in ("sweep-layers", "isolate-branch"):
-        from nsadiag.report.sweep import build_report
-
-        return build_report(run_dir, _records(run_dir, skipped),
-                            replace(meta, command_name=meta.command_name or kind))
-    if kind == "sweep-seq":
-        from nsadiag.report.seq import build_seq_report
-
-        return build_seq_report(run_dir, _records(run_dir, skipped), meta)
+    if kind in ("sweep-layers", "isolate-branch", "sweep-seq"):
+        return _sweep(run_dir, kind, meta, skipped)
     if kind == "ddp":
+        from nsadiag.finding.ddp import ddp_finding
         from nsadiag.report.ddp import build_ddp_report
 
-        return build_ddp_report(_records(run_dir, skipped), meta)
+        records = _records(run_dir, skipped)
+        finding = kept_or_decided(kept_finding_file(run_dir), FINDING_FILE,
+                                  lambda: ddp_finding(records[-1]))
+        return build_ddp_report(records, meta, finding)
     if kind == "triage":
         from nsadiag.report.triage import build_triage_report
+        from nsadiag.triage.finding import (
+            measure_triage,
+            stored_trials,
+            triage_finding,
+            triage_result,
+        )
 
-        return build_triage_report(run_dir, parse_stored(
-            "triage.json", triage_state, read_json(run_dir / "triage.json", "triage.json")))
+        state = parse_stored("triage.json", triage_state,
+                             read_json(run_dir / "triage.json", "triage.json"))
+        trials = stored_trials(run_dir)
+        kept = kept_finding_file(run_dir)
+        measured = measure_triage(state, trials, kept_memory(kept))
+        finding = kept_or_decided(kept, FINDING_FILE, lambda: triage_finding(
+            state, trials, measured))
+        return build_triage_report(run_dir, state, trials, triage_result(measured, finding))
     if kind == "attach":
         from nsadiag.finding.attach import AttachRecord, attach_finding
         from nsadiag.report.attach import build_attach_report
@@ -250,11 +264,52 @@ def build(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
         finding = kept_or_decided(stored, "trace-result.json", lambda: trace_finding(
             result, meta.spec or RecordSpec()))
         return build_trace_report(run_dir, result, meta, finding)
-    from nsadiag.report.stacks import build_stacks_report
+    from nsadiag.finding.measured import stacks_finding
+    from nsadiag.report.stacks import build_stacks_report, process_view
 
-    return build_stacks_report(parse_stored(
-        "stacks.json", StacksRecord.from_dict,
-        read_json(run_dir / "stacks.json", "stacks.json")), meta)
+    stored = read_json(run_dir / "stacks.json", "stacks.json")
+    sampled = parse_stored("stacks.json", StacksRecord.from_dict, stored)
+    finding = kept_or_decided(stored, "stacks.json", lambda: stacks_finding(
+        [process_view(p) for p in sampled.processes], list(sampled.odd_ones_out)))
+    return build_stacks_report(sampled, meta, finding)
+
+
+def _sweep(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
+           ) -> tuple[str, dict[str, Any]]:
+    """A sweep's report: its trials' measurements, against the machine memory its kept
+    finding (finding.json) was decided with, and that finding; a sweep that kept none (an
+    older nsadiag, or one that did not end) has it decided here (``decided_late``), against
+    this machine's memory."""
+    import psutil
+
+    from nsadiag.finding.sweep import decide_sweep, measure_sweep
+
+    records = _records(run_dir, skipped)
+    kept = kept_finding_file(run_dir)
+    memory = kept_memory(kept) or psutil.virtual_memory().total
+    measured = measure_sweep(kind, records, meta, memory)
+    finding = kept_or_decided(kept, FINDING_FILE, lambda: decide_sweep(measured))
+    if kind == "sweep-seq":
+        from nsadiag.report.seq import build_seq_report
+
+        return build_seq_report(run_dir, measured, meta, finding)
+    from nsadiag.report.sweep import build_report
+
+    return build_report(run_dir, measured, replace(meta, command_name=measured.command),
+                        finding)
+
+
+def kept_memory(kept: dict[str, Any] | None) -> int | None:
+    """The machine memory (bytes) a kept finding (a sweep's, a triage's) was decided
+    against, None when finding.json holds none; RecordError (one line) for one that is not
+    a positive whole number."""
+    memory = kept.get("machine_memory") if kept is not None else None
+    if memory is None:
+        return None
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
+        raise RecordError(f"{FINDING_FILE}: machine_memory must be a positive number of "
+                          f"bytes, got {str(memory)[:40]!r}")
+    return memory
 
 
 def triage_state(stored: dict[str, Any]) -> TriageState:

@@ -12,14 +12,12 @@ memory: the cliff, before a run falls off it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from nsadiag.finding.commands import reproduce
-from nsadiag.finding.sweep import decide_seq_sweep
+from nsadiag.finding.sweep import SweepAnalysis
+from nsadiag.findingdata import Finding
 from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import (
@@ -33,7 +31,6 @@ from nsadiag.report.plots import flame_section, sweep_plot
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, recommendations
-from nsadiag.rundir import TrialRecord
 from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import Fit, SweepRow
 
@@ -65,16 +62,16 @@ def _fits_lines(fits: dict[str, Fit]) -> list[str]:
 LABEL = "sweep-seq"
 
 
-def build_seq_report(run_dir: Path, records: Sequence[TrialRecord], meta: RunMeta
+def build_seq_report(run_dir: Path, measured: SweepAnalysis, meta: RunMeta, finding: Finding
                      ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a sweep-seq run directory's records; writes
-    sweep.png (time and peak against S, the fits, the predicted peak and the cliff) into
-    run_dir."""
-    total = psutil.virtual_memory().total
-    result = decide_seq_sweep(records, total)
-    finding, facts, failing = result.finding, result.facts, result.failing
-    rows = result.rows
-    records = sorted(records, key=lambda r: r.spec.seq_len or 0)
+    """(markdown, summary.json) of a sweep-seq run directory's measurements
+    (nsadiag.finding.sweep.measure_sweep) and its ``finding`` (the one the sweep kept,
+    decided as it ended); writes sweep.png (time and peak against S, the fits, the
+    predicted peak and the cliff) into run_dir."""
+    facts, failing = measured.facts, measured.failing
+    total = facts.memory
+    rows = measured.rows
+    records = measured.records
     first = records[0].spec if records else RecordSpec()
     report = Report.of(finding)
     report.add("Configuration", config_table(first.to_dict(), (

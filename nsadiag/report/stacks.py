@@ -15,7 +15,7 @@ from pathlib import PurePath
 from typing import Any
 
 from nsadiag.evidence import ThreadStack
-from nsadiag.finding.measured import stacks_finding
+from nsadiag.findingdata import Finding
 from nsadiag.probes.frames import threads_that_matter, wait_frame
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary
@@ -69,10 +69,11 @@ def process_view(proc: SampledProcess) -> dict[str, Any]:
     return view
 
 
-def build_stacks_report(stacks: StacksRecord, meta: RunMeta) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a stacks run."""
+def build_stacks_report(stacks: StacksRecord, meta: RunMeta, finding: Finding
+                        ) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a stacks run and its ``finding`` (the one stacks.json
+    keeps, decided by nsadiag.commands.stacks)."""
     processes = [process_view(p) for p in stacks.processes]
-    finding = stacks_finding(processes, list(stacks.odd_ones_out))
     md = items(finding.results)
     md += ["", "| pid | rank | state | CPU | samples | innermost frames |",
            "|---|---|---|---|---|---|"]

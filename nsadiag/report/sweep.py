@@ -15,11 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from nsadiag.finding import Item
 from nsadiag.finding.commands import reproduce
-from nsadiag.finding.sweep import decide_layer_sweep
+from nsadiag.finding.sweep import SweepAnalysis
+from nsadiag.findingdata import Finding, Item
 from nsadiag.fmt import bytes_cell, seconds_cell
 from nsadiag.recordspec import RecordSpec
 from nsadiag.report.markdown import (
@@ -35,18 +33,12 @@ from nsadiag.report.plots import flame_section, sweep_plot
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, items, recommendations
-from nsadiag.rundir import TrialRecord
 from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import Fit, SweepRow
 
 CONFIG_KEYS = ("target", "seq_len", "batch", "dtype", "grad_ckpt", "branches", "backend",
                "device", "steps", "stall_timeout_s", "budget_s", "memory_cap_bytes",
                "overrides")
-
-
-def run_label(meta: RunMeta, record: TrialRecord) -> str:
-    """A trial's label: the one run.json gives it, else the command's name."""
-    return meta.label_of(Path(record.trial_dir).name)
 
 
 def fits_section(fits: Mapping[str, Fit], unit_x: str = "layer") -> list[str]:
@@ -112,27 +104,25 @@ def legend_names(groups: Mapping[str, Sequence[SweepRow]], spec: RecordSpec | No
     return {label: f"{label} ({what})" if what else label for label in groups}
 
 
-def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: RunMeta
+def build_report(run_dir: Path, measured: SweepAnalysis, meta: RunMeta, finding: Finding
                  ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a layer sweep's records, grouped by label; writes
-    sweep.png (and flame.png of a failing trial's profile) into run_dir. Redaction is the
-    caller's (nsadiag.report.dispatch)."""
-    command = meta.command_name or "sweep-layers"
-    memory = psutil.virtual_memory().total
-    labels = {Path(r.trial_dir).name: run_label(meta, r) for r in records}
-    result = decide_layer_sweep(records, labels, command, memory)
-    finding, groups, failing, facts = result.finding, result.groups, result.failing, \
-        result.facts
-    all_rows = result.rows
-    records = sorted(records, key=lambda r: r.spec.n_layers or 0)
+    """(markdown, summary.json) of a layer sweep's measurements (its trials grouped by
+    label, nsadiag.finding.sweep.measure_sweep) and its ``finding`` (the one the sweep kept,
+    decided as it ended); writes sweep.png (and flame.png of a failing trial's profile)
+    into run_dir. Redaction is the caller's (nsadiag.report.dispatch)."""
+    command = measured.command
+    memory = measured.facts.memory
+    groups, failing, facts = measured.groups, measured.failing, measured.facts
+    all_rows = measured.rows
+    records = measured.records
     first = records[0].spec if records else None
-    png = sweep_plot(groups, result.fits, run_dir / "sweep.png", legend_names(groups, first),
+    png = sweep_plot(groups, measured.fits, run_dir / "sweep.png", legend_names(groups, first),
                      memory=memory, cliff=facts.cliff)
     report = Report.of(finding, results=labelled_results(finding.results, all_rows))
     report.add("Configuration", config_table(first.to_dict() if first else {}, CONFIG_KEYS,
                                              env_rows(meta.env)))
     md = report.add("Measurements", results_table(all_rows)).body
-    for label, fits in result.fits.items():
+    for label, fits in measured.fits.items():
         md += ["", f"### Fits against layers — {label}", ""] + fits_section(fits)
     if meta.branch and len(groups) == 2:
         md += ["", f"### What the {meta.branch} branch costs", ""]
@@ -160,6 +150,6 @@ def build_report(run_dir: Path, records: Sequence[TrialRecord], meta: RunMeta
         verdicts=verdicts,
         rows=[r.to_dict() for r in all_rows],
         fits={label: {q: f.to_dict() for q, f in fits.items()}
-              for label, fits in result.fits.items() if fits},
+              for label, fits in measured.fits.items() if fits},
         failing=failing.verdict.to_dict() if failing else None, details=details)
     return report.markdown(), summary.to_dict()

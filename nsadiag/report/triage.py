@@ -1,6 +1,8 @@
 """The triage report: Markdown and summary.json laid out from the triage's decided result.
 
-Every decision is nsadiag.triage.finding's (``decide_triage``): this module only formats.
+Every decision is nsadiag.triage.finding's: the finding `nsadiag triage` kept as it ended
+(``triage_finding``), and what its state and trials say beside it (``measure_triage``);
+this module only formats.
 The top block and summary of the finding come first, then the seed reports' order:
 results (one line each, ✅ ❌ ⚠), environment, configuration comparison, systematic results
 (checks, layer threshold with its plot, efficiency, repeats, where the time goes, branch
@@ -29,17 +31,13 @@ from nsadiag.report.plots import flame_section, sweep_plot
 from nsadiag.report.skeleton import Report
 from nsadiag.report.summary import Summary, verdict_row
 from nsadiag.report.top import cause_section, items, recommendations
-from nsadiag.rundir import TrialRecord, load_records
+from nsadiag.rundir import TrialRecord
 from nsadiag.triage.decide import BASELINE
-from nsadiag.triage.finding import TriageResult, decide_triage, knob_text, time_text
+from nsadiag.triage.finding import TriageResult, knob_text, time_text
 from nsadiag.triage.state import TriageState
 
 CONFIG_FIELDS = ("target", "n_layers", "seq_len", "batch", "dtype", "grad_ckpt", "branches",
                  "backend", "world_size", "device", "steps", "budget_s", "overrides")
-
-
-def _records(run_dir: Path) -> dict[str, TrialRecord]:
-    return {Path(r.trial_dir).name: r for r in load_records(run_dir / "trials.jsonl")}
 
 
 def _env_section(state: TriageState) -> list[str]:
@@ -244,14 +242,12 @@ def _check_row(check: CheckResult, result: TriageResult) -> dict[str, Any]:
             "verdict": result.check_status[check.name]}
 
 
-def build_triage_report(run_dir: Path, state: TriageState | dict[str, Any]
-                        ) -> tuple[str, dict[str, Any]]:
-    """(markdown, summary.json) of a triage run directory's state and trials; writes
-    sweep.png and flame.png into run_dir."""
-    if isinstance(state, dict):
-        state = TriageState.from_dict(state)
-    records = _records(run_dir)
-    result = decide_triage(state, records)
+def build_triage_report(run_dir: Path, state: TriageState, records: dict[str, TrialRecord],
+                        result: TriageResult) -> tuple[str, dict[str, Any]]:
+    """(markdown, summary.json) of a triage run directory's state, its trials by trial
+    directory name, and ``result``: the finding the triage kept (decided as it ended) and
+    what was measured beside it (nsadiag.triage.finding.measure_triage); writes sweep.png
+    and flame.png into run_dir."""
     finding = result.finding
     report = Report.of(finding, summary_note=[f"Machine: {result.machine_text}."]
                        if result.machine_text else [])

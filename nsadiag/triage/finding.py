@@ -1,11 +1,14 @@
 """What a triage found: every decision the triage report shows, from its typed state.
 
-``decide_triage(state, records)`` reads the state (nsadiag.triage.state) and the stored
-trials and returns a ``TriageResult``: the ``Finding`` (verdict, kind, culprit line,
-proving number, next action, summary, results, ruled out and implicated) and what the
-report's sections need beyond it: the failure as summary.json has carried it, which checks
-ran out of time, the configurations to compare, the reproduction, the regressions against a
-baseline, the stages not reached. The report (nsadiag.report.triage) only lays this out.
+``measure_triage(state, records)`` reads the state (nsadiag.triage.state) and the stored
+trials for what the report's sections need beyond the finding: the failure as summary.json
+has carried it, which checks ran out of time, the configurations to compare, the
+reproduction, the regressions against a baseline, the stages not reached.
+``triage_finding`` decides the ``Finding`` from them (verdict, kind, culprit line, proving
+number, next action, summary, results, ruled out and implicated), once: `nsadiag triage`
+keeps it in finding.json as it ends (``keep_triage_finding``). ``triage_result`` puts the
+two together as a ``TriageResult``, which the report (nsadiag.report.triage) only lays
+out; ``decide_triage`` does all three.
 
 The finding, in order of precedence:
 
@@ -42,7 +45,7 @@ from nsadiag.finding.sweep import SweepFacts, layer_facts, row_item
 from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.profile import describe as describe_profile
 from nsadiag.recordspec import RecordSpec
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, keep_finding, load_records, parse_stored, read_json
 from nsadiag.sweep import SweepRow, analyse, row_from_record
 from nsadiag.triage.decide import Confidence, ModuleTime
 from nsadiag.triage.state import STAGES, TriageState, TrialRef
@@ -606,12 +609,38 @@ def reproducing_record(failure: TriageFailure, records: Mapping[str, TrialRecord
     return None
 
 
-def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> TriageResult:
-    """The triage's finding and the facts its report shows (see the module docstring)."""
+@dataclass
+class TriageMeasured:
+    """What a triage's finding is decided from and its report shows beside it, read from
+    its state and trials: the fields of ``TriageResult`` but the finding, with the culprit
+    line, the unreproduced timing verdict and the regressed measurements the finding
+    names."""
+
+    failure: TriageFailure | None
+    culprit: Culprit | None
+    unsure: Unreproduced | None
+    regressed: list[dict[str, Any]]
+    check_status: dict[str, str]
+    check_module: dict[str, str | None]
+    columns: list[tuple[str, str]]
+    reproduction: list[str] | None
+    separately: list[Item]
+    regression: dict[str, Any] | None
+    not_reached: list[str]
+    efficiency: TrialRef | None
+    rows: list[SweepRow]
+    depth: SweepFacts
+    machine: dict[str, Any] | None
+    machine_text: str | None
+
+
+def measure_triage(state: TriageState, records: Mapping[str, TrialRecord],
+                   memory: int | None = None) -> TriageMeasured:
+    """What the triage's state and trials say beside its finding (see TriageMeasured);
+    ``memory`` is the machine memory the depth's cliff is predicted against (this
+    machine's when None)."""
     rows = triage_rows(state, records)
-    by_trial = {Path(r.trial_dir).name: r for r in rows}
     runs = _failing_runs(state, records)
-    unsure = unreproduced(state)
     culprit = _culprit(runs) if state.failing else None
     failure = _failure(state, runs, culprit)
     regression = None
@@ -627,39 +656,88 @@ def decide_triage(state: TriageState, records: Mapping[str, TrialRecord]) -> Tri
     if failure and failure.check:
         reproduction = check_command(failure.check, RecordSpec.from_dict(state.base_spec.to_dict()),
                                      failure.n_layers, state.world_size)
-        bad = next(r for r in _results(state) if r.name == failure.check)
-        finding = _check_finding(state, bad, reproduction)
     elif failure:
         minimal = reproducing_record(failure, records)
         reproduction = reproduce(minimal.spec) if minimal else None
-        finding = _sweep_finding(state, failure, records.get(failure.trial or ""), culprit,
-                                 reproduction)
-    else:
-        finding = _healthy_finding(state, regressed, unsure)
-    ruled_out, implicated, separately = _cause(state, failure, culprit)
-    finding.ruled_out, finding.implicated = ruled_out, implicated
-    finding.results = _check_items(state) + _stage_items(state, by_trial)
-    if failure and not failure.check and state.env_problems:
-        finding.results.append(warn("environment: " + "; ".join(state.env_problems)))
+    separately = _cause(state, failure, culprit)[2]
     machine = worst_contention(r.evidence.load if r.evidence is not None else None
                                for r in records.values())
-    return TriageResult(
+    return TriageMeasured(
+        failure=failure, culprit=culprit, unsure=unreproduced(state), regressed=regressed,
         machine=machine, machine_text=machine_sentence(machine) if machine else None,
-        finding=finding, failure=failure,
         check_status={r.name: check_status(r) for r in _results(state)},
         check_module={r.name: check_module(r) for r in _results(state)},
         columns=_columns(state), reproduction=reproduction, separately=separately,
         regression=regression,
         not_reached=[s for s in STAGES if s not in state.stages_done] if state.stopped
-        else [], efficiency=efficiency_ref(state), rows=rows, depth=_depth_facts(rows))
+        else [], efficiency=efficiency_ref(state), rows=rows,
+        depth=_depth_facts(rows, memory or psutil.virtual_memory().total))
 
 
-def _depth_facts(rows: list[SweepRow]) -> SweepFacts:
-    """The sweep stage's fits against layers and what they predict."""
+def triage_finding(state: TriageState, records: Mapping[str, TrialRecord],
+                   measured: TriageMeasured) -> Finding:
+    """The triage's finding (see the module docstring), decided once: by `nsadiag triage`
+    as it ends, or for a run directory that kept none, as its report is rendered."""
+    failure, culprit = measured.failure, measured.culprit
+    if failure and failure.check:
+        bad = next(r for r in _results(state) if r.name == failure.check)
+        finding = _check_finding(state, bad, measured.reproduction or [])
+    elif failure:
+        finding = _sweep_finding(state, failure, records.get(failure.trial or ""), culprit,
+                                 measured.reproduction)
+    else:
+        finding = _healthy_finding(state, measured.regressed, measured.unsure)
+    finding.ruled_out, finding.implicated, _ = _cause(state, failure, culprit)
+    by_trial = {Path(r.trial_dir).name: r for r in measured.rows}
+    finding.results = _check_items(state) + _stage_items(state, by_trial)
+    if failure and not failure.check and state.env_problems:
+        finding.results.append(warn("environment: " + "; ".join(state.env_problems)))
+    return finding
+
+
+def keep_triage_finding(run_dir: Path) -> Finding:
+    """Decide the finding of the triage in ``run_dir`` once, as it ends, and keep it in the
+    run directory's finding.json with this machine's memory (the depth's cliff was
+    predicted against it). It is decided from the state and trials as stored: triage.json
+    redacted as the report reads it, so the kept finding names nothing the state hides
+    and a later render lays out what a render decided then would."""
+    state = parse_stored("triage.json", TriageState.from_dict,
+                         read_json(run_dir / "triage.json", "triage.json"))
+    records = stored_trials(run_dir)
+    memory = psutil.virtual_memory().total
+    finding = triage_finding(state, records, measure_triage(state, records, memory))
+    keep_finding(run_dir, finding, machine_memory=memory)
+    return finding
+
+
+def stored_trials(run_dir: Path) -> dict[str, TrialRecord]:
+    """A triage's trials (trials.jsonl) by their trial directory's name."""
+    return {Path(r.trial_dir).name: r for r in load_records(run_dir / "trials.jsonl")}
+
+
+def triage_result(measured: TriageMeasured, finding: Finding) -> TriageResult:
+    """What the triage report lays out: ``finding`` and what was measured beside it."""
+    return TriageResult(
+        finding=finding, failure=measured.failure, check_status=measured.check_status,
+        check_module=measured.check_module, columns=measured.columns,
+        reproduction=measured.reproduction, separately=measured.separately,
+        regression=measured.regression, not_reached=measured.not_reached,
+        efficiency=measured.efficiency, rows=measured.rows, depth=measured.depth,
+        machine=measured.machine, machine_text=measured.machine_text)
+
+
+def decide_triage(state: TriageState, records: Mapping[str, TrialRecord],
+                  memory: int | None = None) -> TriageResult:
+    """The triage's finding and the facts its report shows (see the module docstring)."""
+    measured = measure_triage(state, records, memory)
+    return triage_result(measured, triage_finding(state, records, measured))
+
+
+def _depth_facts(rows: list[SweepRow], memory: int) -> SweepFacts:
+    """The sweep stage's fits against layers and what they predict against ``memory``."""
     sweep = [r for r in rows if r.label == "sweep"]
     analysis = analyse(sweep)
-    return layer_facts(sweep, analysis["fits"], analysis["memory_growth"],
-                       psutil.virtual_memory().total)
+    return layer_facts(sweep, analysis["fits"], analysis["memory_growth"], memory)
 
 
 def profile_sentences(record: TrialRecord) -> list[str]:

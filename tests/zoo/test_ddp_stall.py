@@ -5,6 +5,7 @@ first; no rank outlives the trial."""
 import psutil
 
 from nsadiag.finding import Finding
+from nsadiag.finding.ddp import ddp_finding
 from nsadiag.harness.jobs import run_ddp_trial
 from nsadiag.report.ddp import build_ddp_report
 from nsadiag.runmeta import RunMeta
@@ -54,7 +55,7 @@ def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
     first = record.verdict.reasons[0]
     assert first.startswith("rank 1 waits in all_reduce #3") and "rank 0 waits in" in first
     # the report names the odd rank's collective: the line only rank 1 runs
-    text, summary = build_ddp_report([record], RunMeta())
+    text, summary = build_ddp_report([record], RunMeta(), ddp_finding(record))
     finding = Finding.from_dict(summary["finding"])
     assert (finding.verdict, finding.kind) == ("STALL-COLLECTIVE", "stuck")
     assert "rank 1 issued all_reduce #3 here" in finding.culprit.why
@@ -69,7 +70,7 @@ def test_process_group_timeout_still_reads_as_stall_collective(tmp_path):
     _assert_names_rank_1(record)
     assert record.verdict.facts.ranks.pg_timeout is True
     assert record.evidence.ddp.pg_timeout_outlasts_capture is False
-    text, _ = build_ddp_report([record], RunMeta())
+    text, _ = build_ddp_report([record], RunMeta(), ddp_finding(record))
     assert "4.0 s (shorter than the stall timeout plus the stack sampling" in text
     assert record.evidence.outcome.kill_reason is None  # the job ended by itself
     assert "gave up on a collective first" in record.verdict.reasons[0]

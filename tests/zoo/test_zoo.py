@@ -8,11 +8,10 @@ import psutil
 from nsadiag.checks import run_check
 from nsadiag.finding import Finding
 from nsadiag.harness.jobs import run_trial
-from nsadiag.report.sweep import build_report
 from nsadiag.runmeta import RunMeta
 from nsadiag.spec import TrialSpec
 from repro import ZOO
-from tests.helpers import REPRO
+from tests.helpers import REPRO, sweep_report
 from tests.readable import assert_readable
 
 QUICK = dict(seq_len=64, batch=2, steps=2, stall_timeout_s=3.0, budget_s=60.0)
@@ -31,7 +30,7 @@ def _reported(tmp_path, record):
     """The report of a sweep made of this one trial, and its finding."""
     run_dir = tmp_path / "report"
     run_dir.mkdir()
-    text, summary = build_report(run_dir, [record], RunMeta(command_name="sweep-layers"))
+    text, summary = sweep_report(run_dir, [record], RunMeta(command_name="sweep-layers"))
     return text, Finding.from_dict(summary["finding"])
 
 

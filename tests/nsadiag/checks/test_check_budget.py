@@ -16,6 +16,7 @@ from nsadiag.checks import fitted_sizes, run_check
 from nsadiag.ci import exit_code
 from nsadiag.report.triage import build_triage_report
 from nsadiag.spec import TrialSpec
+from nsadiag.triage.finding import decide_triage
 from nsadiag.verdict.load import machine_sentence, worst_contention
 from tests.helpers import check_result, nsadiag, triage_state, trial_record
 
@@ -98,7 +99,8 @@ def test_a_check_out_of_time_never_fails_a_triage(tmp_path, stored):
     if stored == "with failed":
         cut.update(failed=False, module=None)
     checks_state = {"n_layers": 2, "results": [check_result("causality", "OK"), cut]}
-    text, summary = build_triage_report(tmp_path, triage_state(checks=checks_state))
+    state = triage_state(checks=checks_state)
+    text, summary = build_triage_report(tmp_path, state, {}, decide_triage(state, {}))
     assert exit_code(summary) in (0, 4) and summary["failure"] is None, summary["headline"]
     assert "blocks.1" not in text.split("## Root cause")[1]  # nothing implicated
     assert "A correctness check failed" not in text

@@ -38,6 +38,9 @@ def test_sweep_layers_reports_every_count_ok_with_fits_and_plot(tmp_path):
         assert section in report
     assert (out / "sweep.png").stat().st_size > 1000
     assert len((out / "trials.jsonl").read_text().splitlines()) == 3
+    # decided once as the sweep ended and kept beside its trials; the report lays it out
+    kept = json.loads((out / "finding.json").read_text())
+    assert kept["finding"]["headline"] == summary["headline"] and kept["machine_memory"] > 0
 
     # a rerun in the same directory resumes: nothing new is run
     again = nsadiag("sweep-layers", "--layers", "1-3", *TINY, "--out", str(out))
@@ -172,6 +175,9 @@ def test_sweep_seq_reports_time_and_memory_against_the_sequence_length(tmp_path)
                  "saved for backward | rest of the peak | steps |",
                  "### Fits against the sequence length"):
         assert text in report
+    kept = json.loads((out / "finding.json").read_text())
+    assert kept["finding"]["headline"] == summary["headline"]
+    assert kept["machine_memory"] == summary["machine_memory"]
     peak = summary["fits"]["sweep-seq"]["peak_rss"]
     # the fit's prediction at 2x and 4x the longest length, beside this machine's memory
     assert ("Predicted peak" in report and "at S=256" in report) == (not peak["poor"])

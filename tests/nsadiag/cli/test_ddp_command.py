@@ -51,6 +51,9 @@ def test_one_rank_runs_under_torchrun_and_counts_its_collectives(tmp_path):
     assert [(row["rank"], row["issued"]) for row in summary["ranks"]] == [(0, 4)]
     assert (out / "trial-0" / "rank-0" / "result.json").is_file()
     assert summary["flight_recorder"] == []  # gloo: no NCCL Flight Recorder
+    # decided once as the job ended and kept beside its record; the report lays it out
+    kept = json.loads((out / "finding.json").read_text())["finding"]
+    assert kept["headline"] == summary["headline"] and kept["command"] == "ddp"
 
 
 def test_late_bound_checkpoint_under_ddp_is_an_error_explained(tmp_path):

@@ -97,5 +97,8 @@ def test_the_console_shows_a_thread_blocked_on_a_lock(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     (process,) = summary["processes"]
     assert {t["name"] for t in process["threads"]} == {"MainThread", "loader"}
+    # decided once by the command and kept in stacks.json; the report lays it out
+    kept = json.loads((tmp_path / "run" / "stacks.json").read_text())["finding"]
+    assert kept["headline"] == summary["headline"] and kept["command"] == "stacks"
     assert any(line.startswith("report: ") and line.endswith("/run/report.md")
                for line in lines)

@@ -3,10 +3,9 @@
 from nsadiag.finding import Finding
 from nsadiag.finding.commands import reproduce
 from nsadiag.harness.machine import cgroup_oom_kills
-from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord, append_record, load_records, next_trial_index
 from nsadiag.runmeta import RunMeta
-from tests.helpers import plain_spec, trial_record
+from tests.helpers import plain_spec, sweep_report, trial_record
 
 
 def _record(n_layers: int, verdict: str, trial_dir: str, **spec) -> TrialRecord:
@@ -36,7 +35,7 @@ def test_new_trials_never_reuse_an_existing_directory(tmp_path):
 def test_the_threshold_is_the_smallest_failing_depth_whatever_the_file_order(tmp_path):
     records = [_record(8, "SLOW", "trial-0"), *(_record(n, "OK", f"trial-{n}")
                                                  for n in (1, 2, 3)), _record(6, "SLOW", "t6")]
-    text, summary = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
+    text, summary = sweep_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     assert summary["threshold"] == 6
     finding = Finding.from_dict(summary["finding"])
     assert finding.verdict == "SLOW" and finding.headline.endswith("at 6 layers")

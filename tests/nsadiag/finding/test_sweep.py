@@ -10,8 +10,9 @@ from nsadiag.finding.sweep import (
     analyse_seq,
     cliff_sentence,
     crossing,
-    decide_layer_sweep,
+    decide_sweep,
     growth_items,
+    measure_layer_sweep,
     row_item,
 )
 from nsadiag.sweep import SweepRow
@@ -100,10 +101,11 @@ def layer_records(verdicts: dict[int, str]) -> list:
 
 
 def test_a_layer_sweep_fails_at_its_first_failure_with_a_command_to_reproduce_it():
-    result = decide_layer_sweep(layer_records({4: "DEADLOCK", 1: "OK", 2: "OK", 8: "CRASH"}),
-                                {}, "sweep-layers", memory=64 * GIB)
-    assert result.failing.trial_dir == "trial-4"
-    finding = result.finding
+    measured = measure_layer_sweep(
+        layer_records({4: "DEADLOCK", 1: "OK", 2: "OK", 8: "CRASH"}), {}, "sweep-layers",
+        memory=64 * GIB)
+    assert measured.failing.trial_dir == "trial-4"
+    finding = decide_sweep(measured)
     assert finding.verdict == "DEADLOCK" and finding.status == "failure"
     assert finding.headline.startswith("DEADLOCK (stuck) at 4 layers")
     assert finding.subject == "nsa, layers 1-8, S=64"
@@ -116,10 +118,10 @@ def test_a_layer_sweep_fails_at_its_first_failure_with_a_command_to_reproduce_it
 
 
 def test_a_layer_sweep_with_every_depth_ok_is_healthy():
-    result = decide_layer_sweep(layer_records({1: "OK", 2: "OK", 3: "OK"}), {},
-                                "sweep-layers", memory=64 * GIB)
-    assert result.failing is None
-    finding = result.finding
+    measured = measure_layer_sweep(layer_records({1: "OK", 2: "OK", 3: "OK"}), {},
+                                   "sweep-layers", memory=64 * GIB)
+    assert measured.failing is None
+    finding = decide_sweep(measured)
     assert (finding.verdict, finding.status) == ("OK", "healthy")
     assert finding.headline == "OK (healthy): every trial OK up to 3 layers"
     assert finding.proof.startswith("step time 0.50 s per layer")

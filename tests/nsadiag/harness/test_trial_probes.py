@@ -16,11 +16,11 @@ from nsadiag.probes import stacks
 from nsadiag.probes.gpu import GpuUnavailable, gpu_json
 from nsadiag.probes.memory import SavedTensorLedger
 from nsadiag.report.markdown import results_table
-from nsadiag.report.sweep import build_report
 from nsadiag.runmeta import RunMeta
 from nsadiag.spec import JobSpec, TrialSpec
 from nsadiag.sweep import SweepRow, row_from_record
 from nsadiag.targets import resolve
+from tests.helpers import sweep_report
 
 TINY_NSA = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "l": 8, "d": 4,
             "l_sel": 16, "n_sel": 3, "w": 16, "query_chunk": 16, "compress_hidden": 16,
@@ -99,7 +99,7 @@ def test_stall_evidence_names_the_class_and_the_open_backward_without_py_spy(
     assert "wait" in " ".join(record.verdict.reasons) or "blocked" in " ".join(
         record.verdict.reasons)
 
-    text, summary = build_report(tmp_path, [record], RunMeta(command_name="sweep-layers"))
+    text, summary = sweep_report(tmp_path, [record], RunMeta(command_name="sweep-layers"))
     assert "- Stacks read as **waiting** over 3 sample(s) (stacks from faulthandler" in text
     assert "- Backward started and never finished: `layers.1` (innermost first)" in text
     gpu = str(record.gpu) if isinstance(record.gpu, GpuUnavailable) else "GPU 0"

@@ -110,6 +110,14 @@ MEMORY = {"device": "cpu", "saved_total": 4096, "step_s": 0.5, "peak_rss": 1 << 
           "cuda": "not a CUDA device", "history": {"unavailable": "not a CUDA device"}}
 
 
+STACKS = {"processes": [{"pid": 4242, "rank": None, "cmdline": "python train.py",
+                         "state": "waiting", "cpu_fraction": 0.0,
+                         "signature": "acquire (train.py:7)", "unavailable": [],
+                         "samples": []}],
+          "clusters": [{"signature": "acquire (train.py:7)", "members": [4242]}],
+          "odd_ones_out": []}
+
+
 def _checks() -> dict:
     return {"spec": {"target": "nsa", "seq_len": 16}, "world_size": 2,
             "results": [{k: v for k, v in check_result("ckpt", "OK").items()
@@ -125,7 +133,8 @@ def _plant_kind(run: Path, kind: str, name: str, stored: dict) -> Path:
 
 
 @pytest.mark.parametrize("kind, name, stored", [
-    ("check", "checks.json", _checks()), ("memory", "memory.json", MEMORY)])
+    ("check", "checks.json", _checks()), ("memory", "memory.json", MEMORY),
+    ("stacks", "stacks.json", STACKS)])
 def test_a_kind_that_keeps_its_finding_in_its_file_renders_the_kept_one(
         tmp_path, kind, name, stored):
     older = render_run(_plant_kind(tmp_path / "older", kind, name, stored))

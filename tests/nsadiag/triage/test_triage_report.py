@@ -9,9 +9,15 @@ import json
 from nsadiag.ci import exit_code
 from nsadiag.finding import Finding
 from nsadiag.report.triage import build_triage_report
-from nsadiag.triage.finding import decide_triage
+from nsadiag.triage.finding import TriageResult, decide_triage
 from nsadiag.triage.state import TriageState
 from tests.helpers import check_result, triage_state
+
+
+def _decided(state: TriageState) -> tuple[TriageState, dict, TriageResult]:
+    """What the triage report lays out for a state with no stored trials: the state, its
+    trials and the finding decided with what was measured beside it."""
+    return state, {}, decide_triage(state, {})
 
 
 def _failing(state, verdict, agreeing, verdicts, reproduced=True):
@@ -50,7 +56,7 @@ def test_a_wrong_check_is_the_failure_with_its_reproduction(tmp_path):
         "Wrong results of the kind the causality check looks for: nothing before t moved."]
     assert [i.mark for i in finding.implicated] == ["fail"]
     # the layout: the top block names verdict and kind first, then the module
-    text, summary = build_triage_report(tmp_path, triage_state(checks=checks))
+    text, summary = build_triage_report(tmp_path, *_decided(triage_state(checks=checks)))
     assert text.startswith("# nsadiag triage: ❌ WRONG (wrong): the ckpt check fails in "
                            "blocks.0\n- **Run:**")
     assert exit_code(summary) == 1 and Finding.from_dict(summary["finding"]) == finding
@@ -75,7 +81,7 @@ def test_a_check_that_ran_out_of_time_is_inconclusive_for_it_and_names_no_module
         assert result.check_module == {"parity": None}  # decided before any report
         assert result.finding.results[0].mark == "warn"
         assert "blocks.1" not in " ".join(i.text for i in result.finding.implicated)
-        _, summary = build_triage_report(tmp_path, state)
+        _, summary = build_triage_report(tmp_path, *_decided(state))
         assert exit_code(summary) == 0
         assert summary["checks"] == [{"name": "parity", "passed": False, "module": None,
                                       "summary": unfinished["summary"],
@@ -119,7 +125,7 @@ def test_a_slow_verdict_the_repeats_do_not_confirm_is_inconclusive_not_a_failure
     assert result.finding.headline.startswith("INCONCLUSIVE (inconclusive): SLOW at 2 "
                                               "layer(s) in 1 of 3 runs (SLOW, OK, OK), not "
                                               "reproduced")
-    _, summary = build_triage_report(tmp_path, state)
+    _, summary = build_triage_report(tmp_path, *_decided(state))
     assert exit_code(summary) == 4
 
 

@@ -18,7 +18,6 @@ from nsadiag.harness.machine import cpu_stat
 from nsadiag.harness.trial import MEDIAN_STEPS, timing_step_fits
 from nsadiag.probes.efficiency import step_cost
 from nsadiag.report.markdown import results_table
-from nsadiag.report.sweep import build_report
 from nsadiag.rundir import TrialRecord
 from nsadiag.runmeta import RunMeta
 from nsadiag.sweep import analyse, rest_outgrows_saved, row_from_record
@@ -28,7 +27,7 @@ from nsadiag.verdict import decide, is_failure
 from nsadiag.verdict.load import contention, cpu_steal
 from nsadiag.verdict.size_or_defect import far_above_cost, token_loop
 from nsadiag.verdict.thresholds import DEFECT_COST_RATIO
-from tests.helpers import VERDICT_FIXTURES, plain_spec, trial_record
+from tests.helpers import VERDICT_FIXTURES, plain_spec, sweep_report, trial_record
 
 MiB = 2**20
 # a step of 1 GFLOP on a machine whose matmul runs at 100 GFLOP/s, where a dense block
@@ -142,7 +141,7 @@ def test_rows_split_the_peak_and_a_peak_outgrowing_the_saved_bytes_is_called_out
     assert growth["saved"] == pytest.approx(2.0) and growth["rest"] == pytest.approx(8.0)
     assert growth["peak"] == pytest.approx(5.0) and growth["outgrows"]
     assert "rest_bytes" in analyse(rows)["fits"]
-    text, summary = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
+    text, summary = sweep_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     implicated = [item["text"] for item in summary["finding"]["implicated"]]
     assert ("The peak outgrows what is saved for backward: from 1 to 4 layers the rest of "
             "the peak grew 8.0x, the saved bytes 2.0x") in " ".join(implicated)
@@ -161,7 +160,7 @@ def test_the_rest_of_a_cuda_peak_leaves_out_the_saved_bytes_and_the_training_sta
     assert [r.rest_bytes for r in rows] == [(80 + n) * MiB for n in (1, 6, 12)]
     assert [r.peak_cuda for r in rows] == [(80 + 145 * n) * MiB for n in (1, 6, 12)]
     assert not rest_outgrows_saved(rows)["outgrows"]
-    text, _ = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
+    text, _ = sweep_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     header = text.splitlines()[text.splitlines().index("## Measurements") + 2]
     assert "| peak RSS | peak CUDA | saved for backward |" in header
     # without the state (a record from before it was measured) the state is in the rest
@@ -178,14 +177,14 @@ def test_slow_by_size_is_no_failure_in_a_sweep_report_or_its_exit_code(tmp_path)
     assert not is_failure("SLOW", "size") and is_failure("SLOW", "defect")
     assert is_failure("SLOW") and not is_failure("INCONCLUSIVE") and not is_failure("OK")
     records = [_measured(1), _measured(2), _measured(4, "SLOW", slow_by="size")]
-    text, summary = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
+    text, summary = sweep_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     assert summary["headline"] == "SLOW (slow by size) from 4 layers: no failure"
     assert summary["finding"]["kind"] == "slow by size"
     assert summary["threshold"] is None and exit_code(summary) == 0
     assert analyse([row_from_record(r) for r in records])["threshold"] is None
     assert "| SLOW (by size) |" in text
     records[2] = _measured(4, "SLOW", slow_by="defect")
-    _, summary = build_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
+    _, summary = sweep_report(tmp_path, records, RunMeta(command_name="sweep-layers"))
     assert summary["headline"] == "SLOW (slow by defect) at 4 layers" and \
         exit_code(summary) == 1
     # a single-verdict summary (ddp, run) carries slow_by too
