@@ -22,20 +22,21 @@ from torch import nn
 CACHE = os.path.join(tempfile.gettempdir(), f"token-cache-{os.getpid()}.bin")
 
 
-def warm_cache(path: str, may_write) -> None:
+def warm_cache(path: str, claimed, may_write) -> None:
     with open(path, "ab") as cache:
         fcntl.flock(cache, fcntl.LOCK_EX)
+        claimed.set()  # the cache is the warmer's: readers wait for its lock
         may_write.wait()  # the trainer sets it once it has read the cache
         cache.write(torch.randn(64).numpy().tobytes())
         fcntl.flock(cache, fcntl.LOCK_UN)
 
 
 def main() -> None:
-    may_write = mp.Event()
-    warmer = mp.Process(target=warm_cache, args=(CACHE, may_write), name="cache-warmer")
+    claimed, may_write = mp.Event(), mp.Event()
+    warmer = mp.Process(target=warm_cache, args=(CACHE, claimed, may_write),
+                        name="cache-warmer")
     warmer.start()
-    while not os.path.exists(CACHE):
-        pass
+    claimed.wait()
     with open(CACHE, "rb") as cache:
         fcntl.flock(cache, fcntl.LOCK_SH)  # waits for the warmer's lock
         cached = cache.read()

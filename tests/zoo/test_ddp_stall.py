@@ -45,8 +45,20 @@ def _assert_names_rank_1(record):
     assert "backward of step 1" in rows[0].position
 
 
+def _runner_first(tmp_path):
+    """A run in which the runner saw the stall first. Which side of the mismatched
+    collectives gloo ends first is a race of the scenario: on a loaded machine gloo has
+    once ended rank 0's collective ("remote worker crashing") before the stall clock
+    fired; the verdict then comes from the ranks' errors (the test below covers that
+    path), so such a run is run once more."""
+    record = _run(tmp_path / "first")
+    if record.evidence.outcome.kill_reason != "stall":
+        record = _run(tmp_path / "again")
+    return record
+
+
 def test_runner_sees_the_stall_and_names_the_rank(tmp_path):
-    record = _run(tmp_path)
+    record = _runner_first(tmp_path)
     _assert_names_rank_1(record)
     facts = record.verdict.facts
     assert facts.ranks.pg_timeout is False
