@@ -140,10 +140,7 @@ class HeartbeatWriter:
         """Enter `phase` of `step` and write a "start" event (with `extra` fields)."""
         with self._lock:
             self.write_blocks()
-            self.phase, self.step = phase, step
-            self._open.clear()
-            if self._entered is not None:
-                self._enters_at_phase = self._entered()[0]
+            self._enter(phase, step)
             self._write("start", phase, **extra)
 
     def enter_phase(self, phase: str, step: int, quiet_s: float = PHASE_EVENT_QUIET_S) -> None:
@@ -153,11 +150,16 @@ class HeartbeatWriter:
         with self._lock:
             if time.monotonic() - self._phase_written >= quiet_s:
                 self.start(phase, step)
-                return
-            self.phase, self.step = phase, step
-            self._open.clear()
-            if self._entered is not None:
-                self._enters_at_phase = self._entered()[0]
+            else:
+                self._enter(phase, step)
+
+    def _enter(self, phase: str, step: int) -> None:
+        """The phase and step now (under the lock): no module is open in it, and the block
+        enters counted so far belong to the phases before it."""
+        self.phase, self.step = phase, step
+        self._open.clear()
+        if self._entered is not None:
+            self._enters_at_phase = self._entered()[0]
 
     def module(self, name: str, phase: str, edge: str) -> None:
         """A module (or branch) hook fired: `phase` is its pass, `edge` enter or exit."""
