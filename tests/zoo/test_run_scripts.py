@@ -103,7 +103,7 @@ def test_a_burst_of_module_events_before_a_long_silence_gives_no_rate_over_no_ti
     facts = record["verdict"]["facts"]
     # 32 module events within milliseconds, then many seconds of the metric loop: the pace
     # runs to the kill, never over the burst's 0.0 s
-    assert facts["rate_window_s"] >= 1.0 or facts["rate"] is None, facts
+    assert facts["rate_window_s"] >= 1.0 or facts.get("rate") is None, facts
     assert not any("over the last 0.0 s" in r for r in record["verdict"]["reasons"])
 
 
