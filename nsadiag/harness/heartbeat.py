@@ -11,8 +11,10 @@ Every line has, in this order:
     edges          module events of a watched user process only (``write_blocks``): the
                    block enters this event stands for, itself included
     rss            resident bytes of this process (/proc/self/statm); a watched user
-                   process's module events carry the reading of the event before them
+                   process's module events carry the reading of the event before them,
+                   and its step events null but every STEP_READING_S
     cuda_alloc     torch.cuda.memory_allocated(), null while CUDA is not initialised
+                   and where rss is
     cuda_reserved  torch.cuda.memory_reserved(), null likewise
 "start" marks the beginning of a phase: "build" once (with the process's pid, and its rank
 under torchrun), then "forward", "backward", "optimizer" of every step (in a watched user
@@ -38,7 +40,8 @@ last), and ``write_blocks`` turns what was counted since the last "module" event
 event, the latest block with ``edges`` for all the enters it stands for: the progress
 sampler calls it at every sample (ten a second, far more often than the watcher polls, so
 the stall clock sees a progressing model), and every phase start, step and end calls it
-first, so the events of a phase stand for all its enters. The block hook itself only
+first, so the events of a phase stand for all its enters (a watched process's step ends
+are kept and written later, STEP_READING_S: its enters may follow them). The block hook itself only
 counts (no clock read, no call); the file is flushed at most every FLUSH_S or when any
 other event is written (a pulse, a step, a collective: the sampler pulses every second, so
 nothing waits longer than that to be read, and a process that aborts leaves every event
@@ -47,8 +50,8 @@ line and a write per block call (17 % of its step; bench/bench_overhead.py).
 
 No write lets the GIL go: the events are written with the GIL held (``write_all``, ``read_at``
 for the resident memory; a regular file's write lands in the page cache at once). The
-model's thread writes its phase starts and steps, the sampler's thread its block events
-and pulses; a write that let the GIL go inside the writer's lock would hand the GIL to the
+model's thread writes its phase starts (and a trial's steps), the sampler's thread its block
+events, pulses and a watched process's step ends; a write that let the GIL go inside the writer's lock would hand the GIL to the
 sampler, which then waits for the lock and hands it back: each such write cost the model's
 thread two waits for the GIL, and on a loaded machine two waits for a core
 (bench/bench_gil_handoffs.py). For the same reason the sampler's block event is skipped,
@@ -92,6 +95,17 @@ were 1 to 1.5 % of a step of 7 ms (bench/gil_loop.py). A step of 50 ms or more k
 its events; a faster loop writes every step event, and its phases reach the file through
 the pulses (every second) and the next event, which is as fast as the watcher reads them.
 A chosen gap, FLUSH_S, the module events' own."""
+STEP_READING_S = 0.05
+"""A watched user process reads its resident (and CUDA) memory at a step's end only when
+the last such reading is this old; its other step events carry none. A step event written
+on the model's thread cost it 130 to 170 us inside a loop of 8 ms steps (a block event, a
+read of /proc/self/statm, an encoding and a write, each from cold caches: ten times what
+the same calls take in a loop of their own), 1.6 to 1.8 % of the step (bench/gil_loop.py).
+So a watched process's step ends are kept in memory (``step_done``: a clock read and an
+append, and this reading when due) and written by the next event of any kind or by the
+sampler's next tick, within a tenth of a second. A step of 50 ms or more keeps every
+reading; a faster loop's growth per step is fitted from readings at step ends 50 ms apart
+(20 a second). FLUSH_S's gap, the module events' own."""
 
 
 class HeartbeatWriter:
@@ -112,6 +126,11 @@ class HeartbeatWriter:
         self.buffered = buffered
         self._flushed = 0.0  # time.monotonic() of the last flush
         self._phase_written = 0.0  # time.monotonic() of the last "start" or "step" event
+        self._step_read = 0.0  # time.monotonic() of the last memory reading at a step end
+        # a buffered writer's step ends (``step_done``), written ahead of the next event:
+        # (t, step, (rss, cuda_alloc, cuda_reserved), step_s, forward_s, backward_s, measured)
+        self._kept_steps: list[tuple[float, int, tuple[int | None, int | None, int | None],
+                                     float, float, float, dict[str, Any]]] = []
         self._last_rss: int | None = None  # the resident bytes of the latest event
         # a watched process's block enters (count_blocks): (enters so far, block entered
         # last), the enters the module events written stand for, the enters at phase start
@@ -181,17 +200,19 @@ class HeartbeatWriter:
         """The "module" event for the block enters counted and not written yet, if any
         (see the module docstring); from the sampler's thread and the model's alike.
         Without ``wait`` nothing is written while another thread holds the writer (its
-        next event writes them): False then."""
-        if self._entered is None:
+        next event writes them): False then. The step events kept in memory are written
+        too, ahead of it (``step_done``)."""
+        if self._entered is None and not self._kept_steps:
             return True
         if not self._lock.acquire(blocking=wait):
             return False
         try:
-            enters, block = self._entered()
-            if enters <= self._enters_written or block is None:
-                return True
-            edges, self._enters_written = enters - self._enters_written, enters
-            self._write("module", self.phase, module=block, edge="enter", edges=edges)
+            enters, block = self._entered() if self._entered is not None else (0, None)
+            if enters > self._enters_written and block is not None:
+                edges, self._enters_written = enters - self._enters_written, enters
+                self._write("module", self.phase, module=block, edge="enter", edges=edges)
+            elif self._kept_steps:
+                self._write_kept_steps()
             return True
         finally:
             self._lock.release()
@@ -229,11 +250,26 @@ class HeartbeatWriter:
     def step_done(self, step_s: float, forward_s: float, backward_s: float,
                   **measured: Any) -> None:
         """Step `self.step` finished (after the optimizer); ``measured`` adds fields such
-        as the step's FLOPs and efficiency."""
+        as the step's FLOPs and efficiency. A buffered writer keeps the event in memory,
+        with the time the step ended and, every STEP_READING_S, the memory then: it is
+        written ahead of the next event, or by the sampler's next ``write_blocks``."""
+        if not self.buffered:
+            with self._lock:
+                self.write_blocks()
+                self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
+                            backward_s=backward_s, **measured)
+            return
+        now = time.monotonic()
+        memory: tuple[int | None, int | None, int | None] = (None, None, None)
+        if now - self._step_read >= STEP_READING_S:
+            self._step_read = now
+            rss = self._last_rss = self._rss()
+            memory = (rss, *_cuda_memory())
         with self._lock:
-            self.write_blocks()
-            self._write("step", "optimizer", step_s=step_s, forward_s=forward_s,
-                        backward_s=backward_s, **measured)
+            self._kept_steps.append((time.time(), self.step, memory, step_s, forward_s,
+                                     backward_s, measured))
+            self.events += 1  # progress now, for the sampler, as a written step is
+            self._phase_written = now
 
     def end(self, status: str) -> None:
         """The trial is over; status "ok" or "error"."""
@@ -246,6 +282,8 @@ class HeartbeatWriter:
             if self._fd is None:
                 return
             try:
+                if self._kept_steps and self.lost is None:
+                    self._write_kept_steps()
                 self._flush()
             except OSError:  # what a full disk kept in the buffer
                 pass
@@ -274,6 +312,9 @@ class HeartbeatWriter:
         event["cuda_alloc"], event["cuda_reserved"] = _cuda_memory()
         event.update(extra)
         with self._lock:
+            kept = bool(self._kept_steps)
+            if kept:
+                self._write_kept_steps(flush=False)
             event["t"], event["seq"] = time.time(), self._seq
             self._seq += 1
             if kind == "module":
@@ -292,11 +333,33 @@ class HeartbeatWriter:
                 # only module events wait for a flush: they are the many; a collective, a
                 # step or a pulse is written through, so a rank that aborts right after it
                 # (gloo on a collective mismatch) leaves it for the verdict
-                if not self.buffered or kind != "module" or now - self._flushed >= FLUSH_S:
+                if not self.buffered or kind != "module" or kept or \
+                        now - self._flushed >= FLUSH_S:
                     self._flush()
                     self._flushed = now
             except OSError as err:  # a full disk: the watched process must not fail by us
                 self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
+
+    def _write_kept_steps(self, flush: bool = True) -> None:
+        """The step events kept in memory (``step_done``), in order, under the lock; each
+        was counted in ``events`` when kept. Without ``flush`` the caller flushes."""
+        kept, self._kept_steps = self._kept_steps, []
+        if self.lost is not None or self._fd is None:
+            return
+        try:
+            for t, step, (rss, alloc, reserved), step_s, forward_s, backward_s, measured \
+                    in kept:
+                event = {"t": t, "seq": self._seq, "kind": "step", "phase": "optimizer",
+                         "step": step, "rss": rss, "cuda_alloc": alloc,
+                         "cuda_reserved": reserved, "step_s": step_s, "forward_s": forward_s,
+                         "backward_s": backward_s, **measured}
+                self._seq += 1
+                self._pending.append((_ENCODE(event) + "\n").encode())
+            if flush:
+                self._flush()
+                self._flushed = time.monotonic()
+        except OSError as err:  # a full disk: the watched process must not fail by us
+            self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
 
     def _rss(self) -> int:
         fields = (read_at(self._statm, 128, 0, partial=True) or b"0 0").split()

@@ -392,6 +392,26 @@ def user_stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
+def caller_key(frame: FrameType | None, depth: int = 16) -> tuple[int, ...] | None:
+    """Who called a hook, as numbers only: the innermost user frame within ``depth``
+    frames of ``frame`` (its identity, code and line) and the line its caller is at; None
+    when no user frame is that close. Frames above a frame that is alive and at the same
+    line are the same frames, so a memory mark with the key of a stack already seen since
+    the last reading needs no walk of its own (``Sampler.mark_memory``). No frame is kept:
+    a kept frame would keep its locals, the user's tensors, alive. A frame freed and
+    another made at its address, of the same code, at the same line, called from the same
+    line, reads as the same: at worst a rise is given to the frames of that earlier stack."""
+    while frame is not None and depth > 0:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            back = frame.f_back
+            return (id(frame), id(code), frame.f_lineno or 0, id(back),
+                    (back.f_lineno or 0) if back is not None else 0)
+        frame = frame.f_back
+        depth -= 1
+    return None
+
+
 def frames_of(frame: FrameType | None) -> list[FrameType]:
     found = []
     while frame is not None:
@@ -494,6 +514,7 @@ class Sampler(threading.Thread):
         self._memory_lock = threading.Lock()  # readings come from hooks too
         self._mark_budget = MarkBudget()
         self._marks_skipped = False  # a mark read nothing since the last reading
+        self._keys_seen: set[tuple[int, ...]] = set()  # marks' callers since the last reading
         self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
         self._own_runq = 0.0
         try:
@@ -611,6 +632,7 @@ class Sampler(threading.Thread):
         with self._memory_lock:
             previous, self._previous_stack = self._previous_stack, set(user_stack)
             self._marks_skipped = False
+            self._keys_seen.clear()
             self._observe_memory(tuple(frame for frame in user_stack if frame in previous))
 
     def mark_memory(self) -> None:
@@ -620,22 +642,36 @@ class Sampler(threading.Thread):
         graph a list keeps, not the training forward beside it).
 
         A reading costs the model's thread its time (``mallinfo2`` walks the heap's free
-        lists: 1 us in a fresh process, 7 us and more once a model has trained), so the
-        marks keep to MARK_BUDGET of the wall time (``MarkBudget``). A mark over budget
-        reads nothing and only narrows the frames a later rise may be given to: whatever
-        rises until the next reading belongs to the frames on every stack seen since the
-        last one, as between two samples, never to one call that may not have made it."""
-        stack = user_stack_of(sys._getframe(1))
+        lists: 1 us in a fresh process, 7 us and more once a model has trained; inside a
+        loop of 8 ms steps a reading took 90 us, its stack walk included), so the marks
+        keep to MARK_BUDGET of the wall time (``MarkBudget``). A mark over budget reads
+        nothing and only narrows the frames a later rise may be given to: whatever rises
+        until the next reading belongs to the frames on every stack seen since the last
+        one, as between two samples, never to one call that may not have made it. A mark
+        whose caller was seen since the last reading (``caller_key``: the same live frame
+        at the same line) narrows nothing more and walks no stack: in a training loop,
+        every mark over budget but the first after a reading."""
         started = time.perf_counter()
+        caller = sys._getframe(1)
         with self._memory_lock:
             if not self._mark_budget.allows(started):
-                self._previous_stack &= set(stack)
+                key = caller_key(caller)
+                if key is not None and key in self._keys_seen:
+                    return
+                self._previous_stack &= set(user_stack_of(caller))
                 self._marks_skipped = True
+                if key is not None:
+                    self._keys_seen.add(key)
                 return
+            stack = user_stack_of(caller)
             frames = stack
             if self._marks_skipped:
                 frames = tuple(frame for frame in stack if frame in self._previous_stack)
             self._previous_stack, self._marks_skipped = set(stack), False
+            self._keys_seen.clear()
+            key = caller_key(caller)
+            if key is not None:
+                self._keys_seen.add(key)
             self._observe_memory(frames)
             self._mark_budget.spend(time.perf_counter() - started)
 

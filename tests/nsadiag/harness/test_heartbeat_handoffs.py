@@ -157,3 +157,60 @@ def test_a_buffered_writers_block_events_read_no_memory_of_their_own(tmp_path: P
     writer.close()
     rss = [(e["kind"], e["rss"]) for e in _events(path)]
     assert rss == [("start", 111), ("module", 111), ("module", 111), ("step", 222)]
+
+
+def test_a_watched_processs_step_ends_are_kept_and_written_ahead_of_the_next_event(
+        tmp_path: Path, monkeypatch):
+    path = tmp_path / "events.jsonl"
+    writer = HeartbeatWriter(path, buffered=True)
+    readings = iter([111, 222, 333])
+    monkeypatch.setattr(writer, "_rss", lambda: next(readings))
+    ended = time.time()
+    writer.step_done(step_s=0.01, forward_s=0.004, backward_s=0.006)  # kept, reads 111
+    writer.step = 1
+    writer.step_done(step_s=0.02, forward_s=0.01, backward_s=0.01)  # kept, too soon to read
+    assert writer.events == 2  # progress at once, for the sampler
+    assert not path.read_text()  # nothing written on the model's thread
+    writer.pulse({"progress": True})  # any next event writes the kept steps ahead of it
+    events = _events(path)
+    assert [(e["kind"], e["step"], e["rss"]) for e in events] == \
+        [("step", 0, 111), ("step", 1, None), ("pulse", 1, 222)]
+    assert [e["seq"] for e in events] == [0, 1, 2]
+    kept = events[1]
+    # the time the step ended and its own times
+    assert ended <= events[0]["t"] <= kept["t"] <= events[2]["t"]
+    assert (kept["step_s"], kept["forward_s"], kept["backward_s"]) == (0.02, 0.01, 0.01)
+    assert kept["cuda_alloc"] is None and kept["phase"] == "optimizer"
+    writer._step_read -= 1.0  # as if the last reading at a step end was a second ago
+    writer.step = 2
+    writer.step_done(step_s=0.03, forward_s=0.01, backward_s=0.02)  # kept, reads 333
+    writer.close()
+    assert [(e["kind"], e["step"], e["rss"]) for e in _events(path)][-1] == ("step", 2, 333)
+
+
+def test_kept_steps_reach_the_file_at_the_samplers_next_tick_and_at_close(tmp_path: Path):
+    path = tmp_path / "events.jsonl"
+    writer = HeartbeatWriter(path, buffered=True)  # no blocks counted: a compiled model
+    writer.step_done(step_s=0.01, forward_s=0.005, backward_s=0.005)
+    writer.step = 1
+    writer.step_done(step_s=0.01, forward_s=0.005, backward_s=0.005)
+    assert not path.read_text()
+    assert writer.write_blocks(wait=False)  # the sampler's tick
+    assert [e["step"] for e in _events(path) if e["kind"] == "step"] == [0, 1]
+    writer.step = 2
+    writer.step_done(step_s=0.01, forward_s=0.005, backward_s=0.005)  # kept
+    writer.close()
+    assert [e["step"] for e in _events(path) if e["kind"] == "step"] == [0, 1, 2]
+
+
+def test_an_unbuffered_writer_writes_every_step_through(tmp_path: Path):
+    """A trial's own writer (unbuffered) keeps every step's reading: its steps are the
+    measurement."""
+    path = tmp_path / "events.jsonl"
+    writer = HeartbeatWriter(path)
+    for step in range(3):
+        writer.step = step
+        writer.step_done(step_s=0.01, forward_s=0.005, backward_s=0.005)
+        assert len(_events(path)) == step + 1
+    writer.close()
+    assert all(isinstance(e["rss"], int) for e in _events(path))

@@ -64,6 +64,12 @@ def validation(sampler, readings):  # keeps 4000 bytes
 
 def training(sampler, readings):
     sampler.mark_memory()
+
+
+def repeated(sampler, times, between):
+    for time in range(times):
+        sampler.mark_memory()  # the same frame at the same line every time
+        between(time)
 """
 
 
@@ -74,7 +80,9 @@ def _user_code(sampler: Sampler, readings: _Readings) -> dict:
     exec(compile(USER_CODE, "/srv/project/train.py", "exec"), namespace)
     return {"loop": namespace["loop"],
             "validation": lambda: namespace["validation"](sampler, readings),
-            "training": lambda: namespace["training"](sampler, readings)}
+            "training": lambda: namespace["training"](sampler, readings),
+            "repeated": lambda times, between=lambda time: None:
+                namespace["repeated"](sampler, times, between)}
 
 
 def _frames_of_last_rise(sampler: Sampler) -> tuple[int, set[str]]:
@@ -107,3 +115,26 @@ def test_marks_within_budget_give_each_rise_to_the_call_that_made_it(marks):
     user["loop"]([user["training"], user["validation"], user["training"]])
     rose, frames = _frames_of_last_rise(sampler)
     assert rose == 4000 and frames == {"loop", "validation"}
+
+
+def test_an_over_budget_mark_from_a_caller_seen_since_the_last_reading_walks_no_stack(
+        marks, monkeypatch):
+    sampler, readings = marks
+    user = _user_code(sampler, readings)
+    walks = []
+    walk = sampler_module.user_stack_of
+    monkeypatch.setattr(sampler_module, "user_stack_of",
+                        lambda frame: walks.append(1) or walk(frame))
+    sampler._mark_budget = MarkBudget(share=0.0, credit_s=0.0)
+    user["repeated"](5)
+    assert len(walks) == 1  # the first narrows; the next four have nothing to narrow
+    user["validation"]()  # other callers: each walked once
+    assert len(walks) == 3
+    sampler._mark_budget = MarkBudget()
+
+    def over_budget_after_the_first(time):
+        if time == 0:
+            sampler._mark_budget = MarkBudget(share=0.0, credit_s=0.0)
+
+    user["repeated"](4, over_budget_after_the_first)
+    assert len(walks) == 4  # the reading walked; the marks after it had seen their caller
