@@ -51,12 +51,12 @@ line and a write per block call (17 % of its step; bench/bench_overhead.py).
 No write lets the GIL go: the events are written with the GIL held (``write_all``, ``read_at``
 for the resident memory; a regular file's write lands in the page cache at once). The
 model's thread writes its phase starts (and a trial's steps), the sampler's thread its block
-events, pulses and a watched process's step ends; a write that let the GIL go inside the writer's lock would hand the GIL to the
-sampler, which then waits for the lock and hands it back: each such write cost the model's
-thread two waits for the GIL, and on a loaded machine two waits for a core
-(bench/bench_gil_handoffs.py). For the same reason the sampler's block event is skipped,
-not waited for, while the model's thread holds the lock (``write_blocks(wait=False)``):
-the model's own next event writes those enters.
+events, pulses and a watched process's step ends; a write that let the GIL go inside the
+writer's lock would hand the GIL to the sampler, which then waits for the lock and hands it
+back: each such write cost the model's thread two waits for the GIL, and on a loaded
+machine two waits for a core (bench/bench_gil_handoffs.py). For the same reason the
+sampler's block event is skipped, not waited for, while the model's thread holds the lock
+(``write_blocks(wait=False)``): the model's own next event writes those enters.
 
 Hooks never synchronise the GPU: the CUDA numbers are allocator counters read on the host.
 This module does not import torch itself, so a trial can write its first "start" event
