@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import nsadiag.commands.ddp as ddp_command_module
-import nsadiag.commands.sweep as sweep_commands
 import nsadiag.commands.triage as triage_command_module
 import nsadiag.finding.ddp as ddp_findings
 import nsadiag.finding.sweep as sweep_findings
+import nsadiag.sweep as sweep_module
 import nsadiag.triage.finding as triage_findings
 from nsadiag.commands.ddp import ddp_command
 from nsadiag.commands.sweep import isolate_branch, sweep_layers, sweep_seq
@@ -37,38 +37,28 @@ def _record(run: Path, n_layers: int, seq_len: int = 64, verdict: str = "OK",
     """A finished trial at ``n_layers`` (and ``seq_len``): two steps whose time and peak
     grow with both; a failing verdict leaves no result."""
     name = f"trial-{n_layers}-{seq_len}" + ("-" + "-".join(branches) if branches else "")
-    spec = plain_spec(n_layers, seq_len=seq_len, branches=branches)
+    return _finished(plain_spec(n_layers, seq_len=seq_len, branches=branches), verdict,
+                     str(run / name))
+
+
+def _finished(spec: dict, verdict: str, trial_dir: str):
+    """``_record``'s trial, of ``spec`` (the fields of a TrialSpec)."""
+    n_layers, seq_len = spec["n_layers"], spec["seq_len"]
     result = {"status": "ok", "steps_done": 2,
               "step_s": [2.0, 0.01 * n_layers * seq_len, 0.01 * n_layers * seq_len],
               "peak_rss": GIB + n_layers * seq_len * 2**16} if verdict == "OK" else None
-    return trial_record(spec, result, verdict, str(run / name),
+    return trial_record(spec, result, verdict, trial_dir,
                         reasons=[f"{verdict} at {n_layers} layers, S={seq_len}"])
 
 
-def _fake_sweep(verdicts: dict[int, str] | None = None):
-    """run_sweep without trials: each point not yet in trials.jsonl gets a hand-built
-    record (``verdicts`` by point, OK otherwise), appended as the runner appends it."""
-    def run_sweep(base, points, run_dir, label="", keep_going=False, on_trial=None,
-                  on_events=None, on_record=None, vary="n_layers"):
-        trials = run_dir / "trials.jsonl"
-        done = {(r.spec.n_layers, r.spec.seq_len, tuple(r.spec.branches or ())): r
-                for r in load_records(trials)}
-        records = []
-        for point in points:
-            spec = base.replace(**{vary: point})
-            key = (spec.n_layers, spec.seq_len, tuple(spec.branches or ()))
-            record = done.get(key) or _record(run_dir, spec.n_layers, spec.seq_len,
-                                              (verdicts or {}).get(point, "OK"),
-                                              list(spec.branches) if spec.branches else None)
-            if key not in done:
-                append_record(trials, record)
-            records.append(record)
-            if on_record:
-                on_record(record)
-            if record.verdict_name != "OK" and not keep_going:
-                break
-        return records
-    return run_sweep
+def _no_trials(monkeypatch, verdicts: dict[int, str] | None = None) -> None:
+    """The sweeps' trial runner replaced (nsadiag.sweep.run_trial): each trial is a
+    hand-built record of the spec it is given (``verdicts`` by sequence length, OK
+    otherwise), and the sweep's own loop appends, resumes and stops as on real trials."""
+    def run_trial(spec: TrialSpec, on_events=None):
+        return _finished(json.loads(spec.to_json()), (verdicts or {}).get(spec.seq_len, "OK"),
+                         spec.out_dir or "trial")
+    monkeypatch.setattr(sweep_module, "run_trial", run_trial)
 
 
 def _kept(run: Path) -> dict:
@@ -90,7 +80,7 @@ BASE = TrialSpec(seq_len=64, steps=2, stall_timeout_s=5.0, budget_s=60.0, device
 
 
 def test_a_layer_sweep_keeps_its_finding_and_a_resume_decides_it_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep_commands, "run_sweep", _fake_sweep())
+    _no_trials(monkeypatch)
     run = tmp_path / "sweep"
     first = sweep_layers(BASE, [1, 2, 3], run, ["nsadiag", "sweep-layers"])
     kept = _kept(run)
@@ -114,7 +104,7 @@ def test_a_layer_sweep_keeps_its_finding_and_a_resume_decides_it_again(tmp_path,
 
 def test_a_failing_sweep_over_s_keeps_the_failure_with_its_machine_memory(tmp_path,
                                                                          monkeypatch):
-    monkeypatch.setattr(sweep_commands, "run_sweep", _fake_sweep({256: "DEADLOCK"}))
+    _no_trials(monkeypatch, {256: "DEADLOCK"})
     run = tmp_path / "seq"
     done = sweep_seq(BASE.replace(n_layers=2), [32, 64, 128, 256], run,
                      ["nsadiag", "sweep-seq"])
@@ -134,7 +124,7 @@ def test_a_failing_sweep_over_s_keeps_the_failure_with_its_machine_memory(tmp_pa
 
 
 def test_isolate_branch_keeps_one_finding_for_both_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep_commands, "run_sweep", _fake_sweep())
+    _no_trials(monkeypatch)
     run = tmp_path / "iso"
     done = isolate_branch(BASE, "sel", [1, 2, 3], run, ["nsadiag", "isolate-branch", "sel"])
     kept = _kept(run)["finding"]
