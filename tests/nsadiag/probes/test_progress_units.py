@@ -76,6 +76,29 @@ def test_counters_count_module_calls_and_backward_nodes_and_name_the_running_op(
     assert counters.calls == calls  # removed: nothing counts any more
 
 
+def test_an_instrumented_backward_hooks_no_parameter_accumulator():
+    """A parameter's AccumulateGrad node outlives the backward (the next step's graph
+    reuses it), and torch keeps a removed hook's wrapper on its node: a hook on it would
+    cost every later backward. The hooks go on every other node (fewer than MAX_HOOKS
+    here), and a tick per hooked node is what ``nodes`` counts."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    loss = model(torch.randn(3, 4)).sum()
+    names = []
+    stack = [loss.grad_fn]
+    while stack:  # the graph's nodes, each once (this one is a tree)
+        node = stack.pop()
+        names.append(node.name())
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    accumulators = names.count("torch::autograd::AccumulateGrad")
+    assert accumulators == 4  # two weights, two biases
+    counters = WorkCounters().install(count_calls=False)
+    try:
+        loss.backward()  # the first backward is instrumented
+    finally:
+        counters.remove()
+    assert counters.nodes == len(names) - accumulators
+
+
 # ---- the watcher ----------------------------------------------------------------------------
 
 
