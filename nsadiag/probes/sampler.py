@@ -49,7 +49,8 @@ Outputs:
   thread CPU seconds), ``calls``, ``nodes``, ``op``, ``samples``, and while the main
   thread compiles ``compiling_s`` (seconds in this compile) and ``compiler`` (the
   compiler's entry frame);
-- ``profile.json`` every ``profile_s`` (2 s) and at stop, written atomically: the sampled
+- ``profile.json`` every ``profile_s`` (2 s; further apart for a large profile while the
+  process progresses: PROFILE_SHARE) and at stop, written atomically: the sampled
   stacks aggregated by (frames, code line, phase, module, op) with counts and on-CPU
   counts, the loops (integer locals that moved: where the current pass began, the end of
   their ``range`` where the source and the loop's iterator tell it, the phase and module
@@ -88,6 +89,20 @@ from nsadiag.probes.loops import for_loop
 INTERVAL_S = 0.1
 PULSE_S = 1.0
 PROFILE_S = 2.0
+PROFILE_SHARE = 0.001
+"""While the process progresses, the profile is written no more often than keeps its writes
+to this share of the wall time (up to PROFILE_MAX_S apart): a profile's writing holds the
+GIL from the model's thread for as long as it takes (5 to 6 ms every 2 s for the 265 KB
+profile of a compiled model of 64 small blocks, 0.2 to 0.3 % of its wall time). A process
+that made no progress since the last pulse gets its profile every PROFILE_S: the profile of
+a stall is read soon after it (the run may be ended for it)."""
+PROFILE_MAX_S = 10.0
+LOOP_REREAD_S = 0.5
+"""A sample after a step ended (the heartbeat's events moved) reads the loops' counters
+only when they were last read this long ago: there the work counters show the progress
+already, and a loop that runs for steps is followed from two readings a second. A sample
+between step ends (a long step, a stall) reads them every time. The reads were a third of
+a sample's time (150 us of 480 us, a compiled model of 64 small blocks)."""
 MAX_STATES = 4096
 """States remembered since the last progress; beyond, the oldest half is forgotten."""
 MAX_LOCALS = 8
@@ -204,13 +219,16 @@ class Loop:
                 "end": self.end, "phase": self.phase, "module": self.module}
 
 
-MARK_BUDGET = 0.005
+MARK_BUDGET = 0.003
 """The share of the wall time the memory marks on the model's thread may take. Measured
 (bench/gil_loop.py, 64 blocks of Linear, LayerNorm and GELU, steps of 7 ms): two marks a
 step read the heap in 7 to 60 us each once the model had trained, 2.9 % of the main thread's
-samples, the largest part of the observer's cost there. A chosen share of the observer's 5 %
-(issue 32), as the block hooks' (BLOCK_HOOK_BUDGET): a model of steps of 20 ms or more
-keeps every mark."""
+samples, the largest part of the observer's cost there. Inside that loop compiled (steps of
+4 ms) a reading took 100 to 120 us (its /proc/self/statm read 38 us and its mallinfo2 60 us,
+where the same calls take 3 us and 0.4 us in a loop of their own: they start from cold
+caches), and at a share of 0.5 % the readings were 0.5 to 0.6 % of the wall time. A chosen
+share of the observer's 5 % (issue 32), as the block hooks' (BLOCK_HOOK_BUDGET): a model of
+steps of 70 ms or more keeps every mark."""
 
 MARK_CREDIT_S = 0.002
 """The most mark time that time without marks saves up (``MarkBudget``): a burst of marks
@@ -392,24 +410,57 @@ def user_stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
-def caller_key(frame: FrameType | None, depth: int = 16) -> tuple[int, ...] | None:
-    """Who called a hook, as numbers only: the innermost user frame within ``depth``
-    frames of ``frame`` (its identity, code and line) and the line its caller is at; None
-    when no user frame is that close. Frames above a frame that is alive and at the same
-    line are the same frames, so a memory mark with the key of a stack already seen since
-    the last reading needs no walk of its own (``Sampler.mark_memory``). No frame is kept:
-    a kept frame would keep its locals, the user's tensors, alive. A frame freed and
-    another made at its address, of the same code, at the same line, called from the same
-    line, reads as the same: at worst a rise is given to the frames of that earlier stack."""
-    while frame is not None and depth > 0:
-        code = frame.f_code
-        if is_user_file(code.co_filename):
-            back = frame.f_back
-            return (id(frame), id(code), frame.f_lineno or 0, id(back),
-                    (back.f_lineno or 0) if back is not None else 0)
+USER_FRAME_DEPTH = 16
+"""How far out of a hook a memory mark looks for the user's frame that called it."""
+
+
+def innermost_user_frame(depth_hint: int, base: int = 1) -> tuple[FrameType | None, int]:
+    """The innermost frame of the user's code among the USER_FRAME_DEPTH frames from the
+    caller's caller outward (``base``: the caller's caller is that many frames out of the
+    caller), and its depth counted from there (None, 0 when none is that close).
+
+    ``depth_hint`` is the depth found before: a module hook is called from the same depth
+    at every call, and ``sys._getframe(depth)`` makes no frame object for the frames it
+    passes, where a walk through ``f_back`` makes one for each (on CPython 3.11 those were
+    most of a mark's cost: 8 us where the walk went through six frames of torch's and
+    nsadiag's hooks, 3 us where they already had one). When the frame at the hinted depth
+    is a user's it is taken without looking at the frames inside it; if one of those was a
+    user's too, the stack from the frame taken outward is a part of the true one, and the
+    marks only ever narrow to it (a rise then goes to fewer, outer frames: less precise,
+    never another call's)."""
+    if depth_hint:
+        try:
+            frame = sys._getframe(base + 1 + depth_hint)
+        except ValueError:  # a shallower stack than last time
+            frame = None
+        if frame is not None and is_user_file(frame.f_code.co_filename):
+            return frame, depth_hint
+    frame = sys._getframe(base + 1)
+    for depth in range(USER_FRAME_DEPTH):
+        if frame is None:
+            break
+        if is_user_file(frame.f_code.co_filename):
+            return frame, depth
         frame = frame.f_back
-        depth -= 1
-    return None
+    return None, 0
+
+
+def frame_key(frame: FrameType | None) -> tuple[int, ...] | None:
+    """A user frame as numbers only: its identity, code and instruction, and the instruction
+    its caller is at (None for None). Frames out of a frame that is alive and at the same
+    instruction are the same frames, so a memory mark whose caller has the key of a stack
+    already seen since the last reading needs no walk of its own (``Sampler.mark_memory``).
+    The instruction (``f_lasti``), not the line: a frame's line is found by a scan of its
+    code's line table, long for a training script's module-level loop. No frame is kept: a
+    kept frame would keep its locals, the user's tensors, alive. A frame freed and another
+    made at its address, of the same code, at the same instruction, called from the same
+    instruction, reads as the same: at worst a rise is given to the frames of that earlier
+    stack."""
+    if frame is None:
+        return None
+    back = frame.f_back
+    return (id(frame), id(frame.f_code), frame.f_lasti, id(back),
+            back.f_lasti if back is not None else -1)
 
 
 def frames_of(frame: FrameType | None) -> list[FrameType]:
@@ -515,7 +566,11 @@ class Sampler(threading.Thread):
         self._mark_budget = MarkBudget()
         self._marks_skipped = False  # a mark read nothing since the last reading
         self._keys_seen: set[tuple[int, ...]] = set()  # marks' callers since the last reading
+        self._user_depth = 0  # where the marks' caller found its user frame last time
         self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
+        self._previous_work: tuple[int, ...] | None = None  # the work counters last sample
+        self._loop_ints: tuple[tuple[str, int], ...] = ()  # the loops' counters last read
+        self._loops_read_t = 0.0  # when (time.time())
         self._own_runq = 0.0
         try:
             self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
@@ -544,8 +599,9 @@ class Sampler(threading.Thread):
                 self._guarded(self._pulse)
                 next_pulse = now + self._pulse_s
             if profile and self._profile_path is not None:
+                started = time.monotonic()
                 self._guarded(self._write_profile)
-                next_profile = now + self._profile_s
+                next_profile = now + self._profile_gap(time.monotonic() - started)
         self._compiler = None  # the last pulse compares no compile (its thread may be gone)
         self._guarded(self._pulse)
         if self._profile_path is not None:
@@ -560,6 +616,12 @@ class Sampler(threading.Thread):
             self._frames = None
         if self._own_clock is not None:
             self._own_clock.close()
+
+    def _profile_gap(self, took_s: float) -> float:
+        """Seconds to the next profile write after one that took ``took_s`` (PROFILE_SHARE)."""
+        if time.monotonic() - self._last_progress > self._pulse_s:
+            return self._profile_s
+        return min(PROFILE_MAX_S, max(self._profile_s, took_s / PROFILE_SHARE))
 
     def _write_profile(self) -> None:
         with self._memory_lock:  # the ledgers also take readings from the model's hooks
@@ -589,7 +651,13 @@ class Sampler(threading.Thread):
             self._compile_started = time.monotonic()
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
-        ints = self._loop_state(t, user, phase, module)
+        if self._previous_work is not None and work[2] != self._previous_work[2] and \
+                t - self._loops_read_t < LOOP_REREAD_S:
+            ints = self._loop_ints  # a step ended since the last sample: see LOOP_REREAD_S
+        else:
+            ints = self._loop_ints = self._loop_state(t, user, phase, module)
+            self._loops_read_t = t
+        self._previous_work = work
         state = (stack, ints)
         del frame, user
         if self._judge.observe(work, state):
@@ -648,30 +716,35 @@ class Sampler(threading.Thread):
         nothing and only narrows the frames a later rise may be given to: whatever rises
         until the next reading belongs to the frames on every stack seen since the last
         one, as between two samples, never to one call that may not have made it. A mark
-        whose caller was seen since the last reading (``caller_key``: the same live frame
+        whose caller was seen since the last reading (``frame_key``: the same live frame
         at the same line) narrows nothing more and walks no stack: in a training loop,
-        every mark over budget but the first after a reading."""
+        every mark over budget but the first after a reading. The caller's frame is found
+        at the depth it was found at before (``innermost_user_frame``)."""
         started = time.perf_counter()
-        caller = sys._getframe(1)
         with self._memory_lock:
+            user, self._user_depth = innermost_user_frame(self._user_depth)
+            key = frame_key(user)
             if not self._mark_budget.allows(started):
-                key = caller_key(caller)
                 if key is not None and key in self._keys_seen:
                     return
-                self._previous_stack &= set(user_stack_of(caller))
+                # no user frame close to the hook: the whole stack is walked
+                self._previous_stack &= set(user_stack_of(
+                    user if user is not None else sys._getframe(1)))
                 self._marks_skipped = True
                 if key is not None:
                     self._keys_seen.add(key)
                 return
-            stack = user_stack_of(caller)
+            # a reading walks the whole stack: a user frame inside the one found is the
+            # line a rise belongs to (the budget pays for this walk)
+            stack = user_stack_of(sys._getframe(1))
             frames = stack
             if self._marks_skipped:
                 frames = tuple(frame for frame in stack if frame in self._previous_stack)
             self._previous_stack, self._marks_skipped = set(stack), False
             self._keys_seen.clear()
-            key = caller_key(caller)
             if key is not None:
                 self._keys_seen.add(key)
+            del user
             self._observe_memory(frames)
             self._mark_budget.spend(time.perf_counter() - started)
 
