@@ -97,12 +97,6 @@ profile of a compiled model of 64 small blocks, 0.2 to 0.3 % of its wall time). 
 that made no progress since the last pulse gets its profile every PROFILE_S: the profile of
 a stall is read soon after it (the run may be ended for it)."""
 PROFILE_MAX_S = 10.0
-LOOP_REREAD_S = 0.5
-"""A sample after a step ended (the heartbeat's events moved) reads the loops' counters
-only when they were last read this long ago: there the work counters show the progress
-already, and a loop that runs for steps is followed from two readings a second. A sample
-between step ends (a long step, a stall) reads them every time. The reads were a third of
-a sample's time (150 us of 480 us, a compiled model of 64 small blocks)."""
 MAX_STATES = 4096
 """States remembered since the last progress; beyond, the oldest half is forgotten."""
 MAX_LOCALS = 8
@@ -568,9 +562,6 @@ class Sampler(threading.Thread):
         self._keys_seen: set[tuple[int, ...]] = set()  # marks' callers since the last reading
         self._user_depth = 0  # where the marks' caller found its user frame last time
         self._own_clock: ThreadClock | None = None  # this thread's, set when it runs
-        self._previous_work: tuple[int, ...] | None = None  # the work counters last sample
-        self._loop_ints: tuple[tuple[str, int], ...] = ()  # the loops' counters last read
-        self._loops_read_t = 0.0  # when (time.time())
         self._own_runq = 0.0
         try:
             self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
@@ -651,13 +642,7 @@ class Sampler(threading.Thread):
             self._compile_started = time.monotonic()
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
-        if self._previous_work is not None and work[2] != self._previous_work[2] and \
-                t - self._loops_read_t < LOOP_REREAD_S:
-            ints = self._loop_ints  # a step ended since the last sample: see LOOP_REREAD_S
-        else:
-            ints = self._loop_ints = self._loop_state(t, user, phase, module)
-            self._loops_read_t = t
-        self._previous_work = work
+        ints = self._loop_state(t, user, phase, module)
         state = (stack, ints)
         del frame, user
         if self._judge.observe(work, state):

@@ -1,18 +1,15 @@
-"""What the sampler and the memory marks skip to keep their cost down, and what they never
-skip: the loops' counters after a step end, the profile's writes while the process
-progresses, the frames a hook's mark finds at the depth it found them before."""
+"""What the sampler and the memory marks skip to keep their cost down: the profile's writes
+while the process progresses (never a stall's), the frames between a hook and the user
+frame its mark found at that depth before."""
 
 from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from nsadiag.probes import sampler as sampler_module
 from nsadiag.probes.sampler import (
-    LOOP_REREAD_S,
     PROFILE_MAX_S,
     PROFILE_S,
     PROFILE_SHARE,
@@ -43,32 +40,6 @@ def test_a_dear_profile_is_written_further_apart_while_the_process_progresses(sa
     assert watching._profile_gap(1.0) == PROFILE_MAX_S
     watching._last_progress = time.monotonic() - 3 * PULSE_S  # nothing moved: a stall
     assert watching._profile_gap(1.0) == PROFILE_S  # its profile stays fresh
-
-
-def test_loop_counters_are_read_at_every_sample_between_step_ends_and_twice_a_second_across(
-        sampler, monkeypatch):
-    events = [0]
-    watching = sampler(events=lambda: events[0])
-    reads: list[float] = []
-    monkeypatch.setattr(watching, "_loop_state",
-                        lambda t, user, phase, module: reads.append(t) or (("i", len(reads)),))
-    now = [1000.0]
-    monkeypatch.setattr(sampler_module, "time", SimpleNamespace(
-        time=lambda: now[0], monotonic=time.monotonic, perf_counter=time.perf_counter))
-
-    def sample(at: float, steps_ended: int) -> int:
-        now[0] = at
-        events[0] += steps_ended
-        watching._sample()
-        return len(reads)
-
-    assert sample(1000.0, 0) == 1  # the first sample reads
-    watching._progress_since_pulse = False
-    assert sample(1000.1, 1) == 1  # a step ended, 0.1 s after a read: not read again
-    assert watching._progress_since_pulse  # the step end is the progress
-    assert sample(1000.2, 0) == 2  # no step ended: read (a long step, a stall)
-    assert sample(1000.3, 1) == 2
-    assert sample(1000.2 + LOOP_REREAD_S + 0.05, 1) == 3  # steps end, but the read is old
 
 
 LIBRARY = """
