@@ -707,9 +707,9 @@ class Sampler(threading.Thread):
         at the depth it was found at before (``innermost_user_frame``)."""
         started = time.perf_counter()
         with self._memory_lock:
-            user, self._user_depth = innermost_user_frame(self._user_depth)
-            key = frame_key(user)
             if not self._mark_budget.allows(started):
+                user, self._user_depth = innermost_user_frame(self._user_depth)
+                key = frame_key(user)
                 if key is not None and key in self._keys_seen:
                     return
                 # no user frame close to the hook: the whole stack is walked
@@ -719,8 +719,12 @@ class Sampler(threading.Thread):
                 if key is not None:
                     self._keys_seen.add(key)
                 return
-            # a reading walks the whole stack: a user frame inside the one found is the
-            # line a rise belongs to (the budget pays for this walk)
+            # a reading walks the whole stack, and keys its innermost user frame found by a
+            # walk: the frame at the hinted depth may have another inside it, and a later
+            # mark keyed by that outer frame would skip narrowing to a stack without the
+            # inner one (the budget pays for these walks)
+            user, self._user_depth = innermost_user_frame(0)
+            key = frame_key(user)
             stack = user_stack_of(sys._getframe(1))
             frames = stack
             if self._marks_skipped:
