@@ -702,7 +702,7 @@ class Sampler(threading.Thread):
         until the next reading belongs to the frames on every stack seen since the last
         one, as between two samples, never to one call that may not have made it. A mark
         whose caller was seen since the last reading (``frame_key``: the same live frame
-        at the same line) narrows nothing more and walks no stack: in a training loop,
+        at the same instruction) narrows nothing more and walks no stack: in a training loop,
         every mark over budget but the first after a reading. The caller's frame is found
         at the depth it was found at before (``innermost_user_frame``)."""
         started = time.perf_counter()
