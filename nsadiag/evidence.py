@@ -298,10 +298,12 @@ class Evidence:
     the facts of a user's command (CommandFacts), ``hosts`` the view of a job's other
     hosts, ``source`` the code of the lines the record names
     (nsadiag.sourcelines.capture), ``output_copies`` and ``output_not_shown`` what became
-    of a command's output, ``containment`` how its processes were held, ``interrupted``
-    what an interrupting stop left (the verdict's ``facts.position.interrupted``). ``unknown``
-    keeps the keys at this level that this nsadiag does not read, so they are written
-    back as they were.
+    of a command's output, ``heartbeats_lost`` the heartbeat files a full disk stopped
+    (each "proc-N/events.jsonl: events after #K not written: ... at HH:MM:SS UTC"; their
+    events came through the slot, nsadiag.harness.slot), ``containment`` how its
+    processes were held, ``interrupted`` what an interrupting stop left (the verdict's
+    ``facts.position.interrupted``). ``unknown`` keeps the keys at this level that this
+    nsadiag does not read, so they are written back as they were.
     """
 
     spec: dict[str, Any]
@@ -326,6 +328,7 @@ class Evidence:
     hosts: dict[str, Any] | None = None
     source: dict[str, Any] | None = None
     output_copies: list[str] | None = None
+    heartbeats_lost: list[str] | None = None
     output_not_shown: dict[str, Any] | None = None
     containment: dict[str, Any] | None = None
     interrupted: dict[str, Any] | None = None
@@ -344,6 +347,7 @@ class Evidence:
         later = {name: value for name, value in (
             ("hosts", self.hosts), ("source", self.source),
             ("output_copies", self.output_copies),
+            ("heartbeats_lost", self.heartbeats_lost),
             ("output_not_shown", self.output_not_shown), ("containment", self.containment),
             ("interrupted", self.interrupted)) if value is not None}
         return {
@@ -394,6 +398,7 @@ class Evidence:
             hosts=data.get("hosts"),
             source=data.get("source"),
             output_copies=data.get("output_copies"),
+            heartbeats_lost=data.get("heartbeats_lost"),
             output_not_shown=data.get("output_not_shown"),
             containment=data.get("containment"),
             interrupted=data.get("interrupted"),
@@ -474,6 +479,6 @@ _KNOWN = frozenset({
     "spec", "events", "event_counts", "result", "outcome", "stall", "expected_events_per_step",
     "total_steps", "stall_timeout_s", "pulses", "load", "profile", "thread_exceptions",
     "others", "crash", "ranks", "job", "ddp", "hosts", "source", "output_copies",
-    "output_not_shown", "containment", "interrupted"}) | _COMMAND_KEYS
+    "heartbeats_lost", "output_not_shown", "containment", "interrupted"}) | _COMMAND_KEYS
 """The keys of an Evidence's JSON form that it reads into fields (a command's only with
 its processes)."""

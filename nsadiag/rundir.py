@@ -34,10 +34,12 @@ A rerun of the same command in the same directory resumes: a trial whose spec (w
 directory) is already recorded is not run again (``spec_key``), and new trial directories
 are numbered past the highest existing one (``next_trial_index``). A command that does not
 resume (`nsadiag run`) and is given a directory that holds an earlier run sets the earlier
-one aside (``set_aside``: the directory is exchanged for a fresh one, atomically where the
-kernel can) and removes it only once the new run has its verdict (``drop_earlier``); a run
-that ends without one puts the earlier run back (``restore_earlier``), so the directory
-never holds parts of two runs.
+one's files aside (``set_aside``: into ``.nsadiag-earlier-XXXXXX`` inside it) and removes
+them only once the new run has its verdict (``drop_earlier``); a run that ends without one
+puts them back (``restore_earlier``), so the directory never holds parts of two runs.
+What nsadiag may take, move or remove is nsadiag.store.owned's: a directory that holds
+files nsadiag did not write and carries no run-directory marker is refused before anything
+is written, and the user's files beside a run are never moved or removed.
 
 trials.jsonl is never left with a torn record by nsadiag: a record is one line written by
 one ``write`` on an O_APPEND descriptor and fsynced; a write that fails part-way (a full
@@ -57,13 +59,11 @@ line naming it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import errno
 import fcntl
 import json
 import os
-import re
 import shutil
 import stat
 import sys
@@ -72,7 +72,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from nsadiag.evidence import Evidence
@@ -81,6 +81,18 @@ from nsadiag.probes.gpu import GpuState, gpu_json, gpu_of
 from nsadiag.recordspec import RecordSpec
 from nsadiag.redact import record_of_this_process
 from nsadiag.schema import SCHEMA_VERSION, definition_errors, errors
+from nsadiag.store.owned import (
+    LOCK_NAME,
+    PRIVATE,
+    REDACTION_NAME,
+    RESERVE_NAME,
+    check_claimable,
+    claim,
+    remove_ours,
+    restore_earlier,
+    set_aside,
+    set_aside_runs,
+)
 from nsadiag.verdict.names import Verdict, VerdictName
 from nsadiag.verdictfacts import VerdictFacts
 
@@ -299,39 +311,8 @@ def default_run_dir(command: str) -> Path:
 
 # ---- what nsadiag writes there: the manifest ------------------------------------------------
 
-LOCK_NAME = ".nsadiag.lock"
-RESERVE_NAME = ".nsadiag.reserve"
-REDACTION_NAME = "redaction.json"
-PRIVATE = frozenset({LOCK_NAME, RESERVE_NAME, REDACTION_NAME})
-"""nsadiag's own bookkeeping: never shared (redaction.json holds the values it hides)."""
-WRITTEN = frozenset({
-    "run.json", "spec.json", "job.json", "trials.jsonl", "report.md", "summary.json",
-    "record.json", "evidence.json", "result.json", "checks.json", "check.json", "triage.json",
-    "memory.json", "trace-result.json", "trace.json", "profiler-trace.json", "stacks.json",
-    "attach.json", "block.json", "events.jsonl", "profile.json", "profile.folded",
-    "faulthandler.txt", "stdout.txt", "stderr.txt", "watch-helper.txt", "dump-request",
-    "hosts-trace.json", "sweep.png", "memory.png", "flame.png", "snapshot.pickle",
-    "finding.json"})
-"""The names of the files nsadiag writes into a run directory (and its trial, rank, process,
-check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
-_WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"
-                          r"ckpt|ddp|ab-[a-z0-9-]+")
-_WRITTEN_PATTERN = re.compile(r"rank-\d+\.json")  # a rank's flight-recorder dump
-
-
-def written_by_nsadiag(relative: str | PurePosixPath) -> bool:
-    """Whether a path relative to a run directory is one nsadiag writes there (by name: the
-    manifest says nothing about what the file now is; see write_bundle)."""
-    parts = PurePosixPath(relative).parts
-    if not parts or any(not _WRITTEN_DIR.fullmatch(p) for p in parts[:-1]):
-        return False
-    return parts[-1] in WRITTEN or bool(_WRITTEN_PATTERN.fullmatch(parts[-1]))
-
-
-def written_dir(name: str) -> bool:
-    """Whether ``name`` is a directory nsadiag makes inside a run directory."""
-    return bool(_WRITTEN_DIR.fullmatch(name))
-
+# LOCK_NAME .. written_dir: the manifest, kept with the rule of what nsadiag may remove
+# (nsadiag.store.owned); named here too, where the run directory's readers look for it
 
 # ---- the lock -------------------------------------------------------------------------------
 
@@ -351,10 +332,14 @@ def prepare_run_dir(path: Path) -> Path:
     """Create the run directory (or reuse it to resume), prove it is writable, hold its
     lock (see the module docstring), set the disk reserve aside and record what its
     reports will hide (``record_redaction``). ValueError (one line, naming ``path``) when
-    it cannot, with no lock file of this process left behind (``_undone_on_failure``)."""
+    it cannot, with no lock file of this process left behind (``_undone_on_failure``).
+    A directory that holds files nsadiag did not write, and is not one of its run
+    directories, is refused before anything is written (nsadiag.store.owned)."""
+    check_claimable(Path(check_out(path)))
     _writable(path)
     with _undone_on_failure(path):
         lock_run_dir(path)
+        claim(path)
         reserve_space(path)
         record_redaction(path, sys.argv)
     return path
@@ -364,11 +349,14 @@ def prepare_fresh_run_dir(path: Path) -> Path | None:
     """``prepare_run_dir`` for a command that does not resume: an earlier run in ``path``
     is set aside first (``set_aside``; where it went is returned, None when there was
     none), so the new run starts in an empty directory; it is put back when the rest
-    fails."""
+    fails. Only nsadiag's own files are set aside: the user's files beside a run stay, and
+    a directory of the user's that is not a run directory is refused untouched."""
+    check_claimable(Path(check_out(path)))
     _writable(path)
     earlier = None
     with _undone_on_failure(path):
         lock_run_dir(path)
+        claim(path)
         earlier = set_aside(path)
         try:
             reserve_space(path)
@@ -576,8 +564,19 @@ def _write_once(path: Path, data: bytes) -> Path:
 
 
 def write_text(path: Path, text: str, reserve: bool = True) -> Path:
-    """``write_bytes`` of UTF-8 text."""
-    return write_bytes(path, text.encode("utf-8", errors="surrogateescape"), reserve)
+    """``write_bytes`` of UTF-8 text, always valid UTF-8: a lone surrogate (an undecodable
+    byte of a program's output or exception, kept by ``surrogateescape``) is written as
+    U+FFFD, never as the raw byte."""
+    return write_bytes(path, valid_utf8(text), reserve)
+
+
+def valid_utf8(text: str) -> bytes:
+    """``text`` as UTF-8, each lone surrogate replaced by U+FFFD."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") \
+            .encode("utf-8")
 
 
 def write_json(path: Path, data: Any, reserve: bool = True) -> Path:
@@ -753,89 +752,17 @@ def read_tail(path: Path, max_bytes: int) -> str:
 
 
 # ---- a run that replaces an earlier one -----------------------------------------------------
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> None:
-    """Swap two directory entries in one step (renameat2 RENAME_EXCHANGE on Linux); where
-    the kernel or file system cannot, two renames (one moment without ``b``)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        renameat2 = None
-    if renameat2 is not None:
-        done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
-                         _RENAME_EXCHANGE)
-        if done == 0:
-            return
-        code = ctypes.get_errno()
-        if code not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-            raise OSError(code, os.strerror(code), str(b))
-    side = a.with_name(a.name + ".x")
-    os.rename(b, side)
-    os.rename(a, b)
-    os.rename(side, a)
-
-
-def _swap_locks(a: Path, b: Path) -> None:
-    with _held_lock:
-        ka, kb = str(a.resolve()), str(b.resolve())
-        fa, fb = _held.pop(ka, None), _held.pop(kb, None)
-        if fa is not None:
-            _held[kb] = fa
-        if fb is not None:
-            _held[ka] = fb
-
-
-def holds_a_run(path: Path) -> bool:
-    """Whether ``path`` has anything in it besides nsadiag's private files."""
-    try:
-        return any(entry.name not in PRIVATE for entry in os.scandir(path))
-    except OSError:
-        return False
-
-
-def set_aside(path: Path) -> Path | None:
-    """For a command that does not resume: when the locked ``path`` holds an earlier run,
-    exchange it for a fresh directory this process locks and return where the earlier run
-    is now (``.<name>.nsadiag-XXXXXX`` beside it); None when there was nothing to set
-    aside. ValueError (one line) when it cannot be done."""
-    if not holds_a_run(path):
-        return None
-    try:
-        fresh = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.nsadiag-"))
-        os.chmod(fresh, 0o777 & ~_umask())
-    except OSError as err:
-        raise ValueError(f"out: cannot set the earlier run in {path} aside: "
-                         f"{err.strerror or err}") from None
-    lock_run_dir(fresh)
-    try:
-        _exchange(fresh, path)
-    except OSError as err:
-        release_run_dir(fresh)
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise ValueError(f"out: cannot set the earlier run in {path} aside: "
-                         f"{err.strerror or err}") from None
-    _swap_locks(fresh, path)
-    return fresh
+# set_aside, restore_earlier and drop_earlier move and remove only nsadiag's own entries
+# (nsadiag.store.owned); these two name and clear what a killed rerun left set aside.
 
 
 def left_aside(path: Path) -> list[Path]:
     """Earlier runs of ``path`` that an nsadiag set aside and could not put back or remove
-    (it was killed with SIGKILL during a rerun): the ``.<name>.nsadiag-*`` directories
-    beside it whose lock no process holds, oldest first."""
-    try:
-        beside = [entry for entry in os.scandir(path.parent)
-                  if entry.name.startswith(f".{path.name}.nsadiag-") and
-                  entry.is_dir(follow_symlinks=False)]
-    except OSError:
+    (it was killed with SIGKILL during a rerun): the ``.nsadiag-earlier-*`` directories in
+    it, oldest first; none while another nsadiag holds the directory (its rerun's own)."""
+    if not holds(path) and _lock_held(path):
         return []
-    found = [Path(entry.path) for entry in beside
-             if not holds(Path(entry.path)) and not _lock_held(Path(entry.path))]
-    return sorted(found, key=lambda p: p.lstat().st_mtime)
+    return set_aside_runs(path)
 
 
 def _lock_held(directory: Path) -> bool:
@@ -859,32 +786,11 @@ def _lock_held(directory: Path) -> bool:
 
 def drop_left_aside(path: Path) -> list[Path]:
     """Remove the earlier runs ``left_aside`` finds (once a new run in ``path`` has its
-    verdict); those removed."""
+    verdict; only nsadiag's files in them); those removed."""
     gone = left_aside(path)
     for earlier in gone:
-        shutil.rmtree(earlier, ignore_errors=True)
+        remove_ours(earlier)
     return gone
-
-
-def drop_earlier(earlier: Path | None) -> None:
-    """The new run has its verdict: remove the earlier run set aside."""
-    if earlier is not None:
-        release_run_dir(earlier)
-        shutil.rmtree(earlier, ignore_errors=True)
-
-
-def restore_earlier(path: Path, earlier: Path | None) -> None:
-    """The new run ended without a verdict: put the earlier run back in ``path`` and remove
-    the new run's files (nothing when none was set aside)."""
-    if earlier is None:
-        return
-    try:
-        _exchange(earlier, path)
-    except OSError:
-        return  # both stay where they are: the earlier run beside it, under its own name
-    _swap_locks(earlier, path)
-    release_run_dir(earlier)
-    shutil.rmtree(earlier, ignore_errors=True)
 
 
 # ---- trials.jsonl ---------------------------------------------------------------------------

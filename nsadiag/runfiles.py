@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nsadiag.rundir import open_regular, written_dir
+from nsadiag.rundir import open_regular
+from nsadiag.store.owned import written_dir
 
 
 @dataclass

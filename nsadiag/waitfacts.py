@@ -56,6 +56,33 @@ class ThreadWait:
                    data.get("syscall_name"), data.get("first_arg"))
 
 
+STOP_WCHAN = "do_signal_stop"
+"""Where the kernel parks a thread of a process stopped by SIGSTOP, SIGTSTP, SIGTTIN or
+SIGTTOU (state T in /proc/PID/stat) until it gets SIGCONT."""
+TRACE_WCHAN = "ptrace_stop"
+"""Where it parks a thread a tracer (a debugger, strace) holds stopped (state t)."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A process that does not run because it is stopped, not because it waits: by a
+    signal (``tracer_pid`` None: only SIGCONT resumes it), or held by a tracer (its pid and
+    command, from /proc/PID/status's TracerPid)."""
+
+    state: str
+    tracer_pid: int | None = None
+    tracer_command: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "tracer_pid": self.tracer_pid,
+                "tracer_command": list(self.tracer_command)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stopped:
+        return cls(str(data["state"]), data.get("tracer_pid"),
+                   tuple(str(a) for a in data.get("tracer_command") or ()))
+
+
 @dataclass(frozen=True)
 class OpenFile:
     """One open descriptor: what it points at ("pipe:[81234]", a path, "socket:[...]"), the
@@ -237,6 +264,7 @@ class ProcessWaits:
     sockets: tuple[SocketEnd, ...] = ()
     ended: tuple[EndedProcess, ...] = ()  # its children that ended before the stall
     pipe_writers: tuple[PipeWriter, ...] = ()
+    stopped: Stopped | None = None  # stopped by a signal or a tracer, not waiting
 
     def thread(self, tid: int | None) -> ThreadWait | None:
         return next((t for t in self.threads if t.tid == tid), None)
@@ -257,7 +285,8 @@ class ProcessWaits:
                 "scopes": [scope.to_dict() for scope in self.scopes],
                 "sockets": [end.to_dict() for end in self.sockets],
                 "ended": [child.to_dict() for child in self.ended],
-                "pipe_writers": [writer.to_dict() for writer in self.pipe_writers]}
+                "pipe_writers": [writer.to_dict() for writer in self.pipe_writers],
+                **({"stopped": self.stopped.to_dict()} if self.stopped else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessWaits:
@@ -270,4 +299,5 @@ class ProcessWaits:
                    tuple(Scope.from_dict(scope) for scope in data.get("scopes") or ()),
                    tuple(SocketEnd.from_dict(end) for end in data.get("sockets") or ()),
                    tuple(EndedProcess.from_dict(child) for child in data.get("ended") or ()),
-                   tuple(PipeWriter.from_dict(w) for w in data.get("pipe_writers") or ()))
+                   tuple(PipeWriter.from_dict(w) for w in data.get("pipe_writers") or ()),
+                   Stopped.from_dict(data["stopped"]) if data.get("stopped") else None)

@@ -10,6 +10,8 @@ disk, a closed stdout), 3 regression, 4 inconclusive, 70 internal error.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import logging
 import os
 import signal
@@ -680,10 +682,28 @@ def main() -> None:
     from nsadiag.harness.launch import adopt_orphans
 
     adopt_orphans()
+    valid_text_streams()
     code = run()
     if stop.requested():
         _exit_at_once(code)
     sys.exit(code)
+
+
+def _replacement_character(error: UnicodeError) -> tuple[bytes, int]:
+    # bytes: the UTF-8 encoder refuses a replacement str that is not ASCII
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    return "\ufffd".encode(error.encoding, "replace") * (error.end - error.start), error.end
+
+
+def valid_text_streams() -> None:
+    """What nsadiag prints is valid text: a lone surrogate in a stored string (an
+    undecodable byte of a program's exception, kept by ``surrogateescape``) prints as
+    U+FFFD, where a C-locale stdout would write the raw byte and a strict one raise."""
+    codecs.register_error("nsadiag-replacement", _replacement_character)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="nsadiag-replacement")
 
 
 def _exit_at_once(code: int) -> NoReturn:

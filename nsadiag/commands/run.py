@@ -8,10 +8,12 @@ in hand (nsadiag.report.run), without reading record.json back. A command that i
 behind.
 
 A --out that holds an earlier run is not touched until the new run has its verdict: the
-earlier run is set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once record.json of the
-new one is written; a run that ends without a verdict (interrupted, refused at start) puts
-it back. An earlier run that an nsadiag killed with SIGKILL left set aside
-(``.<name>.nsadiag-*`` beside the directory) is named at the start and removed with the
+earlier run's files are set aside (nsadiag.rundir.prepare_fresh_run_dir) and removed once
+record.json of the new one is written; a run that ends without a verdict (interrupted,
+refused at start) puts them back. Only nsadiag's own files move: the user's files beside a
+run stay, and a --out that holds the user's files but no run is refused untouched
+(nsadiag.store.owned). An earlier run that an nsadiag killed with SIGKILL left set aside
+(``.nsadiag-earlier-*`` in the directory) is named at the start and removed with the
 earlier run. When the full report cannot be written (a full disk even after the reserve), a
 short one with the verdict is, and the error says the verdict.
 
@@ -38,16 +40,15 @@ from nsadiag.report.dispatch import Rendered, render_record
 from nsadiag.rundir import (
     TrialRecord,
     discard_on_refusal,
-    drop_earlier,
     drop_left_aside,
     left_aside,
     prepare_fresh_run_dir,
-    restore_earlier,
     stored_redaction,
     write_json,
     write_run_meta,
     write_text,
 )
+from nsadiag.store.owned import drop_earlier, restore_earlier
 
 
 def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
@@ -84,7 +85,8 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
     drop_earlier(earlier)
     drop_left_aside(run_dir)
     evidence = record.evidence
-    copies = (evidence.output_copies if evidence is not None else None) or []
+    copies = [*(evidence.output_copies or []), *(evidence.heartbeats_lost or [])] \
+        if evidence is not None else []
     not_shown = (evidence.output_not_shown if evidence is not None else None) or {}
     for line in [*copies, *_not_shown(not_shown, run_dir, copies)]:
         if on_note:

@@ -144,6 +144,17 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
                 f"({subject}), so a rank waits after its last step while another waits in "
                 f"the gradient collective of a step it never began.")
+    if end == "stopped":
+        if subject.startswith("tracer"):
+            return (f"Continue or detach the {subject} (`c` or `detach` in gdb, or end the "
+                    f"strace): it holds the process stopped, so the run cannot progress.")
+        stands = f" (its main thread stands{_where(chain, -1)})" if len(chain.hops) > 1 \
+            else ""
+        return (f"Find what stops {subject}{stands}: an `os.kill(..., signal.SIGSTOP)` or "
+                f"`kill -STOP` in the program or its launcher, Ctrl-Z at its terminal "
+                f"(SIGTSTP), or a background job reading or writing the terminal "
+                f"(SIGTTIN/SIGTTOU: give it `< /dev/null`, or run it in the foreground); "
+                f"`kill -CONT` resumes a stopped process.")
     if end == "poll":
         return (f"Add a timeout to the polling loop{_where(chain, 0)} (raise once "
                 f"`{subject}` has held past a deadline), and make sure what should end it "

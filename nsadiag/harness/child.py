@@ -31,6 +31,7 @@ instead of producing a stack dump.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import json
@@ -253,11 +254,16 @@ def _result(status: str, measured: dict[str, Any], error: dict[str, Any] | None,
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """Write JSON to `path` atomically: a reader sees the old file or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no temporary left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 if __name__ == "__main__":

@@ -65,8 +65,10 @@ before the seconds-long torch import (the parent sees the child alive and buildi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -74,6 +76,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsadiag.harness.slot import SlotWriter
 from nsadiag.probes.framemem import read_at, write_all
 
 if TYPE_CHECKING:
@@ -117,7 +120,8 @@ class HeartbeatWriter:
     whose forward or backward has entered and not exited.
 
     A write that fails (a full disk) never raises into the watched code: events stop being
-    written and ``lost`` says from where."""
+    appended, ``lost`` says from where, and they go to the slot beside the file
+    (nsadiag.harness.slot), where the watcher still reads the progress and the counts."""
 
     def __init__(self, path: str | Path, rank: int | None = None, buffered: bool = False):
         """``buffered``: module events flushed at most every FLUSH_S, not at every
@@ -141,7 +145,11 @@ class HeartbeatWriter:
         # closed in close(); written with the GIL held (see the module docstring)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
                                        os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._pending: list[bytes] = []  # encoded events not written yet
+        self._pending: list[tuple[str, bytes]] = []  # (kind, encoded event) not written yet
+        self._file_bytes = 0  # what the file holds of whole writes (cut back to on a failure)
+        # where events go once the disk is full (a regular heartbeat file's only)
+        self.slot = SlotWriter(self.path if stat.S_ISREG(os.fstat(self._fd).st_mode)
+                               else None)
         self._statm = os.open(f"/proc/{os.getpid()}/statm", os.O_RDONLY)
         # reentrant: a phase start writes the block event and its own under one hold, so
         # the sampler's block event never falls between them
@@ -281,21 +289,37 @@ class HeartbeatWriter:
         with self._lock:
             if self._fd is None:
                 return
-            try:
-                if self._kept_steps and self.lost is None:
-                    self._write_kept_steps()
-                self._flush()
-            except OSError:  # what a full disk kept in the buffer
-                pass
+            if self._kept_steps:
+                self._write_kept_steps()
+            self._flush()
+            self.slot.close()
             os.close(self._fd)
             self._fd = None
             os.close(self._statm)
 
     def _flush(self) -> None:
-        """Write the pending events (under the lock)."""
-        if self._pending:
-            data, self._pending = b"".join(self._pending), []
-            write_all(self._fd, data)  # type: ignore[arg-type]
+        """Write the pending events (under the lock). A write the disk refuses is cut back
+        to the last whole one and the events go to the slot from then on (``_lose``)."""
+        if not self._pending or self._fd is None:
+            return
+        batch, self._pending = self._pending, []
+        data = b"".join(line for _, line in batch)
+        try:
+            write_all(self._fd, data)
+        except OSError as err:  # a full disk: the watched process must not fail by us
+            self._lose(err, batch)
+            return
+        self._file_bytes += len(data)
+
+    def _lose(self, err: OSError, batch: list[tuple[str, bytes]]) -> None:
+        """The file refused ``batch``: no part of it stays in the file (a torn line would be
+        read as nothing, its whole events as written twice), and it and every later event
+        go to the slot (nsadiag.harness.slot), where the watcher reads them."""
+        first = self._seq - len(batch)
+        self.lost = f"events after #{first - 1} not written: {err.strerror or err}"
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self._file_bytes)  # type: ignore[arg-type]
+        self.slot.lose(self.lost, batch)
 
     def _write(self, kind: str, phase: str, **extra: Any) -> None:
         event: dict[str, Any] = {"t": 0.0, "seq": 0, "kind": kind, "phase": phase,
@@ -323,43 +347,42 @@ class HeartbeatWriter:
                 self.events += 1
             if kind in ("start", "step"):
                 self._phase_written = time.monotonic()
-            if self.lost is not None:
-                return
             if self._fd is None:  # closed: at exit, a late pulse
                 raise ValueError("the heartbeat is closed")
-            try:
-                self._pending.append((_ENCODE(event) + "\n").encode())
-                now = time.monotonic()
-                # only module events wait for a flush: they are the many; a collective, a
-                # step or a pulse is written through, so a rank that aborts right after it
-                # (gloo on a collective mismatch) leaves it for the verdict
-                if not self.buffered or kind != "module" or kept or \
-                        now - self._flushed >= FLUSH_S:
-                    self._flush()
-                    self._flushed = now
-            except OSError as err:  # a full disk: the watched process must not fail by us
-                self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
+            line = (_ENCODE(event) + "\n").encode()
+            if self.lost is not None:
+                self.slot.add(kind, line)
+                return
+            self._pending.append((kind, line))
+            now = time.monotonic()
+            # only module events wait for a flush: they are the many; a collective, a
+            # step or a pulse is written through, so a rank that aborts right after it
+            # (gloo on a collective mismatch) leaves it for the verdict
+            if not self.buffered or kind != "module" or kept or \
+                    now - self._flushed >= FLUSH_S:
+                self._flush()
+                self._flushed = now
 
     def _write_kept_steps(self, flush: bool = True) -> None:
         """The step events kept in memory (``step_done``), in order, under the lock; each
         was counted in ``events`` when kept. Without ``flush`` the caller flushes."""
         kept, self._kept_steps = self._kept_steps, []
-        if self.lost is not None or self._fd is None:
+        if self._fd is None:
             return
-        try:
-            for t, step, (rss, alloc, reserved), step_s, forward_s, backward_s, measured \
-                    in kept:
-                event = {"t": t, "seq": self._seq, "kind": "step", "phase": "optimizer",
-                         "step": step, "rss": rss, "cuda_alloc": alloc,
-                         "cuda_reserved": reserved, "step_s": step_s, "forward_s": forward_s,
-                         "backward_s": backward_s, **measured}
-                self._seq += 1
-                self._pending.append((_ENCODE(event) + "\n").encode())
-            if flush:
-                self._flush()
-                self._flushed = time.monotonic()
-        except OSError as err:  # a full disk: the watched process must not fail by us
-            self.lost = f"events after #{self._seq - 1} not written: {err.strerror or err}"
+        for t, step, (rss, alloc, reserved), step_s, forward_s, backward_s, measured in kept:
+            event = {"t": t, "seq": self._seq, "kind": "step", "phase": "optimizer",
+                     "step": step, "rss": rss, "cuda_alloc": alloc,
+                     "cuda_reserved": reserved, "step_s": step_s, "forward_s": forward_s,
+                     "backward_s": backward_s, **measured}
+            self._seq += 1
+            line = (_ENCODE(event) + "\n").encode()
+            if self.lost is not None:
+                self.slot.add("step", line)
+            else:
+                self._pending.append(("step", line))
+        if flush:
+            self._flush()
+            self._flushed = time.monotonic()
 
     def _rss(self) -> int:
         fields = (read_at(self._statm, 128, 0, partial=True) or b"0 0").split()

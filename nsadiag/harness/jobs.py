@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from nsadiag.harness.times import WatchTimes
 from nsadiag.probes import flight_recorder
 from nsadiag.rundir import TrialRecord, create_file, write_text
 from nsadiag.spec import WATCH_POLL_S, JobSpec, TrialSpec
+from nsadiag.store.owned import remove_tree_of_ours
 
 FLIGHT_RECORDER_WAIT_S = 2.0
 """After a stall's capture, the ranks' dump threads write their Flight Recorder dumps
@@ -74,10 +74,10 @@ def child_env(job: JobSpec, trial_dir: Path,
 
 
 def prepare_trial_dir(path: Path) -> Path:
-    if path.is_symlink():  # planted: the link goes, never what it points to
-        path.unlink()
-    elif path.exists():  # an interrupted earlier attempt: its files would read as ours
-        shutil.rmtree(path)
+    """A trial's directory, empty: what an interrupted earlier attempt left there would
+    read as this trial's, so nsadiag's files in it go (a planted link only as a name);
+    OSError naming anything else found there, which is kept."""
+    remove_tree_of_ours(path)
     path.mkdir(parents=True)
     return path
 

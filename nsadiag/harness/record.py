@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,23 @@ def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]
             not _launcher(s)]
 
 
+def heartbeats_lost(streams: Sequence[Stream], run_dir: Path) -> list[str]:
+    """A line for each heartbeat file a full disk stopped: its path in the run directory,
+    from which event, why and when (its events after that came through its slot)."""
+    lines = []
+    for stream in streams:
+        if stream.lost is None:
+            continue
+        try:
+            where = str(stream.path.relative_to(run_dir))
+        except ValueError:
+            where = stream.path.name
+        when = (time.strftime(" at %H:%M:%S UTC", time.gmtime(stream.lost_t))
+                if stream.lost_t else "")
+        lines.append(f"{where}: {stream.lost}{when}")
+    return lines
+
+
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
                  ranks: dict[int, Stream], outcome: ProcessOutcome, *, ended_ok: bool,
                  total_steps: int, fallback: dict[str, Any] | None = None,
@@ -258,6 +276,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
     else:
         verdict = decide(evidence)
     evidence.job, evidence.ddp, evidence.command = job, ddp, command
+    evidence.heartbeats_lost = heartbeats_lost(end.streams, run_dir) or None
     if hosts is not None:
         evidence.hosts = hosts.to_dict()
     # the code of the lines the evidence and the verdict's facts name, from this machine

@@ -44,6 +44,7 @@ from typing import Any
 
 from nsadiag.harness.heartbeat import OpenBackward
 from nsadiag.harness.machine import main_thread_clock
+from nsadiag.harness.slot import read_slot
 from nsadiag.probes.waits import PersonWait
 from nsadiag.spec import STARTUP_GRACE_S
 from nsadiag.verdict.progress import is_progress
@@ -110,9 +111,36 @@ class Stream:
     # and of the latest pulse
     cpu_at_progress: tuple[float, float] | None = None
     cpu_now: tuple[float, float] | None = None
+    seq_seen: int = -1  # the highest seq taken, from the file or its slot
+    lost: str | None = None  # why the file stopped (a full disk), from its slot
+    lost_t: float | None = None
+    # the slot's counts that its events taken stood for (the rest are counted as they come)
+    slot_counted: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.tail = EventTail(self.path)
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """The events written since the last read: the file's, or, when it gives none, what
+        its slot holds that was not taken yet (the file stopped: a full disk;
+        nsadiag.harness.slot). Take them with ``add``."""
+        events = self.tail.read_new()
+        if events:
+            return events
+        slot = read_slot(self.path)
+        if slot is None:
+            return []
+        self.lost, self.lost_t = slot.lost, slot.lost_t
+        new = [e for e in slot.events if isinstance(e.get("seq"), int) and
+               e["seq"] > self.seq_seen]
+        taken = Counter(str(e.get("kind", "?")) for e in new)
+        for kind, total in slot.counts.items():
+            # events the slot counted but no longer holds: counted, not seen
+            missed = total - self.slot_counted[kind] - taken[kind]
+            if missed > 0:
+                self.counts[kind] += missed
+            self.slot_counted[kind] = max(self.slot_counted[kind], total)
+        return new
 
     def add(self, events: Sequence[dict[str, Any]]) -> bool:
         """Take new events; True when any of them is progress."""
@@ -120,6 +148,8 @@ class Stream:
         for event in events:
             kind = event.get("kind", "?")
             self.counts[kind] += 1
+            if isinstance(event.get("seq"), int):
+                self.seq_seen = max(self.seq_seen, event["seq"])
             progressed = progressed or is_progress(event)
             if kind == "pulse":
                 self.pulses.append(event)
@@ -211,7 +241,7 @@ class StallClock:
         new: list[dict[str, Any]] = []
         progressed = False
         for stream in self.streams:
-            events = stream.tail.read_new()
+            events = stream.read_new()
             progressed = stream.add(events) or progressed
             new += events
         if progressed:

@@ -13,25 +13,65 @@ the job ran is kept.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from nsadiag.hosts.merged import HostState, HostsView, decide_hosts, hosts_straggler
-from nsadiag.rundir import TrialRecord
+from nsadiag.rundir import TrialRecord, parse_stored, read_json
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.ranks import RankEvidence
 from nsadiag.verdict.straggler import step_paces
 
 
 def _record(run_dir: Path) -> TrialRecord:
+    """A host's record.json, read as ``nsadiag report`` reads one (a regular file inside the
+    directory, never through a link, at most MAX_JSON_BYTES, nesting bounded, schema
+    checked); ValueError (one line naming the file) otherwise."""
     path = run_dir / "record.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ValueError(f"merge: {run_dir} holds no record.json (not an nsadiag run "
                          f"directory)")
     try:
-        return TrialRecord.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"merge: {path}: {str(err).splitlines()[0]}") from None
+        return parse_stored(str(path), TrialRecord.from_dict, read_json(path, str(path)))
+    except ValueError as err:
+        raise ValueError(f"merge: {str(err).splitlines()[0]}") from None
+
+
+def _host_state(run_dir: Path, record: TrialRecord) -> tuple[HostState, dict | None]:
+    """One host's state and the stall signal it saw, from its parsed record; ValueError
+    for a record of no multi-host job, RecordError (one line naming the file and what is
+    malformed) for facts of the wrong shape."""
+    hosts = record.evidence.hosts if record.evidence is not None else None
+    if not isinstance(hosts, dict) or not hosts.get("host"):
+        raise ValueError(f"merge: {run_dir} is not a run of a multi-host job (its record "
+                         f"names no host)")
+    host = str(hosts["host"])
+
+    def parse(stored: list) -> HostState:
+        own = [RankEvidence.from_dict(r) for r in stored
+               if (r.get("names") or {}).get("host") == host]
+        frames = ((hosts.get("frames") or {}).get(host) or {}).items()
+        return HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
+                         float((hosts.get("published_at") or {}).get(host) or 0.0),
+                         own, {r.rank: step_paces(r.events) for r in own},
+                         {int(r): dict(f) for r, f in frames if f})
+
+    stored = (record.evidence.ranks if record.evidence is not None else None) or []
+    where = run_dir / "record.json"
+    if not isinstance(stored, list):
+        raise ValueError(f"merge: {where}: evidence.ranks is {type(stored).__name__}, not a "
+                         f"list of ranks")
+    for i, rank in enumerate(stored):
+        if not isinstance(rank, dict):
+            raise ValueError(f"merge: {where}: evidence.ranks[{i}] is "
+                             f"{json.dumps(rank)[:40]}, not a rank's record (an object)")
+    try:
+        state = parse_stored(f"{run_dir / 'record.json'} (evidence.ranks, evidence.hosts)",
+                             parse, stored)
+    except ValueError as err:
+        raise ValueError(f"merge: {err}") from None
+    return state, hosts
 
 
 def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
@@ -46,22 +86,12 @@ def merge_run_dirs(run_dirs: Sequence[Path]) -> Verdict:
     stall = None
     seen: list[dict] = []
     for run_dir, record in records:
-        hosts = record.evidence.hosts if record.evidence is not None else None
-        if not isinstance(hosts, dict) or not hosts.get("host"):
-            raise ValueError(f"merge: {run_dir} is not a run of a multi-host job (its record "
-                             f"names no host)")
-        host = str(hosts["host"])
+        state, hosts = _host_state(run_dir, record)
+        host = state.host
         if host in states:
             raise ValueError(f"merge: {run_dir} is a second run directory of host {host}")
-        stored = (record.evidence.ranks if record.evidence is not None else None) or []
-        own = [RankEvidence.from_dict(r) for r in stored
-               if (r.get("names") or {}).get("host") == host]
-        frames = ((hosts.get("frames") or {}).get(host) or {}).items()
-        states[host] = HostState(host, str((hosts.get("phase") or {}).get(host, "ended")),
-                                 float((hosts.get("published_at") or {}).get(host) or 0.0),
-                                 own, {r.rank: step_paces(r.events) for r in own},
-                                 {int(r): dict(f) for r, f in frames if f})
-        ranks += own
+        states[host] = state
+        ranks += state.ranks
         stall = stall or hosts.get("stall")
         if isinstance(hosts.get("straggler"), dict):
             seen.append(hosts["straggler"])

@@ -65,8 +65,12 @@ class DumpOnRequest(threading.Thread):
             time.sleep(self.poll_s)
         data = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
         tmp = self.out.with_suffix(".tmp")
-        tmp.write_bytes(data if isinstance(data, bytes) else str(data).encode())
-        tmp.replace(self.out)
+        try:
+            tmp.write_bytes(data if isinstance(data, bytes) else str(data).encode())
+            tmp.replace(self.out)
+        except OSError:  # a full disk: no temporary left behind
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def summarize_dump(data: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,7 @@ Outputs:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import linecache
@@ -372,9 +373,16 @@ class ProfileBook:
                 "memory": {kind: ledger.to_dict() for kind, ledger in self.memory.items()}}
 
     def write(self, path: Path) -> None:
+        """Replace ``path`` whole; a write that fails (a full disk) leaves the profile
+        before it and no temporary."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 # ---- reading the main thread ---------------------------------------------------------------

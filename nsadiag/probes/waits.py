@@ -30,7 +30,9 @@ from typing import Any
 
 from nsadiag.waitfacts import (
     READ_SYSCALLS,
+    STOP_WCHAN,
     TERMINAL,
+    TRACE_WCHAN,
     EndedProcess,
     FileLock,
     OpenFile,
@@ -38,6 +40,7 @@ from nsadiag.waitfacts import (
     ProcessWaits,
     Scope,
     SocketEnd,
+    Stopped,
     ThreadWait,
     syscall_name,
 )
@@ -450,4 +453,21 @@ def read_waits(pid: int, depth: int = CHILD_DEPTH, scopes: tuple[Scope, ...] = (
                  if zombies[child.pid] is None)
     return ProcessWaits(pid, command, threads, files, read, locks, tuple(unreadable), scopes,
                         _read_sockets(pid, threads, files), ended,
-                        _held_pipes(pid, threads, files, read))
+                        _held_pipes(pid, threads, files, read), _stopped(pid, threads))
+
+
+def _stopped(pid: int, threads: tuple[ThreadWait, ...]) -> Stopped | None:
+    """Whether ``pid`` is stopped (state T or t in /proc/PID/stat, or every thread parked
+    where the kernel stops them) and, held by a tracer, which one."""
+    stat = _read(f"/proc/{pid}/stat") or ""
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    letter = state[0] if state else ""
+    parked = bool(threads) and all(t.wchan in (STOP_WCHAN, TRACE_WCHAN) for t in threads)
+    if letter not in ("T", "t") and not parked:
+        return None
+    status = _read(f"/proc/{pid}/status") or ""
+    tracer = next((int(line.split()[1]) for line in status.splitlines()
+                   if line.startswith("TracerPid:") and len(line.split()) > 1), 0)
+    if tracer:
+        return Stopped(letter or "t", tracer, _command_of(tracer))
+    return Stopped(letter or "T")

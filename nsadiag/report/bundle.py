@@ -37,15 +37,8 @@ from pathlib import Path, PurePosixPath
 
 from nsadiag.redact import Redactor, host_pseudonyms
 from nsadiag.report.dispatch import LOCK_WAIT_S, render_run
-from nsadiag.rundir import (
-    FILE_MODE,
-    PRIVATE,
-    locked,
-    open_regular,
-    stored_redaction,
-    written_by_nsadiag,
-    written_dir,
-)
+from nsadiag.rundir import FILE_MODE, locked, open_regular, stored_redaction
+from nsadiag.store.owned import PRIVATE, written_by_nsadiag, written_dir
 
 TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".txt", ".folded"}
 PNG_SUFFIX = ".png"

@@ -94,7 +94,7 @@ ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
         "compile-cxx", "compile-child", "compile-worker", "pool-lost-task", "pool-worker-ended",
-        "pool-worker", "pipe-held", "terminal-input", "sleep", "unknown")
+        "pool-worker", "pipe-held", "terminal-input", "sleep", "stopped", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -121,7 +121,9 @@ went with a worker that ended); pool-worker-ended: the same, with the worker tha
 (its pid and exit status, or that the status is not known) named; pool-worker: a pool
 worker stands at its frame;
 terminal-input: a read of the terminal (a prompt waiting for its answer); sleep: a sleep
-written in the user's line, outside a polling loop; unknown: the evidence names no next
+written in the user's line, outside a polling loop; stopped: the process does not wait at
+all, it is stopped (by SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU, or held by a tracer); unknown:
+the evidence names no next
 hop.
 A rank that never issued the collective the others wait in is followed as a process of its
 own, and the chain ends where its own chain ends."""
@@ -878,6 +880,9 @@ def stall_chain(stall: StallEvidence | None, died: Sequence[dict[str, Any]] = ()
     """The wait chain of a stalled process: its stall evidence, the exceptions that ended
     its other threads (``died``) and the other processes of the job sampled at the stall
     (``others``: Evidence.others); None without a stack sample."""
+    stopped = _stopped_chain(stall)
+    if stopped is not None:
+        return stopped
     process = _process(stall, died)
     if process is None:
         return None
@@ -887,6 +892,33 @@ def stall_chain(stall: StallEvidence | None, died: Sequence[dict[str, Any]] = ()
     sampled = [p for p in (_process(StallEvidence.from_dict(o["stall"]), (), str(o.get("role")))
                            for o in others if o.get("stall")) if p is not None]
     return _thread_chain(process, thread, sampled)
+
+
+def _stopped_chain(stall: StallEvidence | None) -> WaitChain | None:
+    """The chain of a process that is stopped rather than waiting (ProcessWaits.stopped):
+    who can resume it, then where its main thread stands when a sample was taken."""
+    waits = stall.waits if stall is not None else None
+    stopped = waits.stopped if waits is not None else None
+    if waits is None or stopped is None:
+        return None
+    pid = waits.pid
+    if stopped.tracer_pid:
+        tracer = " ".join(stopped.tracer_command)[:120] or "command unknown"
+        first = Hop("process", f"pid {pid} is held stopped by its tracer, pid "
+                               f"{stopped.tracer_pid} (`{tracer}`): it runs again only when "
+                               f"the tracer continues it or detaches")
+        subject = f"tracer pid {stopped.tracer_pid}"
+    else:
+        first = Hop("process", f"pid {pid} is stopped (state {stopped.state}): nothing in it "
+                               f"runs or waits; a SIGSTOP, SIGTSTP (Ctrl-Z), SIGTTIN or "
+                               f"SIGTTOU stopped it, and only SIGCONT resumes it")
+        subject = f"pid {pid}"
+    hops = [first]
+    if stall is not None and stall.samples:
+        main = _start(stall.samples[-1])
+        if main is not None:
+            hops.append(_doing(main, _Process(stall.samples[-1], waits)))
+    return WaitChain(tuple(hops), "stopped", subject)
 
 
 def wait_chain(evidence: Evidence) -> WaitChain | None:

@@ -94,7 +94,7 @@ def test_a_full_disk_at_the_start_leaves_no_lock_and_names_the_directory(tmp_pat
 
 
 def _runs_beside(out):
-    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+    return sorted(p.name for p in out.iterdir() if p.name.startswith(".nsadiag-earlier-"))
 
 
 def test_a_rerun_killed_with_sigkill_leaves_the_earlier_run_named_then_removed(tmp_path):
@@ -115,7 +115,7 @@ def test_a_rerun_killed_with_sigkill_leaves_the_earlier_run_named_then_removed(t
     finally:
         second.kill()
     (aside,) = _runs_beside(out)  # the first run, where the killed rerun had put it
-    assert (out.parent / aside / "stdout.txt").read_text() == "first\n"
+    assert (out / aside / "stdout.txt").read_text() == "first\n"
     report = nsadiag("report", str(out), env=env)
     assert "set aside by an nsadiag that was killed during a rerun, is in " in report.stderr
     assert f"/{aside}\n" in report.stderr, report.stderr

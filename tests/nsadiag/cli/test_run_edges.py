@@ -169,6 +169,7 @@ def test_a_stopped_rerun_on_a_reused_out_keeps_what_it_found_in_place_of_the_ear
     assert (out / "stdout.txt").read_bytes() != before["stdout.txt"]
     assert "interrupted by SIGTERM" in (out / "report.md").read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert not list(out.glob(".nsadiag-earlier-*"))
     rendered = nsadiag("report", str(out), env=checkout_env())
     assert rendered.returncode == 0, rendered.stderr
     assert "time.sleep(120)" in json.loads((out / "summary.json").read_text())["argv"][-1]
@@ -186,6 +187,7 @@ def test_a_finished_rerun_replaces_the_earlier_run_whole(tmp_path):
     assert not first_procs & {p.name for p in out.glob("proc-*")}
     assert json.loads((out / "summary.json").read_text())["argv"][-1] == "print('second')"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert not list(out.glob(".nsadiag-earlier-*"))
 
 
 # ---- a command that cannot start ------------------------------------------------------------

@@ -30,7 +30,9 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "multiprocessing.Pool", "concurrent.futures.ProcessPoolExecutor",
             "BrokenProcessPool", "map_async(...).get(timeout=...)", "dmesg", "< answers.txt",
             "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_COMPILE_THREADS=1",
-            "stdout=subprocess.DEVNULL", "> /dev/null 2>&1", "communicate(timeout=...)"}
+            "stdout=subprocess.DEVNULL", "> /dev/null 2>&1", "communicate(timeout=...)",
+            "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
+            "detach"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -164,14 +166,23 @@ CHAINS = [
     WaitChain((Hop("frame", "the main thread waits at t.py:12 `f.result()`", "t.py:12"),
                Hop("unknown", "what would release it is not named by the evidence")),
               "unknown"),
+    WaitChain((Hop("process", "pid 41 is stopped (state T): nothing in it runs or waits; a "
+                              "SIGSTOP, SIGTSTP (Ctrl-Z), SIGTTIN or SIGTTOU stopped it, and "
+                              "only SIGCONT resumes it"),
+               Hop("frame", "the main thread runs t.py:5 `os.kill(os.getpid(), "
+                            "signal.SIGSTOP)`", "t.py:5")), "stopped", "pid 41"),
 ]
+STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
+                                              "(`gdb -p 41`): it runs again only when the "
+                                              "tracer continues it or detaches"),),
+                              "stopped", "tracer pid 77")
 
 
 def test_the_table_covers_every_way_a_chain_ends():
     assert {chain.end for chain in CHAINS} == set(ENDS)
 
 
-@pytest.mark.parametrize("chain", CHAINS, ids=lambda chain: chain.end)
+@pytest.mark.parametrize("chain", [*CHAINS, STOPPED_BY_TRACER], ids=lambda chain: chain.end)
 def test_each_next_claim_follows_from_its_chain(chain):
     said = chain_next(chain)
     if chain.end == "unknown":
@@ -188,7 +199,7 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
-                      "compile-child", "terminal-input", "sleep"), said
+                      "compile-child", "terminal-input", "sleep", "stopped"), said
     # advice about a sleep only where the chain's end is one (a command quoted may hold the
     # word)
     assert "the sleep" not in said or chain.has("sleep"), said
@@ -198,7 +209,9 @@ def test_each_next_claim_follows_from_its_chain(chain):
     # its C++ compiler only where its C++ build is
     assert ("torch.compile" in said) == ("torch.compile" in chain.printed()), said
     assert ("C++" in said) == ("cpp_builder.py" in chain.printed()), said
-    assert ("terminal" in said) == chain.has("terminal"), said
+    # (a terminal also sends the stop signals a stopped chain names)
+    assert ("terminal" in said) == (chain.has("terminal") or (
+        chain.end == "stopped" and "SIGTTIN" in chain.printed())), said
     # a pool's worker is named only where the chain went through a pool (a file:line quoted
     # from the chain may hold the word)
     words = re.sub(r"\b[\w.]+\.py:\d+", "", said)
@@ -206,8 +219,10 @@ def test_each_next_claim_follows_from_its_chain(chain):
     # a signal is named only where the chain says a process was killed by it, and the
     # out-of-memory killer blamed only for a SIGKILL
     ended = " ".join(hop.text for hop in chain.hops if hop.kind == "ended")
-    for name in re.findall(r"\bSIG[A-Z]+", said):
-        assert f"killed by {name}" in ended, said
+    printed = chain.printed()
+    for name in re.findall(r"\bSIG[A-Z]+", said):  # or the signals that stop a process
+        assert f"killed by {name}" in ended or (chain.end == "stopped" and name in printed), \
+            said
     assert "most often the kernel's out-of-memory killer" not in said or \
         "killed by SIGKILL" in ended, said
     if chain.end == "lock-lost-fork":
