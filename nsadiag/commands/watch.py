@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from nsadiag.finding.run import with_finding
+from nsadiag.harness.helpers import helper_popen
 from nsadiag.harness.watch_helper import watch_block
 from nsadiag.harness.watched import ProcessHeartbeat, disarm_faulthandler, process_dir, start
 from nsadiag.report.dispatch import render_record
@@ -158,17 +159,16 @@ class WatchedBlock:
 
     def _start_helper(self) -> None:
         read_fd, self.write_fd = os.pipe()  # only this process holds the write end
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-        env.pop("NSADIAG_RUN_DIR", None)  # the helper itself is not watched
+        # the helper itself is not watched; it runs away from the user's directory
+        # (nsadiag.harness.helpers), so the run directory is handed to it absolute
+        started = helper_popen("nsadiag.commands.watch", str(os.getpid()),
+                               str(self.out.resolve()), str(self.stall_timeout),
+                               str(self.deadline or 0), "1" if self.no_redact else "0",
+                               drop=("NSADIAG_RUN_DIR",))
         try:
             with open(self.out / "watch-helper.txt", "wb") as log:
                 self.helper = subprocess.Popen(
-                    [sys.executable, "-m", "nsadiag.commands.watch", str(os.getpid()),
-                     str(self.out), str(self.stall_timeout), str(self.deadline or 0),
-                     "1" if self.no_redact else "0"],
-                    stdin=read_fd, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                    **started, stdin=read_fd, stdout=subprocess.DEVNULL, stderr=log,
                     start_new_session=True)  # Ctrl-C in a terminal must not end it
         finally:
             os.close(read_fd)

@@ -56,16 +56,16 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from nsadiag.harness.cgroup import JobGroup, why_not
+from nsadiag.harness.helpers import failure_line, helper_popen
 
 OWNER_ENV = "NSADIAG_OWNER"
 FREEZE_ROUNDS = 20
@@ -224,18 +224,21 @@ class _Reaper:
 
     def _start(self) -> None:
         read_fd, write_fd = os.pipe()  # not inheritable: no child but the reaper holds it
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                              if p])}
-        env.pop(OWNER_ENV, None)  # the reaper of a nested nsadiag is not one of its jobs
+        # the reaper of a nested nsadiag is not one of its jobs; it runs away from the
+        # user's directory (nsadiag.harness.helpers)
+        started = helper_popen("nsadiag.harness.reaper", str(os.getpid()), drop=(OWNER_ENV,))
         try:
-            first = subprocess.Popen(
-                [sys.executable, "-m", "nsadiag.harness.reaper", str(os.getpid())],
-                stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=env, start_new_session=True)
-            self.sessions.add(first.pid)  # a subreaper adopts the reaper: not a job's
-            first.wait(timeout=60)  # it exits as soon as the detached reaper runs
+            with tempfile.TemporaryFile() as log:
+                first = subprocess.Popen(**started, stdin=read_fd, stdout=subprocess.DEVNULL,
+                                         stderr=log, start_new_session=True)
+                self.sessions.add(first.pid)  # a subreaper adopts the reaper: not a job's
+                code = first.wait(timeout=60)  # it exits as soon as the detached one runs
+                if code != 0:
+                    log.seek(0)
+                    os.close(write_fd)
+                    raise ValueError(f"nsadiag's reaper (the helper that ends what a "
+                                     f"command leaves behind) did not start: "
+                                     f"{failure_line(log.read(), code)}")
         finally:
             os.close(read_fd)
         self.write_fd = write_fd
