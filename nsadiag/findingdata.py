@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nsadiag.textsafe import clean_line
+
 KINDS = ("slow by size", "slow by defect", "slow, work not counted", "stuck", "wrong",
          "crashed", "healthy", "inconclusive", "measured")
 """What sort of finding: the first six are trouble, the last three are not. "slow, work not
@@ -139,6 +141,10 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """A stored finding. Every field is one line of a report (a title, a bullet, a
+        table cell), so a line break in a received record is read as a space: a stored
+        ``proof`` cannot open a second top block of its own."""
+        data = _one_line(data)
         lists = {name: [Item(item["mark"], item["text"]) for item in data.get(name) or []]
                  for name in ("results", "ruled_out", "implicated")}
         culprit = Culprit.from_dict(data["culprit"]) if data.get("culprit") else None
@@ -147,6 +153,17 @@ class Finding:
                    data.get("proof"), list(data.get("summary") or []), **lists,
                    recommendations=list(data.get("recommendations") or []),
                    chain=data.get("chain"))
+
+
+def _one_line(value: Any) -> Any:
+    """A JSON value with every string in it ``clean_line``d (nsadiag.textsafe)."""
+    if isinstance(value, str):
+        return clean_line(value)
+    if isinstance(value, dict):
+        return {k: _one_line(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_one_line(v) for v in value]
+    return value
 
 
 def words(text: str) -> int:

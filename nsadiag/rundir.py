@@ -93,7 +93,7 @@ from nsadiag.store.owned import (
     set_aside,
     set_aside_runs,
 )
-from nsadiag.verdict.names import Verdict, VerdictName
+from nsadiag.verdict.names import FAILURES, TIMING, Verdict, VerdictName
 from nsadiag.verdictfacts import VerdictFacts
 
 
@@ -194,9 +194,13 @@ class TrialRecord:
         found = errors(current, "trial")
         if found:
             raise RecordError(f"not a trial record ({found[0]})")
-        return cls(_spec_of(data["spec"]), _evidence_of(data), _verdict_of(data["verdict"]),
+        verdict = _verdict_of(data["verdict"])
+        finding = _finding_of(data.get("finding"))
+        if finding is not None and finding.verdict != verdict.name:
+            finding = None  # prose that contradicts the record's verdict: decided again
+        return cls(_spec_of(data["spec"]), _evidence_of(data), verdict,
                    data["trial_dir"], float(data["wall_s"]), _gpu_of(data.get("gpu")),
-                   _finding_of(data.get("finding")))
+                   finding)
 
 
 def _spec_of(data: dict[str, Any]) -> RecordSpec:
@@ -221,9 +225,28 @@ def stored_finding(data: Any, what: str) -> Finding | None:
     if found:
         raise RecordError(f"{what} (finding {found[0]})")
     try:
-        return Finding.from_dict(data)
+        finding = Finding.from_dict(data)
     except (KeyError, TypeError, ValueError) as err:
         raise RecordError(f"{what} (finding: {type(err).__name__}: {err})") from None
+    return finding if follows_its_verdict(finding) else None
+
+
+def follows_its_verdict(finding: Finding) -> bool:
+    """Whether a stored finding's status and headline are what its verdict gives: a
+    failure's status is "failure", OK's "healthy" (or a measurement's), INCONCLUSIVE's
+    "inconclusive" (the title's mark is the status's; nsadiag.report.top names the verdict
+    in it). A received record whose status says otherwise (healthy over an ERROR) is not
+    laid out: its finding is decided again from the records (``stored_finding`` gives
+    None, as for a record written before findings were stored)."""
+    name, status = finding.verdict, finding.status
+    if name in TIMING:  # a triage that did not settle one is inconclusive
+        healthy = ("healthy",) if finding.kind == "slow by size" else ()
+        return status in ("failure", "inconclusive", "regression", *healthy)
+    if name in FAILURES:
+        return status == "failure"
+    if name == VerdictName.OK:
+        return status in ("healthy", "regression")
+    return status == "measured"  # MEASURED: a memory, trace or stacks command
 
 
 FINDING_FILE = "finding.json"

@@ -52,3 +52,40 @@ def clean_obj(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean_obj(v) for v in value]
     return value
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+_SCRIPT_LINK = re.compile(r"\]\(\s*(?:javascript|vbscript|data)\s*:", re.IGNORECASE)
+
+
+def markdown_safe(text: str) -> str:
+    """Markdown in which no stored string can act as HTML: outside code spans and fenced
+    blocks (where a renderer shows text as it is) every ``<`` that could open a tag
+    (``<script>``, ``<img onerror=...>``, an autolink ``<javascript:...>``) is written
+    ``&lt;``, shown as the same character, and a link to a ``javascript:``, ``vbscript:``
+    or ``data:`` address keeps its text but points nowhere (``#``)."""
+    if "<" not in text and "](" not in text:
+        return text
+    lines, fenced = [], False
+    for line in text.split("\n"):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            line = _outside_code(line)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _outside_code(line: str) -> str:
+    parts, last = [], 0
+    for span in _CODE_SPAN.finditer(line):
+        parts += [_escaped(line[last:span.start()]), span.group(0)]
+        last = span.end()
+    parts.append(_escaped(line[last:]))
+    return "".join(parts)
+
+
+def _escaped(prose: str) -> str:
+    return _SCRIPT_LINK.sub("](#", _TAG_OPEN.sub("&lt;", prose))

@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from nsadiag.redact import Redactor, host_pseudonyms
 from nsadiag.report.dispatch import LOCK_WAIT_S, render_run
 from nsadiag.rundir import FILE_MODE, locked, open_regular, stored_redaction
-from nsadiag.store.owned import PRIVATE, written_by_nsadiag, written_dir
+from nsadiag.store.owned import PRIVATE, check_run_dir, written_by_nsadiag, written_dir
 
 TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".txt", ".folded"}
 PNG_SUFFIX = ".png"
@@ -155,6 +155,7 @@ def write_bundle(run_dir: Path) -> Path:
     """Re-render the run redacted, then write its redacted archive; returns its path.
     ValueError (one line) when the directory holds no run, is in use or cannot be
     written."""
+    check_run_dir(run_dir)  # before the lock: nothing is written into anything else
     with locked(run_dir, LOCK_WAIT_S):
         rendered = render_run(run_dir)
         return _write(run_dir, rendered.hosts)

@@ -34,6 +34,7 @@ record over (``render_record``) instead of reading it back.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -64,7 +65,8 @@ from nsadiag.rundir import (
 )
 from nsadiag.runmeta import RunMeta
 from nsadiag.stacksrecord import StacksRecord
-from nsadiag.textsafe import clean, clean_obj
+from nsadiag.store.owned import check_run_dir
+from nsadiag.textsafe import clean, clean_obj, markdown_safe
 from nsadiag.traceresult import TraceResult
 
 if TYPE_CHECKING:
@@ -158,6 +160,12 @@ def stored_record(run_dir: Path) -> TrialRecord:
     """record.json of a run or watch directory, parsed (RecordError, one line, when it is
     malformed, its stored finding included) and located in ``run_dir``; a record written
     before findings were stored gets its finding here (``decided_late``)."""
+    if not os.path.lexists(run_dir / "record.json"):
+        kept = [name for name in ("stdout.txt", "stderr.txt") if (run_dir / name).exists()]
+        output = f"; the command's output so far is in {' and '.join(kept)}" if kept else ""
+        raise ValueError(f"report: the run in {run_dir} never got its verdict: the nsadiag "
+                         f"watching it ended before it wrote record.json (killed, or the "
+                         f"machine went down){output}; run the command again")
     record = located(parse_stored("record.json", TrialRecord.from_dict,
                                   read_json(run_dir / "record.json", "record.json")), run_dir)
     if record.finding is None:
@@ -340,8 +348,7 @@ def build_confined(run_dir: Path, kind: str, meta: RunMeta, skipped: list[str]
 def render_locked(run_dir: Path, no_redact: bool = False) -> Rendered:
     """``render_run`` holding the run directory's lock (`nsadiag report`): waits up to
     LOCK_WAIT_S while another nsadiag holds it, then ValueError (one line) naming it."""
-    if not run_dir.is_dir():
-        raise ValueError(f"run_dir: {run_dir} is not a directory")
+    check_run_dir(run_dir)  # before the lock: nothing is written into anything else
     with locked(run_dir, LOCK_WAIT_S):
         return render_run(run_dir, no_redact)
 
@@ -395,7 +402,7 @@ def _write(run_dir: Path, kind: str, text: str, summary: dict[str, Any], skipped
         summary["files_not_read"] = not_read
     # what a record holds is shown, never obeyed: no escape sequence reaches a terminal
     # that shows report.md or summary.json (nsadiag.textsafe)
-    text, summary = clean(text), clean_obj(summary)
+    text, summary = markdown_safe(clean(text)), clean_obj(summary)
     hosts = job_hosts(kind, summary)
     if not no_redact:
         redactor = Redactor.with_recorded(stored_redaction(run_dir), {h: h for h in hosts})

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nsadiag.finding import Finding, Item
+from nsadiag.textsafe import clean_line
 
 SYMBOLS = {"ok": "✅", "fail": "❌", "warn": "⚠"}
 STATUS_SYMBOL = {"failure": "❌", "inconclusive": "⚠", "regression": "⚠", "healthy": "✅",
@@ -33,7 +34,11 @@ NO_LINE = {"healthy": "none: nothing failed", "slow by size": "none: no defect w
 
 
 def title(finding: Finding) -> str:
-    return f"# nsadiag {finding.command}: {STATUS_SYMBOL[finding.status]} {finding.headline}"
+    """The report's first line: the status's mark and the headline, which names the
+    verdict first (a stored headline that does not is put after the verdict's name)."""
+    headline = finding.headline if finding.headline.startswith(finding.verdict) else \
+        f"{finding.verdict}: {finding.headline}"
+    return f"# nsadiag {finding.command}: {STATUS_SYMBOL[finding.status]} {headline}"
 
 
 def line_text(finding: Finding) -> str:
@@ -47,14 +52,17 @@ def line_text(finding: Finding) -> str:
 
 def top_block(finding: Finding) -> list[str]:
     """The title and four lines: what ran, the line, the proof, the next step; a stuck
-    run's wait chain (who waits for whom, each at its line) after the line."""
+    run's wait chain (who waits for whom, each at its line) after the line. Each is one
+    line whatever its text holds (an exception message with a line break cannot start a
+    heading or a second block)."""
     chain = [f"- **Waits:** {finding.chain}"] if finding.chain else []
-    return [title(finding),
-            f"- **Run:** {finding.subject}",
-            f"- **Line:** {line_text(finding)}",
-            *chain,
-            f"- **Proof:** {finding.proof or 'no single number: see the results below'}",
-            f"- **Next:** {finding.next_action}"]
+    return [clean_line(line) for line in (
+        title(finding),
+        f"- **Run:** {finding.subject}",
+        f"- **Line:** {line_text(finding)}",
+        *chain,
+        f"- **Proof:** {finding.proof or 'no single number: see the results below'}",
+        f"- **Next:** {finding.next_action}")]
 
 
 def summary_text(finding: Finding) -> str:
@@ -66,7 +74,7 @@ def items(found: Sequence[Item], empty: str = "nothing") -> list[str]:
     """One bullet per item, marked ✅, ❌ or ⚠."""
     if not found:
         return [f"- {empty}"]
-    return [f"- {SYMBOLS[item.mark]} {item.text}" for item in found]
+    return [clean_line(f"- {SYMBOLS[item.mark]} {item.text}") for item in found]
 
 
 def cause_section(finding: Finding) -> list[str]:

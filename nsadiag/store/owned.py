@@ -46,7 +46,9 @@ WRITTEN = frozenset({
     "finding.json", "events.slot"})
 """The names of the files nsadiag writes into a run directory (and its trial, rank, process,
 check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
-RECORD_NAMES = ("record.json", "trials.jsonl", "summary.json", "run.json")
+RECORD_NAMES = ("record.json", "trials.jsonl", "summary.json", "run.json", "triage.json",
+                "attach.json", "checks.json", "memory.json", "trace-result.json",
+                "stacks.json")
 """Files whose presence shows a directory was written by nsadiag before it had a marker."""
 _WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"
                           r"ckpt|ddp|ab-[a-z0-9-]+")
@@ -93,7 +95,8 @@ def own_temporary(name: str) -> bool:
     stem = name[:-len(".tmp")]
     if _manifest_file(stem) or _manifest_file(stem.rsplit(".", 1)[0] + ".json"):
         return True  # X.tmp; rank-N.tmp (flight_recorder: with_suffix(".tmp"))
-    return stem.startswith(".") and _manifest_file(stem[1:].rsplit(".", 1)[0])
+    return stem.startswith(".") and (_manifest_file(stem[1:]) or
+                                     _manifest_file(stem[1:].rsplit(".", 1)[0]))
 
 
 def _entries(path: Path) -> list[os.DirEntry[str]]:
@@ -127,15 +130,31 @@ def is_marked(path: Path) -> bool:
 
 
 def is_run_dir(path: Path) -> bool:
-    """Whether ``path`` is one of nsadiag's run directories: it carries the marker, or
-    (written before the marker existed) it holds a record file and nothing foreign."""
+    """Whether ``path`` holds a run of nsadiag's to render: it carries the marker, or
+    (written before the marker existed, or received from someone) one of its record
+    files. A render writes only nsadiag's own files there; taking a directory as ``--out``
+    asks more (``check_claimable``)."""
     if is_marked(path):
         return True
     try:
         names = {e.name for e in _entries(path)}
     except OSError:
         return False
-    return bool(names & set(RECORD_NAMES)) and not foreign(path)
+    return bool(names & set(RECORD_NAMES))
+
+
+def check_run_dir(path: Path, what: str = "run_dir") -> None:
+    """ValueError (one line) unless ``path`` is one of nsadiag's run directories
+    (``is_run_dir``): a command that renders or bundles one writes nothing into anything
+    else (not even its lock)."""
+    if not path.is_dir():
+        raise ValueError(f"{what}: {path} is not a directory")
+    if not is_run_dir(path):
+        strange = foreign(path)
+        held = f" (it holds {_listed(strange)})" if strange else " (it is empty)" \
+            if not _entries(path) else ""
+        raise ValueError(f"{what}: {path} is not an nsadiag run directory{held}; nothing was "
+                         f"written: give a directory that an nsadiag command wrote")
 
 
 def _listed(names: list[str], most: int = 4) -> str:

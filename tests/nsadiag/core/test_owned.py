@@ -95,7 +95,10 @@ def test_a_directory_without_records_is_not_a_run_directory(tmp_path):
     assert not is_run_dir(tmp_path)  # no record file
     (tmp_path / "record.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("x")
-    assert not is_run_dir(tmp_path)  # a record file, but foreign files and no marker
+    assert is_run_dir(tmp_path)  # a received run, to render: a record file, no marker
+    with pytest.raises(ValueError, match=r"already holds files nsadiag did not write "
+                                         r"\(notes.txt\)"):
+        check_claimable(tmp_path)  # but not taken as --out: notes.txt is not nsadiag's
 
 
 def test_set_aside_moves_only_the_earlier_runs_files_and_drop_removes_only_them(tmp_path):

@@ -92,6 +92,7 @@ def test_report_and_bundle_never_write_through_a_planted_link(tmp_path, home):
 def test_resuming_in_a_received_directory_writes_through_no_planted_link(tmp_path, home):
     run = tmp_path / "received"
     run.mkdir()
+    (run / ".nsadiag-run").write_text("a received run directory, with its marker\n")
     before = _snapshot(home)
     for name, target in {".nsadiag.lock": "lock-target", ".write-test": "notes",
                          "spec.json": ".bashrc", "trials.jsonl": ".profile",
