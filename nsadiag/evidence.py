@@ -300,7 +300,9 @@ class Evidence:
     (nsadiag.sourcelines.capture), ``output_copies`` and ``output_not_shown`` what became
     of a command's output, ``heartbeats_lost`` the heartbeat files a full disk stopped
     (each "proc-N/events.jsonl: events after #K not written: ... at HH:MM:SS UTC"; their
-    events came through the slot, nsadiag.harness.slot), ``containment`` how its
+    events came through the slot, nsadiag.harness.slot), ``heartbeats_thinned`` those that
+    spent their budget and were thinned (nsadiag.harness.heartbeat.THIN_BURST_BYTES),
+    ``containment`` how its
     processes were held, ``interrupted`` what an interrupting stop left (the verdict's
     ``facts.position.interrupted``). ``unknown`` keeps the keys at this level that this
     nsadiag does not read, so they are written back as they were.
@@ -329,6 +331,7 @@ class Evidence:
     source: dict[str, Any] | None = None
     output_copies: list[str] | None = None
     heartbeats_lost: list[str] | None = None
+    heartbeats_thinned: list[str] | None = None
     output_not_shown: dict[str, Any] | None = None
     containment: dict[str, Any] | None = None
     interrupted: dict[str, Any] | None = None
@@ -348,6 +351,7 @@ class Evidence:
             ("hosts", self.hosts), ("source", self.source),
             ("output_copies", self.output_copies),
             ("heartbeats_lost", self.heartbeats_lost),
+            ("heartbeats_thinned", self.heartbeats_thinned),
             ("output_not_shown", self.output_not_shown), ("containment", self.containment),
             ("interrupted", self.interrupted)) if value is not None}
         return {
@@ -399,6 +403,7 @@ class Evidence:
             source=data.get("source"),
             output_copies=data.get("output_copies"),
             heartbeats_lost=data.get("heartbeats_lost"),
+            heartbeats_thinned=data.get("heartbeats_thinned"),
             output_not_shown=data.get("output_not_shown"),
             containment=data.get("containment"),
             interrupted=data.get("interrupted"),
@@ -479,6 +484,7 @@ _KNOWN = frozenset({
     "spec", "events", "event_counts", "result", "outcome", "stall", "expected_events_per_step",
     "total_steps", "stall_timeout_s", "pulses", "load", "profile", "thread_exceptions",
     "others", "crash", "ranks", "job", "ddp", "hosts", "source", "output_copies",
-    "heartbeats_lost", "output_not_shown", "containment", "interrupted"}) | _COMMAND_KEYS
+    "heartbeats_lost", "heartbeats_thinned", "output_not_shown", "containment",
+    "interrupted"}) | _COMMAND_KEYS
 """The keys of an Evidence's JSON form that it reads into fields (a command's only with
 its processes)."""

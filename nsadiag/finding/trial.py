@@ -367,19 +367,20 @@ def verdict_sentence(record: TrialRecord) -> str:
     return reason[:1].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
 
 
-def disk_items(record: TrialRecord) -> list[Item]:
-    """What a full disk stopped of nsadiag's own files, one item each: the copies of the
-    output, and heartbeat files whose events came through their slot instead (the
-    verdict and the counts are the process's own either way)."""
+def copies_items(record: TrialRecord) -> list[Item]:
+    """What nsadiag's own copies left out, one item each: a copy of the output that a full
+    disk stopped or whose middle was left out (nsadiag.harness.runcmd.KEPT_HEAD_BYTES),
+    and heartbeat files a full disk stopped, whose events came through their slot
+    instead (the verdict and the counts are the process's own either way)."""
     evidence = record.evidence
     if evidence is None:
         return []
-    copies = [f"the run directory's disk filled: {line}" for line in
-              evidence.output_copies or []]
+    copies = list(evidence.output_copies or [])  # each says what stopped it, or what was cut
     beats = [f"the run directory's disk filled: {line}; the progress and counts after it "
              f"came from the process (its heartbeat slot), not the file"
              for line in evidence.heartbeats_lost or []]
-    return [warn(text) for text in copies + beats]
+    thinned = list(evidence.heartbeats_thinned or [])
+    return [warn(text) for text in copies + beats] + [ok(text) for text in thinned]
 
 
 def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
@@ -396,7 +397,7 @@ def trial_items(record: TrialRecord, culprit: Culprit | None) -> list[Item]:
     if culprit is not None:
         items.append(fail(f"{culprit.where()}: {culprit.why}") if mark is fail else
                      warn(f"{culprit.where()}: {culprit.why}"))
-    items += disk_items(record)
+    items += copies_items(record)
     load = facts.position.load
     if load is not None:
         items.append(warn(f"the machine was contended: load {sig(load.load_per_cpu)} per "

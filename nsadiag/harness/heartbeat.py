@@ -109,6 +109,20 @@ append, and this reading when due) and written by the next event of any kind or 
 sampler's next tick, within a tenth of a second. A step of 50 ms or more keeps every
 reading; a faster loop's growth per step is fitted from readings at step ends 50 ms apart
 (20 a second). FLUSH_S's gap, the module events' own."""
+THIN_BURST_BYTES = 4 * 2**20
+THIN_RATE_BYTES_S = 350.0
+THIN_EVERY_S = 2.0
+"""A watched user process's heartbeat is bounded over days: it writes as it comes until
+THIN_BURST_BYTES are spent, and from then on what its budget refills (THIN_RATE_BYTES_S, a
+token bucket) decides. Once thinned, step ends and block enters are written at most every
+THIN_EVERY_S, each step event for the steps since the last one (``steps``: their number,
+the latest step's times, the memory read when it is written) and each block event for
+every enter since (``edges``), so the counts stay whole; pulses (every second), phase
+starts, collectives, compiles and the end are always written. A loop of 1 ms steps wrote
+240 to 620 KB/s before (20 to 50 GB a day); thinned, a pulse (about 300 bytes) a second
+and a step and a block event every two seconds come to about 550 B/s, 48 MB a day, 2 MB
+an hour: the stall clock still sees progress every second. A trial child (not buffered)
+writes every event: its steps are few and long."""
 
 
 class HeartbeatWriter:
@@ -146,6 +160,11 @@ class HeartbeatWriter:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
                                        os.O_APPEND | os.O_CLOEXEC, 0o644)
         self._pending: list[tuple[str, bytes]] = []  # (kind, encoded event) not written yet
+        # the budget of a buffered writer (THIN_BURST_BYTES): bytes it may still write, and
+        # when it was last refilled; when steps and blocks were last written once thinned
+        self._tokens, self._tokens_t = float(THIN_BURST_BYTES), time.monotonic()
+        self._steps_thinned_t = self._blocks_thinned_t = 0.0
+        self.thinned_at: float | None = None  # time.time() when the budget first ran out
         self._file_bytes = 0  # what the file holds of whole writes (cut back to on a failure)
         # where events go once the disk is full (a regular heartbeat file's only)
         self.slot = SlotWriter(self.path if stat.S_ISREG(os.fstat(self._fd).st_mode)
@@ -216,10 +235,10 @@ class HeartbeatWriter:
             return False
         try:
             enters, block = self._entered() if self._entered is not None else (0, None)
-            if enters > self._enters_written and block is not None:
+            if enters > self._enters_written and block is not None and self._blocks_due():
                 edges, self._enters_written = enters - self._enters_written, enters
                 self._write("module", self.phase, module=block, edge="enter", edges=edges)
-            elif self._kept_steps:
+            elif self._kept_steps and self._steps_due():
                 self._write_kept_steps()
             return True
         finally:
@@ -290,7 +309,7 @@ class HeartbeatWriter:
             if self._fd is None:
                 return
             if self._kept_steps:
-                self._write_kept_steps()
+                self._write_kept_steps(force=True)
             self._flush()
             self.slot.close()
             os.close(self._fd)
@@ -310,6 +329,7 @@ class HeartbeatWriter:
             self._lose(err, batch)
             return
         self._file_bytes += len(data)
+        self._tokens -= len(data)
 
     def _lose(self, err: OSError, batch: list[tuple[str, bytes]]) -> None:
         """The file refused ``batch``: no part of it stays in the file (a torn line would be
@@ -336,9 +356,10 @@ class HeartbeatWriter:
         event["cuda_alloc"], event["cuda_reserved"] = _cuda_memory()
         event.update(extra)
         with self._lock:
-            kept = bool(self._kept_steps)
+            # every step kept before the end is written with it, thinned or not
+            kept = bool(self._kept_steps) and (kind == "end" or self._steps_due())
             if kept:
-                self._write_kept_steps(flush=False)
+                self._write_kept_steps(flush=False, force=kind == "end")
             event["t"], event["seq"] = time.time(), self._seq
             self._seq += 1
             if kind == "module":
@@ -351,7 +372,7 @@ class HeartbeatWriter:
                 raise ValueError("the heartbeat is closed")
             line = (_ENCODE(event) + "\n").encode()
             if self.lost is not None:
-                self.slot.add(kind, line)
+                self.slot.add(kind, line, int(event.get("steps") or 1))
                 return
             self._pending.append((kind, line))
             now = time.monotonic()
@@ -363,12 +384,20 @@ class HeartbeatWriter:
                 self._flush()
                 self._flushed = now
 
-    def _write_kept_steps(self, flush: bool = True) -> None:
+    def _write_kept_steps(self, flush: bool = True, force: bool = False) -> None:
         """The step events kept in memory (``step_done``), in order, under the lock; each
-        was counted in ``events`` when kept. Without ``flush`` the caller flushes."""
+        was counted in ``events`` when kept. Without ``flush`` the caller flushes. Once
+        thinned (THIN_BURST_BYTES) they are one event, the latest step's, standing for
+        them all (``steps``), with the memory read now."""
         kept, self._kept_steps = self._kept_steps, []
-        if self._fd is None:
+        if self._fd is None or not kept:
             return
+        if self._thinned():
+            t, step, _, step_s, forward_s, backward_s, measured = kept[-1]
+            rss = self._last_rss = self._rss()
+            kept = [(t, step, (rss, *_cuda_memory()), step_s, forward_s, backward_s,
+                     {**measured, "steps": len(kept)})]
+            self._steps_thinned_t = time.monotonic()
         for t, step, (rss, alloc, reserved), step_s, forward_s, backward_s, measured in kept:
             event = {"t": t, "seq": self._seq, "kind": "step", "phase": "optimizer",
                      "step": step, "rss": rss, "cuda_alloc": alloc,
@@ -377,12 +406,43 @@ class HeartbeatWriter:
             self._seq += 1
             line = (_ENCODE(event) + "\n").encode()
             if self.lost is not None:
-                self.slot.add("step", line)
+                self.slot.add("step", line, int(measured.get("steps") or 1))
             else:
                 self._pending.append(("step", line))
         if flush:
             self._flush()
             self._flushed = time.monotonic()
+
+    def _thinned(self) -> bool:
+        """Whether a buffered writer has spent its budget (THIN_BURST_BYTES; refilled at
+        THIN_RATE_BYTES_S), under the lock."""
+        if not self.buffered:
+            return False
+        now = time.monotonic()
+        self._tokens = min(float(THIN_BURST_BYTES),
+                           self._tokens + (now - self._tokens_t) * THIN_RATE_BYTES_S)
+        self._tokens_t = now
+        if self._tokens > 0:
+            return False
+        if self.thinned_at is None:
+            self.thinned_at = time.time()
+        return True
+
+    def _steps_due(self) -> bool:
+        """Whether the kept step ends may be written now (always, until thinned)."""
+        return not self._thinned() or \
+            time.monotonic() - self._steps_thinned_t >= THIN_EVERY_S
+
+    def _blocks_due(self) -> bool:
+        """Whether a block event may be written now (always, until thinned); the enters
+        not written stay counted for the next one."""
+        if not self._thinned():
+            return True
+        now = time.monotonic()
+        if now - self._blocks_thinned_t < THIN_EVERY_S:
+            return False
+        self._blocks_thinned_t = now
+        return True
 
     def _rss(self) -> int:
         fields = (read_at(self._statm, 128, 0, partial=True) or b"0 0").split()

@@ -31,6 +31,7 @@ from nsadiag.evidence import (
 )
 from nsadiag.harness import crash, thread_exceptions
 from nsadiag.harness.collectives import summarize
+from nsadiag.harness.heartbeat import THIN_BURST_BYTES, THIN_EVERY_S
 from nsadiag.harness.session import SessionEnd
 from nsadiag.harness.streams import Stream
 from nsadiag.hosts.merged import HostsView, decide_hosts
@@ -210,14 +211,33 @@ def heartbeats_lost(streams: Sequence[Stream], run_dir: Path) -> list[str]:
     for stream in streams:
         if stream.lost is None:
             continue
-        try:
-            where = str(stream.path.relative_to(run_dir))
-        except ValueError:
-            where = stream.path.name
+        where = _in_run_dir(stream.path, run_dir)
         when = (time.strftime(" at %H:%M:%S UTC", time.gmtime(stream.lost_t))
                 if stream.lost_t else "")
         lines.append(f"{where}: {stream.lost}{when}")
     return lines
+
+
+def heartbeats_thinned(streams: Sequence[Stream], run_dir: Path) -> list[str]:
+    """A line for each heartbeat that spent its budget (nsadiag.harness.heartbeat
+    .THIN_BURST_BYTES) and was thinned from then on, with when."""
+    lines = []
+    for stream in streams:
+        if stream.thinned_t is None:
+            continue
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(stream.thinned_t))
+        lines.append(f"{_in_run_dir(stream.path, run_dir)}: from {when} on, past its first "
+                     f"{THIN_BURST_BYTES // 2**20} MiB, the heartbeat kept one step event "
+                     f"every {THIN_EVERY_S:g} s, each counting the steps since the one "
+                     f"before (the step count is whole)")
+    return lines
+
+
+def _in_run_dir(path: Path, run_dir: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir))
+    except ValueError:
+        return path.name
 
 
 def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Stream | None,
@@ -277,6 +297,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
         verdict = decide(evidence)
     evidence.job, evidence.ddp, evidence.command = job, ddp, command
     evidence.heartbeats_lost = heartbeats_lost(end.streams, run_dir) or None
+    evidence.heartbeats_thinned = heartbeats_thinned(end.streams, run_dir) or None
     if hosts is not None:
         evidence.hosts = hosts.to_dict()
     # the code of the lines the evidence and the verdict's facts name, from this machine

@@ -37,6 +37,7 @@ each rank waits, and which rank left the common path.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import os
@@ -93,19 +94,32 @@ def command_env(run_dir: Path) -> dict[str, str]:
             "NSADIAG_RUN_DIR": str(run_dir.resolve()), "PYTHONUNBUFFERED": "1"}
 
 
+KEPT_HEAD_BYTES = 16 * 2**20
+KEPT_TAIL_BYTES = 16 * 2**20
+"""The copy of a command's output keeps its first and its last 16 MiB (the start-up and
+the end, where a traceback is); what lies between is counted, not kept, so a program that
+prints for days cannot fill the disk with nsadiag's copy (the terminal shows it all)."""
+
+
 class _Tee(threading.Thread):
     """Copies one output of the command (a pipe, or a pseudo-terminal's master side) to a
     file and on to the terminal (``echo``), as it comes, and drains it to its end whatever
     happens to either: the file first, and the terminal's share is handed to the echo,
     which never blocks (nsadiag.harness.echo), so a terminal that stops reading never
     holds the command up. A file that cannot be written (a full disk) ends the copy, and
-    ``lost`` says where."""
+    ``lost`` says where. Past KEPT_HEAD_BYTES the output is held in memory, its last
+    KEPT_TAIL_BYTES only, and written after a line saying how much was left out when the
+    output ends (``cut`` says so too)."""
 
     def __init__(self, fd: int, echo: Echo, index: int, path: Path):
         super().__init__(daemon=True)
         self.fd, self.echo, self.index, self.path = fd, echo, index, path
         self.copied = 0
         self.lost: str | None = None
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.tail_bytes = 0
+        self.dropped = 0  # bytes between the head and the tail, not kept
+        self.cut: str | None = None
 
     def run(self) -> None:
         kept = self._open()
@@ -120,9 +134,41 @@ class _Tee(threading.Thread):
                 kept = self._keep(kept, chunk)
             self.echo.offer(self.index, chunk)
         if kept is not None:
+            kept = self._write_tail(kept)
+        if kept is not None:
             with contextlib.suppress(OSError):
                 kept.close()
         os.close(self.fd)
+
+    def _keep_head(self, kept: IO[bytes], chunk: bytes) -> IO[bytes] | None:
+        room = KEPT_HEAD_BYTES - self.copied
+        if room > 0:
+            kept = self._write(kept, chunk[:room])
+            chunk = chunk[room:]
+        if chunk and kept is not None:
+            self.tail.append(chunk)
+            self.tail_bytes += len(chunk)
+            while self.tail_bytes > KEPT_TAIL_BYTES:  # exactly the last KEPT_TAIL_BYTES
+                first, excess = self.tail.popleft(), self.tail_bytes - KEPT_TAIL_BYTES
+                if len(first) > excess:
+                    self.tail.appendleft(first[excess:])
+                cut = min(len(first), excess)
+                self.tail_bytes -= cut
+                self.dropped += cut
+        return kept
+
+    def _write_tail(self, kept: IO[bytes]) -> IO[bytes] | None:
+        """The output ended: the line for what was left out, then the tail."""
+        if self.dropped:
+            total = self.copied + self.dropped + self.tail_bytes
+            self.cut = (f"{self.path.name}: the output was {total:,} bytes; its first and "
+                        f"last {KEPT_HEAD_BYTES // 2**20} MiB are kept, the {self.dropped:,} "
+                        f"bytes between them left out (passed on to nsadiag's own output "
+                        f"as they came)")
+            kept = self._write(kept, f"\n[nsadiag: {self.dropped} bytes of the output left "
+                                     f"out here]\n".encode())
+        tail, self.tail = b"".join(self.tail), collections.deque()
+        return self._write(kept, tail) if kept is not None and tail else kept
 
     def _open(self) -> IO[bytes] | None:
         try:
@@ -132,7 +178,14 @@ class _Tee(threading.Thread):
             return None
 
     def _keep(self, kept: IO[bytes], chunk: bytes) -> IO[bytes] | None:
-        """Append a chunk to the copy; None once the copy has stopped."""
+        """Take a chunk into the copy (the head, or the tail held in memory); None once the
+        copy has stopped."""
+        if self.copied + len(chunk) <= KEPT_HEAD_BYTES and not self.tail:
+            return self._write(kept, chunk)
+        return self._keep_head(kept, chunk)
+
+    def _write(self, kept: IO[bytes], chunk: bytes) -> IO[bytes] | None:
+        """Append to the file; None once the copy has stopped."""
         try:
             view = memoryview(chunk)
             while view:
@@ -208,8 +261,9 @@ class _Command(Launched):
         self.echo.finish()
 
     def lost(self) -> list[str]:
-        """Why a copy of the output is incomplete, one line per copy (none: both whole)."""
-        return [tee.lost for tee in self.tees if tee.lost]
+        """Why a copy of the output is incomplete, one line per copy (none: both whole): a
+        full disk stopped it, or its middle was left out (KEPT_HEAD_BYTES)."""
+        return [line for tee in self.tees for line in (tee.lost, tee.cut) if line]
 
     def not_shown(self) -> dict[str, int]:
         """Bytes of each output the terminal did not show (it did not keep up), by the

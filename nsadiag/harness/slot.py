@@ -80,11 +80,12 @@ class SlotWriter:
         get; from now on every event comes here (``add``)."""
         self.lost, self.lost_t = why, time.time()
         for kind, line in batch:
-            self.add(kind, line)
+            self.add(kind, line, _steps_of(line) if kind == "step" else 1)
 
-    def add(self, kind: str, line: bytes) -> None:
-        """An event the file did not get; the slot is rewritten when it is due."""
-        self.counts[kind] += 1
+    def add(self, kind: str, line: bytes, weight: int = 1) -> None:
+        """An event the file did not get (``weight``: the steps a thinned step event
+        stands for); the slot is rewritten when it is due."""
+        self.counts[kind] += weight
         self.events.append(line.rstrip(b"\n"))
         if kind == "end" or time.monotonic() - self.written >= SLOT_WRITE_S:
             self.write()
@@ -110,6 +111,14 @@ class SlotWriter:
             self.write()
             os.close(self.fd)
             self.fd = None
+
+
+def _steps_of(line: bytes) -> int:
+    """The steps a step event stands for (a thinned one's ``steps``, else 1)."""
+    try:
+        return int(json.loads(line).get("steps") or 1)
+    except (ValueError, TypeError, AttributeError):
+        return 1
 
 
 @dataclass(frozen=True)

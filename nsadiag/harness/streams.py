@@ -82,6 +82,14 @@ class EventTail:
         return events
 
 
+def event_weight(event: dict[str, Any]) -> int:
+    """How many events of its kind an event stands for: a thinned step event the steps
+    since the one before it (``steps``, nsadiag.harness.heartbeat.THIN_BURST_BYTES), every
+    other event itself."""
+    steps = event.get("steps") if event.get("kind") == "step" else None
+    return steps if isinstance(steps, int) and steps > 0 else 1
+
+
 def run_queue_seconds(pid: int) -> float | None:
     """Seconds the main thread of `pid` has waited on a run queue; None when unreadable."""
     clock = main_thread_clock(pid)
@@ -114,6 +122,7 @@ class Stream:
     seq_seen: int = -1  # the highest seq taken, from the file or its slot
     lost: str | None = None  # why the file stopped (a full disk), from its slot
     lost_t: float | None = None
+    thinned_t: float | None = None  # when its first thinned step event was written
     # the slot's counts that its events taken stood for (the rest are counted as they come)
     slot_counted: Counter = field(default_factory=Counter)
 
@@ -133,7 +142,9 @@ class Stream:
         self.lost, self.lost_t = slot.lost, slot.lost_t
         new = [e for e in slot.events if isinstance(e.get("seq"), int) and
                e["seq"] > self.seq_seen]
-        taken = Counter(str(e.get("kind", "?")) for e in new)
+        taken: Counter = Counter()
+        for event in new:
+            taken[str(event.get("kind", "?"))] += event_weight(event)
         for kind, total in slot.counts.items():
             # events the slot counted but no longer holds: counted, not seen
             missed = total - self.slot_counted[kind] - taken[kind]
@@ -147,7 +158,10 @@ class Stream:
         progressed = False
         for event in events:
             kind = event.get("kind", "?")
-            self.counts[kind] += 1
+            weight = event_weight(event)
+            self.counts[kind] += weight
+            if weight > 1 and self.thinned_t is None and isinstance(event.get("t"), float):
+                self.thinned_t = event["t"]
             if isinstance(event.get("seq"), int):
                 self.seq_seen = max(self.seq_seen, event["seq"])
             progressed = progressed or is_progress(event)
