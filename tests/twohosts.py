@@ -8,8 +8,11 @@ The network stays the machine's loopback.
 
 A host runs ``nsadiag run OPTIONS --out /mnt/out/run -- COMMAND`` as root; its run
 directory is ``<work>/<host>/run`` outside (bound at /mnt/out inside, before /tmp is
-covered). ``kill_host`` kills a host outright: its namespace's first process, and with
-it every process of the namespace.
+covered). A checkout or an interpreter under /tmp (a clone in /tmp, its .venv) is bound
+back at its own path over the private /tmp, so the host runs the same code
+(``_kept_under_tmp``); ``while_hosts_live`` fails a wait at once when a host has ended.
+``kill_host`` kills a host outright: its namespace's first process, and with it every
+process of the namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import REPO
 
@@ -87,19 +91,52 @@ def make_hosts(root: Path, count: int = 2) -> list[Host]:
 def start_host(host: Host, options: list[str], command: list[str],
                env: dict[str, str] | None = None) -> Host:
     """Start ``nsadiag run OPTIONS -- COMMAND`` as ``host`` (see the module docstring)."""
+    kept = _kept_under_tmp()
+    keep = [f"mkdir -p /mnt/kept/{i} && mount --bind {shlex.quote(p)} /mnt/kept/{i}"
+            for i, p in enumerate(kept)]
+    restore = [f"mkdir -p {shlex.quote(p)} && mount --bind /mnt/kept/{i} {shlex.quote(p)}"
+               for i, p in enumerate(kept)]
     inside = " && ".join([
         "mount --make-rprivate /",
         f"hostname {host.name}",
         f"mount --bind {shlex.quote(str(host.work / 'hosts'))} /etc/hosts",
         "mount -t tmpfs nsadiag-out /mnt", f"mkdir {INSIDE_OUT}",
         f"mount --bind {shlex.quote(str(host.work))} {INSIDE_OUT}",
+        *keep,
         "mount -t tmpfs nsadiag-tmp /tmp",
+        *restore,
         "exec " + shlex.join([sys.executable, "-m", "nsadiag.cli", "run", *options,
                               "--out", f"{INSIDE_OUT}/run", "--", *command])])
     host.proc = subprocess.Popen([*UNSHARE, "sh", "-c", inside], cwd=REPO,
                                  env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
     return host
+
+
+def _kept_under_tmp() -> list[str]:
+    """The checkout and the interpreter's environment when they lie under /tmp (which each
+    host covers with its own): the outermost of them, each once."""
+    paths = sorted({str(Path(p).resolve()) for p in (REPO, sys.prefix, sys.base_prefix)
+                    if Path(p).resolve().is_relative_to("/tmp")})
+    return [p for p in paths if not any(p != q and Path(p).is_relative_to(q) for q in paths)]
+
+
+def while_hosts_live(hosts: list[Host], condition: Any) -> Any:
+    """``condition`` for tests.procs.wait_for that raises at once, with the host's own
+    error, when a host's namespace ended before the condition held (a host that cannot
+    start fails its test now, not at the deadline)."""
+
+    def check() -> Any:
+        found = condition()
+        if found:
+            return found
+        for host in hosts:
+            if host.proc is not None and host.proc.poll() is not None:
+                _, err = host.proc.communicate()
+                raise AssertionError(f"{host.name} ended with code {host.proc.returncode} "
+                                     f"before that: {err[-2000:]}")
+        return found
+    return check
 
 
 def kill_host(host: Host) -> None:

@@ -18,7 +18,15 @@ from nsadiag.hosts.link import HostLink, StoreGone
 from nsadiag.ranknames import rank_names
 from tests.helpers import TESTS, nsadiag
 from tests.procs import wait_for
-from tests.twohosts import free_port, kill_host, make_hosts, start_host, torchrun, unshare_refused
+from tests.twohosts import (
+    free_port,
+    kill_host,
+    make_hosts,
+    start_host,
+    torchrun,
+    unshare_refused,
+    while_hosts_live,
+)
 
 SCRIPT = TESTS / "multihost_train.py"
 POLL_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
@@ -198,17 +206,19 @@ def test_a_host_killed_outright_is_named_by_the_other(hosts):
         return sum('"kind":"collective"' in p.read_text()
                    for p in waiting.glob("proc-*/events.jsonl")) >= 2
 
-    wait_for(host1_in_all_reduce, 240, "host1's two ranks to wait in all_reduce")
+    wait_for(while_hosts_live(hosts, host1_in_all_reduce), 240,
+             "host1's two ranks to wait in all_reduce")
     # host2's ranks published in the store, and host1 having read them: host1 reads the
     # others right after each of its publications until it has seen every host with its
     # ranks, so its second publication after host2's is past that read. (Its ranks start
     # long before its nsadiag first publishes on a loaded machine: a host killed before
     # any of its ranks were heard of cannot be named.)
-    seen = wait_for(lambda: len((_published(store).get("host2") or {}).get("ranks") or [])
-                    == 2 and time.time(), 120, "host2 to publish its two ranks")
-    first = wait_for(lambda: _published_after(store, "host1", seen), 60,
-                     "host1 to publish after host2's ranks were published")
-    wait_for(lambda: _published_after(store, "host1", first), 60,
+    seen = wait_for(while_hosts_live(hosts, lambda: len(
+        (_published(store).get("host2") or {}).get("ranks") or []) == 2 and time.time()),
+        120, "host2 to publish its two ranks")
+    first = wait_for(while_hosts_live(hosts, lambda: _published_after(store, "host1", seen)),
+                     60, "host1 to publish after host2's ranks were published")
+    wait_for(while_hosts_live(hosts, lambda: _published_after(store, "host1", first)), 60,
              "host1 to publish again")
     kill_host(hosts[1])
     code, _, err = hosts[0].communicate(timeout=300)
