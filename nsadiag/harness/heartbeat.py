@@ -142,9 +142,10 @@ class HeartbeatWriter:
         event (a watched user process: see the module docstring)."""
         self.path = Path(path)
         self.buffered = buffered
-        self._flushed = 0.0  # time.monotonic() of the last flush
-        self._phase_written = 0.0  # time.monotonic() of the last "start" or "step" event
-        self._step_read = 0.0  # time.monotonic() of the last memory reading at a step end
+        # time.monotonic() of the last flush, "start" or "step" event and memory reading at
+        # a step end: -inf before the first (monotonic time starts at boot, and a machine
+        # up for less than an hour would otherwise take a start for one an hour old)
+        self._flushed = self._phase_written = self._step_read = float("-inf")
         # a buffered writer's step ends (``step_done``), written ahead of the next event:
         # (t, step, (rss, cuda_alloc, cuda_reserved), step_s, forward_s, backward_s, measured)
         self._kept_steps: list[tuple[float, int, tuple[int | None, int | None, int | None],
@@ -163,7 +164,7 @@ class HeartbeatWriter:
         # the budget of a buffered writer (THIN_BURST_BYTES): bytes it may still write, and
         # when it was last refilled; when steps and blocks were last written once thinned
         self._tokens, self._tokens_t = float(THIN_BURST_BYTES), time.monotonic()
-        self._steps_thinned_t = self._blocks_thinned_t = 0.0
+        self._steps_thinned_t = self._blocks_thinned_t = float("-inf")
         self.thinned_at: float | None = None  # time.time() when the budget first ran out
         self._file_bytes = 0  # what the file holds of whole writes (cut back to on a failure)
         # where events go once the disk is full (a regular heartbeat file's only)

@@ -304,5 +304,8 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
     evidence.source = capture([evidence.to_dict(), verdict.to_dict()], run_dir)
     with contextlib.suppress(ValueError):  # a copy only: the record keeps the evidence
         write_json(run_dir / "evidence.json", evidence.to_dict(), reserve=False)
+    # absolute: a relative --out (runs/...) would name a directory relative to whoever
+    # renders the record, and its files (the flame graph's profile) would go unread
     return TrialRecord(spec=spec, evidence=evidence, verdict=verdict,
-                       trial_dir=str(run_dir), wall_s=outcome.wall_s, gpu=gpu_of(end.gpu))
+                       trial_dir=str(run_dir.resolve()), wall_s=outcome.wall_s,
+                       gpu=gpu_of(end.gpu))

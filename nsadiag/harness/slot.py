@@ -58,7 +58,7 @@ class SlotWriter:
         self.lost_t = 0.0
         self.counts: Counter = Counter()
         self.events: deque[bytes] = deque(maxlen=SLOT_EVENTS)
-        self.written = 0.0  # time.monotonic() of the last rewrite
+        self.written = float("-inf")  # time.monotonic() of the last rewrite
         if events_path is None:
             return
         try:
