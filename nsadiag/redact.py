@@ -12,13 +12,17 @@
   URLs and the well-known token shapes (``ghp_…``, ``github_pat_…``, ``hf_…``, ``sk-…``,
   ``AKIA…``, ``xox?-…``, ``glpat-…``, ``AIza…``, ...);
 - the values of this process's secret-looking environment variables wherever they appear
-  (at least 6 characters);
+  (at least 6 characters), also upper- or lower-cased, base64-encoded or split over two
+  lines;
 - ``user@host``; IPv4 addresses; IPv6 addresses in full and compressed forms, short ones
   too (``fe80::1``, ``2001:db8::7``, ``::1`` like ``127.0.0.1``) but not C++ names
   (``c10::add``, ``at::Tensor``);
-- home directories (``/home/<user>``), pytest's ``pytest-of-<user>``;
+- home directories (``/home/<user>``, ``C:\\Users\\<user>``, ``~<user>/``), pytest's
+  ``pytest-of-<user>``;
 - this machine's host names (the name, its FQDN and its bare short name), internal host
-  names (``*.internal``, ``*.local``, ``*.corp``, ...), and this process's user names.
+  names (``*.internal``, ``*.local``, ``*.corp``, ...), cloud host names made of an
+  address (``ip-10-0-3-17``), an address written as one number in a URL
+  (``http://0x0a000311/``, ``//167772945:80``), and this process's user names.
 
 The hosts a job's ranks are named by (``shown_hosts``: name -> how it is shown) are the
 exception: a many-host verdict is about them, so a report on the job's own machines shows
@@ -42,6 +46,7 @@ environment or on another machine, hides what the run's own machine would have.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import sys
@@ -70,6 +75,15 @@ _IPV6 = re.compile(
     rf"(?<![\w:.])(?!c10d?::)(?:(?:{_H}:){{7}}{_H}|{_H}(?::{_H})*+::(?:{_H}(?::{_H})*+)?|"
     rf"::1|::ffff(?::{_H}){{1,2}})(?:%[\w.]+)?(?![\w:(<])")
 _HOME = re.compile(r"/(home|Users)/[^/\s\"'`]+")
+# C:\Users\carol (a JSON-escaped C:\\Users\\carol too), and ~dave/ (a user's home)
+_WINDOWS_HOME = re.compile(r"(?i)\b([a-z]:(?:\\\\|\\)(?:Users|Documents and Settings)"
+                           r"(?:\\\\|\\))[^\\/\s\"'`]++")
+_TILDE_HOME = re.compile(r"(?<![\w~/.-])~([a-z_][\w.-]{0,31}+)(?=/|\s|$|[\"'`])")
+# an address as a cloud names its hosts (ip-10-0-3-17, ip-10-0-3-17.ec2.internal)
+_AWS_HOST = re.compile(r"(?<![\w.-])ip-\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}(?:\.[\w-]++)*+"
+                       r"(?![\w-])")
+# an IPv4 address written as one number in a URL's host (http://0x0a000311/, //167772945:80)
+_NUMBER_HOST = re.compile(r"(?i)(?<=//)(?:0x[0-9a-f]{8}|\d{8,10})(?=[:/?#\s\"']|$)")
 _PYTEST_USER = re.compile(r"pytest-of-[^/\s\"'`]+")
 _SHOWN = re.compile("\ue000([0-9]+)\ue001")
 """Where a shown host's name stands while the other host patterns run (private-use
@@ -177,6 +191,11 @@ class Redactor:
         values = secret_env_values() | argv_secret_values(sys.argv) if secrets is None \
             else set(secrets)
         self.secrets = sorted(values, key=len, reverse=True)
+        # each value as it is also written: upper or lower case, base64 (standard and URL
+        # alphabets, padded or not), and split over two lines (wrapped by a logger)
+        self._secret_forms = sorted({form for value in self.secrets
+                                     for form in secret_forms(value)}, key=len, reverse=True)
+        self._split_secrets = [split_over_lines(value) for value in self.secrets[:64]]
         self.shown = {name: str(alias) for name, alias in
                       list((shown_hosts or {}).items())[:MAX_RECORDED]
                       if 2 <= len(name) <= MAX_HOST_NAME and name not in self.users}
@@ -200,13 +219,20 @@ class Redactor:
 
     def text(self, text: str) -> str:
         """``text`` with everything the module docstring lists hidden."""
-        for value in self.secrets:
+        for value in self._secret_forms:
             text = text.replace(value, REDACTED)
+        for split in self._split_secrets:
+            if "\n" in text or "\\n" in text:
+                text = split.sub(REDACTED, text)
         text = hide_secrets(text)
         text = _USER_HOST.sub("<user>@<host>", text)
         text = _IP.sub("<ip>", text)
         text = _IPV6.sub("<ip>", text)
         text = _HOME.sub(r"/\1/<user>", text)
+        text = _WINDOWS_HOME.sub(r"\1<user>", text)
+        text = _TILDE_HOME.sub("~<user>", text)
+        text = _AWS_HOST.sub("<host>", text)
+        text = _NUMBER_HOST.sub("<ip>", text)
         text = _PYTEST_USER.sub("pytest-of-<user>", text)
         if self._shown_names:  # a record's own marks would read as a shown host
             text = text.replace("\ue000", "").replace("\ue001", "")
@@ -232,6 +258,23 @@ class Redactor:
             return [REDACTED if i and isinstance(v, str) and isinstance(value[i - 1], str) and
                     is_secret_flag(value[i - 1]) else self.obj(v) for i, v in enumerate(value)]
         return value
+
+
+def secret_forms(value: str) -> set[str]:
+    """A secret value and the forms it is also written in: upper and lower case, base64
+    (standard and URL-safe alphabets, with and without padding). Each at least
+    MIN_ENV_SECRET long."""
+    data = value.encode(errors="surrogateescape")
+    encoded = {base64.b64encode(data).decode(), base64.urlsafe_b64encode(data).decode()}
+    forms = {value, value.upper(), value.lower(), *encoded, *(e.rstrip("=") for e in encoded)}
+    return {form for form in forms if len(form) >= MIN_ENV_SECRET}
+
+
+def split_over_lines(value: str) -> re.Pattern[str]:
+    """``value`` with a line break (real or escaped, a log prefix after it excluded)
+    allowed between any two of its characters: a wrapped line still shows it whole."""
+    gap = r"(?:\r?\n|\\n)?"
+    return re.compile(gap.join(re.escape(char) for char in value))
 
 
 def host_pseudonyms(hosts: Sequence[str]) -> dict[str, str]:

@@ -79,8 +79,9 @@ _Q = r"(?:\\?[\"'])"  # a quote, possibly JSON-escaped
 _ANNOTATION = r"\s*:\s*[A-Za-z_][\w.]*+(?:\[[^\]\n]{0,200}\])?(?:\s*\|\s*[\w.]++){0,8}\s*=\s*"
 # what comes before a value: only that is matched, so that a name that is no secret
 # leaves its value to be read again (`RuntimeError: password=V`)
-_ASSIGN = re.compile(rf"{_IDENT}({_ANNOTATION}|\s*=\s*|\s*:\s+)")
-_QUOTED = re.compile(rf"{_Q}([A-Za-z_][\w-]*+)({_Q}\s*[:=]\s*)(?={_Q})")
+_ASSIGN = re.compile(rf"{_IDENT}({_ANNOTATION}|\s*:?=\s*|\s*:\s+)")  # `:=`: Go
+# a quoted key: JSON `"k": `, Python `'k'=`, PHP `'k' => `
+_QUOTED = re.compile(rf"{_Q}([A-Za-z_][\w-]*+)({_Q}\s*(?:=>|[:=])\s*)(?={_Q})")
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*+)(\s+|=)")
 _FLAG_ITEM = re.compile(rf"{_Q}(--?[A-Za-z][\w-]*+)({_Q}\s*,\s*)(?={_Q})")
 # a URL-encoded pair (`token%3DV`, `%26access_token%3DV`): the value up to an encoded `&`
@@ -91,7 +92,8 @@ _NOT_A_VALUE = r"(?!<redacted>|value\b|<\w+>)"
 # an unquoted name indexed or called (`token = targets[count].item()`) is code that
 # computes a value, not a value: a per-token loop names its variable `token`
 _CODE = r"(?![A-Za-z_][\w.]*+[\[(])"
-_VALUE = re.compile(rf"{_NOT_A_VALUE}(\"[^\"\n]*+\"?|'[^'\n]*+'?|"
+_ESCAPED_QUOTED = r'\\"(?:[^\\\n]|\\(?!"))*+(?:\\")?'  # \"V\" inside a JSON string
+_VALUE = re.compile(rf"{_NOT_A_VALUE}({_ESCAPED_QUOTED}|\"[^\"\n]*+\"?|'[^'\n]*+'?|"
                     rf"{_CODE}(?:(?i:bearer|basic|token)\s+)?[^\s\"'`,;}}\])]++)")
 _FLAG_VALUE = re.compile(rf"(?!-){_VALUE.pattern}")
 _QUOTED_VALUE = re.compile(r"(\\?[\"'])((?:(?!\1).)*+)(\1)?")
@@ -107,14 +109,31 @@ _TOKEN_VALUE = re.compile(
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}|"
     r"xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,}|glpat-[\w-]{20,}|"
     r"AIza[\w-]{35}|ya29\.[\w-]{20,}|npm_[A-Za-z0-9]{36}|pypi-AgE[\w-]{50,}|"
-    r"SG\.[\w-]{16,}\.[\w-]{16,}|"
+    r"SG\.[\w-]{16,}\.[\w-]{16,}|hv[sbr]\.[\w-]{20,}|dckr_pat_[\w-]{20,}|"
     r"eyJ[\w-]{10,}+\.[\w-]{4,}+\.[\w-]*+)")  # a JWT: base64url JSON header, payload, sig
 _PEM_BEGIN = re.compile(r"-----BEGIN ([A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?)-----")
+# a URL's signature (Azure SAS `sig=`, `X-Goog-Signature=`, `X-Amz-Signature=`): a value of
+# token characters, so `sig=(2, 3)` in a message stays
+_SIGNATURE = re.compile(r"(?i)(?<![\w-])((?:x-(?:goog|amz)-)?signature|sig)=([\w%+/=.-]{8,})")
+# an ODBC connection string's `;Pwd=...` (a bare PWD= is the working directory)
+_ODBC_PWD = re.compile(r"(?i)(?<=;)(\s*pwd\s*=\s*)(\{[^}\n]*+\}?|[^;\n\"'\\]++)")
+_MYSQL = re.compile(r"(?i)(?<![\w-])(?:mysql|mariadb)\w*")
+_MYSQL_PASSWORD = re.compile(r"(?<![\w-])(-p)(?![\s-])((?:(?!\\n)[^\s\"'])++)")
+# `curl -u user:password`, `--user`, `--proxy-user`: the part after the colon
+_USER_FLAG = re.compile(r"(?<![\w-])(-[uU]|--user|--proxy-user)(\s+|=)([^\s:\"'@]++):"
+                        r"((?:(?!\\n)[^\s\"'])++)")
+# a PuTTY key file: the lines after "Private-Lines: N" (real or escaped line breaks)
+_PUTTY_PRIVATE = re.compile(r"(Private-Lines:\s*)(\d{1,3})((?:\r?\n|\\n))")
+_PUTTY_LINE = re.compile(r"[A-Za-z0-9+/=]*+(?:\r?\n|\\n)?")
+_PUTTY_MAC = re.compile(r"(Private-MAC:\s*)[0-9A-Za-z]++")
+# an XML element named for a secret: <password>V</password>
+_XML_ELEMENT = re.compile(r"<([A-Za-z_][\w.-]{0,64}+)>([^<\n]{1,500}+)</\1>")
 
 
 def hide_secrets(text: str) -> str:
     """``text`` with every secret this module finds replaced by ``<redacted>``."""
     text = _hide_pem_blocks(text)
+    text = _hide_forms(text)
     text = _hide_values(text, _QUOTED, _QUOTED_VALUE, is_secret_name)
     text = _hide_values(text, _FLAG_ITEM, _QUOTED_VALUE, is_secret_flag)
     text = _hide_values(text, _FLAG, _FLAG_VALUE, is_secret_flag)
@@ -127,6 +146,49 @@ def hide_secrets(text: str) -> str:
     text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _WEBHOOK.sub(rf"\1{REDACTED}", text)
     return _TOKEN_VALUE.sub(REDACTED, text)
+
+
+def _hide_forms(text: str) -> str:
+    """The secrets written in one tool's own form: a URL's signature, an ODBC password, a
+    MySQL ``-pPASS``, ``curl -u user:password``, a PuTTY key's private lines and MAC, an XML
+    element named for a secret."""
+    if "ig" in text or "IG" in text:
+        text = _SIGNATURE.sub(rf"\1={REDACTED}", text)
+    if ";" in text:
+        text = _ODBC_PWD.sub(lambda m: m.group(1) + REDACTED, text)
+    if _MYSQL.search(text):
+        text = "\n".join(_MYSQL_PASSWORD.sub(rf"\1{REDACTED}", line)
+                         if _MYSQL.search(line) else line for line in text.split("\n"))
+    if "-u" in text or "-U" in text:
+        text = _USER_FLAG.sub(rf"\1\2\3:{REDACTED}", text)
+    if "Private-" in text:
+        text = _hide_putty(text)
+    if "</" in text:
+        text = _XML_ELEMENT.sub(lambda m: f"<{m[1]}>{REDACTED}</{m[1]}>"
+                                if is_secret_name(m[1]) and m[2] != REDACTED else m[0], text)
+    return text
+
+
+def _hide_putty(text: str) -> str:
+    """A PuTTY key file's private lines (as many as its "Private-Lines:" says, at most
+    999) and its MAC."""
+    pieces, at = [], 0
+    while (begin := _PUTTY_PRIVATE.search(text, at)) is not None:
+        end = begin.end()
+        for _ in range(int(begin.group(2))):
+            line = _PUTTY_LINE.match(text, end)
+            if line is None or line.end() == end:
+                break
+            end = line.end()
+        body = text[begin.end():end]
+        if body:  # hidden, with the line break that ended it (a real or an escaped one)
+            broke = next((b for b in ("\r\n", "\n", "\\n") if body.endswith(b)), "")
+            pieces += [text[at:begin.end()], REDACTED + broke]
+        else:
+            pieces.append(text[at:end])
+        at = end
+    pieces.append(text[at:])
+    return _PUTTY_MAC.sub(rf"\1{REDACTED}", "".join(pieces))
 
 
 def _is_secret_before(name: str, sep: str) -> bool:

@@ -42,6 +42,24 @@ FORMS = {
     "Stripe sk_live_": ("sk_live_plantedStripe0123456789", "plantedStripe"),
     "GitLab glpat-": ("glpat-plantedGitlab012345678", "plantedGitlab"),
     "npm token": ("npm_plantedNpmToken0123456789abcdefghijk", "plantedNpmToken"),
+    "MySQL -pPASS": ("mysql -u root -pmyPlanted-1212 -h db orders", "myPlanted"),
+    "Azure SAS sig=": ("GET https://acct.blob.core.windows.net/c/b.pt?sv=2022-11-02&se=2026"
+                       "&sp=r&sig=sasPlanted%2BAbC%3D failed: 403", "sasPlanted"),
+    "ODBC Pwd=": ("Driver={ODBC Driver 18};Server=db;Uid=etl;Pwd=odbcPlanted-77;Encrypt=yes",
+                  "odbcPlanted"),
+    "PuTTY private key": ("PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+                          "Comment: me\nPublic-Lines: 1\nAAAAC3NzaC1lZDI1NTE5AAAAIpub\n"
+                          "Private-Lines: 1\nAAAAIPuttyPlantedBody0123\n"
+                          "Private-MAC: puttyPlantedMac99", "PuttyPlanted"),
+    "curl -u user:pw": ("curl -u alice:curlPlanted-42 https://api.x.io/v1", "curlPlanted"),
+    "Vault hvs.": ("VAULT says hvs.CAESIvaultPlantedToken0123456789abcd", "vaultPlanted"),
+    "Docker dckr_pat_": ("login with dckr_pat_dockerPlantedTok0123456789", "dockerPlanted"),
+    "X-Goog-Signature=": ("https://storage.googleapis.com/b/o?X-Goog-Algorithm=GOOG4&"
+                          "X-Goog-Signature=googSigPlanted0a1b2c", "googSigPlanted"),
+    "PHP => ''": ("$config = ['db_password' => 'phpPlanted-31', 'host' => 'db'];",
+                  "phpPlanted"),
+    "Go :=": ('apiKey := "goPlanted-5151"', "goPlanted"),
+    "XML <password>": ("<user>etl</user><password>xmlPlanted-64</password>", "xmlPlanted"),
 }
 """Each form: (the text as it is logged, the part that must not be shown)."""
 
@@ -53,6 +71,8 @@ KEPT = [
     "python -c pass", "monkey=3 bypass=4 hotkey=5", "blocks.0.attn.sel at nsa/sel.py:41",
     "sha256:3f5a9c0e", "at 12:34:56", "x[::2]", "c10::add(", "KeyboardInterrupt",
     "token = targets[count].item()", "secret = torch.randn(4)",
+    "python -pX", "signature mismatch: (a, b)", "out = x <= 3", "a := b",
+    "step 0x7f3a2c1d40 0x10", "tensor signature sig=(2, 3)",
 ]
 """Ordinary text a report relies on: numbers, shapes, paths and tensor values."""
 

@@ -77,3 +77,32 @@ def test_a_run_printing_every_form_shares_none(tmp_path):
     assert {"stdout.txt", "stderr.txt", "record.json", "evidence.json", "report.md"} <= seen
     # the run's raw copies keep what the command printed
     assert len(leaked((out / "stdout.txt").read_text())) == len(FORMS)
+
+
+def test_host_address_and_user_forms_are_hidden():
+    cases = {
+        "host ip-10-0-3-17 joined": "host <host> joined",
+        "ip-10-0-3-17.ec2.internal:29500": "<host>:29500",
+        "curl http://0x0a000311/metrics": "curl http://<ip>/metrics",
+        "dial //167772945:8080 failed": "dial //<ip>:8080 failed",
+        r"C:\Users\carol\proj\train.py": r"C:\Users\<user>\proj\train.py",
+        r'{"path": "C:\\Users\\carol\\x.py"}': r'{"path": "C:\\Users\\<user>\\x.py"}',
+        "cp ~dave/data/x.bin .": "cp ~<user>/data/x.bin .",
+    }
+    for text, shown in cases.items():
+        assert redact(text, **NONE) == shown, text
+    for kept in ("took ~2 s", "cd ~/proj", "step 123456789 of 200000000", "x~y"):
+        assert redact(kept, **NONE) == kept
+
+
+def test_an_environment_secret_is_hidden_cased_encoded_and_split_over_two_lines():
+    import base64
+
+    value = "envPlanted-Value-8841"
+    secrets = {"hosts": set(), "users": set(), "secrets": {value}}
+    data = value.encode()
+    for text in (value, value.upper(), value.lower(), base64.b64encode(data).decode(),
+                 base64.urlsafe_b64encode(data).decode().rstrip("="),
+                 f"token: {value[:7]}\n{value[7:]} end", f'"{value[:5]}\\n{value[5:]}"'):
+        out = redact(f"logged {text} here", **secrets)
+        assert "lanted" not in out.lower() and "<redacted>" in out, (text, out)
