@@ -16,6 +16,12 @@ by the machine (busier, or slower), not by the code, and is no regression
 Runs whose configurations differ (spec.json beside summary.json: target, sequence length,
 batch, dtype, ...) are not compared unless forced: their difference is the configuration's.
 `nsadiag compare A B` and `nsadiag triage --baseline` both use this module.
+
+A run of a user's own command (`nsadiag run`, nsadiag.watch()) has no rows in its
+summary.json: it is compared as one row (``command_row``), its verdict, the median time of
+its recorded steps (with their spread) and its peak resident memory, read from its
+record.json; two such runs of different commands are, like two configurations, compared
+only when forced.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nsadiag.rundir import check_schema_version, parse_json
+from nsadiag.rundir import check_schema_version, parse_json, read_json
+from nsadiag.verdict.names import is_failure
 
 QUANTITIES = ("step_s", "peak_rss")
 DEFAULT_THRESHOLD = 0.2
@@ -138,13 +145,16 @@ def regressions(deltas: Sequence[dict[str, Any] | Delta]) -> list[dict[str, Any]
 
 def verdict_changes(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]
                     ) -> list[dict[str, Any]]:
-    """Rows present in both whose verdict differs."""
+    """Rows present in both whose verdict differs; ``failure_now``: the earlier verdict was
+    no failure and the later one is (a regression of its own, exit 3)."""
     both = _matched(before, after)
     if both is None:
         return []
     changed = both[both["verdict_a"] != both["verdict_b"]]
     return [{"label": r["label"], "n_layers": int(r["n_layers"]), "before": r["verdict_a"],
-             "after": r["verdict_b"]} for r in changed.to_dict("records")]
+             "after": r["verdict_b"],
+             "failure_now": not is_failure(str(r["verdict_a"])) and
+             is_failure(str(r["verdict_b"]))} for r in changed.to_dict("records")]
 
 
 def load_summary(path: Path) -> dict[str, Any]:
@@ -173,12 +183,58 @@ def load_spec(path: Path) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
+COMMAND_KINDS = ("run", "watch")
+"""The runs whose summary.json has no rows: a user's own command, one row each."""
+
+
+def command_row(path: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The one row of a user's command run: its verdict, the median and relative spread
+    of the step times its record kept (the 10th to the 90th percentile over the median: a
+    user's first steps warm up, and their outliers are no noise of the steady pace), and
+    the largest resident memory among its events; a number it did not record is None."""
+    import statistics
+
+    directory = Path(path) if Path(path).is_dir() else Path(path).parent
+    try:
+        record = read_json(directory / "record.json", "record.json")
+    except ValueError:
+        record = {}
+    evidence = record.get("evidence") if isinstance(record, dict) else None
+    events = evidence.get("events") if isinstance(evidence, dict) else None
+    events = [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+    steps = [float(e["step_s"]) for e in events if e.get("kind") == "step" and
+             isinstance(e.get("step_s"), (int, float)) and e["step_s"] > 0]
+    rss = [float(e["rss"]) for e in events if isinstance(e.get("rss"), (int, float))]
+    median = statistics.median(steps) if steps else None
+    deciles = statistics.quantiles(steps, n=10) if len(steps) >= 2 else None
+    return {"label": "the command", "n_layers": 0, "verdict": summary.get("verdict"),
+            "step_s": median, "peak_rss": max(rss) if rss else None,
+            "step_s_spread": (deciles[-1] - deciles[0]) / median
+            if median and deciles else None}
+
+
+def _rows(path: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    if summary.get("command") in COMMAND_KINDS and not summary["rows"]:
+        return [command_row(path, summary)]
+    return summary["rows"]
+
+
+def _argv_spec(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """A user's command run's configuration: its command line."""
+    argv = summary.get("argv")
+    return {"target": " ".join(map(str, argv))} if isinstance(argv, list) else None
+
+
 def compare_runs(before: Path, after: Path, threshold: float = DEFAULT_THRESHOLD,
                  force: bool = False) -> dict[str, Any]:
     """The comparison of two run directories (or summary.json files); ValueError in one
     line when their configurations differ and ``force`` is not set."""
     a, b = load_summary(before), load_summary(after)
-    differences = config_differences(load_spec(before), load_spec(after))
+    commands = a.get("command") in COMMAND_KINDS and b.get("command") in COMMAND_KINDS
+    differences = config_differences(_argv_spec(a), _argv_spec(b)) if commands else \
+        config_differences(load_spec(before), load_spec(after))
+    a = {**a, "rows": _rows(before, a)}
+    b = {**b, "rows": _rows(after, b)}
     if differences and not force:
         raise ValueError(f"compare: the runs' configurations differ ({'; '.join(differences)})"
                          f": a change in time or memory would be the configuration's, not a "

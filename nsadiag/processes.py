@@ -5,13 +5,17 @@ sampled at all."""
 from __future__ import annotations
 
 import ctypes
+import re
 import signal
+from pathlib import Path
 
 import psutil
 
 from nsadiag.probes import stacks
 
 PR_SET_PDEATHSIG = 1
+PYTHON_NAME = re.compile(r"^(python|pypy)[\d.]*[dmu]?$")
+"""The names of a Python interpreter's executable: python, python3, python3.11, pypy3."""
 
 
 def die_with_parent() -> None:
@@ -102,3 +106,50 @@ def rank_processes(launcher_pid: int) -> list[tuple[int, int | None]]:
     if not found:
         raise ValueError(f"ranks: no Python process under {launcher_pid}")
     return sorted(found, key=lambda item: (item[1] is None, item[1], item[0]))
+
+
+def check_python(pid: int, hint: str) -> None:
+    """ValueError (one line, ending with ``hint``: what the command needs) when ``pid`` is
+    known not to run Python: neither its program nor its command's first word is an
+    interpreter, and no libpython is mapped into it (a program that embeds Python); or when
+    neither its program nor its memory can be read (nothing could sample it). Each is read
+    where it can be; a process whose memory map alone cannot be read passes: py-spy says
+    what it finds."""
+    try:
+        process = psutil.Process(pid)
+        name = process.name()
+    except psutil.Error:
+        return
+    names, refused = [], 0
+    for read in (lambda: [process.exe()], lambda: process.cmdline()[:1]):
+        try:
+            names += [Path(word).name for word in read() if word]
+        except psutil.AccessDenied:
+            refused += 1
+        except (psutil.Error, OSError):
+            continue
+    if any(PYTHON_NAME.match(word) for word in names):
+        return
+    try:
+        mapped = Path(f"/proc/{pid}/maps").read_text()
+    except PermissionError:
+        if refused:  # neither its program nor its memory can be read: nothing can sample it
+            raise ValueError(f"pid: process {pid} ({name}) cannot be read (its executable "
+                             f"and its memory map are refused to this user); {hint}") \
+                from None
+        return
+    except OSError:
+        return
+    if "libpython" in mapped:
+        return
+    kind = "a kernel thread" if not mapped and not names else f"{name}"
+    raise ValueError(f"pid: process {pid} ({kind}) is not a Python process; {hint}")
+
+
+def is_python(pid: int) -> bool:
+    """Whether ``pid`` may run Python (``check_python`` finds nothing against it)."""
+    try:
+        check_python(pid, "")
+    except ValueError:
+        return False
+    return True

@@ -338,7 +338,8 @@ def compare_cmd(
         term.json(result)
     else:
         compare_tables(term, result, threshold)
-    raise typer.Exit(EXIT_REGRESSION if result["regressions"] else 0)
+    worse = any(change.get("failure_now") for change in result["verdict_changes"])
+    raise typer.Exit(EXIT_REGRESSION if result["regressions"] or worse else 0)
 
 
 @app.command("merge", epilog="Example: nsadiag merge runs/host1 runs/host2")
@@ -545,10 +546,12 @@ def stacks_cmd(
     raise typer.Exit(wrote(term, rendered, as_json=as_json))
 
 
-@app.command("attach", epilog="Example: nsadiag attach 12345 --duration 30 --ranks")
+@app.command("attach", epilog="Example: nsadiag attach 12345 30 --ranks")
 def attach_cmd(
         pid: Annotated[int, typer.Argument(help="A live process, or a torchrun launcher with "
                                                 "--ranks.")],
+        seconds: Annotated[float | None, typer.Argument(
+            metavar="[SECONDS]", help="Seconds to watch it (as --duration).")] = None,
         duration: Annotated[float, typer.Option(
             "--duration", help="Seconds to watch it.")] = 20.0,
         ranks: Annotated[bool, typer.Option(
@@ -559,6 +562,10 @@ def attach_cmd(
     from nsadiag.commands.attach import attach_command
 
     redaction(no_redact)
+    if seconds is not None:
+        if duration != 20.0 and duration != seconds:
+            fail(f"duration: given twice ({seconds:g} and --duration {duration:g}); give one")
+        duration = seconds
     call(limits.check_watch_seconds, duration, "duration")
     path = call(run_dir, out, "attach")
     with term.status(f"attach to {'the ranks under ' if ranks else ''}pid {pid}") as update:

@@ -424,8 +424,10 @@ def _noise_cell(delta: Mapping[str, Any]) -> str:
 
 def compare_tables(term: Terminal, result: Mapping[str, Any], threshold: float) -> None:
     for change in result["verdict_changes"]:
-        term.print(f"{change['label'] or '-'} {change['n_layers']} layers: "
-                   f"{change['before']} -> {change['after']}")
+        layers = f" {change['n_layers']} layers" if change["n_layers"] else ""
+        worse = " (a failure now)" if change.get("failure_now") else ""
+        term.print(f"{change['label'] or '-'}{layers}: {change['before']} -> "
+                   f"{change['after']}{worse}")
     for difference in result["config_differences"]:
         term.print(f"configurations differ (forced): {difference}")
     term.table(("run", "layers", "quantity", "before", "after", "change", "noise"),
@@ -433,4 +435,7 @@ def compare_tables(term: Terminal, result: Mapping[str, Any], threshold: float) 
                  f"{d['after']:.4g}", f"{d['change']:+.0%}", _noise_cell(d))
                 for d in result["deltas"]],
                ["red" if d["regressed"] else "green" for d in result["deltas"]])
-    term.print(f"{len(result['regressions'])} regression(s) above +{100 * threshold:.0f}%")
+    failures = sum(1 for change in result["verdict_changes"] if change.get("failure_now"))
+    term.print(f"{len(result['regressions'])} regression(s) above +{100 * threshold:.0f}%"
+               + (f"; {failures} verdict(s) that failed where they had not" if failures
+                  else ""))

@@ -17,7 +17,6 @@ finding decided from them once, nsadiag.finding.attach), report.md and summary.j
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import psutil
 from nsadiag.envinfo import ptrace_permission
 from nsadiag.finding.attach import AttachRecord, attach_finding
 from nsadiag.harness.window import SAMPLES, WindowObservation, sample_all
-from nsadiag.processes import can_attach, rank_processes
+from nsadiag.processes import can_attach, check_python, rank_processes
 from nsadiag.ranknames import process_names
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
@@ -53,28 +52,13 @@ def targets_of(pid: int, ranks: bool) -> list[tuple[int, int | None]]:
     return targets
 
 
-PYTHON_NAME = re.compile(r"^(python|pypy)[\d.]*[dmu]?$")
-"""The names of a Python interpreter's executable: python, python3, python3.11, pypy3."""
-
-
 def _check_python(pid: int) -> None:
     """ValueError (one line) when ``pid`` is known not to run Python: neither its program
     nor its command's first word is an interpreter, and no libpython is mapped into it (a
-    program that embeds Python). A process whose memory map cannot be read passes: py-spy
-    says what it finds."""
-    try:
-        process = psutil.Process(pid)
-        name = process.name()
-        names = [Path(process.exe()).name, *(Path(word).name for word in process.cmdline()[:1])]
-        if any(PYTHON_NAME.match(word) for word in names):
-            return
-        mapped = Path(f"/proc/{pid}/maps").read_text()
-    except (psutil.Error, OSError):
-        return
-    if "libpython" in mapped:
-        return
-    raise ValueError(f"pid: process {pid} ({name}) is not a Python process; attach watches "
-                     f"Python programs (give the PID of the python process)")
+    program that embeds Python). Each is read where it can be (a program whose executable
+    link cannot be read still has a command line and a memory map); a process whose memory
+    map cannot be read passes: py-spy says what it finds."""
+    check_python(pid, "attach watches Python programs (give the PID of the python process)")
 
 
 def attach(pid: int, duration_s: float, ranks: bool = False, samples: int = SAMPLES

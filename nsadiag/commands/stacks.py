@@ -28,7 +28,7 @@ from nsadiag.envinfo import ptrace_permission
 from nsadiag.evidence import StackSample
 from nsadiag.finding.measured import stacks_finding
 from nsadiag.probes import frames, stacks
-from nsadiag.processes import can_attach, rank_processes
+from nsadiag.processes import can_attach, check_python, is_python, rank_processes
 from nsadiag.report.dispatch import Rendered, render_run
 from nsadiag.report.stacks import process_view
 from nsadiag.rundir import prepare_run_dir, write_json, write_run_meta
@@ -53,9 +53,29 @@ class ProcessReport:
                 "samples": [s.to_dict() for s in self.samples]}
 
 
+MAX_CHILDREN = 16
+"""Python processes under PID sampled with it (DataLoader workers, a pool, a launcher's
+script): the first of them, by pid."""
+
+
+def with_python_children(pid: int) -> list[tuple[int, int | None]]:
+    """(pid, None) of PID and of the Python processes under it (MAX_CHILDREN at most): a
+    launcher or a wrapper shell is sampled with what it started. PID itself is left out
+    when it is not Python but something under it is (``bash -c 'python train.py'``)."""
+    try:
+        children = sorted(c.pid for c in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        children = []
+    python = [child for child in children if is_python(child)][:MAX_CHILDREN]
+    own = [(pid, None)] if is_python(pid) or not python else []
+    return own + [(child, None) for child in python]
+
+
 def check_can_attach(pid: int) -> None:
     """ValueError (one line) when the process is missing, or ptrace will be refused and the
-    faulthandler fallback is not possible either (see probes.stacks)."""
+    faulthandler fallback is not possible either (see probes.stacks), or it is not a Python
+    process (a kernel thread, a shell)."""
+    check_python(pid, "stacks samples Python programs (give the PID of the python process)")
     can_attach(pid, ptrace_permission())
 
 
@@ -97,7 +117,7 @@ def stacks_command(pid: int, ranks: bool, count: int, interval_s: float, native:
         raise ValueError(f"samples: must be >= 1, got {count}")
     if not interval_s >= 0:
         raise ValueError(f"interval: must be >= 0 seconds, got {interval_s:g}")
-    targets = rank_processes(pid) if ranks else [(pid, None)]
+    targets = rank_processes(pid) if ranks else with_python_children(pid)
     for target, _ in targets:
         check_can_attach(target)
     if on_start:

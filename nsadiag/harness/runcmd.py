@@ -373,7 +373,21 @@ def check_command(argv: list[str]) -> str:
         raise ValueError(f"command: {name!r} is a directory, not a program")
     if not os.access(path, os.X_OK):
         raise ValueError(f"command: {name!r} is not executable (chmod +x {name}){hint}")
+    if not _runs_as_a_program(path):
+        raise ValueError(f"command: {name!r} is not a program: it has no #! line and is not "
+                         f"an executable binary{hint or '; run it with the program it is for'}")
     return str(path)
+
+
+def _runs_as_a_program(path: Path) -> bool:
+    """Whether the kernel can exec ``path``: a script with its #! line, or a binary (ELF);
+    an unreadable file is left to the start (which names what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return True
+    return head.startswith(b"#!") or head == b"\x7fELF"
 
 
 def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,

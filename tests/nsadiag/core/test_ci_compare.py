@@ -79,8 +79,10 @@ def test_compare_command_exit_codes(tmp_path):
                                                                              (2, "step_s")}
     changed = compare_runs(a, worse)
     assert changed["verdict_changes"] == [{"label": "sweep", "n_layers": 2, "before": "OK",
-                                           "after": "SLOW"}]
+                                           "after": "SLOW", "failure_now": True}]
     assert changed["only_after"] == [("other", 2)]
+    # a verdict that fails where it did not is a regression of its own: exit 3
+    assert nsadiag("compare", str(a), str(worse)).returncode == 3
     missing = nsadiag("compare", str(a), str(tmp_path / "nope"))
     assert missing.returncode == 2
     assert missing.stderr.count("\n") == 1 and "summary: cannot read" in missing.stderr
