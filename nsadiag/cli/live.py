@@ -7,8 +7,8 @@ draws it below the command's output at most twice a second. Every part of the li
 read from the events or from the processes' sampled profiles (``profile.json``,
 nsadiag.probes.profile) and left out while it has not been measured:
 
-    nsadiag: 1 process, 0:42 | progressing | step 14, 1.3 s/step | loop `t` in attend
-    (model.py:88): 512/4096, 31/s, pass ETA 1:55
+    nsadiag: 1 process, 0:42 | progressing | step 14, 1.3 s/step | 512/4096, 31/s, pass
+    ETA 1:55: loop `t` in attend (model.py:88)
 
 In a job of several hosts, once the hosts' shared step times name a straggler
 (nsadiag.hosts.shared), the line names it after the steps: ``straggler: rank 3 on host2,
@@ -128,8 +128,9 @@ class RunStatus:
         with self._lock:
             # the stall part second: a narrow terminal cuts the line's end
             straggler = straggler_text(self.straggler) if self.straggler else None
+            quiet = now - self.last_progress >= QUIET_SHOWN_S
             parts = [self._watching(now), self._stall(now), self._steps(now), straggler,
-                     self._where()]
+                     self._where(quiet)]
         return self.redact(" | ".join(part for part in parts if part))
 
     # ---- the parts -------------------------------------------------------------------
@@ -152,19 +153,25 @@ class RunStatus:
             return f"step {self.steps}"
         return f"step {self.steps}, {pace(1 / interval, 'step')}"
 
-    def _where(self) -> str | None:
+    def _where(self, quiet: bool = False) -> str | None:
+        """The loop the profiles show, its numbers first (a narrow terminal cuts the end of
+        the line, and the place is the part that can go); while nothing progresses its last
+        position only: a rate and an ETA read before the silence would be stale."""
         loop = self.loop
         if loop is None:
             return f"in {self.frame}" if self.frame else None
         done = f"{loop['last']}/{loop['end']}" if isinstance(loop.get("end"), int) \
             else f"{loop['variable']}={loop['last']}"
+        numbers = [done]
         rate = loop.get("pass_rate_per_s") or loop.get("rate_per_s")
-        text = f"loop `{loop['variable']}` in {loop['where']}: {done}"
-        if rate:
-            text += f", {rate:.0f}/s" if rate >= 10 else f", {rate:.1f}/s"
-        if loop.get("eta_s") is not None:
-            text += f", pass ETA {clock(loop['eta_s'])}"
-        return text
+        if rate and not quiet:
+            numbers.append(f"{rate:.0f}/s" if rate >= 10 else f"{rate:.1f}/s")
+        if loop.get("eta_s") is not None and not quiet:
+            numbers.append(f"pass ETA {clock(loop['eta_s'])}")
+        where = f"loop `{loop['variable']}` in {loop['where']}"
+        if quiet:
+            return f"{done} when it went quiet: {where}"
+        return f"{', '.join(numbers)}: {where}"
 
     def _stall(self, now: float) -> str:
         left = self.deadline_s - (now - self.started)

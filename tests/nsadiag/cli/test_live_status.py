@@ -29,8 +29,8 @@ SLOW = textwrap.dedent("""
     work(240)
 """)
 DEADLINE_S = 300  # only stops a run that never ends
-STATUS = re.compile(r"nsadiag: 1 process, \d+:\d\d \| [^|]+ \| loop `t` in work "
-                    r"\(slow\.py:\d+\): \d+/240, [\d.]+/s, pass ETA \d+:\d\d")
+STATUS = re.compile(r"nsadiag: 1 process, \d+:\d\d \| [^|]+ \| \d+/240, [\d.]+/s, pass ETA "
+                    r"\d+:\d\d: loop `t` in work \(slow\.py:\d+\)")
 
 
 def test_a_slow_script_in_a_terminal_shows_its_pace_before_the_verdict(tmp_path):
@@ -74,6 +74,22 @@ def test_the_line_says_the_step_pace_and_the_time_to_the_stall_decision(tmp_path
     assert status.line() == ("nsadiag: 1 process, 1:02 | no progress for 62 s, past the 60 s "
                              "stall timeout: checking | step 5, the last 62 s ago | in wait "
                              "(train.py:9)")
+
+
+def test_a_loops_numbers_come_first_and_go_stale_in_a_silence(tmp_path):
+    now = [100.0]
+    status = RunStatus(tmp_path, stall_timeout_s=60, startup_grace_s=30,
+                       now=lambda: now[0])
+    status._read_loop = lambda at: None  # the loop as a profile would give it
+    status.loop = {"variable": "t", "where": "attend (model.py:88)", "last": 512,
+                   "end": 4096, "pass_rate_per_s": 40031.0, "eta_s": 115.0}
+    status.on_events([{"kind": "start", "phase": "forward", "pid": 7, "step": 0, "t": 1.0}])
+    assert status.line() == ("nsadiag: 1 process, 0:00 | progressing | 512/4096, 40031/s, "
+                             "pass ETA 1:55: loop `t` in attend (model.py:88)")
+    now[0] += 30  # nothing since: the rate and the ETA read before are not shown as now
+    line = status.line()
+    assert "40031/s" not in line and "ETA" not in line
+    assert line.endswith("| 512/4096 when it went quiet: loop `t` in attend (model.py:88)")
 
 
 def test_a_straggler_is_named_by_rank_host_and_ratio_while_it_is_named(tmp_path):
