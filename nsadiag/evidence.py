@@ -468,18 +468,27 @@ class CommandFacts:
     main_process: str | None
     exit_code: int | None
     ended: str | None
+    # an exit with a code and no traceback: the script's calls that exit with that code
+    # and the last line it printed (nsadiag.probes.exit_calls)
+    exit_calls: list[dict[str, Any]] | None = None
+    last_output: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        more = {name: value for name, value in (("exit_calls", self.exit_calls),
+                                                ("last_output", self.last_output))
+                if value is not None}
         return {"processes": self.processes, "main_process": self.main_process,
-                "exit_code": self.exit_code, "ended": self.ended}
+                "exit_code": self.exit_code, "ended": self.ended, **more}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CommandFacts:
         return cls(processes=list(data["processes"]), main_process=data.get("main_process"),
-                   exit_code=data.get("exit_code"), ended=data.get("ended"))
+                   exit_code=data.get("exit_code"), ended=data.get("ended"),
+                   exit_calls=data.get("exit_calls"), last_output=data.get("last_output"))
 
 
-_COMMAND_KEYS = frozenset({"processes", "main_process", "exit_code", "ended"})
+_COMMAND_KEYS = frozenset({"processes", "main_process", "exit_code", "ended", "exit_calls",
+                           "last_output"})
 _KNOWN = frozenset({
     "spec", "events", "event_counts", "result", "outcome", "stall", "expected_events_per_step",
     "total_steps", "stall_timeout_s", "pulses", "load", "profile", "thread_exceptions",

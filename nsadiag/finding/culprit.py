@@ -412,7 +412,9 @@ def error_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     """The line that raised: the verdict's ``where`` when it is the user's, else the
     innermost user frame of the traceback."""
     facts = record.facts
-    message = f"raised {facts.crash.exception_type or 'an exception'}"
+    code = facts.crash.exit_code
+    message = f"raised {facts.crash.exception_type}" if facts.crash.exception_type else \
+        f"exits with code {code} (no exception)" if code else "raised an exception"
     match = WHERE.match(str(facts.crash.where or ""))
     if match and own_code(StackFrame(match["function"], match["file"], int(match["line"]))):
         return _culprit(sources, match["file"], int(match["line"]), message)

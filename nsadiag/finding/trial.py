@@ -214,6 +214,10 @@ def proof_of(record: TrialRecord) -> str | None:
         return stall_proof(facts)
     if name == "STALL-COLLECTIVE":
         return collective_proof(facts)
+    if name == "ERROR" and facts.crash.exception_type is None and facts.crash.exit_code:
+        said = f"; the last line it printed: `{facts.crash.message[:160]}`" \
+            if facts.crash.message else ""
+        return f"exit code {facts.crash.exit_code} with no Python exception{said}"
     if name == "ERROR":
         message = str(facts.crash.message or "").splitlines()[0][:160] if \
             facts.crash.message else ""
@@ -263,6 +267,21 @@ def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
     return next_action(record.verdict_name, record.verdict.facts, culprit)
 
 
+def _exit_next(facts: VerdictFacts, culprit: Culprit | None, where: str) -> str:
+    """The Next of a program that ended itself with an exit code and no exception: the
+    program decided it, so what to look at is the call that exits, and what it said."""
+    code = facts.crash.exit_code
+    call = f" (`{culprit.code}`)" if culprit is not None and culprit.code else ""
+    said = f" It printed `{facts.crash.message[:120]}` just before." if facts.crash.message \
+        else ""
+    if culprit is not None and culprit.line:
+        return (f"The program ended itself with exit code {code}{where}{call}: fix the "
+                f"condition that leads there.{said}")
+    return (f"The program ended itself with exit code {code}, no exception and no line "
+            f"named: find the `sys.exit({code})` (or `exit`, `os._exit`) it or a library "
+            f"it calls reaches.{said}")
+
+
 def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
     """The next step after verdict ``name`` with its ``facts``, at the culprit line."""
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
@@ -310,6 +329,8 @@ def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
         fixes = fixes_for(facts.crash.known_error)
         if fixes:
             return f"{fixes[0][:1].upper()}{fixes[0][1:]}."
+        if facts.crash.exception_type is None and facts.crash.exit_code:
+            return _exit_next(facts, culprit, where)
         return f"Fix the {facts.crash.exception_type or 'exception'} raised{where}."
     if name == "CRASH" and facts.ranks.lost_hosts:
         lost = ", ".join(f"host {row['host']}" for row in facts.ranks.lost_hosts)

@@ -36,11 +36,12 @@ from nsadiag.harness.session import SessionEnd
 from nsadiag.harness.streams import Stream
 from nsadiag.hosts.merged import HostsView, decide_hosts
 from nsadiag.probes import frames
+from nsadiag.probes.exit_calls import exit_calls, last_line, script_of
 from nsadiag.probes.frames import describe_place, place_sentence
 from nsadiag.probes.gpu import gpu_of
 from nsadiag.probes.profile import folded, read_profile
 from nsadiag.probes.profile import summarize as summarize_profile
-from nsadiag.rundir import TrialRecord, write_json, write_text
+from nsadiag.rundir import TrialRecord, read_tail, write_json, write_text
 from nsadiag.sourcelines import capture
 from nsadiag.verdict.ranks import STARTED_KEEP, RankEvidence, decide_ranks
 from nsadiag.verdict.rules import decide
@@ -173,11 +174,13 @@ def _launcher(stream: Stream) -> bool:
         arg.endswith(("/torchrun", "torch/distributed/run.py")) for arg in argv[:3])
 
 
-def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
-                  ) -> CommandFacts:
+def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome,
+                  run_dir: Path | None = None) -> CommandFacts:
     """The facts of a user's command or block beyond its Evidence: every process (watched
     ones, and those sampled without a heartbeat) with its role, events and place at the
-    stop, which one trained, the exit code and how the run ended."""
+    stop, which one trained, the exit code and how the run ended; for an exit with a code
+    of its own (``run_dir``: where its output was kept), where the script calls that exit
+    and the last line it printed."""
     watched = [{"name": s.name, "pid": s.pid, "rank": s.rank, "events": dict(s.counts),
                 "role": f"rank {s.rank}" if isinstance(s.rank, int) else
                 "the training process" if s is main else
@@ -189,9 +192,28 @@ def command_facts(end: SessionEnd, main: Stream | None, outcome: ProcessOutcome
                   "events": {}, "role": other["role"], "stall": other["stall"],
                   "place": _place(StallEvidence.from_dict(other["stall"]))}
                  for other in end.others]
+    calls, last = _own_exit(main, outcome, run_dir)
     return CommandFacts(processes=watched + unwatched,
                         main_process=main.name if main else None,
-                        exit_code=outcome.exit_code, ended=how_it_ended(outcome))
+                        exit_code=outcome.exit_code, ended=how_it_ended(outcome),
+                        exit_calls=calls, last_output=last)
+
+
+def _own_exit(main: Stream | None, outcome: ProcessOutcome, run_dir: Path | None
+              ) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(the calls of the training process's script that exit with the command's code, the
+    command's last output line) when it exited with a code by itself; (None, None)
+    otherwise."""
+    code = outcome.exit_code
+    if run_dir is None or not code or code < 0 or outcome.killed_by_runner or \
+            outcome.signal is not None:
+        return None, None
+    start = next((e for e in main.last if e.get("kind") == "start"), {}) if main else {}
+    argv = [str(a) for a in start.get("argv") or []]
+    calls = exit_calls(script_of(argv, Path.cwd()), code)
+    last = last_line(read_tail(run_dir / "stdout.txt", 4096),
+                     read_tail(run_dir / "stderr.txt", 4096))
+    return [call.to_dict() for call in calls], last
 
 
 def _watched_peers(end: SessionEnd, main: Stream | None) -> list[dict[str, Any]]:
@@ -279,6 +301,7 @@ def build_record(spec: dict[str, Any], run_dir: Path, end: SessionEnd, main: Str
             main.path.parent / thread_exceptions.FILE_NAME) if main else [],
         others=list(end.others) + ([] if len(ranks) >= 2 else _watched_peers(end, main)),
         crash=crash.read(main.path.parent, stderr_path, main.pid) if main and died else None)
+    evidence.command = command  # before the verdict: an exit's own call is decided from it
     if hosts is not None and (hosts.lost or hosts.stall or (remote and not ended_ok)):
         rank_list = [rank_evidence(r, s, stream_result(s, ended_ok), end.stalls.get(s.name),
                                    None if outcome.killed_by_runner else stderr_path)

@@ -443,7 +443,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                           ended_ok=ended_ok,
                           total_steps=main.counts.get("step", 0) if main and ended_ok else 0,
                           fallback=None if end.due is not None else _stderr_exception(run_dir),
-                          command=command_facts(end, main, outcome),
+                          command=command_facts(end, main, outcome, run_dir),
                           hosts=shared.view() if shared is not None else None,
                           remote=shared.remote_ranks() if shared is not None else ())
     if shared is not None:

@@ -43,6 +43,36 @@ READY_TWICE_ERROR = "ddp-ready-twice"
 READY_TWICE_PARAMETER = re.compile(r"with name (?P<name>\S+) has been marked as ready twice")
 
 
+SHM_ERROR = "dataloader-shared-memory"
+PORT_ERROR = "address-in-use"
+FILES_ERROR = "too-many-open-files"
+COLLECTIVE_TIMEOUT = "collective-timeout"
+DEVICE_ASSERT = "cuda-device-assert"
+KNOWN_ERRORS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    (SHM_ERROR, re.compile(
+        r"unable to (?:allocate|write to file|open shared memory)[^\n]*(?:shared memory|/torch_|"
+        r"shm)|shared memory \(shm\)|No space left on device[^\n]*(?:shm|/torch_)|"
+        r"(?:Bus error|SIGBUS)[^\n]*(?:DataLoader|shared memory)", re.IGNORECASE),
+     "a DataLoader worker could not put its batch into shared memory: /dev/shm is full or "
+     "too small (a container's default is 64 MB)"),
+    (PORT_ERROR, re.compile(r"Address already in use|EADDRINUSE|errno: 98\b"),
+     "the address (host and port) is already taken: another job, or an earlier run that "
+     "still holds it"),
+    (FILES_ERROR, re.compile(r"Too many open files|EMFILE|errno 24\b", re.IGNORECASE),
+     "the process reached its limit of open file descriptors"),
+    (COLLECTIVE_TIMEOUT, re.compile(
+        r"Watchdog caught collective operation timeout|collective operation timeout|"
+        r"(?:NCCL|Gloo|gloo|ProcessGroup\w*)[^\n]*(?:timed out|timeout)|Timed out waiting "
+        r"\d+ms for recv", re.IGNORECASE),
+     "a collective waited past the process group's timeout: another rank never reached it"),
+    (DEVICE_ASSERT, re.compile(r"device-side assert triggered"),
+     "a CUDA kernel's assertion failed (most often an index out of range: a label not below "
+     "the number of classes, an embedding index past the table)"),
+)
+"""Errors whose cause their message names: (the known error's name, its pattern over the
+exception's type and message, the cause); nsadiag.finding.known_fixes holds what to do."""
+
+
 def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
     """The cause of an exception whose message is known, with the name of that known
     error (``known``; nsadiag.finding.known_fixes holds what to do about it), else None.
@@ -55,6 +85,10 @@ def explain_exception(kind: str, message: str) -> dict[str, Any] | None:
     last block and back-propagates into its parameters once per segment.
     """
     if not READY_TWICE.search(message):
+        text = f"{kind}: {message}"
+        for known, pattern, cause in KNOWN_ERRORS:
+            if pattern.search(text):
+                return {"cause": cause, "parameter": None, "known": known}
         return None
     named = READY_TWICE_PARAMETER.search(message)
     parameter = named["name"] if named else None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import signal as signals
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
@@ -437,6 +438,18 @@ def rule_exit_code(evidence: Evidence) -> Verdict:
     if code is not None and code > 128 and code - 128 in signals.valid_signals():
         reasons.append(f"{code} = 128 + {_signal_name(code - 128, None)}: {said.between} "
                        f"may report a signal this way")
+    command = evidence.command
+    calls = (command.exit_calls or []) if command is not None else []
+    if len(calls) == 1:  # the one line of its script that exits with this code
+        facts["where"] = f"{calls[0]['file']}:{calls[0]['line']} in <exit>"
+        reasons.append(f"its script exits with {code} at {Path(calls[0]['file']).name}:"
+                       f"{calls[0]['line']} `{calls[0]['code']}`")
+    elif calls:
+        reasons.append(f"its script exits with {code} at {len(calls)} lines: " + ", ".join(
+            f"{Path(c['file']).name}:{c['line']}" for c in calls))
+    if command is not None and command.last_output:
+        facts["message"] = command.last_output
+        reasons.append(f"the last line it printed: {command.last_output}")
     if outcome.killed_by_runner:
         reasons.append(f"{said.runner} killed it (reason {outcome.kill_reason!r})")
     reasons.append(position_sentence(facts))
