@@ -120,6 +120,9 @@ class Finding:
     implicated: list[Item] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
     chain: str | None = None
+    # what the top block's Line says when no line is to blame, when the finding knows why
+    # (a SLOW whose time is the model's own work); else the kind's own words
+    line_note: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -137,6 +140,8 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["culprit"] = self.culprit.to_dict() if self.culprit else None
+        if data["line_note"] is None:  # kept out when unset: older readers see no new key
+            del data["line_note"]
         return data
 
     @classmethod
@@ -152,7 +157,7 @@ class Finding:
                    data["headline"], data["subject"], data["next_action"], culprit,
                    data.get("proof"), list(data.get("summary") or []), **lists,
                    recommendations=list(data.get("recommendations") or []),
-                   chain=data.get("chain"))
+                   chain=data.get("chain"), line_note=data.get("line_note"))
 
 
 def _one_line(value: Any) -> Any:

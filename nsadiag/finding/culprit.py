@@ -258,6 +258,9 @@ def cause_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
         candidates.append((cause.called_at, f"the call of the compiled code that "
                            f"compiled again {cause.recompiles} times (the compiler "
                            f"held {share} of the samples)"))
+    elif cause.kind == "outside-model":
+        candidates.append((cause.loaded_at, f"the line that held {share} of the training "
+                           f"samples outside the model's modules, backward and optimizer"))
     elif cause.kind == "checkpoint-recompute":
         candidates.append((cause.called_at, f"the checkpointed call whose forward the "
                            f"backward reran in {cause.backward_share or 0:.0%} of its "

@@ -267,4 +267,24 @@ def slow_next(cause: SlowCause, load: Load | None = None) -> str:
         return _data_next(cause, load)
     if cause.kind == "recompiles":
         return _recompile_next(cause)
+    if cause.kind == "outside-model":
+        return (f"Make {cause.loaded_at} cheaper: it does tensor work of its own outside the "
+                f"model ({cause.share or 0:.0%} of the training samples); print the shapes "
+                f"of the tensors it takes and makes (`t.shape`): an unintended broadcast "
+                f"(`[B, 1] - [B]` is `[B, B]`) or work redone every step shows there.")
+    if cause.kind == "model-compute":
+        busy = _busy(load)
+        return (f"Nothing to fix: no defect was found, the time goes into the model's own "
+                f"work. To finish sooner give the run more time, make the model or the batch "
+                f"smaller, or run it on a faster device (a GPU){busy}.")
     return _recompute_next(cause)
+
+
+def _busy(load: Load | None) -> str:
+    """", and on a machine less busy: ..." when the load figures say contention slowed it."""
+    if load is None or not load.contended:
+        return ""
+    got = f"; the main thread got {load.got:.0%} of the CPU it asked for" \
+        if load.got is not None else ""
+    return (f"; the machine was busy (load {load.load_per_cpu:.1f} per CPU{got}), so a "
+            f"quieter one runs it faster too")

@@ -133,6 +133,12 @@ def cause_proof(cause: SlowCause) -> str:
     if cause.kind == "recompiles":
         return (f"{cause.recompiles} recompiles in {cause.steps} steps; the compiler "
                 f"held {share} of the main process's samples ({counted})")
+    if cause.kind == "outside-model":
+        return (f"{cause.loaded_at} held {share} of the training samples outside the model's "
+                f"modules, backward and optimizer ({counted})")
+    if cause.kind == "model-compute":
+        return (f"{cause.inner} ({counted} in the model's own work); no loop, data wait or "
+                f"recompile stood out")
     return (f"checkpoint recompute in {cause.backward_share:.0%} of the backward's "
             f"samples ({counted})")
 
@@ -472,6 +478,10 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     # a SLOW's class (data-bound, recompiles, checkpoint recompute) beside its kind
     said = f"{kind}: {facts.slow.slow_cause.kind}" if name == "SLOW" and \
         facts.slow.slow_cause and facts.slow.slow_by != "defect" else kind
+    own_work = name == "SLOW" and facts.slow.slow_cause is not None and \
+        facts.slow.slow_cause.kind == "model-compute"
+    if own_work:
+        said = "no defect found: the model's own work"
     culprit = culprit_of(record)
     proof = proof_of(record)
     next_action = next_action_of(record, culprit)
@@ -498,4 +508,6 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
                    results=trial_items(record, culprit), ruled_out=ruled_out,
                    implicated=implicated, recommendations=fixes,
-                   chain=facts.stall.wait_chain.printed if facts.stall.wait_chain else None)
+                   chain=facts.stall.wait_chain.printed if facts.stall.wait_chain else None,
+                   line_note="none: no defect found; the time goes into the model's own work"
+                   if own_work and culprit is None else None)

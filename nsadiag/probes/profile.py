@@ -448,7 +448,53 @@ def summarize(profile: dict[str, Any]) -> dict[str, Any]:
             "frames": _frames(stacks, samples - phases.get("build", 0)),
             "backward_modules": _backward_modules(stacks),
             "backward_by_module": _backward_by_module(stacks),
-            "regions": region_counts(stacks)}
+            "regions": region_counts(stacks),
+            "work": work_split(stacks)}
+
+
+OPTIMIZER_FILE = "/torch/optim/"
+DATA_FILE = "/torch/utils/data/"
+MODULE_CALL = ("_call_impl", "_wrapped_call_impl")
+
+
+def work_split(stacks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the training samples (every phase but the build) went: in the DataLoader
+    (frames under torch/utils/data/: the data classes judge those), in the backward
+    (autograd running the graph), in an optimizer's step (frames under torch/optim/), in the
+    forward of a module (under ``Module._call_impl``), or outside all of them; and the user
+    line most of the samples outside stood at, with its count: work the model's own
+    modules, backward and optimizer do not account for (a loss built outside the model, a
+    data step in the loop)."""
+    split: Counter = Counter()
+    outside: Counter = Counter()
+    for entry in stacks:
+        phase = entry.get("phase") or "other"
+        if phase == "build":
+            continue
+        count = int(entry.get("count", 0))
+        frames = [tuple(frame) for frame in entry.get("frames", [])]
+        if any(DATA_FILE in str(frame[1]) for frame in frames):
+            split["data"] += count
+        elif any(OPTIMIZER_FILE in str(frame[1]) for frame in frames):
+            split["optimizer"] += count  # an optimizer's step runs in the backward's phase
+        elif phase == "backward":
+            split["backward"] += count
+        elif any(frame[0] in MODULE_CALL for frame in frames):
+            split["modules"] += count
+        else:
+            split["outside"] += count
+            user = [frame for frame in frames if is_user_file(frame[1])]
+            if user:
+                outside[user[-1]] += count
+    line = None
+    if outside:
+        (function, file, number), count = outside.most_common(1)[0]
+        line = {"where": _where(function, file, number), "file": file, "line": number,
+                "code": linecache.getline(file, number).strip() or None, "count": count}
+    return {"of": sum(split.values()), **{k: split.get(k, 0) for k in
+                                         ("data", "backward", "optimizer", "modules",
+                                          "outside")},
+            "outside_line": line}
 
 
 def describe(summary: dict[str, Any]) -> list[str]:

@@ -45,7 +45,8 @@ def line_text(finding: Finding) -> str:
     """The culprit line as the top block shows it."""
     culprit = finding.culprit
     if culprit is None:
-        return NO_LINE.get(finding.kind, "not named by the evidence (see Evidence)")
+        return finding.line_note or NO_LINE.get(finding.kind,
+                                                "not named by the evidence (see Evidence)")
     code = f" `{culprit.code}`" if culprit.code else ""
     return f"`{culprit.where()}`{code} — {culprit.why}"
 

@@ -17,7 +17,14 @@ classifies a run as
   claimed), the compiled function and the last guard that failed;
 - ``checkpoint-recompute``: torch.utils.checkpoint's recompute held at least
   RECOMPUTE_SHARE of the backward's samples; with the recomputed forward's hottest line
-  and where the checkpoint is called.
+  and where the checkpoint is called;
+- ``outside-model``: at least OUTSIDE_WORK_SHARE of the training samples fell outside the
+  model's modules, its backward and its optimizer's step, most at one user line (a loss
+  built on a shape the author did not mean, data work inside the loop): that line, with
+  its share;
+- ``model-compute``: none of the above, and at least OWN_WORK_SHARE of the samples went to
+  the model's own work (the forward of its modules, the backward, the optimizer's step):
+  no defect, with each part's share and the backward's busiest op.
 
 The class with the largest share of the run's samples wins when several qualify. The
 facts are plain dicts (the record's disk format); the sentence is the cause line a report
@@ -37,7 +44,12 @@ from nsadiag.verdict.thresholds import (
     COMPILE_BOUND_SHARE,
     DATA_BOUND_SHARE,
     DATA_LARGEST_SHARE,
+    INNER_LOOP_MIN,
+    INNER_LOOP_PER_STEP,
     MIN_RECOMPILES,
+    MIN_WORK_SAMPLES,
+    OUTSIDE_WORK_SHARE,
+    OWN_WORK_SHARE,
     RECOMPUTE_SHARE,
 )
 
@@ -189,18 +201,68 @@ def _recompute(profile: dict[str, Any]) -> dict[str, Any] | None:
             "sentence": sentence}
 
 
-def slow_cause(evidence: Evidence) -> dict[str, Any] | None:
-    """The cause class of a SLOW run (see the module docstring); None when none holds."""
+def _inner_loop(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] | None:
+    """A loop of the user's code that iterated at least INNER_LOOP_PER_STEP times a step
+    (with no step recorded, INNER_LOOP_MIN times in all): Python work inside the step, which
+    no sample split can call the model's own."""
+    steps = int(evidence.event_counts.get("step", 0) or 0)
+    for loop in profile.get("loops") or []:
+        advanced = int(loop.get("advanced") or 0)
+        if advanced >= (INNER_LOOP_PER_STEP * steps if steps else INNER_LOOP_MIN):
+            return loop
+    return None
+
+
+def _work(evidence: Evidence, profile: dict[str, Any]) -> dict[str, Any] | None:
+    """``outside-model`` or ``model-compute`` from the profile's work split (see the module
+    docstring); None with too few samples to say, or when a loop of the user's iterates
+    inside the steps (its own finding names it)."""
+    work = profile.get("work") or {}
+    of = int(work.get("of") or 0)
+    if of < MIN_WORK_SAMPLES or _inner_loop(evidence, profile) is not None:
+        return None
+    outside, line = int(work.get("outside") or 0), work.get("outside_line")
+    if outside >= OUTSIDE_WORK_SHARE * of and line:
+        code = f" `{line['code']}`" if line.get("code") else ""
+        sentence = (f"a line outside the model: {line['where']}{code} holds "
+                    f"{int(line['count']) / of:.0%} of the training samples ({line['count']} "
+                    f"of {of}), outside the model's modules, its backward and its optimizer "
+                    f"step ({outside / of:.0%} of the samples fell outside them)")
+        return {"kind": "outside-model", "share": int(line["count"]) / of,
+                "samples": int(line["count"]), "of_samples": of, "loaded_at": line["where"],
+                "sentence": sentence}
+    parts = [(name, int(work.get(key) or 0)) for name, key in (
+        ("the backward", "backward"), ("the optimizer's step", "optimizer"),
+        ("the forward of its modules", "modules"))]
+    if sum(count for _, count in parts) < OWN_WORK_SHARE * of:
+        return None  # data waits or other work below every class's bar: no class
+    said = ", ".join(f"{name} {count / of:.0%}" for name, count in
+                     sorted(parts, key=lambda part: -part[1]) if count)
+    ops = profile.get("backward_ops") or []
+    busiest = f"; the backward's busiest op {ops[0]['op']}" if ops else ""
+    return {"kind": "model-compute", "share": sum(count for _, count in parts) / of,
+            "samples": sum(count for _, count in parts), "of_samples": of,
+            "inner": f"{said} of the training samples{busiest}",
+            "sentence": f"no defect found: the time goes into the model's own work ({said} "
+                        f"of the training samples{busiest})"}
+
+
+def slow_cause(evidence: Evidence, counted: bool = False) -> dict[str, Any] | None:
+    """The cause class of a SLOW run (see the module docstring); None when none holds.
+    ``counted``: the run's work was counted (slow by size or by defect), which says more
+    than where the samples fell: the two work classes are left out."""
     profile = evidence.profile or {}
     found = [cause for cause in (_data_bound(evidence, profile),
                                  _recompiles(evidence, profile), _recompute(profile))
              if cause is not None]
-    return max(found, key=lambda cause: cause["share"]) if found else None
+    if found:
+        return max(found, key=lambda cause: cause["share"])
+    return None if counted else _work(evidence, profile)
 
 
 def add_slow_cause(evidence: Evidence, facts: dict[str, Any], reasons: list[str]) -> None:
     """The cause's facts ("slow_cause", and "cause": its sentence) and a reason."""
-    cause = slow_cause(evidence)
+    cause = slow_cause(evidence, counted=facts.get("slow_by") is not None)
     if cause is None:
         return
     facts["slow_cause"] = cause

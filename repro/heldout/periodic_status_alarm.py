@@ -1,7 +1,8 @@
 """Training loop with a periodic status report: a SIGALRM timer fires every
 0.5 s via signal.setitimer and the handler report_status() prints the current
 step and loss, taking state_lock so it reads a consistent snapshot; the main
-loop also takes state_lock whenever it updates the shared training state.
+loop holds state_lock while it applies the gradient update and writes the
+shared training state.
 The defect: state_lock is a plain non-reentrant threading.Lock and the signal
 handler runs on the main thread, so when the alarm fires while the main loop
 is inside `with state_lock:`, the handler blocks trying to acquire a lock its
@@ -38,10 +39,12 @@ def main():
         x = torch.randn(128, 256)
         y = x.mean(dim=1, keepdim=True)
         loss = (model(x) - y).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
         with state_lock:
+            opt.zero_grad()
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            STATE["grad_norm"] = gnorm.item()
             STATE["step"] = step
             STATE["loss"] = loss.item()
             STATE["history"].append(STATE["loss"])
