@@ -144,6 +144,16 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
                 f"({subject}), so a rank waits after its last step while another waits in "
                 f"the gradient collective of a step it never began.")
+    if end == "loop-self":
+        return (f"Do not block the event loop's own thread on a future{_where(chain, 0)}: "
+                f"in async code `await` the coroutine (or `await asyncio.wrap_future(fut)`), "
+                f"and call `run_coroutine_threadsafe(...).result()` only from another "
+                f"thread.")
+    if end == "pool-starved":
+        return (f"Do not wait inside a task of `{subject}` for another task of the same pool"
+                f"{_where(chain, -1)}: every worker is taken by such a wait. Do the inner "
+                f"work directly in the task (no `submit`), give it a pool of its own, or make "
+                f"`max_workers` larger than the tasks that can wait at once.")
     if end == "stopped":
         if subject.startswith("tracer"):
             return (f"Continue or detach the {subject} (`c` or `detach` in gdb, or end the "

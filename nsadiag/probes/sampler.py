@@ -10,7 +10,9 @@ progress since the last sample. Progress is any of:
   compile worker, the C++ compiler), used CPU time since the last pulse, for at most
   COMPILE_BOUND_S of one compile (nsadiag.probes.compiler);
 - the main thread is in a state never seen since the last progress: its stack (function
-  and line of every frame) together with the integer locals of its user-code frames. A
+  and line of every frame, each once: a frame re-entered above itself, as a signal handler
+  that waits where its earlier call waits, is no new state; ``progress_state``) together
+  with the integer locals of its user-code frames. A
   ``for t in range(S)`` loop moves ``t`` whether it computes, waits for a GPU or sleeps
   between tokens; a spin (``while not ready(): pass``) or a polling wait without a counter
   revisits the same few states; a native call that never returns, or a lock wait, shows
@@ -388,6 +390,16 @@ class ProfileBook:
 # ---- reading the main thread ---------------------------------------------------------------
 
 
+def progress_state(stack: tuple[Frame, ...], ints: tuple[tuple[str, int], ...]
+                   ) -> tuple[tuple[Frame, ...], tuple[tuple[str, int], ...]]:
+    """The picture of the main thread whose novelty counts as progress: its stack and its
+    integer locals, each frame and each (name, value) once. A frame already on the stack
+    that appears again above it (a signal handler re-entered every second while its earlier
+    call still waits for a lock, the same callback nested again) adds no new state: stack
+    movement alone is no work done."""
+    return tuple(dict.fromkeys(stack)), tuple(dict.fromkeys(ints))
+
+
 def stack_of(frame: FrameType | None) -> tuple[Frame, ...]:
     """(function, file, line) of every frame, outermost first."""
     frames = []
@@ -651,7 +663,7 @@ class Sampler(threading.Thread):
         user = [f for f in frames_of(frame) if is_user_file(f.f_code.co_filename)]
         work = self._work()
         ints = self._loop_state(t, user, phase, module)
-        state = (stack, ints)
+        state = progress_state(stack, ints)
         del frame, user
         if self._judge.observe(work, state):
             self._progress_since_pulse = True

@@ -87,6 +87,7 @@ from nsadiag.waitfacts import (
 )
 
 HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", "file-lock",
+        "future",
         "terminal", "sleep", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "ended", "compile-pool",
         "unknown")
@@ -94,7 +95,8 @@ ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "
         "producer-died", "no-producer", "pipe-eof", "child-waits", "file-lock", "worker",
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
         "compile-cxx", "compile-child", "compile-worker", "pool-lost-task", "pool-worker-ended",
-        "pool-worker", "pipe-held", "terminal-input", "sleep", "stopped", "unknown")
+        "pool-worker", "pipe-held", "terminal-input", "sleep", "stopped", "loop-self",
+        "pool-starved", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -122,7 +124,11 @@ went with a worker that ended); pool-worker-ended: the same, with the worker tha
 worker stands at its frame;
 terminal-input: a read of the terminal (a prompt waiting for its answer); sleep: a sleep
 written in the user's line, outside a polling loop; stopped: the process does not wait at
-all, it is stopped (by SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU, or held by a tracer); unknown:
+all, it is stopped (by SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU, or held by a tracer);
+loop-self: a thread that runs the asyncio event loop waits for a future whose coroutine
+needs that loop (``run_coroutine_threadsafe(...).result()`` on the loop's own thread);
+pool-starved: every worker of a thread pool runs a task that waits for another future,
+so the tasks they wait for never get a worker; unknown:
 the evidence names no next
 hop.
 A rank that never issued the collective the others wait in is followed as a process of its
@@ -817,6 +823,8 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
         return _worker_chain(process, thread, own, others)
     if frame is not None and any(POOL_FILE.search(f.file) for f in thread.python_frames()):
         return _pool_chain(process, thread, own, others, depth)
+    if frame is not None and _awaits_future(thread):
+        return _future_chain(process, thread, own, others, depth)
     if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
         return _child_chain(process, thread, own, writer)
     read = _read_file(process.waits, os_wait) if writer is None else None
@@ -853,6 +861,93 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
     return WaitChain((Hop("frame", f"{_label(thread)} {verb} {at(here)}{code}", at(here),
                           here.code),
                       Hop("unknown", "what would release it is not named by the evidence")),
+                     "unknown")
+
+
+# ---- futures: concurrent.futures and asyncio ---------------------------------------------
+
+FUTURE_FILE = re.compile(r"concurrent/futures/_base\.py$")
+EXECUTOR_WORKER_FILE = re.compile(r"concurrent/futures/thread\.py$")
+EVENT_LOOP_FILE = re.compile(r"asyncio/(?:events|base_events)\.py$")
+QUEUE_FILE = re.compile(r"/queue\.py$")
+
+
+def _awaits_future(thread: ThreadStack) -> bool:
+    """Whether the thread waits in ``concurrent.futures.Future.result`` (asyncio's
+    ``run_coroutine_threadsafe`` gives one too)."""
+    return any(FUTURE_FILE.search(f.file) and f.function.endswith("result")
+               for f in thread.python_frames())
+
+
+def _executor_worker(thread: ThreadStack) -> bool:
+    """Whether the thread is a worker of a ``ThreadPoolExecutor`` (its ``_worker`` loop is
+    at the bottom of its stack)."""
+    return any(EXECUTOR_WORKER_FILE.search(f.file) and f.function == "_worker"
+               for f in thread.python_frames())
+
+
+def _pool_name(thread: ThreadStack) -> str:
+    """The pool a worker belongs to, by its thread name ("ThreadPoolExecutor-0_1" is worker
+    1 of pool "ThreadPoolExecutor-0"; a thread_name_prefix names it its own way)."""
+    name = thread.name or ""
+    return name.rsplit("_", 1)[0] if "_" in name else name or "the pool"
+
+
+def _idle_worker(thread: ThreadStack) -> bool:
+    """A pool worker with no task: waiting for the next work item in its queue."""
+    python = [f for f in thread.python_frames() if not THREADING.search(f.file)]
+    return bool(python) and (QUEUE_FILE.search(python[0].file) is not None or
+                             EXECUTOR_WORKER_FILE.search(python[0].file) is not None)
+
+
+def _future_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
+                  others: Sequence[_Process], depth: int) -> WaitChain:
+    """A wait for a future's result: on the thread that runs the asyncio event loop (the
+    loop that would run the coroutine is the one waiting); else the thread pool's workers,
+    all taken by tasks that wait for futures themselves (starvation), or the one running a
+    task, followed."""
+    where = at(own) if own is not None else None
+    first = Hop("future", f"{_label(thread)} waits for a future's result" +
+                (f" at {where}" if where else ""), where, own.code if own else None)
+    if any(EVENT_LOOP_FILE.search(f.file) for f in thread.python_frames()):
+        return WaitChain((first, Hop(
+            "holder", f"{_label(thread)} is the thread that runs the asyncio event loop "
+                      f"(its stack holds the loop's own frames below this wait): the "
+                      f"coroutine behind the future needs that loop, which is blocked in "
+                      f"this wait")), "loop-self", where)
+    workers = [t for t in user_threads(process.sample)
+               if t is not thread and _executor_worker(t)]
+    if _executor_worker(thread):  # a task waiting inside its own pool: that pool's workers
+        workers = [t for t in workers if _pool_name(t) == _pool_name(thread)] + [thread]
+    if not workers:
+        return WaitChain((first, Hop("unknown", "no thread pool worker of this process runs "
+                                                "the task it waits for")), "unknown")
+    busy = [t for t in workers if not _idle_worker(t)]
+    if busy and all(_awaits_future(t) for t in busy) and len(busy) == len(workers):
+        names = ", ".join(t.name or str(t.thread_id) for t in busy)
+        inner = next((o for t in busy if t is not thread and (o := _own(t)) is not None),
+                     None) or own
+        pool = _pool_name(busy[0])
+        return WaitChain((first, Hop(
+            "pool", f"every worker of {pool} ({len(busy)}: {names}) runs a task that itself "
+                    f"waits for a future" + (f" at {at(inner)}" if inner else "") +
+                    ": the tasks they wait for are queued behind them in the same pool, "
+                    "and no worker is left to run them", at(inner) if inner else None,
+                    inner.code if inner else None)), "pool-starved", pool)
+    running = next((t for t in busy if not _awaits_future(t)), None)
+    if running is not None and depth < MAX_DEPTH:
+        step = _doing(running, process)
+        rest = _thread_chain(process, running, others, depth + 1)
+        if rest.end != "unknown":
+            return WaitChain((first, Hop("pool", f"{step.text} (a worker of "
+                                                 f"{_pool_name(running)})", step.where,
+                                         step.code), *rest.hops), rest.end, rest.subject)
+        return WaitChain((first, Hop("pool", f"{step.text} (a worker of "
+                                             f"{_pool_name(running)}): the task, still "
+                                             f"running", step.where, step.code)),
+                         "pool-worker", _pool_name(running))
+    return WaitChain((first, Hop("unknown", "no worker of the pool runs a task: the task "
+                                            "this future stands for is not running")),
                      "unknown")
 
 

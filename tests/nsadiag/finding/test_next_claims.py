@@ -32,7 +32,8 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_COMPILE_THREADS=1",
             "stdout=subprocess.DEVNULL", "> /dev/null 2>&1", "communicate(timeout=...)",
             "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
-            "detach"}
+            "detach", "await", "await asyncio.wrap_future(fut)",
+            "run_coroutine_threadsafe(...).result()", "submit", "max_workers"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -171,6 +172,19 @@ CHAINS = [
                               "only SIGCONT resumes it"),
                Hop("frame", "the main thread runs t.py:5 `os.kill(os.getpid(), "
                             "signal.SIGSTOP)`", "t.py:5")), "stopped", "pid 41"),
+    WaitChain((Hop("future", "the main thread waits for a future's result at t.py:7",
+                   "t.py:7"),
+               Hop("holder", "the main thread is the thread that runs the asyncio event loop "
+                             "(its stack holds the loop's own frames below this wait): the "
+                             "coroutine behind the future needs that loop, which is blocked in "
+                             "this wait")), "loop-self", "t.py:7"),
+    WaitChain((Hop("future", "the main thread waits for a future's result at t.py:10",
+                   "t.py:10"),
+               Hop("pool", "every worker of ThreadPoolExecutor-0 (1: ThreadPoolExecutor-0_0) "
+                           "runs a task that itself waits for a future at t.py:8: the tasks "
+                           "they wait for are queued behind them in the same pool, and no "
+                           "worker is left to run them", "t.py:8")), "pool-starved",
+              "ThreadPoolExecutor-0"),
 ]
 STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
                                               "(`gdb -p 41`): it runs again only when the "
@@ -199,7 +213,8 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert ("end of file" in said) == chain.has("pipe"), said
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
-                      "compile-child", "terminal-input", "sleep", "stopped"), said
+                      "compile-child", "terminal-input", "sleep", "stopped", "loop-self",
+                      "pool-starved"), said
     # advice about a sleep only where the chain's end is one (a command quoted may hold the
     # word)
     assert "the sleep" not in said or chain.has("sleep"), said
