@@ -277,6 +277,7 @@ class StallFacts:
     wait_function: str | None = None
     wait_caller: str | None = None
     stacks_class: str | None = None
+    native_call: str | None = None  # a busy stall's native function under the user's line
     thread: str | None = None
     wait_chain: Chain | None = None
     rank_chain: dict[str, Any] | None = None

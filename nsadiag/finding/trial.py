@@ -273,6 +273,24 @@ def next_action_of(record: TrialRecord, culprit: Culprit | None) -> str:
     return next_action(record.verdict_name, record.verdict.facts, culprit)
 
 
+REGEX_ENGINE = re.compile(r"sre", re.IGNORECASE)
+
+
+def native_next(call: str, culprit: Culprit | None, where: str) -> str:
+    """The Next of a busy stall inside one native call under the user's line: that call,
+    and for the regular-expression engine what makes a match run without end."""
+    code = f" (`{culprit.code}`)" if culprit is not None and culprit.code else ""
+    head = (f"The call{where}{code} did not return while it was watched: every busy sample "
+            f"sat in the native `{call}` under it.")
+    if REGEX_ENGINE.search(call):
+        return (f"{head} A regular expression with nested repetition (`(\\w+\\s?)*`, "
+                f"`(a+)+`) backtracks exponentially on a string it does not match: rewrite "
+                f"the pattern without the nesting, bound the input's length, or match with a "
+                f"timeout (the `regex` package's `timeout=`).")
+    return (f"{head} Run it alone on the input it got to see it hang, then bound its input or "
+            f"its time; raise --stall-timeout only if it really takes that long.")
+
+
 def _exit_next(facts: VerdictFacts, culprit: Culprit | None, where: str) -> str:
     """The Next of a program that ended itself with an exit code and no exception: the
     program decided it, so what to look at is the call that exits, and what it said."""
@@ -320,6 +338,8 @@ def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
     if chained is not None:
         return chained
     if name == "STALL-BUSY":
+        if facts.stall.stacks_class == "busy-native" and facts.stall.native_call:
+            return native_next(facts.stall.native_call, culprit, where)
         if facts.stall.stacks_class == "busy-native":
             return (f"One native call{where} outlasts the stall timeout: make it smaller, or "
                     f"raise --stall-timeout if it really takes that long.")

@@ -48,6 +48,12 @@ WAIT_CODE = re.compile(r"\.(?:acquire|wait|join)\(|^with\b.*lock\w*\s*:", re.IGN
 
 INTERPRETER_MODULE = re.compile(r"libpython|/bin/python")
 """Shared objects of the CPython interpreter itself."""
+BUILTIN_MODULE_CALL = re.compile(
+    r"^_?(?:sre|json|pickle|struct|bisect|heapq|csv|elementtree|hashlib|zlib|bz2|lzma|"
+    r"decimal|unicodedata|blake2|sha\d*|md5)_|^_?sre|^scanner_call|^_?json|^_?pickle|"
+    r"^_?ssl_|^_?socket_", re.IGNORECASE)
+"""Symbols of C modules compiled into libpython (the regular-expression engine ``_sre``,
+``_json``, ``_pickle``, ...): a thread under one of them runs a native call, not Python."""
 
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<|"
                           r"/torchinductor_[^/]*/|/\.triton/|/triton_cache/|"
@@ -238,8 +244,24 @@ def _time_in_the_interpreter(samples: Sequence[StackSample]) -> bool | None:
             if index is None:
                 continue
             under = thread.frames[index - 1] if index else None
-            verdicts.append(under is None or bool(INTERPRETER_MODULE.search(under.file)))
+            verdicts.append(under is None or bool(INTERPRETER_MODULE.search(under.file)) and
+                            not BUILTIN_MODULE_CALL.match(under.function))
     return all(verdicts) if verdicts else None
+
+
+def native_call(samples: Sequence[StackSample]) -> str | None:
+    """The native function right under the innermost Python frame of the busy threads, when
+    every sample with native frames shows the same one (``_sre_SRE_Pattern_fullmatch``, an
+    op of a C extension); None otherwise."""
+    found = set()
+    for sample in samples:
+        if not sample.native:
+            continue
+        for thread in busy_threads(sample):
+            index = _innermost_python_index(thread)
+            if index:
+                found.add(thread.frames[index - 1].function)
+    return found.pop() if len(found) == 1 else None
 
 
 def classify(samples: Sequence[StackSample]) -> str:

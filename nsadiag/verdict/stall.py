@@ -31,6 +31,7 @@ from nsadiag.probes.frames import (
     classify,
     find_collective,
     hot_frame,
+    native_call,
     own_code,
     stacks_change,
     user_threads,
@@ -167,6 +168,11 @@ def _busy(samples: Sequence[StackSample], facts: dict, reasons: list[str],
     add_hot_frame(samples, facts, reasons)
     if samples:
         facts["stacks_class"] = classify(samples)
+        call = native_call(samples) if facts["stacks_class"] == "busy-native" else None
+        if call is not None:
+            facts["native_call"] = call
+            reasons.append(f"every busy sample sat in the native call {call} under "
+                           f"{facts.get('hot_frame') or 'the same line'}")
     return Verdict("STALL-BUSY", reasons, facts)
 
 
