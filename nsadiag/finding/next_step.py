@@ -144,6 +144,14 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
                 f"({subject}), so a rank waits after its last step while another waits in "
                 f"the gradient collective of a step it never began.")
+    if end == "pipe-unread" and subject == "multiprocessing.Queue":
+        return (f"Read the queue before waiting for the child to exit{_where(chain, 0)}: "
+                f"`q.get()` before `p.join()`; what the child put on it fills the pipe, and "
+                f"the child cannot exit until that is read.")
+    if end == "pipe-unread":
+        return (f"Read what the child writes into {subject} before waiting for it to exit"
+                f"{_where(chain, 0)} (`communicate()` for a subprocess), or wait with a "
+                f"timeout and read in between: the child cannot exit until it is read.")
     if end == "loop-self":
         return (f"Do not block the event loop's own thread on a future{_where(chain, 0)}: "
                 f"in async code `await` the coroutine (or `await asyncio.wrap_future(fut)`), "

@@ -96,7 +96,7 @@ ENDS = ("lock-cycle", "lock-self", "lock-held", "lock-lost", "lock-lost-fork", "
         "poll", "socket-peer", "socket-remote", "uneven-steps", "collective-differs",
         "compile-cxx", "compile-child", "compile-worker", "pool-lost-task", "pool-worker-ended",
         "pool-worker", "pipe-held", "terminal-input", "sleep", "stopped", "loop-self",
-        "pool-starved", "unknown")
+        "pool-starved", "pipe-unread", "unknown")
 """How a chain ends. lock-cycle: two threads each hold the lock the other waits for;
 lock-self: the waiting thread holds it itself, in an outer frame;
 lock-held: the holder is found and waits or works elsewhere; lock-lost: no live thread
@@ -128,7 +128,9 @@ all, it is stopped (by SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU, or held by a tracer
 loop-self: a thread that runs the asyncio event loop waits for a future whose coroutine
 needs that loop (``run_coroutine_threadsafe(...).result()`` on the loop's own thread);
 pool-starved: every worker of a thread pool runs a task that waits for another future,
-so the tasks they wait for never get a worker; unknown:
+so the tasks they wait for never get a worker; pipe-unread: a child the process waits for
+is blocked writing into a pipe the process holds the read end of and does not read while
+it waits (a multiprocessing.Queue joined before it is read); unknown:
 the evidence names no next
 hop.
 A rank that never issued the collective the others wait in is followed as a process of its
@@ -377,9 +379,11 @@ def _in_compile(thread: ThreadStack) -> tuple[str, bool] | None:
 
 
 def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
-                 reading: ProcessWaits | None = None) -> WaitChain:
+                 reading: ProcessWaits | None = None, others: Sequence[_Process] = ()
+                 ) -> WaitChain:
     """The chain of a wait for a child: to exit, or (``reading``) to end the output this
-    thread reads from it."""
+    thread reads from it; a child blocked writing into a pipe that this process holds the
+    read end of, and does not read while it waits, is a cycle (``pipe-unread``)."""
     waits = process.waits
     where = f" at {at(own)}" if own is not None else ""
     os_wait = _os_wait(waits, thread)
@@ -405,6 +409,19 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     if main is None:
         return WaitChain((first, Hop("unknown", f"what pid {child.pid} waits on is unknown")),
                          "unknown", _command(child))
+    unread = _unread_pipe(child, waits)
+    if unread is not None and reading is None:
+        tid, written = unread
+        name = _thread_name(others, child.pid, tid)
+        who = f"thread {name}" if name else f"thread {tid}"
+        queue = bool(name and "Feeder" in name)
+        return WaitChain((first, Hop(
+            "process", f"{who} of pid {child.pid} is blocked writing into {written.target}, a "
+                    f"pipe whose read end this process holds and does not read while it "
+                    f"waits: the child cannot exit before its data is read"
+                    + (" (a multiprocessing.Queue's feeder thread flushes what was put on "
+                       "the queue before its process exits)" if queue else ""))),
+            "pipe-unread", "multiprocessing.Queue" if queue else written.target)
     if main.syscall_name in READ_SYSCALLS:
         read = child.file(main.first_arg)
         ours = [f for f in (waits.files if waits else ()) if read is not None and read.is_pipe
@@ -424,6 +441,32 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
                                             f"{kernel}")), waiting_end, _command(child))
+
+
+def _unread_pipe(child: ProcessWaits, waits: ProcessWaits | None
+                 ) -> tuple[int, OpenFile] | None:
+    """(tid, pipe) of a thread of ``child`` blocked writing into a pipe whose read end the
+    waiting process (``waits``) holds; None when none is."""
+    if waits is None:
+        return None
+    for thread in child.threads:
+        if not ("pipe_write" in (thread.wchan or "") or thread.syscall_name == "write"):
+            continue
+        written = child.file(thread.first_arg)
+        if written is not None and written.is_pipe and any(
+                f.inode == written.inode and "r" in f.mode for f in waits.files):
+            return thread.tid, written
+    return None
+
+
+def _thread_name(others: Sequence[_Process], pid: int, tid: int) -> str | None:
+    """The name a sampled process gives its thread ``tid`` (None when not sampled)."""
+    for other in others:
+        if other.sample.pid == pid:
+            for thread in other.sample.threads:
+                if thread.os_thread_id == tid:
+                    return thread.name
+    return None
 
 
 def _held_pipe_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
@@ -816,7 +859,7 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
              os_wait is None and process.waits is not None and process.waits.children) \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
                                         os_wait.wchan in CHILD_WCHAN):
-        return _child_chain(process, thread, own, writer)
+        return _child_chain(process, thread, own, writer, others)
     if frame is not None and awaits_inductor_job(thread):
         return _compile_pool_chain(process, thread, own, others, depth)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
@@ -826,7 +869,7 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
     if frame is not None and _awaits_future(thread):
         return _future_chain(process, thread, own, others, depth)
     if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
-        return _child_chain(process, thread, own, writer)
+        return _child_chain(process, thread, own, writer, others)
     read = _read_file(process.waits, os_wait) if writer is None else None
     held = [w for w in process.waits.pipe_writers if read is not None and read.is_pipe and
             w.inode == read.inode] if process.waits is not None else []

@@ -33,7 +33,8 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "stdout=subprocess.DEVNULL", "> /dev/null 2>&1", "communicate(timeout=...)",
             "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
             "detach", "await", "await asyncio.wrap_future(fut)",
-            "run_coroutine_threadsafe(...).result()", "submit", "max_workers"}
+            "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
+            "p.join()"}
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -172,6 +173,12 @@ CHAINS = [
                               "only SIGCONT resumes it"),
                Hop("frame", "the main thread runs t.py:5 `os.kill(os.getpid(), "
                             "signal.SIGSTOP)`", "t.py:5")), "stopped", "pid 41"),
+    WaitChain((Hop("child", "the main thread waits for child pid 9 (`python t.py`) to exit at "
+                            "t.py:9", "t.py:9"),
+               Hop("process", "thread 10 of pid 9 is blocked writing into pipe:[5], a pipe whose "
+                           "read end this process holds and does not read while it waits: "
+                           "the child cannot exit before its data is read")),
+              "pipe-unread", "pipe:[5]"),
     WaitChain((Hop("future", "the main thread waits for a future's result at t.py:7",
                    "t.py:7"),
                Hop("holder", "the main thread is the thread that runs the asyncio event loop "
@@ -186,6 +193,14 @@ CHAINS = [
                            "worker is left to run them", "t.py:8")), "pool-starved",
               "ThreadPoolExecutor-0"),
 ]
+QUEUE_UNREAD = WaitChain((
+    Hop("child", "the main thread waits for child pid 9 (`python t.py`) to exit at t.py:9",
+        "t.py:9"),
+    Hop("process", "thread QueueFeederThread of pid 9 is blocked writing into pipe:[5], a pipe "
+                "whose read end this process holds and does not read while it waits: the "
+                "child cannot exit before its data is read (a multiprocessing.Queue's feeder "
+                "thread flushes what was put on the queue before its process exits)")),
+    "pipe-unread", "multiprocessing.Queue")
 STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
                                               "(`gdb -p 41`): it runs again only when the "
                                               "tracer continues it or detaches"),),
@@ -196,7 +211,8 @@ def test_the_table_covers_every_way_a_chain_ends():
     assert {chain.end for chain in CHAINS} == set(ENDS)
 
 
-@pytest.mark.parametrize("chain", [*CHAINS, STOPPED_BY_TRACER], ids=lambda chain: chain.end)
+@pytest.mark.parametrize("chain", [*CHAINS, STOPPED_BY_TRACER, QUEUE_UNREAD],
+                         ids=lambda chain: chain.end)
 def test_each_next_claim_follows_from_its_chain(chain):
     said = chain_next(chain)
     if chain.end == "unknown":
@@ -214,7 +230,7 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
                       "compile-child", "terminal-input", "sleep", "stopped", "loop-self",
-                      "pool-starved"), said
+                      "pool-starved", "pipe-unread"), said
     # advice about a sleep only where the chain's end is one (a command quoted may hold the
     # word)
     assert "the sleep" not in said or chain.has("sleep"), said
