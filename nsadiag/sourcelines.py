@@ -56,6 +56,51 @@ DUMP_NAME = "faulthandler.txt"
 MAX_DUMP_BYTES = 8 * 2**20
 
 
+HOOK_REGISTRATION = re.compile(r"^register(?:_forward|_full_backward|_backward)?(?:_pre)?_hook$")
+KEPT_VALUE = re.compile(r"\.(?:detach|item|tolist|cpu|numpy)\(|\bfloat\(|\bint\(")
+
+
+def hook_appends(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, container, hook) of every ``container.append(x)`` in a function registered
+    as a hook (``m.register_forward_hook(f)``, ``register_forward_hook(make(name))`` with
+    ``make`` returning ``f``, a tensor's ``register_hook``) where ``x`` is made of what the
+    hook was given (its parameters) and is not reduced to a value or detached: each call
+    then keeps that tensor, with its autograd graph, in the container."""
+    functions: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.setdefault(node.name, []).append(node)
+    registered: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
+                HOOK_REGISTRATION.match(node.func.attr) and node.args):
+            continue
+        given = node.args[0]
+        if isinstance(given, ast.Lambda):
+            registered.append(given)
+        elif isinstance(given, ast.Name):
+            registered += functions.get(given.id, [])
+        elif isinstance(given, ast.Call) and isinstance(given.func, ast.Name):
+            for factory in functions.get(given.func.id, []):  # returns the hook it defines
+                returned = {n.value.id for n in ast.walk(factory)
+                            if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)}
+                registered += [f for name in returned for f in functions.get(name, [])]
+    found = []
+    for hook in registered:
+        params = {a.arg for a in hook.args.args}  # type: ignore[attr-defined]
+        name = getattr(hook, "name", "<lambda>")
+        for call in ast.walk(hook):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+                    call.func.attr == "append" and call.args):
+                continue
+            value = call.args[0]
+            text = ast.unparse(value)
+            if {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} & params and \
+                    not KEPT_VALUE.search(text):
+                found.append((call.lineno, ast.unparse(call.func.value), name))
+    return sorted(set(found))
+
+
 @dataclass
 class SourceFile:
     """What is known of one source file: how it is shown, its lines (all, or a window),
@@ -66,6 +111,9 @@ class SourceFile:
     lines: dict[int, str]
     loops: list[tuple[int, int, frozenset[str]]] = field(default_factory=list)
     ifs: list[tuple[int, int, int]] = field(default_factory=list)
+    # (line, container, hook function) of each append, in a function registered as a module
+    # or tensor hook, of what the hook was given (``hook_appends``): memory a hook keeps
+    hooks: list[tuple[int, str, str]] = field(default_factory=list)
 
     @classmethod
     def parse(cls, shown: str, text: str) -> SourceFile | None:
@@ -83,7 +131,7 @@ class SourceFile:
             elif isinstance(node, ast.If) and node.body:
                 ifs.append((node.lineno, node.body[0].lineno,
                             node.body[-1].end_lineno or node.body[-1].lineno))
-        return cls(shown, lines, loops, ifs)
+        return cls(shown, lines, loops, ifs, hook_appends(tree))
 
     def window(self, places: Iterable[int]) -> SourceFile:
         """What a record keeps of the file for lines ``places``: the loops holding them or
@@ -99,8 +147,9 @@ class SourceFile:
             keep.update(range(line - WINDOW, line + WINDOW + 1))
         for first, last, _ in loops:
             keep.update(self.body_lines(first, last))
+        keep.update(line for line, _, _ in self.hooks)  # a hook's append: one line each
         return SourceFile(self.shown, {n: self.lines[n] for n in sorted(keep)
-                                       if n in self.lines}, loops, ifs)
+                                       if n in self.lines}, loops, ifs, list(self.hooks))
 
     def body_lines(self, first: int, last: int) -> set[int]:
         """The lines of the loop body ``first``-``last`` that a finding reads
@@ -121,9 +170,13 @@ class SourceFile:
         return found
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shown": self.shown, "lines": {str(n): code for n, code in self.lines.items()},
-                "loops": [[first, last, sorted(names)] for first, last, names in self.loops],
-                "ifs": [list(i) for i in self.ifs]}
+        stored = {"shown": self.shown,
+                  "lines": {str(n): code for n, code in self.lines.items()},
+                  "loops": [[first, last, sorted(names)] for first, last, names in self.loops],
+                  "ifs": [list(i) for i in self.ifs]}
+        if self.hooks:  # only where there are: records without hooks stay as they were
+            stored["hooks"] = [list(h) for h in self.hooks]
+        return stored
 
     @classmethod
     def from_dict(cls, data: Any) -> SourceFile | None:
@@ -134,7 +187,8 @@ class SourceFile:
             loops = [(int(a), int(b), frozenset(str(n) for n in names))
                      for a, b, names in data.get("loops") or []]
             ifs = [(int(a), int(b), int(c)) for a, b, c in data.get("ifs") or []]
-            return cls(str(data["shown"]), lines, loops, ifs)
+            hooks = [(int(a), str(b), str(c)) for a, b, c in data.get("hooks") or []]
+            return cls(str(data["shown"]), lines, loops, ifs, hooks)
         except (KeyError, TypeError, ValueError):
             return None
 

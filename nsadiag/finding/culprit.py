@@ -448,6 +448,29 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     span = sources.loop_around(path, line) if path else None
     if path is None or span is None:
         return None
+    found = _loop_append(sources, path, span, growth)
+    return found if found is not None else _hook_append(sources, path, growth)
+
+
+def _hook_append(sources: Sources, path: str, growth: float) -> Culprit | None:
+    """The append of a hook function of the holder's file that keeps what it is given
+    (nsadiag.sourcelines.hook_appends): it runs inside every forward, so the memory the
+    step's line took is kept there, not in the loop's own lines."""
+    source = sources.file(path)
+    hooks = source.hooks if source is not None else []
+    if len(hooks) != 1:  # one such append: the line; several would need the evidence to pick
+        return None
+    line, container, hook = hooks[0]
+    found = _culprit(sources, path, line, f"the hook `{hook}` appends what each call is given "
+                     f"to `{container}`, keeping every step's tensors and their graph: memory "
+                     f"grew {size(growth)} per step")
+    return replace(found, retains=container.split("[", 1)[0])
+
+
+def _loop_append(sources: Sources, path: str, span: tuple[int, int], growth: float
+                 ) -> Culprit | None:
+    """The line of the loop ``span`` that appends a tensor, not its value, to a container
+    the loop does not make anew; None when none does."""
     codes = {n: sources.code_at(path, n) or "" for n in range(span[0] + 1, span[1] + 1)}
     for number, code in codes.items():
         match = APPEND.match(code)
