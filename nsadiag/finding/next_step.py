@@ -140,10 +140,12 @@ def chain_next(chain: WaitChain) -> str | None:
         return (f"Find why {subject} sends nothing: it is out of sight from this machine; "
                 f"{_SOCKET_TIMEOUT}{_where(chain, 0)} rather than holding it.")
     if end == "uneven-steps":
-        return (f"Give every rank the same number of steps (a `DistributedSampler` with "
-                f"`drop_last=True`, or DDP's `join` context): the ranks' steps differ "
-                f"({subject}), so a rank waits after its last step while another waits in "
-                f"the gradient collective of a step it never began.")
+        return (f"Give every rank the same number of steps: the ranks' steps differ "
+                f"({subject}), so a rank waits after its last step{_where(chain, -1)} while "
+                f"another waits in the gradient collective of a step it never began. Find "
+                f"what ended that rank's loop first: a `return` or `break` taken on that rank "
+                f"only (a check of its own batch), or its data running out first (then a "
+                f"`DistributedSampler` with `drop_last=True`, or DDP's `join` context).")
     if end == "pipe-unread" and subject == "multiprocessing.Queue":
         return (f"Read the queue before waiting for the child to exit{_where(chain, 0)}: "
                 f"`q.get()` before `p.join()`; what the child put on it fills the pipe, and "
