@@ -24,6 +24,13 @@ end, the slow class, what retains memory, ...) is the one the entry's docstring 
 p50 and p90 time to verdict per condition over every entry, as its own section of a
 Markdown file; --pty runs each `nsadiag run` in a pseudo-terminal, as a person at a
 terminal would.
+
+--heldout runs the held-out scripts of repro/heldout/ instead: scripts written by someone
+who had not read nsadiag, each docstring stating its expected verdict, how it is run, the
+words a right cause names and the words a right Next gives (``HeldOut``). A run's cause is
+right when one of its cause words is in the top block's Line, Waits or Proof, its Next
+right when one of its Next words is in the Next; --out then writes their table as the
+HELDOUT_SECTION of that file, apart from the developed-on table.
 """
 
 from __future__ import annotations
@@ -442,6 +449,139 @@ def write_causes(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
     path.write_text(text)
 
 
+HELDOUT = REPO / "repro" / "heldout"
+HELDOUT_SECTION = "## Held-out scripts"
+
+
+def heldout_spec(path: Path) -> dict[str, Any]:
+    """A held-out script's four stated lines (see the module docstring), parsed."""
+    import ast
+
+    text = ast.get_docstring(ast.parse(path.read_text())) or ""
+    fields = {}
+    for line in text.splitlines():
+        for label in ("Expected verdict", "Run", "Cause words", "Next words"):
+            if line.startswith(f"{label}:"):
+                fields[label] = line.split(":", 1)[1].strip()
+    options, _, command_text = fields["Run"].removeprefix("nsadiag run").partition(" -- ")
+    return {"expected": fields["Expected verdict"].split()[0],
+            "options": shlex.split(options),
+            "command": heldout_command(command_text),
+            "cause_words": [w.strip() for w in fields["Cause words"].split("|") if w.strip()],
+            "next_words": [w.strip() for w in fields["Next words"].split("|") if w.strip()]}
+
+
+def heldout_command(text: str) -> list[str]:
+    """The command of a Run line with this interpreter for `python` and `torchrun`."""
+    import re
+
+    words = shlex.split(text)
+    if words and words[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    return [re.sub(r"(?<![\w/.-])python3?(?![\w.-])", sys.executable, word)
+            if i == 0 or " " in word or word in ("python", "python3") else word
+            for i, word in enumerate(words)]
+
+
+def run_heldout(path: Path, out: Path, pty: bool = False) -> dict[str, Any]:
+    """One held-out script under `nsadiag run` as its docstring says: its verdict, whether
+    its cause and its Next are the right ones, and the seconds to the verdict."""
+    spec = heldout_spec(path)
+    argv = [sys.executable, "-m", "nsadiag.cli", "run", *spec["options"], "--out", str(out),
+            "--", *spec["command"]]
+    if pty:
+        argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
+    started = time.monotonic()
+    returncode, output = _drive(argv, dict(os.environ), None, 0.0, 900)
+    seconds = time.monotonic() - started
+    try:
+        finding = json.loads((out / "summary.json").read_text())["finding"]
+        got = finding["verdict"]
+    except (OSError, ValueError, KeyError):
+        finding, got = {}, f"exit {returncode}"
+    culprit = finding.get("culprit") or {}
+    told = " ".join(str(part) for part in (
+        culprit.get("where"), culprit.get("code"), culprit.get("why"), finding.get("chain"),
+        finding.get("proof"), finding.get("line_note")) if part).lower()
+    said = (finding.get("next_action") or "").split(" Rerun: ")[0]
+    return {"entry": path.name, "kind": "heldout", "expected": spec["expected"], "got": got,
+            "match": got == spec["expected"], "seconds": seconds,
+            "cause_right": any(w.lower() in told for w in spec["cause_words"]),
+            "next_right": any(w.lower() in said.lower() for w in spec["next_words"]),
+            "cause_words": spec["cause_words"], "next_words": spec["next_words"],
+            "line": culprit.get("where"), "chain": finding.get("chain"),
+            "proof": finding.get("proof"), "next": said}
+
+
+def heldout_condition(paths: list[Path], burners: int, pty: bool = False) -> dict[str, Any]:
+    """Every held-out script in one condition (quiet, or with ``burners``)."""
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(burners)]
+    rows = []
+    try:
+        if burners:
+            time.sleep(5.0)
+        load_start = loadavg()
+        with tempfile.TemporaryDirectory(prefix="bench-heldout-") as tmp:
+            for path in paths:
+                row = run_heldout(path, Path(tmp) / path.stem, pty)
+                rows.append(row)
+                print(f"{'loaded' if burners else 'quiet '} {row['entry']:<34} "
+                      f"{row['expected']:<17} {row['got']:<17} cause "
+                      f"{'right' if row['cause_right'] else 'wrong'} next "
+                      f"{'right' if row['next_right'] else 'wrong'} {row['seconds']:6.1f} s",
+                      flush=True)
+        load_end = loadavg()
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    return {"burners": burners, "load": [load_start, load_end], "rows": rows}
+
+
+def heldout_table(conditions: dict[str, dict[str, Any]]) -> list[str]:
+    """The held-out section: a row per script and condition, then the counts and the
+    time to verdict (p50, p90) per condition."""
+    lines = ["| script | expected | condition | verdict | cause | Next | s |",
+             "|---|---|---|---|---|---|---|"]
+    for condition, found in conditions.items():
+        for row in found["rows"]:
+            lines.append(f"| {row['entry']} | {row['expected']} | {condition} | {row['got']} | "
+                         f"{'right' if row['cause_right'] else 'wrong'} | "
+                         f"{'right' if row['next_right'] else 'wrong'} | "
+                         f"{row['seconds']:.0f} |")
+    lines += ["", "| condition | load (1-min, end) | verdict right | cause right | Next right "
+                  "| time to verdict p50 / p90 |", "|---|---|---|---|---|---|"]
+    for condition, found in conditions.items():
+        rows = found["rows"]
+        times = [row["seconds"] for row in rows] or [0.0]
+        lines.append(f"| {condition} | {found['load'][1]:.1f} | "
+                     f"{sum(r['match'] for r in rows)} of {len(rows)} | "
+                     f"{sum(r['cause_right'] for r in rows)} of {len(rows)} | "
+                     f"{sum(r['next_right'] for r in rows)} of {len(rows)} | "
+                     f"{percentile(times, 0.5):.0f} s / {percentile(times, 0.9):.0f} s |")
+    return lines
+
+
+def write_heldout(path: Path, conditions: dict[str, dict[str, Any]]) -> None:
+    """The held-out table as HELDOUT_SECTION of ``path`` (replacing that section)."""
+    section = [HELDOUT_SECTION, "",
+               "Scripts of repro/heldout/, written for this table by someone who had not read "
+               "nsadiag's code, each stating its verdict, the words a right cause names and "
+               "the words a right Next gives; run once, after the code was written, and not "
+               "tuned to afterwards. A cause is right when one of its words is in the top "
+               "block's Line, Waits or Proof; a Next when one of its words is in the Next.",
+               "", *heldout_table(conditions), ""]
+    text = path.read_text() if path.exists() else ""
+    if HELDOUT_SECTION in text:
+        before, after = text.split(HELDOUT_SECTION, 1)
+        rest = after.split("\n## ", 1)
+        text = before + "\n".join(section) + ("\n## " + rest[1] if len(rest) > 1 else "")
+    else:
+        text = text.rstrip() + "\n\n" + "\n".join(section)
+    path.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None)
@@ -453,8 +593,22 @@ def main() -> None:
                         help="run each script's nsadiag in a pseudo-terminal (script -qfec)")
     parser.add_argument("--causes-out", type=Path, default=None,
                         help="write the cause table into this Markdown file's own section")
+    parser.add_argument("--heldout", action="store_true",
+                        help="run repro/heldout/ instead (its own section of --out)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.heldout:
+        paths = sorted(p for p in HELDOUT.glob("*.py") if p.name != "__init__.py")
+        if args.only:
+            paths = [p for p in paths if p.name in args.only or p.stem in args.only]
+        conditions = json.loads(args.from_json[0].read_text()) if args.from_json else {
+            c: heldout_condition(paths, 2 if c == "loaded" else 0, args.pty)
+            for c in args.conditions.split(",")}
+        if args.json:
+            args.json.write_text(json.dumps(conditions, indent=1))
+        if args.out:
+            write_heldout(args.out, conditions)
+        return
     from repro import ZOO
 
     names = [*ZOO, *SCRIPT_RUNS]
