@@ -1,5 +1,5 @@
 """Training loop with a periodic status report: a SIGALRM timer fires every
-0.5 s via signal.setitimer and the handler report_status() prints the current
+1 s via signal.setitimer and the handler report_status() prints the current
 step and loss, taking state_lock so it reads a consistent snapshot; the main
 loop holds state_lock while it applies the gradient update and writes the
 shared training state.
@@ -31,7 +31,7 @@ def report_status(signum, frame):
 
 def main():
     signal.signal(signal.SIGALRM, report_status)
-    signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     t0 = time.time()
