@@ -1,8 +1,8 @@
-"""Caption dataset for a tiny bag-of-words classifier: raw captions go through
+r"""Caption dataset for a tiny bag-of-words classifier: raw captions go through
 clean_caption(), which strips markup and keeps a caption only if it looks like
 a plain run of words (checked with re.fullmatch against WORDS_RE), then the
 cleaned text is hashed into a bag-of-words tensor and a linear model trains on
-it. The defect: WORDS_RE = r"(\\w+\\s?)+$" has nested quantifiers, so on a
+it. The defect: WORDS_RE = r"(\w+\s?)+$" has nested quantifiers, so on a
 long caption that is almost a run of words but ends with a stray character
 (here a scraped caption ending in "!") re.fullmatch backtracks exponentially
 and the data pipeline spins at 100% CPU inside the regex call forever.
@@ -10,7 +10,7 @@ and the data pipeline spins at 100% CPU inside the regex call forever.
 Expected verdict: STALL-BUSY
 Run: nsadiag run --stall-timeout 8 -- python repro/heldout/clean_captions_dataset.py
 Cause words: fullmatch | WORDS_RE | clean_caption | backtracking
-Next words: possessive | atomic | rewrite the regex | r"[\\w\\s]+"
+Next words: possessive | atomic | rewrite the regex | simpler pattern
 """
 import re
 

@@ -40,8 +40,8 @@ def main():
     register_probes(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(100_000):
-        x = torch.randn(512, 512)
-        y = torch.randint(0, 10, (512,))
+        x = torch.randn(1024, 512)
+        y = torch.randint(0, 10, (1024,))
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()

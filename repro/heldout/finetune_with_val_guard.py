@@ -9,7 +9,7 @@ any traceback.
 Expected verdict: ERROR
 Run: nsadiag run -- python repro/heldout/finetune_with_val_guard.py
 Cause words: sys.exit(3) | check_validation | val loss diverged | exit code 3
-Next words: exit code 3 | lower the learning rate | LR | check_validation
+Next words: exit code 3 | learning rate | sys.exit(3) | val loss diverged
 """
 import math
 import sys

@@ -1,8 +1,8 @@
 """Training loop with a periodic status report: a SIGALRM timer fires every
 1 s via signal.setitimer and the handler report_status() prints the current
 step and loss, taking state_lock so it reads a consistent snapshot; the main
-loop holds state_lock while it applies the gradient update and writes the
-shared training state.
+loop holds state_lock for each training step (forward, backward, optimizer
+update) and while it writes the shared training state.
 The defect: state_lock is a plain non-reentrant threading.Lock and the signal
 handler runs on the main thread, so when the alarm fires while the main loop
 is inside `with state_lock:`, the handler blocks trying to acquire a lock its
@@ -38,8 +38,8 @@ def main():
     for step in range(1_000_000):
         x = torch.randn(128, 256)
         y = x.mean(dim=1, keepdim=True)
-        loss = (model(x) - y).pow(2).mean()
         with state_lock:
+            loss = (model(x) - y).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -39,6 +39,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.CrossEntropyLoss()
     futures = [POOL.submit(load_shard, i) for i in range(8)]
+    print(f"queued {len(futures)} shard loads", flush=True)
     for step, fut in enumerate(futures):
         x, y, digest = fut.result()
         opt.zero_grad()
