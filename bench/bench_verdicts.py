@@ -298,31 +298,39 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def one_condition(names: list[str], burners: int, pty: bool = False) -> dict[str, Any]:
-    from repro import ZOO
-
-    started: list[subprocess.Popen] = []
-    rows = []
+def under_load(burners: int, run: Any) -> dict[str, Any]:
+    """``run(tmp)`` (a temporary directory; it returns the condition's rows) with
+    ``burners`` `python -c 'while True: pass'` processes running, started 5 s before so
+    the load average sees them, and killed after: the rows with the load read around."""
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(burners)]
     try:
-        for _ in range(burners):
-            started.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         if burners:
             time.sleep(5.0)  # let the load average see them
         load_start = loadavg()
         with tempfile.TemporaryDirectory(prefix="bench-verdicts-") as tmp:
-            for name in names:
-                row = run_zoo(name) if name in ZOO else run_script(name, Path(tmp) / name,
-                                                                   pty)
-                rows.append(row)
-                print(f"{'loaded' if burners else 'quiet '} {row['entry']:<28} "
-                      f"{row['expected']:<17} {row['got']:<17} {row['seconds']:6.1f} s",
-                      flush=True)
+            rows = run(Path(tmp))
         load_end = loadavg()
     finally:
         for process in started:
             process.kill()
             process.wait()
     return {"burners": burners, "load": [load_start, load_end], "rows": rows}
+
+
+def one_condition(names: list[str], burners: int, pty: bool = False) -> dict[str, Any]:
+    from repro import ZOO
+
+    def run(tmp: Path) -> list[dict[str, Any]]:
+        rows = []
+        for name in names:
+            row = run_zoo(name) if name in ZOO else run_script(name, tmp / name, pty)
+            rows.append(row)
+            print(f"{'loaded' if burners else 'quiet '} {row['entry']:<28} "
+                  f"{row['expected']:<17} {row['got']:<17} {row['seconds']:6.1f} s",
+                  flush=True)
+        return rows
+    return under_load(burners, run)
 
 
 def merged(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -515,28 +523,18 @@ def run_heldout(path: Path, out: Path, pty: bool = False) -> dict[str, Any]:
 
 def heldout_condition(paths: list[Path], burners: int, pty: bool = False) -> dict[str, Any]:
     """Every held-out script in one condition (quiet, or with ``burners``)."""
-    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-               for _ in range(burners)]
-    rows = []
-    try:
-        if burners:
-            time.sleep(5.0)
-        load_start = loadavg()
-        with tempfile.TemporaryDirectory(prefix="bench-heldout-") as tmp:
-            for path in paths:
-                row = run_heldout(path, Path(tmp) / path.stem, pty)
-                rows.append(row)
-                print(f"{'loaded' if burners else 'quiet '} {row['entry']:<34} "
-                      f"{row['expected']:<17} {row['got']:<17} cause "
-                      f"{'right' if row['cause_right'] else 'wrong'} next "
-                      f"{'right' if row['next_right'] else 'wrong'} {row['seconds']:6.1f} s",
-                      flush=True)
-        load_end = loadavg()
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
-    return {"burners": burners, "load": [load_start, load_end], "rows": rows}
+    def run(tmp: Path) -> list[dict[str, Any]]:
+        rows = []
+        for path in paths:
+            row = run_heldout(path, tmp / path.stem, pty)
+            rows.append(row)
+            print(f"{'loaded' if burners else 'quiet '} {row['entry']:<34} "
+                  f"{row['expected']:<17} {row['got']:<17} cause "
+                  f"{'right' if row['cause_right'] else 'wrong'} next "
+                  f"{'right' if row['next_right'] else 'wrong'} {row['seconds']:6.1f} s",
+                  flush=True)
+        return rows
+    return under_load(burners, run)
 
 
 def heldout_table(conditions: dict[str, dict[str, Any]]) -> list[str]:
