@@ -24,7 +24,8 @@ from nsadiag.verdictfacts import VerdictFacts
 LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)
 FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "put(timeout=...)", "get(timeout=...)", "wait(timeout=...)", "finally", "with",
-            "try", "threading.RLock", "return", "break", "multiprocessing_context=\"spawn\"", "worker_init_fn",
+            "try", "threading.RLock", "return", "break", "multiprocessing_context=\"spawn\"",
+            "worker_init_fn",
             "LOCK_NB", "timeout", "num_workers=0", "put", "DistributedSampler",
             "drop_last=True", "join", "settimeout(...)", "timeout=", "CXX", "g++",
             "multiprocessing.Pool", "concurrent.futures.ProcessPoolExecutor",
