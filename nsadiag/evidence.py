@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from nsadiag.record.process_memory import ProcessMemory
 from nsadiag.waitfacts import ProcessWaits
 
 
@@ -304,8 +305,9 @@ class Evidence:
     spent their budget and were thinned (nsadiag.harness.heartbeat.THIN_BURST_BYTES),
     ``containment`` how its
     processes were held, ``interrupted`` what an interrupting stop left (the verdict's
-    ``facts.position.interrupted``). ``unknown`` keeps the keys at this level that this
-    nsadiag does not read, so they are written back as they were.
+    ``facts.position.interrupted``), ``process_memory`` every process's private and shared
+    memory over the run (nsadiag.harness.procmem). ``unknown`` keeps the keys at this level
+    that this nsadiag does not read, so they are written back as they were.
     """
 
     spec: dict[str, Any]
@@ -335,6 +337,7 @@ class Evidence:
     output_not_shown: dict[str, Any] | None = None
     containment: dict[str, Any] | None = None
     interrupted: dict[str, Any] | None = None
+    process_memory: ProcessMemory | None = None
     unknown: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -353,7 +356,9 @@ class Evidence:
             ("heartbeats_lost", self.heartbeats_lost),
             ("heartbeats_thinned", self.heartbeats_thinned),
             ("output_not_shown", self.output_not_shown), ("containment", self.containment),
-            ("interrupted", self.interrupted)) if value is not None}
+            ("interrupted", self.interrupted),
+            ("process_memory", self.process_memory.to_dict() if self.process_memory else None)
+        ) if value is not None}
         return {
             "spec": self.spec,
             "events": self.events,
@@ -407,6 +412,8 @@ class Evidence:
             output_not_shown=data.get("output_not_shown"),
             containment=data.get("containment"),
             interrupted=data.get("interrupted"),
+            process_memory=ProcessMemory.from_dict(data["process_memory"])
+            if data.get("process_memory") is not None else None,
             unknown={k: v for k, v in data.items() if k not in read},
         )
 
@@ -494,6 +501,6 @@ _KNOWN = frozenset({
     "total_steps", "stall_timeout_s", "pulses", "load", "profile", "thread_exceptions",
     "others", "crash", "ranks", "job", "ddp", "hosts", "source", "output_copies",
     "heartbeats_lost", "heartbeats_thinned", "output_not_shown", "containment",
-    "interrupted"}) | _COMMAND_KEYS
+    "interrupted", "process_memory"}) | _COMMAND_KEYS
 """The keys of an Evidence's JSON form that it reads into fields (a command's only with
 its processes)."""

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
+from nsadiag.finding.copy_on_read import CopyOnRead, copy_on_read
 from nsadiag.finding.culprit import culprit_of
 from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
+from nsadiag.finding.source import carried_sources
 from nsadiag.ranknames import RankNames
 from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
@@ -206,6 +208,11 @@ def crash_proof(record: TrialRecord, facts: VerdictFacts) -> str:
     return f"{proof}; {met}" if met and facts.ranks.diverged_at else proof
 
 
+GROWTH_SHARE = 0.1
+"""A growth per step is quoted for an OOM when the steps' growth adds up to this share of
+the peak (or the limit) at least."""
+
+
 def proof_of(record: TrialRecord) -> str | None:
     """The one number that proves the verdict, as a phrase."""
     name, facts = record.verdict_name, record.verdict.facts
@@ -234,9 +241,15 @@ def proof_of(record: TrialRecord) -> str | None:
         peak = facts.memory.peak_cuda or facts.memory.peak_rss
         cap = facts.memory.memory_cap_bytes
         growth = facts.memory.rss_growth_per_step or facts.memory.cuda_alloc_growth_per_step
-        return (f"peak {size(peak)}" if peak else "the allocation failed") + \
-            (f" against the {size(cap)} cap" if cap else "") + \
-            (f"; memory grew {size(growth)} per step" if growth and growth > 0 else "")
+        steps = facts.position.steps_done or 0
+        # a growth per step that adds up to little of the peak is not what ran out
+        telling = growth and growth > 0 and growth * steps >= GROWTH_SHARE * (peak or cap or 0)
+        killed = record.evidence is not None and record.evidence.outcome.oom_killer
+        start = f"peak {size(peak)}" if peak else \
+            "the kernel's OOM killer sent SIGKILL" if killed else "the allocation failed"
+        limit = (f" at the {size(cap)} limit of its memory cgroup" if killed else
+                 f" against the {size(cap)} cap") if cap else ""
+        return start + limit + (f"; memory grew {size(growth)} per step" if telling else "")
     if name == "INCONCLUSIVE" and facts.position.interrupted:
         return (record.verdict.reasons or ["interrupted before a verdict"])[0]
     if name == "INCONCLUSIVE":
@@ -367,6 +380,11 @@ def next_action(name: str, facts: VerdictFacts, culprit: Culprit | None) -> str:
         return (f"Make every rank issue the same collectives in the same order{where}: "
                 f"the ranks' collectives diverged at #{facts.ranks.diverged_at} and rank "
                 f"{facts.ranks.rank} died of {facts.crash.signal_name or 'a signal'} there.")
+    if name == "CRASH" and facts.crash.signal == signal.SIGKILL:
+        return ("Find who sent SIGKILL: no code inside a process raises it, so it came from "
+                "outside (the kernel's OOM killer at a memory limit: `dmesg | grep -i oom`, "
+                "the container's or scheduler's memory events; a scheduler's time limit; a "
+                "`kill -9`), then raise that limit or lower what the job holds.")
     if name == "CRASH":
         return (f"Look at the native call{where}: the process died of "
                 f"{facts.crash.signal_name or 'a signal'}; rerun it under gdb to see the "
@@ -490,6 +508,28 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
     return ruled_out, implicated
 
 
+def copying_workers(record: TrialRecord) -> CopyOnRead | None:
+    """The run's forked workers that copied what they were forked with
+    (nsadiag.finding.copy_on_read), None when none did or the memory was not read."""
+    evidence = record.evidence
+    if evidence is None:
+        return None
+    return copy_on_read(evidence.process_memory, record.verdict.facts.crash.message)
+
+
+def _copy_failed(copying: CopyOnRead, name: str) -> bool:
+    """Whether the copying is what failed the run: a copying worker was killed, or the run
+    ran out of memory."""
+    return copying.what_failed or name == "OOM"
+
+
+def _copy_culprit(record: TrialRecord, copying: CopyOnRead) -> Culprit | None:
+    dataset = copying.dataset
+    file = dataset.file if dataset is not None else None
+    sources = carried_sources(record.evidence.source if record.evidence else None)
+    return copying.culprit(sources.display_path(file) if file else None)
+
+
 def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -> Finding:
     """The finding of a run of one trial (run, watch, ddp): verdict, kind, culprit,
     proof, next action, summary and items; ``rerun`` is the command that repeats it."""
@@ -505,6 +545,18 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     culprit = culprit_of(record)
     proof = proof_of(record)
     next_action = next_action_of(record, culprit)
+    copying = copying_workers(record)
+    copy_failed = copying is not None and _copy_failed(copying, name)
+    if copying is not None and copy_failed:  # what failed: the top block says it
+        culprit = _copy_culprit(record, copying) or culprit
+        proof = copying.proof()
+        next_action = copying.next_action()
+    elif name == "OOM" and culprit is None and record.spec.command:  # a user's own command
+        cap = facts.memory.memory_cap_bytes
+        limit = f"raise the limit of {size(cap)}" if cap else "give it more memory"
+        next_action = (f"Lower what the job holds at once, or {limit}: the Process memory "
+                       f"section shows which process held what, private and shared, up to "
+                       f"the kill.")
     if rerun and kind != "healthy":
         next_action += f" Rerun: `{rerun}`."
     subject = subject_of(record.spec)
@@ -521,12 +573,21 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
         summary.append(f"Cause: {facts.position.cause}.")
     ruled_out, implicated = cause_items(record, culprit)
     fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in fixes_for(facts.crash.known_error)][1:]
+    results = trial_items(record, culprit)
+    if copying is not None:  # whatever the verdict: the memory it will run out of
+        cause = copying.cause()
+        summary.append(f"Cause: {cause[:1].upper()}{cause[1:]}." if copy_failed else
+                       f"Memory: {cause}.")
+        results.append((fail if copy_failed else warn)(copying.proof()))
+        implicated.append(fail(f"Memory: {cause}."))
+        if not copy_failed:
+            fixes.insert(0, copying.next_action())
     where = f" at {culprit.where()}" if culprit and culprit.line else ""
     return Finding(command=command, verdict=name, kind=kind,
                    status=status_of(name, facts.slow.slow_by),
                    headline=f"{name} ({said}){where}", subject=subject,
                    next_action=next_action, culprit=culprit, proof=proof, summary=summary,
-                   results=trial_items(record, culprit), ruled_out=ruled_out,
+                   results=results, ruled_out=ruled_out,
                    implicated=implicated, recommendations=fixes,
                    chain=facts.stall.wait_chain.printed if facts.stall.wait_chain else None,
                    line_note="none: no defect found; the time goes into the model's own work"

@@ -13,7 +13,9 @@ buffer by a thread of its own (nsadiag.harness.echo), so a terminal that stops r
 (Ctrl-S, a pipe nobody reads) delays or drops what is shown (how much is kept in the
 evidence, ``output_not_shown``), and a disk that fills stops the copies (where and why:
 ``output_copies``), never the command; the verdict is still written (nsadiag.rundir's
-reserve). On a terminal, ``live`` keeps a status line below the output.
+reserve). On a terminal, ``live`` keeps a status line below the output. Every process's
+private and shared memory is read while it runs (nsadiag.harness.procmem), for the
+workers that copy what they were forked with and the process that grows.
 
 The one parent loop (nsadiag.harness.session) follows every process's stream as it
 appears, with the stall clock on progress of any of them. On a stall every watched
@@ -24,8 +26,9 @@ forked without the injected hook, a launcher: nsadiag.harness.tree), is sampled 
 at ``deadline_s`` (the user's own job timeout) a progressing run is SLOW with its rate and
 time per step, never a hang because a timer fired. A command that exits by itself gets
 OK for exit code 0, else the verdict of the exception a process recorded (or the last
-traceback on its stderr), else the exit code's verdict. A run the user interrupts
-(Ctrl-C, SIGTERM, SIGHUP) is recorded too, with what was known then
+traceback on its stderr), else the exit code's verdict; a first process dead of SIGKILL
+while the OOM kills of nsadiag's memory cgroup rose is OOM (nsadiag.harness.memlimit).
+A run the user interrupts (Ctrl-C, SIGTERM, SIGHUP) is recorded too, with what was known then
 (nsadiag.harness.interrupted); ``record.evidence.interrupted`` says so.
 
 The record (nsadiag.harness.record) names the training process (the one with the most
@@ -57,6 +60,8 @@ from nsadiag.harness.capture import unwatched
 from nsadiag.harness.echo import Echo, LiveStatus
 from nsadiag.harness.interrupted import interrupted_verdict
 from nsadiag.harness.launch import Launched
+from nsadiag.harness.memlimit import killed_by_oom, memory_limit
+from nsadiag.harness.procmem import MemoryWatch
 from nsadiag.harness.record import (
     build_record,
     command_facts,
@@ -284,6 +289,7 @@ class _CommandTree(Tree):
         self.known: set[str] = set()
         self.streams: list[Stream] = []
         self.shared, self.capture_window_s = shared, capture_window_s
+        self.memory = MemoryWatch()
 
     def running(self) -> bool:
         return self.command.poll() is None
@@ -314,12 +320,15 @@ class _CommandTree(Tree):
     def wait(self, seconds: float) -> None:
         if self.shared is not None:
             self.shared.tick(self.ranks, self.hot_frames)
+        if self.memory.due():
+            self.memory.sample(self.command.members())
         super().wait(seconds)
 
     def stall_elsewhere(self) -> bool:
         return self.shared is not None and self.shared.stall_elsewhere()
 
     def before_capture(self, due: Due) -> None:
+        self.memory.sample(self.command.members(), every=True)  # as at the stop
         if self.shared is not None and due.reason == "stall" and self.shared.stall is None:
             self.shared.say_stall()
 
@@ -409,6 +418,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     write_json(run_dir / "run.json", {"command_name": "run", "argv": list(argv),
                                       "stall_timeout_s": stall_timeout_s,
                                       "deadline_s": deadline_s})
+    limit_before = memory_limit()  # an OOM kill counted during the run is the kernel's
     shared = _shared_view(argv)
     if shared is not None and live is not None:  # the status line names a straggler
         shared.on_straggler = live.on_straggler
@@ -434,7 +444,11 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
                 (run_dir / made).unlink()
         raise ValueError(f"command: {never_ran}")
     reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
-    outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at)
+    limit_after = memory_limit()
+    oom_killed = returncode == -9 and killed_by_oom(limit_before, limit_after)
+    outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at,
+                         cap=limit_after.cap_bytes if oom_killed and limit_after else None,
+                         oom_killer=oom_killed)
     spec = {"command": list(argv), "stall_timeout_s": stall_timeout_s,
             "deadline_s": deadline_s, "subject": "the command"}
     main = training_stream(end.streams)
@@ -453,6 +467,7 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     evidence.output_copies = command.lost() or None
     evidence.output_not_shown = command.not_shown() or None
     evidence.containment = command.containment
+    evidence.process_memory = tree.memory.record(run_dir)
     if end.interrupted_at is not None:
         record.verdict = interrupted_verdict(record.verdict, end, main)
         evidence.interrupted = record.verdict.facts.position.interrupted

@@ -23,7 +23,9 @@ it, with no edit to the user's code.
 - ``thread-exceptions.jsonl``: every exception that ended another thread
   (nsadiag.harness.thread_exceptions, through ``threading.excepthook``);
 - ``child-exits.jsonl``: how each multiprocessing child it reaped ended
-  (nsadiag.harness.child_exits).
+  (nsadiag.harness.child_exits);
+- ``fork-<pid>.json``: one per child it forked, written by the child, with the containers
+  of Python objects a DataLoader's dataset held at the fork (nsadiag.probes.forks).
 
 The rank is torchrun's RANK, unless the parent process has the same RANK: then this is a
 helper of that rank (a spawned DataLoader worker), watched but not a rank.
@@ -84,6 +86,7 @@ from nsadiag.harness import child_exits, thread_exceptions
 from nsadiag.harness.heartbeat import HeartbeatWriter
 from nsadiag.harness.thinning import StrideDecision, WatchedBlock, watched_blocks
 from nsadiag.harness.uncopied import keep_out_of_copies
+from nsadiag.probes import forks
 from nsadiag.probes.counters import WorkCounters, outside_compiled_code, skip_dynamo_frames
 from nsadiag.probes.recompiles import COMPILE_POLL_S, CompileWatch
 from nsadiag.probes.sampler import Sampler
@@ -178,6 +181,7 @@ class ProcessHeartbeat:
         self.previous_excepthook = sys.excepthook
         self.uninstall_thread_hook: Any = None
         self.uninstall_child_exits: Any = None
+        self.fork_notes: forks.ForkNotes | None = None
         # the torch hooks' stage (_torch_stage): "torch", "dynamo", "compiles", "done"
         self.stage = "torch"
         self.compiles: CompileWatch | None = None
@@ -195,6 +199,7 @@ class ProcessHeartbeat:
         self.uninstall_thread_hook = thread_exceptions.install(
             self.directory / thread_exceptions.FILE_NAME)
         self.uninstall_child_exits = child_exits.install(self.directory / child_exits.FILE_NAME)
+        self.fork_notes = forks.install(self.directory)
         atexit.register(self.stop)
 
     def _after_fork(self) -> None:
@@ -233,6 +238,8 @@ class ProcessHeartbeat:
             self.uninstall_thread_hook()
         if self.uninstall_child_exits is not None:
             self.uninstall_child_exits()
+        if self.fork_notes is not None:
+            self.fork_notes.active = False
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         if os.getpid() == self.pid:

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from nsadiag.checks import CheckResult
     from nsadiag.triage.state import TriageState
 
-PLOTS = ("sweep.png", "memory.png", "flame.png")
+PLOTS = ("sweep.png", "memory.png", "flame.png", "process-memory.png")
 RANKED_KINDS = ("ddp", "run", "watch")
 """Kinds whose summary names the job's hosts (``hosts``: nsadiag.report.ranks)."""
 LOCK_WAIT_S = 10.0

@@ -3,7 +3,8 @@ block under ``nsadiag.watch()``, whose record's spec has kind "watch").
 
 report.md: the top block and summary of the record's finding (decided once, when the record
 was made: nsadiag.finding.run), the results,
-every watched process (its events by kind), the ranks of a job of several (by host, global,
+every watched process (its events by kind), each process's private and shared memory
+(nsadiag.report.process_memory), the ranks of a job of several (by host, global,
 local and node rank: nsadiag.report.ranks), the evidence of the training process (stacks,
 last events, the profile's loop and line, a flame graph), the tail of the command's
 stderr, and what to do next. summary.json: the common envelope plus the finding, the
@@ -22,6 +23,7 @@ from nsadiag.evidence import StallEvidence
 from nsadiag.findingdata import Finding
 from nsadiag.report.markdown import evidence_section
 from nsadiag.report.plots import flame_section
+from nsadiag.report.process_memory import process_memory_section
 from nsadiag.report.ranks import job_hosts, rank_rows, ranks_table
 from nsadiag.report.skeleton import Report
 from nsadiag.report.straggler import straggler_section
@@ -78,6 +80,14 @@ def containment_lines(containment: Any) -> list[str]:
             f"could outlive the run."]
 
 
+def _main_pid(command: Any) -> int | None:
+    """The training process's pid, from the command facts' process rows."""
+    for row in command.processes if command is not None else []:
+        if row.get("name") == command.main_process and isinstance(row.get("pid"), int):
+            return row["pid"]
+    return None
+
+
 def build_run_report(record: TrialRecord, finding: Finding, run_dir: Path
                      ) -> tuple[str, dict[str, Any]]:
     """(markdown, summary.json) of one `nsadiag run`, laying out ``finding`` (the record's
@@ -99,6 +109,11 @@ def build_run_report(record: TrialRecord, finding: Finding, run_dir: Path
                   f"{counts or '-'} | {process.stacks_class or '-'} | "
                   f"{(process.place or '-').replace('|', '/')} |")
     md += containment_lines(evidence.containment if evidence is not None else None)
+    memory = process_memory_section(
+        evidence.process_memory if evidence is not None else None,
+        _main_pid(command), run_dir)
+    if memory:
+        report.add("Process memory", memory)
     rows = rank_rows(record)
     if rows:
         report.add("Ranks", ranks_table(rows))

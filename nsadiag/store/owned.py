@@ -43,7 +43,8 @@ WRITTEN = frozenset({
     "attach.json", "block.json", "events.jsonl", "profile.json", "profile.folded",
     "faulthandler.txt", "stdout.txt", "stderr.txt", "watch-helper.txt", "dump-request",
     "hosts-trace.json", "sweep.png", "memory.png", "flame.png", "snapshot.pickle",
-    "finding.json", "events.slot"})
+    "finding.json", "events.slot", "process-memory.png", "child-exits.jsonl",
+    "thread-exceptions.jsonl"})
 """The names of the files nsadiag writes into a run directory (and its trial, rank, process,
 check and flight-recorder directories); ``written_by_nsadiag`` is the whole manifest."""
 RECORD_NAMES = ("record.json", "trials.jsonl", "summary.json", "run.json", "triage.json",
@@ -52,8 +53,9 @@ RECORD_NAMES = ("record.json", "trials.jsonl", "summary.json", "run.json", "tria
 """Files whose presence shows a directory was written by nsadiag before it had a marker."""
 _WRITTEN_DIR = re.compile(r"(?:trial|rank|proc)-\d+|flight-recorder|checks|causality|parity|"
                           r"ckpt|ddp|ab-[a-z0-9-]+")
-_WRITTEN_PATTERN = re.compile(r"rank-\d+\.json|[^/]+-redacted\.tar\.gz")
-"""A rank's flight-recorder dump; the redacted bundle (nsadiag.report.bundle)."""
+_WRITTEN_PATTERN = re.compile(r"rank-\d+\.json|fork-\d+\.json|[^/]+-redacted\.tar\.gz")
+"""A rank's flight-recorder dump; a forked child's note (nsadiag.probes.forks); the redacted
+bundle (nsadiag.report.bundle)."""
 _PROBE = re.compile(r"\.write-test\.[^/]+")  # the writability probe of a run directory
 
 
