@@ -517,10 +517,15 @@ def copying_workers(record: TrialRecord) -> CopyOnRead | None:
     return copy_on_read(evidence.process_memory, record.verdict.facts.crash.message)
 
 
-def _copy_failed(copying: CopyOnRead, name: str) -> bool:
-    """Whether the copying is what failed the run: a copying worker was killed, or the run
-    ran out of memory."""
-    return copying.what_failed or name == "OOM"
+def _copy_failed(copying: CopyOnRead, record: TrialRecord) -> bool:
+    """Whether the copying is what failed the run: a copying worker was killed, the run ran
+    out of memory, or its first process died of a SIGKILL nsadiag did not send (what a
+    memory limit's killer sends, in a container whose count of OOM kills nsadiag cannot
+    read)."""
+    outcome = record.evidence.outcome if record.evidence is not None else None
+    outside_kill = outcome is not None and outcome.signal == signal.SIGKILL and \
+        not outcome.killed_by_runner
+    return copying.what_failed or record.verdict_name == "OOM" or outside_kill
 
 
 def _copy_culprit(record: TrialRecord, copying: CopyOnRead) -> Culprit | None:
@@ -546,10 +551,13 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     proof = proof_of(record)
     next_action = next_action_of(record, culprit)
     copying = copying_workers(record)
-    copy_failed = copying is not None and _copy_failed(copying, name)
+    copy_failed = copying is not None and _copy_failed(copying, record)
     if copying is not None and copy_failed:  # what failed: the top block says it
         culprit = _copy_culprit(record, copying) or culprit
         proof = copying.proof()
+        if name == "CRASH":  # a SIGKILL from outside: say what sends one
+            proof = (f"killed by a SIGKILL nsadiag did not send (what a memory limit sends); "
+                     f"before it, {proof}")
         next_action = copying.next_action()
     elif name == "OOM" and culprit is None and record.spec.command:  # a user's own command
         cap = facts.memory.memory_cap_bytes

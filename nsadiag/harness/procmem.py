@@ -1,19 +1,19 @@
 """Every process's private and shared memory, read from the parent while the job runs.
 
-A forked DataLoader worker that copies its dataset page by page (nsadiag.probes.forks),
-a worker that leaks, a launcher that holds a copy of everything: each shows only in that
+A forked DataLoader worker that copies its dataset page by page (nsadiag.probes.forks), a
+worker that leaks, a launcher that holds a copy of everything: each shows only in that
 process's own memory, which a heartbeat of the training process does not carry (a forked
-worker writes none). ``MemoryWatch.sample(processes)`` reads
-``/proc/PID/smaps_rollup`` of every process of the job (Private_Dirty, Shared_Dirty,
-Anonymous, Swap, Rss): a new process every ``MIN_INTERVAL_S`` for its first readings,
-then less often when reading costs more: the kernel walks a process's page tables to sum
+worker writes none). ``MemoryWatch.sample(processes)`` reads ``/proc/PID/smaps_rollup`` of
+every process of the job (Private_Dirty, Shared_Dirty, Anonymous, Swap, Rss): a new
+process every ``YOUNG_INTERVAL_S`` for its first readings, then every ``MIN_INTERVAL_S``
+or less often when reading costs more: the kernel walks a process's page tables to sum
 them (about 20 ms for a 500 MB process here), so the spacing grows until reading takes at
 most ``COST_SHARE`` of one CPU. What is kept is bounded: ``MAX_POINTS`` points per process
 (every other one is dropped when full, the first kept) and ``MAX_SERIES`` processes (the
 ended one whose memory changed least goes first, counted in ``left_out``).
-``record(run_dir)`` is the typed record (nsadiag.record.process_memory), each forked
-child joined with the note its watched parent left at the fork (its dataset's containers
-of Python objects).
+``record(run_dir)`` is the typed record (nsadiag.record.process_memory), each forked child
+joined with the note its watched parent left at the fork (its dataset's containers of
+Python objects).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from nsadiag.record.process_memory import (
 )
 
 MIN_INTERVAL_S = 1.0
+YOUNG_INTERVAL_S = 0.5
+"""A new process is looked for, and read for its first ``YOUNG_POINTS`` readings, this
+often: a forked worker copies most of what it will copy in its first seconds."""
 COST_SHARE = 0.02
 """Reading every process's smaps_rollup takes at most this share of one CPU."""
 YOUNG_POINTS = 5
@@ -116,9 +119,9 @@ class _Series:
 
 class MemoryWatch:
     """The job's processes' memory over time (see the module docstring). Each process has
-    its own spacing: ``MIN_INTERVAL_S`` for its first ``YOUNG_POINTS`` readings (a worker
-    that copies its parent does so in its first seconds), then as long as keeps the
-    readings of all of them within ``COST_SHARE`` of one CPU."""
+    its own spacing: ``YOUNG_INTERVAL_S`` for its first ``YOUNG_POINTS`` readings (a
+    worker that copies its parent does so in its first seconds), then ``MIN_INTERVAL_S``
+    or as long as keeps the readings of all of them within ``COST_SHARE`` of one CPU."""
 
     def __init__(self) -> None:
         self.series: dict[int, _Series] = {}
@@ -161,10 +164,10 @@ class MemoryWatch:
         spacing = max(MIN_INTERVAL_S, sum(s.cost_s for s in alive) / COST_SHARE)
         for s in alive:
             if s.next_at <= now or every:
-                s.next_at = now + (MIN_INTERVAL_S if len(s.points) < YOUNG_POINTS
+                s.next_at = now + (YOUNG_INTERVAL_S if len(s.points) < YOUNG_POINTS
                                    else spacing)
         self.interval_s = spacing
-        self.next_at = min((s.next_at for s in alive), default=now + MIN_INTERVAL_S)
+        self.next_at = min([s.next_at for s in alive] + [now + YOUNG_INTERVAL_S])
         self._bound()
 
     def _bound(self) -> None:

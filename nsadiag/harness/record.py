@@ -50,7 +50,9 @@ from nsadiag.verdict.rules import decide
 def outcome_of(returncode: int | None, reason: str | None, wall_s: float, ended_at: float,
                cap: int | None = None, oom_killer: bool = False) -> ProcessOutcome:
     """How a launched tree's first process ended, as the verdict rules read it; ``reason``
-    is why nsadiag stopped it ("stall", "budget"; None: it ended by itself)."""
+    is why nsadiag stopped it ("stall", "budget"; None: it ended by itself); ``oom_killer``
+    that the kernel's OOM killer killed it, or, when it exited by itself, one of its
+    children (a DataLoader worker) it then reported."""
     if returncode is not None and returncode < 0:
         number = -returncode
         try:
@@ -62,7 +64,8 @@ def outcome_of(returncode: int | None, reason: str | None, wall_s: float, ended_
                               wall_s=wall_s, memory_cap_bytes=cap, ended_at=ended_at,
                               oom_killer=oom_killer and reason is None)
     return ProcessOutcome(exit_code=returncode, killed_by_runner=False, wall_s=wall_s,
-                          memory_cap_bytes=cap, ended_at=ended_at)
+                          memory_cap_bytes=cap, ended_at=ended_at,
+                          oom_killer=oom_killer and reason is None)
 
 
 def how_it_ended(outcome: ProcessOutcome) -> str:

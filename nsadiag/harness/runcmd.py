@@ -445,7 +445,8 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
         raise ValueError(f"command: {never_ran}")
     reason = end.reason or ("interrupted" if end.interrupted_at is not None else None)
     limit_after = memory_limit()
-    oom_killed = returncode == -9 and killed_by_oom(limit_before, limit_after)
+    # the first process killed, or a child of it (a DataLoader worker) it then reports
+    oom_killed = returncode not in (0, None) and killed_by_oom(limit_before, limit_after)
     outcome = outcome_of(returncode, reason, end.wall_s, end.ended_at,
                          cap=limit_after.cap_bytes if oom_killed and limit_after else None,
                          oom_killer=oom_killed)

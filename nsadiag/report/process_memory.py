@@ -49,8 +49,9 @@ def process_memory_section(memory: ProcessMemory | None, main_pid: int | None,
     ranked = _ranked(memory)
     if not ranked:
         return []
-    lines = [f"Each process's memory from /proc/PID/smaps_rollup, read every "
-             f"{sig(memory.interval_s)} s or more (private: pages only it holds and has "
+    lines = [f"Each process's memory from /proc/PID/smaps_rollup, read every half second "
+             f"at first and every {sig(memory.interval_s)} s at the end (private: pages only "
+             f"it holds and has "
              f"written; shared: written pages it still shares, as a forked worker shares "
              f"its parent's).", "",
              "| pid | what it is | private first / peak / last | shared first / last | "

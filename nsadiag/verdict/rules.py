@@ -116,11 +116,17 @@ def said_message(message: str) -> str:
     return f"{text} (raised in {caught[1]})" if caught else text
 
 
+KILLED_CHILD = re.compile(r"killed by signal|exited unexpectedly", re.IGNORECASE)
+"""An exception that reports a child's death (a DataLoader's: "DataLoader worker (pid 12)
+is killed by signal: Killed.", "... exited unexpectedly")."""
+
+
 def rule_exception(evidence: Evidence) -> Verdict | None:
     """OOM when the recorded exception names memory exhaustion (torch.OutOfMemoryError,
     MemoryError, "CUDA out of memory", "DefaultCPUAllocator: can't allocate memory",
-    "not enough memory"); ERROR with type, message and the innermost project frame for any
-    other exception."""
+    "not enough memory"), or reports a killed child while the kernel's OOM killer acted in
+    the job's memory cgroup; ERROR with type, message and the innermost project frame for
+    any other exception."""
     exception = (evidence.result or {}).get("exception")
     if not exception:
         return None
@@ -138,15 +144,22 @@ def rule_exception(evidence: Evidence) -> Verdict | None:
     if explanation:
         facts.update(cause=explanation["cause"], known_error=explanation["known"])
         reasons.append(f"cause: {explanation['cause']}")
-    if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))):
+    child_killed = evidence.outcome.oom_killer and bool(KILLED_CHILD.search(message))
+    if not is_oom_exception(exception, bool((evidence.result or {}).get("oom"))) and \
+            not child_killed:
         return Verdict("ERROR", reasons, facts)
+    if child_killed:
+        cap = evidence.outcome.memory_cap_bytes
+        limit = f" (its limit: {gib(cap)})" if cap else ""
+        reasons.append(f"the kernel's OOM killer killed a process in the job's memory "
+                       f"cgroup{limit} while it ran: the child the exception names")
     if facts["peak_rss"]:
         reasons.append(f"peak RSS of {who} was {gib(facts['peak_rss'])}")
     peak_cuda = (evidence.result or {}).get("peak_cuda")
     if peak_cuda:
         facts["peak_cuda"] = peak_cuda
         reasons.append(f"peak CUDA memory allocated was {gib(peak_cuda)}")
-    if evidence.outcome.memory_cap_bytes:
+    if evidence.outcome.memory_cap_bytes and not child_killed:
         reasons.append(f"the runner capped memory at {gib(evidence.outcome.memory_cap_bytes)}")
     _add_memory_growth(evidence, facts, reasons)
     return Verdict("OOM", reasons, facts)
