@@ -93,7 +93,9 @@ class CopyOnRead:
                        code=c.code)
 
     def proof(self) -> str:
-        worst = self.workers[0]
+        # the worker that was killed, else the one that grew most
+        worst = next((w for w in self.workers if w.series.pid == self.killed),
+                     self.workers[0])
         killed = " before it was killed" if worst.series.pid == self.killed else ""
         return (f"{worst.sentence()}{killed}: the pages it was forked with are copied into "
                 f"it as it reads them (copy-on-read)")

@@ -457,7 +457,10 @@ def run_command(argv: list[str], run_dir: Path, stall_timeout_s: float,
     record = build_record(spec, run_dir, end, main, rank_streams(end.streams), outcome,
                           ended_ok=ended_ok,
                           total_steps=main.counts.get("step", 0) if main and ended_ok else 0,
-                          fallback=None if end.due is not None else _stderr_exception(run_dir),
+                          # a process a signal killed printed no traceback: one on
+                          # stderr then is another's (a worker's, as its parent died)
+                          fallback=None if end.due is not None or (returncode or 0) < 0
+                          else _stderr_exception(run_dir),
                           command=command_facts(end, main, outcome, run_dir),
                           hosts=shared.view() if shared is not None else None,
                           remote=shared.remote_ranks() if shared is not None else ())

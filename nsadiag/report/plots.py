@@ -17,6 +17,7 @@ from typing import Any
 
 from nsadiag.memoryrecord import MemoryRecord
 from nsadiag.probes.sampler import is_user_file
+from nsadiag.record.process_memory import ProcessSeries
 from nsadiag.rundir import write_bytes
 from nsadiag.sweep import Fit, SweepRow
 
@@ -170,6 +171,30 @@ def memory_plot(measured: MemoryRecord, path: Path) -> Path | None:
     ax_b.yaxis.set_major_locator(MaxNLocator(nbins=6))
     if names:
         ax_b.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def process_memory_plot(drawn: Sequence[tuple[str, ProcessSeries]], path: Path
+                        ) -> Path | None:
+    """Private (solid) and shared (dashed) MiB of each (label, series) over the run's
+    seconds, one colour per process; None when none is given."""
+    if not drawn:
+        return None
+    start = min(s.points[0].t for _, s in drawn)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for i, (label, s) in enumerate(drawn):
+        xs = [p.t - start for p in s.points]
+        ax.plot(xs, [p.private / 2**20 for p in s.points], color=f"C{i}", marker=".",
+                label=f"{label}: private")
+        ax.plot(xs, [p.shared / 2**20 for p in s.points], color=f"C{i}", linestyle="--",
+                label=f"{label}: shared")
+    ax.set(xlabel="seconds since the first reading", ylabel="MiB",
+           title="private (solid) and shared (dashed) memory of each process")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
 

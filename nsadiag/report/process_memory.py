@@ -16,6 +16,7 @@ from pathlib import Path
 
 from nsadiag.finding.numbers import sig, size
 from nsadiag.record.process_memory import ProcessMemory, ProcessSeries
+from nsadiag.report.plots import process_memory_plot
 
 ROWS = 12
 PLOTTED = 8
@@ -75,37 +76,11 @@ def process_memory_section(memory: ProcessMemory | None, main_pid: int | None,
             lines += ["", f"The dataset the DataLoader forked its workers with, "
                           f"`{s.dataset.class_name}`, held: {held}."]
             break
-    png = process_memory_plot(memory, main_pid, run_dir / PLOT_NAME)
+    drawn = [s for s in ranked if len(s.points) > 1 and
+             max(s.peak("private"), s.peak("shared")) >= MIN_PLOTTED_BYTES][:PLOTTED]
+    png = process_memory_plot([(f"{s.pid} {role(s, main_pid)}", s) for s in drawn],
+                              run_dir / PLOT_NAME)
     if png is not None:
         lines += ["", f"![private (solid) and shared (dashed) memory of each process]"
                       f"({png.name})"]
     return lines
-
-
-def process_memory_plot(memory: ProcessMemory, main_pid: int | None, path: Path
-                        ) -> Path | None:
-    """Private (solid) and shared (dashed) MiB of each process over the run's seconds;
-    None when no process has two readings."""
-    from nsadiag.report.plots import _pyplot, _save
-
-    drawn = [s for s in _ranked(memory) if len(s.points) > 1 and
-             max(s.peak("private"), s.peak("shared")) >= MIN_PLOTTED_BYTES][:PLOTTED]
-    if not drawn:
-        return None
-    start = min(s.points[0].t for s in drawn)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    for i, s in enumerate(drawn):
-        xs = [p.t - start for p in s.points]
-        label = f"{s.pid} {role(s, main_pid)}"
-        ax.plot(xs, [p.private / 2**20 for p in s.points], color=f"C{i}", marker=".",
-                label=f"{label}: private")
-        ax.plot(xs, [p.shared / 2**20 for p in s.points], color=f"C{i}", linestyle="--",
-                label=f"{label}: shared")
-    ax.set(xlabel="seconds since the first reading", ylabel="MiB",
-           title="private (solid) and shared (dashed) memory of each process")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
