@@ -508,6 +508,32 @@ def cause_items(record: TrialRecord, culprit: Culprit | None) -> tuple[list[Item
     return ruled_out, implicated
 
 
+def fragmentation_sentence(record: TrialRecord) -> tuple[str, str] | None:
+    """(mark, sentence) of the allocator's state at an OOM (nsadiag.probes.fragmentation):
+    fragmented, in use, or not available on this device; None when the process recorded
+    no OOM."""
+    result = record.evidence.result if record.evidence is not None else None
+    found = (result or {}).get("fragmentation")
+    if not isinstance(found, dict):
+        return None
+    if isinstance(found.get("unavailable"), str):
+        return "warn", found["unavailable"]
+    numbers = [found.get(k) for k in ("reserved", "allocated", "free_in_reserved",
+                                      "largest_free_block")]
+    if not all(isinstance(n, int) for n in numbers):
+        return None
+    reserved, allocated, free, largest = numbers
+    requested = found.get("requested")
+    if found.get("fragmented") and isinstance(requested, int):
+        return "fail", (f"fragmented: {size(free)} of the {size(reserved)} the allocator "
+                        f"reserved was free, but in pieces: the largest was {size(largest)}, "
+                        f"less than the {size(requested)} asked for "
+                        f"(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets freed "
+                        f"pieces be reused whole)")
+    return "ok", (f"not fragmentation: {size(allocated)} of the {size(reserved)} reserved "
+                  f"was allocated, {size(free)} free (largest piece {size(largest)})")
+
+
 def copying_workers(record: TrialRecord) -> CopyOnRead | None:
     """The run's forked workers that copied what they were forked with
     (nsadiag.finding.copy_on_read), None when none did or the memory was not read."""
@@ -582,6 +608,16 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     ruled_out, implicated = cause_items(record, culprit)
     fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in fixes_for(facts.crash.known_error)][1:]
     results = trial_items(record, culprit)
+    allocator = fragmentation_sentence(record) if name == "OOM" else None
+    if allocator is not None:
+        mark, sentence = allocator
+        results.append({"fail": fail, "ok": ok, "warn": warn}[mark](sentence))
+        if mark == "fail" and not copy_failed:
+            proof = f"{proof}; {sentence}" if proof else sentence
+            fixes.insert(0, "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA "
+                            "starts, so the allocator grows its segments instead of leaving "
+                            "free pieces too small to use; or free and reallocate large "
+                            "buffers less often.")
     if copying is not None:  # whatever the verdict: the memory it will run out of
         cause = copying.cause()
         summary.append(f"Cause: {cause[:1].upper()}{cause[1:]}." if copy_failed else

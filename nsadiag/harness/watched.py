@@ -252,9 +252,14 @@ class ProcessHeartbeat:
         from nsadiag.harness.child import describe, write_result
 
         found = describe(exc)
+        oom = found.pop("oom")
+        result = {"status": "error", "oom": oom, "exception": found}
+        if oom:  # the allocator as it failed: free in pieces, or full
+            from nsadiag.probes.fragmentation import at_oom
+
+            result["fragmentation"] = at_oom(exc)
         try:
-            write_result(self.directory / "result.json",
-                         {"status": "error", "oom": found.pop("oom"), "exception": found})
+            write_result(self.directory / "result.json", result)
         except OSError:
             pass  # the user's exception is what matters; the traceback reaches stderr
 
