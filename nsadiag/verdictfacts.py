@@ -77,6 +77,8 @@ class RankRow:
     cpu_fraction: float | None
     collective: str | None
     user_frame: str | None
+    memory_per_step: float | None
+    memory_holder: str | None
     raw: Mapping[str, Any]
 
     def to_dict(self) -> dict[str, Any]:

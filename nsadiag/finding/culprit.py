@@ -452,6 +452,22 @@ def retain_culprit(record: TrialRecord, sources: Sources) -> Culprit | None:
     return found if found is not None else _hook_append(sources, path, growth)
 
 
+def holder_retain(record: TrialRecord, holder: str, growth: float) -> Culprit | None:
+    """For a process whose memory grew ``growth`` bytes per step with its memory ``holder``
+    ("fn (file:line)", one rank's): the loop's line that appends a tensor to a container
+    kept across steps, as ``retain_culprit`` finds it; None when none is found."""
+    split = _split_where(holder)
+    if split is None or growth <= 0:
+        return None
+    function, name, line = split
+    path = _user_path(record, function, name)
+    sources = carried_sources(record.evidence.source if record.evidence is not None else None)
+    span = sources.loop_around(path, line) if path else None
+    if path is None or span is None:
+        return None
+    return _loop_append(sources, path, span, growth)
+
+
 def _hook_append(sources: Sources, path: str, growth: float) -> Culprit | None:
     """The append of a hook function of the holder's file that keeps what it is given
     (nsadiag.sourcelines.hook_appends): it runs inside every forward, so the memory the

@@ -17,10 +17,11 @@ from typing import Any
 
 from nsadiag.finding import Culprit, Finding, Item, fail, kind_of, ok, warn
 from nsadiag.finding.copy_on_read import CopyOnRead, copy_on_read
-from nsadiag.finding.culprit import culprit_of
+from nsadiag.finding.culprit import culprit_of, holder_retain
 from nsadiag.finding.known_fixes import fixes_for
 from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.numbers import count, duration, share, si, sig, size
+from nsadiag.finding.rank_memory import growing_ranks
 from nsadiag.finding.source import carried_sources
 from nsadiag.ranknames import RankNames
 from nsadiag.recordspec import RecordSpec
@@ -608,6 +609,10 @@ def trial_finding(record: TrialRecord, command: str, rerun: str | None = None) -
     ruled_out, implicated = cause_items(record, culprit)
     fixes = [f"{fix[:1].upper()}{fix[1:]}." for fix in fixes_for(facts.crash.known_error)][1:]
     results = trial_items(record, culprit)
+    for grows in growing_ranks(record.verdict.facts.ranks.ranks or (),
+                               lambda holder, growth: holder_retain(record, holder, growth)):
+        results.append((fail if name == "OOM" else warn)(grows))
+        implicated.append(fail(f"Memory: {grows}."))
     allocator = fragmentation_sentence(record) if name == "OOM" else None
     if allocator is not None:
         mark, sentence = allocator

@@ -83,6 +83,18 @@ def how_it_ended(outcome: ProcessOutcome) -> str:
     return f"exit code {outcome.exit_code}"
 
 
+def memory_holder(path: Path) -> str | None:
+    """Where a process's sampled profile saw memory taken step after step and kept (the
+    heap's holder, else resident memory's, else CUDA's: its "where"), None when none."""
+    summary = summarize_profile(read_profile(path) or {}) if path.is_file() else None
+    ledgers = (summary or {}).get("memory") or {}
+    for kind in ("heap", "rss", "cuda"):
+        holder = (ledgers.get(kind) or {}).get("holder")
+        if isinstance(holder, dict) and isinstance(holder.get("where"), str):
+            return holder["where"]
+    return None
+
+
 def profile_summary(path: Path) -> dict[str, Any] | None:
     """The summary of a process's sampled profile; its stacks also go to profile.folded
     beside it, for a flame-graph viewer."""
@@ -156,7 +168,8 @@ def rank_evidence(rank: int, stream: Stream, result: dict[str, Any] | None,
                         if result is None and stderr_path is not None else None,
                         thread_exceptions=thread_exceptions.read(
                             stream.path.parent / thread_exceptions.FILE_NAME),
-                        names=stream.names)
+                        names=stream.names,
+                        memory_holder=memory_holder(stream.path.parent / "profile.json"))
 
 
 def _place(stall: StallEvidence | None) -> str | None:

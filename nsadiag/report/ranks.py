@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nsadiag.fmt import size
 from nsadiag.ranknames import RankNames
 from nsadiag.report.markdown import md_table
 from nsadiag.rundir import TrialRecord
@@ -44,7 +45,8 @@ def name_cells(names: Mapping[str, Any]) -> list[str]:
 
 def ranks_table(rows: Sequence[RankRow]) -> list[str]:
     """One line per rank: host, global, local and node rank, then pid, state, collectives
-    issued, the last one, what it waits in (and for how long), where it is."""
+    issued, the last one, what it waits in (and for how long), where it is, and how much
+    its memory grew per step."""
     import pandas as pd
 
     if not rows:
@@ -62,7 +64,9 @@ def ranks_table(rows: Sequence[RankRow]) -> list[str]:
         "collectives issued": [r.issued for r in rows],
         "last collective": [r.last_collective for r in rows],
         "waiting in": [waiting(r) for r in rows],
-        "position": [r.position for r in rows]})
+        "position": [r.position for r in rows],
+        "memory / step": [size(r.memory_per_step) if r.memory_per_step is not None else None
+                          for r in rows]})
     return md_table(pd.DataFrame(columns, dtype=object))
 
 

@@ -80,6 +80,9 @@ class RankEvidence:
     thread_exceptions: list[dict[str, Any]] = field(default_factory=list)
     names: dict[str, Any] | None = None
     """Its host, global, local and node rank (nsadiag.ranknames.RankNames.to_dict)."""
+    memory_holder: str | None = None
+    """Where its sampled profile saw memory taken step after step and kept ("fn (file:
+    line)": the heap's holder, else resident memory's, else CUDA's), None when none."""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -97,7 +100,7 @@ class RankEvidence:
                    state=data.get("state"), signature=data.get("signature", ""),
                    crash=data.get("crash"),
                    thread_exceptions=list(data.get("thread_exceptions") or []),
-                   names=data.get("names"))
+                   names=data.get("names"), memory_holder=data.get("memory_holder"))
 
     def as_evidence(self, job: Evidence) -> Evidence:
         """This rank seen as a single trial: the job's spec, outcome and limits."""
@@ -330,7 +333,8 @@ def _is_collective_failure(rank: RankEvidence) -> bool:
 
 
 def rank_table(ranks: Sequence[RankEvidence], now: float | None) -> list[dict[str, Any]]:
-    """One row per rank: rank, pid, state, issued, last collective, waiting, position."""
+    """One row per rank: rank, pid, state, issued, last collective, waiting, position,
+    memory growth per step and where its memory is kept."""
     rows = []
     for r in ranks:
         waiting = waiting_in(r)
@@ -344,8 +348,22 @@ def rank_table(ranks: Sequence[RankEvidence], now: float | None) -> list[dict[st
                      "issued": (r.collectives or {}).get("issued", 0),
                      "last_collective": describe_collective(last) if last else None,
                      "waiting": describe_collective(waiting) if waiting else None,
-                     "waiting_since_s": since, "position": position(r)})
+                     "waiting_since_s": since, "position": position(r),
+                     "memory_per_step": _memory_per_step(r),
+                     "memory_holder": r.memory_holder})
     return rows
+
+
+def _memory_per_step(rank: RankEvidence) -> float | None:
+    """The rank's memory growth per step (CUDA allocated where recorded, else resident),
+    bytes; None with too few steps in its events."""
+    from nsadiag.verdict.rules import memory_growth
+
+    for key in ("cuda_alloc", "rss"):
+        growth = memory_growth(rank.events, key)
+        if growth is not None:
+            return float(growth["per_step"])
+    return None
 
 
 def _state_of(rank: RankEvidence) -> str:
