@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import psutil
 
 from nsadiag.probes.forks import read_notes
 from nsadiag.record.process_memory import (
+    WATCHED_INTERVAL_S,
     DatasetContainer,
     ForkedDataset,
     MemoryPoint,
@@ -135,9 +136,11 @@ class MemoryWatch:
     def due(self) -> bool:
         return self.unavailable is None and time.monotonic() >= self.next_at
 
-    def sample(self, processes: Iterable[psutil.Process], every: bool = False) -> None:
+    def sample(self, processes: Iterable[psutil.Process], every: bool = False,
+               watched: Collection[int] = ()) -> None:
         """Read each process whose reading is due (``every``: all of them, as at a stall);
-        the caller calls it when ``due``."""
+        the caller calls it when ``due``. ``watched``: the pids that write a heartbeat,
+        read every ``WATCHED_INTERVAL_S`` only."""
         if self.unavailable is not None:
             return
         now, wall = time.monotonic(), time.time()
@@ -164,7 +167,8 @@ class MemoryWatch:
         spacing = max(MIN_INTERVAL_S, sum(s.cost_s for s in alive) / COST_SHARE)
         for s in alive:
             if s.next_at <= now or every:
-                s.next_at = now + (YOUNG_INTERVAL_S if len(s.points) < YOUNG_POINTS
+                s.next_at = now + (max(WATCHED_INTERVAL_S, spacing) if s.pid in watched else
+                                   YOUNG_INTERVAL_S if len(s.points) < YOUNG_POINTS
                                    else spacing)
         self.interval_s = spacing
         self.next_at = min([s.next_at for s in alive] + [now + YOUNG_INTERVAL_S])

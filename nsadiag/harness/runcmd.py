@@ -277,6 +277,9 @@ class _Command(Launched):
                                                           strict=True) if count}
 
 
+MEMBERS_SCAN_S = 1.0
+
+
 class _CommandTree(Tree):
     """A user's command: its processes' streams found as they appear in the run directory,
     its processes that write no heartbeat sampled at a stall, all of them killed at the
@@ -290,6 +293,8 @@ class _CommandTree(Tree):
         self.streams: list[Stream] = []
         self.shared, self.capture_window_s = shared, capture_window_s
         self.memory = MemoryWatch()
+        self.scanned: list[psutil.Process] = []
+        self.scanned_at = -float("inf")
 
     def running(self) -> bool:
         return self.command.poll() is None
@@ -321,14 +326,27 @@ class _CommandTree(Tree):
         if self.shared is not None:
             self.shared.tick(self.ranks, self.hot_frames)
         if self.memory.due():
-            self.memory.sample(self.command.members())
+            self.memory.sample(self._members(), watched=self._watched_pids())
         super().wait(seconds)
 
     def stall_elsewhere(self) -> bool:
         return self.shared is not None and self.shared.stall_elsewhere()
 
+    def _members(self) -> list[psutil.Process]:
+        """The job's processes for the memory readings: the tree scanned again once a
+        second at most (a scan reads every process's environment), the last scan's list in
+        between (a young worker is read twice a second)."""
+        now = time.monotonic()
+        if now - self.scanned_at >= MEMBERS_SCAN_S:
+            self.scanned, self.scanned_at = self.command.members(), now
+        return self.scanned
+
+    def _watched_pids(self) -> set[int]:
+        return {stream.pid for stream in self.streams if stream.pid}
+
     def before_capture(self, due: Due) -> None:
-        self.memory.sample(self.command.members(), every=True)  # as at the stop
+        self.memory.sample(self.command.members(), every=True,  # as at the stop
+                           watched=self._watched_pids())
         if self.shared is not None and due.reason == "stall" and self.shared.stall is None:
             self.shared.say_stall()
 

@@ -20,6 +20,11 @@ from typing import Any
 from nsadiag.stored import NUMBER, optional
 
 POINT_FIELDS = ("t", "private", "shared", "anonymous", "swap", "rss")
+WATCHED_INTERVAL_S = 10.0
+"""A process that writes a heartbeat (the training process, a rank) carries its resident
+memory in it; its smaps_rollup is read this seldom: the kernel's walk of its page tables
+holds its memory map's lock, which its own mmap and munmap (a large tensor's allocation
+and its release) then wait for."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nsadiag.finding.numbers import sig, size
-from nsadiag.record.process_memory import ProcessMemory, ProcessSeries
+from nsadiag.record.process_memory import WATCHED_INTERVAL_S, ProcessMemory, ProcessSeries
 from nsadiag.report.plots import process_memory_plot
 
 ROWS = 12
@@ -50,9 +50,9 @@ def process_memory_section(memory: ProcessMemory | None, main_pid: int | None,
     ranked = _ranked(memory)
     if not ranked:
         return []
-    lines = [f"Each process's memory from /proc/PID/smaps_rollup, read every half second "
-             f"at first and every {sig(memory.interval_s)} s at the end (private: pages only "
-             f"it holds and has "
+    lines = [f"Each process's memory from /proc/PID/smaps_rollup: a new worker read every "
+             f"half second at first, then every {sig(memory.interval_s)} s; a process with "
+             f"a heartbeat every {sig(WATCHED_INTERVAL_S)} s (private: pages only it holds and has "
              f"written; shared: written pages it still shares, as a forked worker shares "
              f"its parent's).", "",
              "| pid | what it is | private first / peak / last | shared first / last | "
