@@ -79,6 +79,7 @@ class RankRow:
     user_frame: str | None
     memory_per_step: float | None
     memory_holder: str | None
+    folded: str | None  # a group folded at a stall: "1,022 ranks (1-1022) as rank 0"
     raw: Mapping[str, Any]
 
     def to_dict(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence
+from nsadiag.hosts.groups import JobGroup, folded
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.ranks import (
     RankEvidence,
@@ -92,11 +93,19 @@ class HostsView:
     store_ops: int = 0
     straggler: dict[str, Any] | None = None
     """The latest straggler seen (Straggler.to_dict and ``seen_at``), None if none."""
+    groups: list[JobGroup] = field(default_factory=list)
+    """The job's ranks folded by where they stood at the stall (nsadiag.hosts.groups)."""
+    decider: str | None = None
+    """The host that gathered the merged evidence at the stall."""
+    replaced: list[str] = field(default_factory=list)
+    """Deciders lost at the stall, each replaced by the next in the deciding order."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "mode": self.mode, "shared": self.shared,
                 "hosts": sorted(self.states), "stall": self.stall, "lost": self.lost,
                 "store_ops": self.store_ops, "straggler": self.straggler,
+                "decider": self.decider, "replaced": self.replaced,
+                "groups": [g.to_dict() for g in self.groups],
                 "published_at": {h: s.published_at for h, s in self.states.items()},
                 "phase": {h: s.phase for h, s in self.states.items()},
                 # each rank's hot frame, so that `nsadiag merge` names a straggler's frame
@@ -148,29 +157,85 @@ def _before_loss(rank: RankEvidence) -> RankEvidence:
     return dataclasses.replace(rank, result=None, crash=None)
 
 
-def waiting_for(ranks: Sequence[RankEvidence], odd: Sequence[int]) -> list[str]:
+def waiting_for(ranks: Sequence[RankEvidence], odd: Sequence[int],
+                groups: Sequence[JobGroup] = ()) -> list[str]:
     """"rank 0 on host1 (...) waits in collective #1 (all_reduce, DDP bucket 0, 4 tensors)
     for rank 3 on host2 (...)" for every rank that waits in a collective the ``odd`` ranks
-    never issued."""
+    never issued; a group of ranks folded at the stall (``groups``: those with members not
+    among ``ranks``) is one sentence: "1,023 ranks (rank 0 on host1 (...) and 1,022 more
+    on 128 hosts) wait in all_reduce #1 (...) at train.py:40 for ..."."""
     culprits = [r for r in ranks if r.rank in set(odd)]
     if not culprits:
         return []
     names = " and ".join(rank_label(r) for r in culprits)
+    by_rank = {r.rank: r for r in ranks}
+    in_groups = {rank for g in groups for rank in g.ranks()}
     said = []
+    for group in groups:
+        if group.waiting is None or all(r in set(odd) for r in group.ranks()):
+            continue
+        host, first = group.representative()
+        label = rank_label(by_rank[first]) if first in by_rank else f"rank {first} on {host}"
+        said.append(f"{group.count:,} ranks ({label} and {group.count - 1:,} more on "
+                    f"{len(group.members):,} host(s)) wait in {group.waiting} at "
+                    f"{group.frames or 'no Python frame'} for {names}")
     for rank in ranks:
         waiting = waiting_in(rank)
-        if rank in culprits or waiting is None:
+        if rank in culprits or waiting is None or rank.rank in in_groups:
             continue
         said.append(f"{rank_label(rank)} waits in {describe_collective(waiting)} "
                     f"for {names}")
     return said
 
 
-def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
+def folded_rows(groups: Sequence[JobGroup], rows: Sequence[dict[str, Any]]
+                ) -> list[dict[str, Any]]:
+    """One row of the Ranks table per folded group: its members that are not rows of
+    their own, read as its representative's row."""
+    shown = {row.get("rank") for row in rows}
+    by_rank = {row.get("rank"): row for row in rows}
+    out = []
+    for group in groups:
+        hidden = [r for r in group.ranks() if r not in shown]
+        if not hidden:
+            continue
+        host, first = group.representative()
+        like = by_rank.get(first, {})
+        hosts = sorted(h for h, members in group.members.items()
+                       if any(r not in shown for r in members))
+        out.append({"rank": None, "host": hosts[0] if len(hosts) == 1 else
+                    f"{len(hosts):,} hosts", "local_rank": None, "node_rank": None,
+                    "pid": None, "state": group.state, "issued": like.get("issued"),
+                    "last_collective": like.get("last_collective"),
+                    "waiting": group.waiting, "waiting_since_s": None,
+                    "position": like.get("position"), "memory_per_step": None,
+                    "memory_holder": None,
+                    "folded": f"{len(hidden):,} ranks ({_span(hidden)}) as rank {first}"})
+    return out
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """"0-1022" for consecutive ranks, else the first and last with the count between."""
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if ranks[-1] - ranks[0] + 1 == len(ranks):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return f"{ranks[0]}, ..., {ranks[-1]}"
+
+
+LOST_NAMED = 8
+"""Lost hosts told one sentence each; the others in one sentence more."""
+
+
+def lost_sentences(view: HostsView, ranks: Sequence[RankEvidence]
+                   ) -> tuple[list[str], list[dict[str, Any]]]:
+    """"host H lost at T (...); its ranks ... last seen at: ..." for every lost host, and
+    its row of the facts; its ranks are those of ``ranks`` on it, else those its last
+    digest gave (its state's)."""
     reasons, rows = [], []
     for host in view.lost:
         state = view.states.get(host)
-        theirs = [r for r in ranks if _host_of(r) == host]
+        theirs = [r for r in ranks if _host_of(r) == host] or (state.ranks if state else [])
         when = _clock(state.published_at) if state else "an unknown time (it never published)"
         where = "; ".join(f"{rank_label(r)}: {position(r)}" +
                           (f", waiting in {describe_collective(waiting_in(r))}"
@@ -181,12 +246,22 @@ def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView)
                        f"at: {where}")
         rows.append({"host": host, "last_heard": state.published_at if state else None,
                      "ranks": [r.rank for r in theirs]})
+    if len(reasons) > LOST_NAMED:  # the rest in one sentence (every one in the rows)
+        rest = view.lost[LOST_NAMED:]
+        reasons[LOST_NAMED:] = [f"{len(rest):,} more host(s) lost: {', '.join(rest[:20])}"
+                                + (", ..." if len(rest) > 20 else "")]
+    return reasons, rows
+
+
+def _lost_verdict(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
+    reasons, rows = lost_sentences(view, ranks)
     own = [r for r in ranks if _host_of(r) == view.host]
     if own:
         reasons.append(f"the ranks of {view.host} ("
                        + ", ".join(str(r.rank) for r in own) + ") lost their peers: a "
                        "consequence of the lost host, not a fault of their own")
-    first = next((r for r in ranks if _host_of(r) in view.lost), None)
+    gone = [r for h in view.lost if h in view.states for r in view.states[h].ranks]
+    first = next((r for r in ranks if _host_of(r) in view.lost), gone[0] if gone else None)
     facts = {"rank": first.rank if first else None, "world_size": len(ranks),
              "signal_name": None, "crash": None, "lost_hosts": rows,
              "hosts": view.to_dict(), "ranks": rank_table(ranks, job.outcome.ended_at)}
@@ -205,6 +280,20 @@ def silent_before_stall(view: HostsView) -> list[str]:
     said = float(view.stall["t"])
     return [h for h in view.lost if h not in view.states or
             view.states[h].published_at < said - HOSTS_LOST_AFTER_S]
+
+
+def _folded_sentence(groups: Sequence[JobGroup], ranks: Sequence[RankEvidence]) -> str:
+    """How the job's ranks were folded at the stall, in one sentence."""
+    have = {r.rank for r in ranks}
+    total = sum(g.count for g in groups)
+    hosts = len({h for g in groups for h in g.members})
+    parts = "; ".join(f"{g.count:,} at {g.frames or 'no Python frame'}"
+                      + (f" in {g.waiting}" if g.waiting else "") for g in groups[:4])
+    more = f"; {len(groups) - 4} more group(s)" if len(groups) > 4 else ""
+    return (f"{total:,} ranks on {hosts:,} hosts stood in {len(groups)} place(s) at the stall "
+            f"({parts}{more}); the full samples of {len(have):,} crossed the store (every "
+            f"rank outside the largest group and one per group), the others are read as "
+            f"their group's first rank")
 
 
 def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) -> Verdict:
@@ -240,14 +329,26 @@ def decide_hosts(job: Evidence, ranks: Sequence[RankEvidence], view: HostsView) 
     verdict = decide_ranks(job, ranks)
     facts = verdict.facts.to_dict()
     odd = verdict.facts.ranks.odd_ranks or []
-    waits = waiting_for(ranks, odd)
+    groups = folded(view.groups, [r.rank for r in ranks])
+    waits = waiting_for(ranks, odd, groups)
     reasons = list(verdict.reasons)
+    if groups:  # the ranks whose samples stayed on their hosts, in the table and the size
+        facts["ranks"] = [*(facts.get("ranks") or []), *folded_rows(groups, facts.get(
+            "ranks") or [])]
+        facts["world_size"] = sum(g.count for g in view.groups)
+        preface.append(_folded_sentence(view.groups, ranks))
     if odd:
         culprits = [r for r in ranks if r.rank in set(odd)]
         reasons.insert(0, "culprit: " + " and ".join(rank_label(r) for r in culprits) +
                        f" never issued collective #{verdict.facts.ranks.diverged_at}: "
                        + "; ".join(waits))
         facts["culprit_ranks"] = [{"rank": r.rank, **(r.names or {})} for r in culprits]
+    if view.lost and view.stall is not None:  # lost at the stall: named, not decided over
+        preface += lost_sentences(view, ranks)[0]
+    if view.replaced:
+        preface.append(f"host(s) {', '.join(view.replaced)}, first in the deciding order, "
+                       f"never asked for the captures at the stall: lost; host "
+                       f"{view.decider} decided in its place")
     reasons[1:1] = preface
     facts["hosts"] = view.to_dict()
     facts["waiting_for"] = waits

@@ -46,7 +46,8 @@ def name_cells(names: Mapping[str, Any]) -> list[str]:
 def ranks_table(rows: Sequence[RankRow]) -> list[str]:
     """One line per rank: host, global, local and node rank, then pid, state, collectives
     issued, the last one, what it waits in (and for how long), where it is, and how much
-    its memory grew per step."""
+    its memory grew per step; a group of ranks folded at a stall is one line, its ranks
+    and the rank it is read as in the rank column."""
     import pandas as pd
 
     if not rows:
@@ -58,7 +59,9 @@ def ranks_table(rows: Sequence[RankRow]) -> list[str]:
         return row.waiting
 
     columns: dict[str, list[Any]] = {
-        heading: [_name(r, key) for r in rows] for heading, key in NAME_COLUMNS}
+        heading: [_name(r, key) if not r.folded or key == "host" else
+                  (r.folded if key == "rank" else "") for r in rows]
+        for heading, key in NAME_COLUMNS}
     columns.update({
         "pid": [r.pid for r in rows], "state": [r.state for r in rows],
         "collectives issued": [r.issued for r in rows],
@@ -86,5 +89,6 @@ def job_hosts(record: TrialRecord, rows: Sequence[RankRow]) -> list[str]:
     published)."""
     view = record.evidence.hosts if record.evidence is not None else None
     listed = view.get("hosts") if isinstance(view, dict) else None
-    found = [row.host for row in rows] + (listed if isinstance(listed, list) else [])
+    found = [row.host for row in rows if not row.folded] + (
+        listed if isinstance(listed, list) else [])
     return list(dict.fromkeys(h for h in found if isinstance(h, str) and h))

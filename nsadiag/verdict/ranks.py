@@ -240,7 +240,7 @@ def _join(ranks: Sequence[int]) -> str:
 # ---- the verdict --------------------------------------------------------------------------
 
 
-def _exception_time(rank: RankEvidence) -> float:
+def exception_time(rank: RankEvidence) -> float:
     """When the rank's exception was recorded: its "end" event, else its last event."""
     ends = [e["t"] for e in rank.events if e.get("kind") == "end"]
     if ends:
@@ -251,7 +251,7 @@ def _exception_time(rank: RankEvidence) -> float:
 def _failed_ranks(ranks: Sequence[RankEvidence]) -> list[RankEvidence]:
     """Ranks whose result holds an exception, earliest first."""
     failed = [r for r in ranks if (r.result or {}).get("exception")]
-    return sorted(failed, key=_exception_time)
+    return sorted(failed, key=exception_time)
 
 
 def _peer_gone(rank: RankEvidence) -> bool:

@@ -254,6 +254,17 @@ HOSTS_LOST_AFTER_S = 3 * HOSTS_PUBLISH_EVERY_S
 """A host that published nothing for this long (three publishing intervals), while the
 other hosts' ranks lost their peers, is lost (its machine, or its nsadiag, is gone)."""
 
+HOSTS_STALL_LOOK_S = 1.0
+"""While the job runs each host looks for the shared stall signal at most this often (one
+store operation): with a digest every HOSTS_PUBLISH_EVERY_S and the decider's finding read
+every fifth publication, a host costs the store under 2 operations a second, so 1,000 hosts
+cost it under 2,000; a peer joins a stall's capture at most a second after it is said."""
+
+HOSTS_DECIDER_MARGIN_S = 5.0
+"""At a stall a host waits for the decider's request this long past the capture window and
+HOSTS_CAPTURE_MARGIN_S; then the decider is lost, and the next host in the deciding order
+that captured decides in its place."""
+
 STRAGGLER_STEPS = 5
 """A straggler stands out at each of its latest this many finished steps (step 0 left out;
 nsadiag.verdict.straggler): one slow step is a hiccup of the machine (a descheduled

@@ -22,7 +22,7 @@ def _row(rank: int, growth: float | None, holder: str | None = None) -> RankRow:
                    pid=100 + rank, state="finished", issued=10, last_collective=None,
                    waiting=None, waiting_since_s=None, position=None, cpu_fraction=None,
                    collective=None, user_frame=None, memory_per_step=growth,
-                   memory_holder=holder, raw={})
+                   memory_holder=holder, folded=None, raw={})
 
 
 def test_the_one_rank_that_outgrows_the_others_is_named_with_its_line() -> None:

@@ -103,12 +103,12 @@ def _two_host_job(hosts, stuck: int, store_index: int = 0, stall_timeout: str = 
 
 
 def _published(address: StoreAddress) -> dict[str, dict]:
-    """Each host's state as published in the job's store now; {} while the store is not up
+    """Each host's digest as published in the job's store now; {} while the store is not up
     (nsadiag.hosts.link: the keys the hosts share)."""
     link = HostLink(address, "the test", timeout_s=5)
     try:
         link.connect()
-        return link.states(link.hosts())
+        return link.digests(link.hosts())
     except StoreGone:
         return {}
 

@@ -269,8 +269,13 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
         view.tick(lambda i=i: [_rank(r, events[r]) for r in (2 * i, 2 * i + 1)],
                   lambda i=i: sleeping if i == 1 else {})
     views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # not yet due: no-op
+    assert heard == [] and views[1].view().straggler is None
     clock.now += 10.0
-    views[0].tick(lambda: [_rank(r, events[r]) for r in (0, 1)])  # reads host2's paces
+    # host1 decides (node 0): it reads host2's digest; host2 reads host1's finding
+    assert views[0].deciding() and not views[1].deciding()
+    for i, view in enumerate(views):
+        view.tick(lambda i=i: [_rank(r, events[r]) for r in (2 * i, 2 * i + 1)],
+                  lambda i=i: sleeping if i == 1 else {})
     seen = [view.view().straggler for view in views]
     for found in seen:
         assert found is not None
@@ -280,10 +285,12 @@ def test_each_host_names_the_other_hosts_slow_rank_and_the_merged_verdict_says_i
         assert found["others_own_s"] == near(0.032)
         assert found["sentence"].endswith("; its sampler saw it at main (train.py:31) in 9 of "
                                           "its last 10 pulses")
-    assert seen[0]["seen_at"] == T0 + 20.0 and seen[1]["seen_at"] == T0 + 10.0
-    assert [view.named for view in views] == [3, 3]  # kept near the bar at the next read
-    # host1's status line heard none at its first read, then rank 3 at its later reads
-    assert heard[0] is None and heard[-1]["rank"] == 3
+    assert seen[0]["seen_at"] == seen[1]["seen_at"] == T0 + 20.0  # the decider's read
+    assert [view.named for view in views] == [3, 3]
+    # host1's status line heard rank 3 at the read that found it
+    assert [h["rank"] for h in heard] == [3]
+    # host2 read host1's finding, never host1's digest
+    assert "host1" not in views[1].states
     # each host's report section, and the verdict decided over both hosts' ranks
     lines = straggler_section(views[0].view().to_dict().get("straggler"))
     assert lines[0].startswith("straggler: rank 3 on host2 (local rank 1, node 1) takes "
