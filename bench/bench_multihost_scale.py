@@ -177,7 +177,7 @@ def _worker(port: int, indices: list[int], hosts: int, per_host: int, culprit: i
             said = time.time()
         at_stall, read_before = view.link.ops, view.link.read_bytes
         if i == 0 and lose_decider:
-            results.append({"host": name, "said": said, "lost": True})
+            results.append({"host": name, "said": said, "vanished": True})
             return
         while not view.stall_elsewhere():
             time.sleep(WATCH_POLL_S)
@@ -265,7 +265,7 @@ def simulate(hosts: int, per_host: int, processes: int, lose_decider: bool = Fal
             decide_alone = time.perf_counter() - began
     said = next(row["said"] for row in rows if row.get("said"))
     decider = next((row for row in rows if row.get("decider")), None)
-    alive = [row for row in rows if not row.get("lost")]
+    alive = [row for row in rows if not row.get("vanished")]
     verdict = decider["verdict"] if decider else {}
     name = f"sim{culprit_host}"
     return {"hosts": hosts, "ranks": hosts * per_host, "processes": len(workers),

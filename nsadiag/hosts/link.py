@@ -141,9 +141,8 @@ class HostLink:
         return dict(zip(hosts, values, strict=True))
 
     def wait_for(self, key: str, seconds: float) -> bool:
-        """Whether ``key`` is set within ``seconds``: one blocking wait in the store. A
-        wait that times out leaves its answer due on the socket, so the client is replaced
-        by a fresh one (StoreGone when none connects)."""
+        """Whether ``key`` is set within ``seconds``: one blocking wait in the store (a
+        wait that times out is cancelled in the store, and the client stays usable)."""
         if self.store is None:
             raise StoreGone(f"not connected to the store at {self.address}")
         self.ops += 1
@@ -155,8 +154,6 @@ class HostLink:
                 raise StoreGone(f"the store at {self.address} did not answer: "
                                 f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
                                 ) from None
-        self.store = None
-        self.connect()
         return False
 
     def append(self, key: str, line: str) -> None:

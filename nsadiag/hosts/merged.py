@@ -277,9 +277,9 @@ def silent_before_stall(view: HostsView) -> list[str]:
     capture in time is not among them."""
     if view.stall is None or not isinstance(view.stall.get("t"), (int, float)):
         return []
-    said = float(view.stall["t"])
-    return [h for h in view.lost if h not in view.states or
-            view.states[h].published_at < said - HOSTS_LOST_AFTER_S]
+    said, by = float(view.stall["t"]), view.stall.get("host")
+    return [h for h in view.lost if h != by and (  # the host that said it was there then
+        h not in view.states or view.states[h].published_at < said - HOSTS_LOST_AFTER_S)]
 
 
 def _folded_sentence(groups: Sequence[JobGroup], ranks: Sequence[RankEvidence]) -> str:

@@ -194,7 +194,9 @@ def test_a_decider_lost_at_the_stall_is_replaced_and_named(store, monkeypatch):
                    "at the stall: lost; host sim1 decided in its place" in r
                    for r in verdict.reasons), verdict.reasons
         # sim0's ranks are read from its last digest: where they were last seen
-        assert verdict.name in ("STALL-COLLECTIVE", "CRASH"), verdict.reasons
+        assert verdict.name == "STALL-COLLECTIVE", verdict.reasons
+        assert any(r.startswith("host sim0 lost at ") and "its ranks 0, 1, 2, 3 last seen at"
+                   in r for r in verdict.reasons), verdict.reasons
         assert f"rank {CULPRIT} on sim3" in " ".join(verdict.reasons)
 
 
