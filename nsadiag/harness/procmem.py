@@ -42,6 +42,12 @@ often: a forked worker copies most of what it will copy in its first seconds."""
 COST_SHARE = 0.02
 """Reading every process's smaps_rollup takes at most this share of one CPU."""
 YOUNG_POINTS = 5
+GROWING_BYTES = 8 * 2**20
+"""A process whose private memory grew this much since its reading before is growing: it
+is read again at the young spacing, as long as reading it alone takes at most
+GROWING_COST_SHARE of one CPU (a worker that copies its dataset for twenty seconds is
+watched while it copies, not once every spacing the quiet processes set)."""
+GROWING_COST_SHARE = 0.1
 MAX_POINTS = 240
 MAX_SERIES = 48
 ROLLUP = "/proc/{pid}/smaps_rollup"
@@ -111,6 +117,11 @@ class _Series:
             self.points = self.points[::2]
         self.points.append(point)
 
+    def growing(self) -> bool:
+        """Whether its private memory grew GROWING_BYTES or more at its latest reading."""
+        return len(self.points) >= 2 and \
+            self.points[-1].private - self.points[-2].private >= GROWING_BYTES
+
     def change(self) -> int:
         if not self.points:
             return 0
@@ -169,7 +180,8 @@ class MemoryWatch:
             if s.next_at <= now or every:
                 s.next_at = now + (max(WATCHED_INTERVAL_S, spacing) if s.pid in watched else
                                    YOUNG_INTERVAL_S if len(s.points) < YOUNG_POINTS
-                                   else spacing)
+                                   else max(YOUNG_INTERVAL_S, s.cost_s / GROWING_COST_SHARE)
+                                   if s.growing() else spacing)
         self.interval_s = spacing
         self.next_at = min([s.next_at for s in alive] + [now + YOUNG_INTERVAL_S])
         self._bound()

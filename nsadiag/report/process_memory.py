@@ -51,7 +51,8 @@ def process_memory_section(memory: ProcessMemory | None, main_pid: int | None,
     if not ranked:
         return []
     lines = [f"Each process's memory from /proc/PID/smaps_rollup: a new worker read every "
-             f"half second at first, then every {sig(memory.interval_s)} s; a process with "
+             f"half second at first, then every {sig(memory.interval_s)} s (one whose private "
+             f"memory grows, as often as half a second); a process with "
              f"a heartbeat every {sig(WATCHED_INTERVAL_S)} s (private: pages only it holds and has "
              f"written; shared: written pages it still shares, as a forked worker shares "
              f"its parent's).", "",

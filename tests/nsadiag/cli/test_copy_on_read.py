@@ -55,7 +55,7 @@ def _names_the_copying(run: Path, finding: dict, records: str = RECORDS) -> None
 def test_copy_on_read_is_named_whatever_the_verdict(tmp_path: Path) -> None:
     own = _checkout(tmp_path)
     run = tmp_path / "run"
-    done = nsadiag("run", "--deadline", "16", "--out", str(run), "--", sys.executable,
+    done = nsadiag("run", "--deadline", "30", "--out", str(run), "--", sys.executable,
                    "train.py", RECORDS, "90", cwd=own, env=checkout_env())
     assert done.returncode in (0, 1), done.stderr[-2000:]
     finding = _finding(run)
