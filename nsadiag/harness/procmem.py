@@ -42,7 +42,7 @@ often: a forked worker copies most of what it will copy in its first seconds."""
 COST_SHARE = 0.02
 """Reading every process's smaps_rollup takes at most this share of one CPU."""
 YOUNG_POINTS = 5
-GROWING_BYTES = 8 * 2**20
+GROWING_BYTES = 2 * 2**20
 """A process whose private memory grew this much since its reading before is growing: it
 is read again at the young spacing, as long as reading it alone takes at most
 GROWING_COST_SHARE of one CPU (a worker that copies its dataset for twenty seconds is
