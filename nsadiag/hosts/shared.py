@@ -182,10 +182,7 @@ class SharedView:
     def _take_digests(self, hosts: Sequence[str]) -> None:
         assert self.link is not None
         for host, data in self.link.digests(list(hosts)).items():
-            digest = HostDigest.from_dict(data)
-            self.states[host] = HostState(host, digest.phase, digest.published_at,
-                                          [r.as_rank() for r in digest.ranks],
-                                          digest.paces(), digest.frames())
+            self.states[host] = _state_of(HostDigest.from_dict(data))
 
     def _look(self) -> None:
         """The decider reads every digest and publishes the straggler; another host reads
@@ -424,10 +421,7 @@ class SharedView:
             if host != self.host:
                 self.states[host] = HostState(host, "captured", since + float(after))
         for host, data in (merged.get("digests") or {}).items():
-            digest = HostDigest.from_dict(data)
-            self.states[host] = HostState(host, digest.phase, digest.published_at,
-                                          [r.as_rank() for r in digest.ranks],
-                                          digest.paces(), digest.frames())
+            self.states[host] = _state_of(HostDigest.from_dict(data))
         self.lost = sorted({*(h for h in merged.get("lost") or [] if h != self.host),
                             *(h for h in self.replaced if h != self.host)})
 
@@ -483,8 +477,9 @@ class SharedView:
         """The full ranks of the hosts (SETTLE_HOSTS at most) whose ranks raised first; the
         others' ranks as their digests know them."""
         ended = {h: s for h, s in self.states.items() if h != self.host and s.phase == "ended"}
-        raised = sorted(((_first_raise(s), h) for h, s in ended.items()
-                         if _first_raise(s) is not None), key=lambda th: th[0])
+        firsts = {h: _first_raise(s) for h, s in ended.items()}
+        raised = sorted(((t, h) for h, t in firsts.items() if t is not None),
+                        key=lambda th: th[0])
         chosen = [h for _, h in raised[:SETTLE_HOSTS]]
         full: dict[str, list[RankEvidence]] = {}
         if chosen and self.gone is None:
@@ -524,6 +519,12 @@ class SharedView:
         last digest saw them, are in its state); after an end, the ranks of the hosts that
         ended or were lost."""
         return sorted(self.remote, key=lambda r: r.rank)
+
+
+def _state_of(digest: HostDigest) -> HostState:
+    """A host's state as its digest gives it (its ranks as far as the digest knows them)."""
+    return HostState(digest.host, digest.phase, digest.published_at,
+                     [r.as_rank() for r in digest.ranks], digest.paces(), digest.frames())
 
 
 def _first_raise(state: HostState) -> tuple[int, float] | None:
