@@ -96,7 +96,10 @@ PROFILE_SHARE = 0.001
 """While the process progresses, the profile is written no more often than keeps its writes
 to this share of the wall time (up to PROFILE_MAX_S apart): a profile's writing holds the
 GIL from the model's thread for as long as it takes (5 to 6 ms every 2 s for the 265 KB
-profile of a compiled model of 64 small blocks, 0.2 to 0.3 % of its wall time). A process
+profile of a compiled model of 64 small blocks, 0.2 to 0.3 % of its wall time). A write's
+cost is this thread's CPU time, not its wall time: on a busy machine a write descheduled
+midway took ten times as long by the clock, pushed the next write past a 10 s trial's end,
+and the trial, killed at its budget, left a profile of the model's build only. A process
 that made no progress since the last pulse gets its profile every PROFILE_S: the profile of
 a stall is read soon after it (the run may be ended for it)."""
 PROFILE_MAX_S = 10.0
@@ -610,9 +613,9 @@ class Sampler(threading.Thread):
                 self._guarded(self._pulse)
                 next_pulse = now + self._pulse_s
             if profile and self._profile_path is not None:
-                started = time.monotonic()
+                started = time.thread_time()
                 self._guarded(self._write_profile)
-                next_profile = now + self._profile_gap(time.monotonic() - started)
+                next_profile = now + self._profile_gap(time.thread_time() - started)
         self._compiler = None  # the last pulse compares no compile (its thread may be gone)
         self._guarded(self._pulse)
         if self._profile_path is not None:

@@ -301,11 +301,21 @@ def flame_plot(profile: Mapping[str, Any], path: Path, title: str,
     return _save(fig, path)
 
 
-def flame_section(record: Any, finding: Any, run_dir: Path, name: str = "flame.png"
-                  ) -> list[str]:
+def flame_section(record: Any, finding: Any, run_dir: Path, name: str = "flame.png",
+                  also: Sequence[Any] = ()) -> list[str]:
     """Markdown lines embedding a flame graph of a trial record's sampled profile (written
     to run_dir/``name``, the finding's culprit in red) and naming the folded stacks for
-    speedscope; [] when the trial left no profile of training."""
+    speedscope; the first of ``also`` (the same failure's repeats) that has one when the
+    record left no profile of training (a trial stopped while the model was still being
+    built, on a busy machine); [] when none did."""
+    for candidate in (record, *also):
+        lines = _flame_lines(candidate, finding, run_dir, name)
+        if lines:
+            return lines
+    return []
+
+
+def _flame_lines(record: Any, finding: Any, run_dir: Path, name: str) -> list[str]:
     from nsadiag.finding.culprit import profile_path, read_profile_json
 
     source = profile_path(record)

@@ -256,8 +256,10 @@ def build_triage_report(run_dir: Path, state: TriageState, records: dict[str, Tr
     report.add("Systematic results", _results_section(state, result, run_dir))
     failing = records.get(result.failure.trial or "") if result.failure else None
     if failing is not None:
-        report.add("Evidence",
-                   evidence_section(failing) + flame_section(failing, finding, run_dir))
+        repeats = [records[r.trial] for r in (state.repeats.runs if state.repeats else ())
+                   if r.trial in records and records[r.trial] is not failing]
+        report.add("Evidence", evidence_section(failing) +
+                   flame_section(failing, finding, run_dir, also=repeats))
     else:
         report.add("Evidence", ["No failing trial: the evidence of every trial is in its "
                                 "`trial-<n>/evidence.json`."])

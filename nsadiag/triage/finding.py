@@ -238,8 +238,9 @@ def knob_text(knobs: Mapping[str, Any]) -> str:
 def _profile_hot_line(runs: list[TrialRecord]) -> str | None:
     """The hottest line of the user's code over the failing runs' sampled profile: where
     the time went, quoted as data, never as the cause."""
-    profile = next((run.evidence.profile for run in runs
-                    if run.evidence is not None and run.evidence.profile), None)
+    # a run stopped while its model was still being built has a profile with no hot line
+    profile = next((run.evidence.profile for run in runs if run.evidence is not None and
+                    (run.evidence.profile or {}).get("hot_lines")), None)
     line = ((profile or {}).get("hot_lines") or [None])[0]
     if line is None:
         return None

@@ -112,8 +112,10 @@ def test_compare_of_two_runs_compares_verdict_step_time_and_peak_memory(tmp_path
     fast = nsadiag("run", "--out", str(tmp_path / "fast"), "--", sys.executable, str(script),
                    "2", "0", env=env)
     assert fast.returncode == 0, fast.stderr
-    slow = nsadiag("run", "--deadline", "3", "--out", str(tmp_path / "slow"), "--",
-                   sys.executable, str(script), "30", "0.02", env=env)
+    # the deadline counts from the start: on a loaded machine torch's import alone can take
+    # several seconds, and a run stopped before its first step has no step time to compare
+    slow = nsadiag("run", "--deadline", "12", "--out", str(tmp_path / "slow"), "--",
+                   sys.executable, str(script), "60", "0.02", env=env)
     assert slow.returncode == 1, slow.stderr
     same = nsadiag("compare", str(tmp_path / "fast"), str(tmp_path / "fast"), "--json")
     assert same.returncode == 0, same.stderr
