@@ -9,7 +9,8 @@ Each verdict has its own witness, and the line comes from it:
                  no witness of a per-token defect, however hot: a healthy MLP is the
                  hottest line of a model whose real cost is elsewhere half the time.
                  A SLOW whose work was not counted (a user's script) names a loop only
-                 from its counter.
+                 from its counter. The training loop (its body calls backward or an
+                 optimizer step) is never the slow loop: its steps are the run's work.
     STALL-BUSY   in Python, the loop the stall samples spin in (the whole ``while``); in one
                  native call, the user line that made it
     DEADLOCK     the frame the waiting thread blocks in (``with lock:``)
@@ -197,6 +198,22 @@ def host_read_in(sources: Sources, path: str, span: tuple[int, int]) -> str | No
     return None
 
 
+TRAINING_CALL = re.compile(r"\.backward\(|\b\w*opt\w*\.step\(|\bscaler\.step\(")
+"""A call that makes the loop around it the training loop: a backward, an optimizer step."""
+
+
+def training_loop(sources: Sources, path: str, span: tuple[int, int]) -> bool:
+    """Whether the loop ``span`` of ``path`` is the training loop: its body calls backward
+    or an optimizer step. Its iterations are the steps the run exists to take, and a value
+    it reads on the host once per step (a loss printed) is normal: it is never the slow
+    loop, however its counter moves."""
+    for line in range(span[0] + 1, span[1] + 1):
+        code = sources.code_at(path, line)
+        if code and TRAINING_CALL.search(code.split("#")[0]):
+            return True
+    return False
+
+
 def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
                  ) -> Culprit | None:
     """The loop of a SLOW by defect: the counter that advanced most in a function the
@@ -219,6 +236,8 @@ def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
         # the loop whose header the profile recorded then
         span = sources.loop_around(path, line, loop.variable) or (
             sources.loop_at(path, int(loop.for_line)) if loop.for_line else None)
+        if span is not None and training_loop(sources, path, span):
+            continue
         found = _culprit(sources, path, span[0] if span else line, why, span)
         read = host_read_in(sources, path, span) if span else None
         return replace(found, host_read=read) if read else found
@@ -226,7 +245,7 @@ def slow_culprit(record: TrialRecord, sources: Sources, hot_lines: bool = True
         if hot.phase not in ("forward", "backward") or not hot.file or hot.line is None:
             continue
         span = sources.loop_around(hot.file, int(hot.line))
-        if span is not None:
+        if span is not None and not training_loop(sources, hot.file, span):
             return _culprit(sources, hot.file, int(hot.line),
                             f"the loop around the hottest line of the {hot.phase} "
                             f"({hot.fraction:.0%} of the samples)", span, hot.code)

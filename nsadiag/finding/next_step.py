@@ -10,10 +10,14 @@ evidence does not name: the caller then says what it knows without a cause.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from nsadiag.verdict.chain import WaitChain
 from nsadiag.verdictfacts import Load, SlowCause, Worker
+
+JOIN_CALL = re.compile(r"([A-Za-z_][\w.]*)\.join\(")
+"""The process a line joins (``worker.join()`` joins ``worker``)."""
 
 
 def _where(chain: WaitChain, index: int) -> str:
@@ -27,6 +31,13 @@ def _where_queue(chain: WaitChain) -> str:
     """" at file:line" of the chain's wait on a queue (after a join that led to it, the
     joined thread's wait), the first hop's where it has none."""
     index = next((i for i, hop in enumerate(chain.hops) if hop.kind == "queue"), 0)
+    return _where(chain, index)
+
+
+def _where_lock(chain: WaitChain) -> str:
+    """" at file:line" of the chain's last wait for a lock ("" when it has none)."""
+    index = next((i for i in range(len(chain.hops) - 1, -1, -1)
+                  if chain.hops[i].kind == "lock"), len(chain.hops))
     return _where(chain, index)
 
 
@@ -66,10 +77,18 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"`try`/`finally`): it is locked, and no live thread is inside a `with` "
                 f"block for it, so an acquire without its release (or a thread that "
                 f"has ended) holds it{_where(chain, 0)}.")
-    if end == "lock-lost-fork":
+    if end == "lock-lost-fork" and any("DataLoader worker" in h.text for h in chain.hops):
         return (f"Do not fork while a thread holds `{subject}`: start the DataLoader workers "
                 f"with `multiprocessing_context=\"spawn\"` (or \"forkserver\"), or create the "
                 f"lock in each worker (`worker_init_fn`).")
+    if end == "lock-lost-fork":
+        # acquiring before the fork and releasing on both sides is how the standard
+        # library keeps its own locks (logging's) consistent across os.fork()
+        return (f"Do not fork while another thread may hold `{subject}`: start the child "
+                f"with the spawn start method (`multiprocessing.get_context(\"spawn\")`), or "
+                f"take the lock around every fork (`os.register_at_fork(before={subject}"
+                f".acquire, after_in_parent={subject}.release, after_in_child={subject}"
+                f".release)`); the child waits for it{_where_lock(chain)}.")
     if end == "producer-died":
         return (f"Fix the exception that ended the thread feeding `{subject}` (the chain names "
                 f"it), and have that thread put a sentinel in a `finally` so the wait"
@@ -147,8 +166,10 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"only (a check of its own batch), or its data running out first (then a "
                 f"`DistributedSampler` with `drop_last=True`, or DDP's `join` context).")
     if end == "pipe-unread" and subject == "multiprocessing.Queue":
+        joined = JOIN_CALL.search(chain.hops[0].code or "")
+        join = f"{joined[1]}.join()" if joined else "p.join()"
         return (f"Read the queue before waiting for the child to exit{_where(chain, 0)}: "
-                f"`q.get()` before `p.join()`; what the child put on it fills the pipe, and "
+                f"`q.get()` before `{join}`; what the child put on it fills the pipe, and "
                 f"the child cannot exit until that is read.")
     if end == "pipe-unread":
         return (f"Read what the child writes into {subject} before waiting for it to exit"

@@ -379,8 +379,8 @@ def _in_compile(thread: ThreadStack) -> tuple[str, bool] | None:
 
 
 def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
-                 reading: ProcessWaits | None = None, others: Sequence[_Process] = ()
-                 ) -> WaitChain:
+                 reading: ProcessWaits | None = None, others: Sequence[_Process] = (),
+                 depth: int = 0) -> WaitChain:
     """The chain of a wait for a child: to exit, or (``reading``) to end the output this
     thread reads from it; a child blocked writing into a pipe that this process holds the
     read end of, and does not read while it waits, is a cycle (``pipe-unread``)."""
@@ -434,6 +434,13 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
                                                  f"(fd {ours[0].fd}) and never closed: it "
                                                  f"never reaches end of file")),
                              "pipe-eof", _command(child))
+    if compiling is None:
+        inner = _sampled_child_chain(process, child, others, depth)
+        if inner is not None:
+            return WaitChain((first, *inner.hops), inner.end, inner.subject)
+    if main.syscall_name in READ_SYSCALLS:
+        read = child.file(main.first_arg)
+        stream = " (its stdin)" if main.first_arg == 0 else ""
         target = read.target if read is not None else "an unknown descriptor"
         return WaitChain((first, Hop("process", f"pid {child.pid} is blocked reading fd "
                                                 f"{main.first_arg}{stream} ({target})")),
@@ -441,6 +448,47 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
                                             f"{kernel}")), waiting_end, _command(child))
+
+
+FORK_CALL = re.compile(r"\bos\.fork\(\)")
+POPEN_FORK = re.compile(r"multiprocessing/popen_fork\.py$")
+
+
+def _forked(child: ProcessWaits, parent: _Process, sample: StackSample) -> bool:
+    """Whether ``child`` is a copy of the parent made by fork without an exec: its stack
+    holds the call that forked it (multiprocessing's fork start method, or ``os.fork()`` in
+    the user's code, both copied from the parent), or it runs the parent's very command."""
+    if parent.waits is not None and child.command and child.command == parent.waits.command:
+        return True
+    return any(POPEN_FORK.search(f.file) and f.function.endswith("_launch") or
+               FORK_CALL.search(f.code or "") for t in sample.threads for f in t.frames)
+
+
+def _sampled_child_chain(process: _Process, child: ProcessWaits, others: Sequence[_Process],
+                         depth: int) -> WaitChain | None:
+    """The chain of a child the waiting thread waits for, followed into the child's own
+    threads when the child was sampled at the stall (a Python process of the job): its
+    hops, each naming the child; None when it was not sampled or names no line of its
+    own. A child forked without an exec is a copy of this process, and a lock no thread
+    of it holds was locked by a thread that was not copied."""
+    sampled = next((o for o in others if o.sample.pid == child.pid), None)
+    if sampled is None or depth >= MAX_DEPTH:
+        return None
+    start = _start(sampled.sample)
+    if start is None:
+        return None
+    forked = sampled.forked or _forked(child, process, sampled.sample)
+    copy = _Process(sampled.sample, sampled.waits or child, sampled.died,
+                    f"pid {child.pid}" + (", a forked copy of this process" if forked and
+                                          not sampled.forked else ""), forked)
+    inner = _thread_chain(copy, start, [o for o in others if o is not sampled], depth + 1)
+    if inner.end == "unknown" and not any(h.where for h in inner.hops):
+        return None
+    head = inner.hops[0]
+    named = Hop(head.kind, f"in pid {child.pid}" + (" (forked from this process, no exec)"
+                                                    if forked else "") +
+                f", {head.text}", head.where, head.code)
+    return WaitChain((named, *inner.hops[1:]), inner.end, inner.subject)
 
 
 def _unread_pipe(child: ProcessWaits, waits: ProcessWaits | None
@@ -859,7 +907,7 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
              os_wait is None and process.waits is not None and process.waits.children) \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or
                                         os_wait.wchan in CHILD_WCHAN):
-        return _child_chain(process, thread, own, writer, others)
+        return _child_chain(process, thread, own, writer, others, depth)
     if frame is not None and awaits_inductor_job(thread):
         return _compile_pool_chain(process, thread, own, others, depth)
     if frame is not None and any(DATALOADER.search(f.file) for f in thread.python_frames()):
@@ -869,7 +917,7 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
     if frame is not None and _awaits_future(thread):
         return _future_chain(process, thread, own, others, depth)
     if writer is not None:  # a pipe a child writes, read outside subprocess (os.read, ...)
-        return _child_chain(process, thread, own, writer, others)
+        return _child_chain(process, thread, own, writer, others, depth)
     read = _read_file(process.waits, os_wait) if writer is None else None
     held = [w for w in process.waits.pipe_writers if read is not None and read.is_pipe and
             w.inode == read.inode] if process.waits is not None else []

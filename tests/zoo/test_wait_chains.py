@@ -65,6 +65,10 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
      "the write end of the pipe read at server_keeps_output_open.py:"),
     ("pool_worker_killed.py", "pool-worker-ended", "ended (killed by SIGKILL) while it ran "
      "the task; the pool replaced it with pid ", "Find why pool worker pid "),
+    ("fork_while_logging.py", "lock-lost-fork", "(forked from this process, no exec), the "
+     "main thread waits for `METRICS_LOCK` at fork_while_logging.py:42",
+     "Do not fork while another thread may hold `METRICS_LOCK`: start the child with the "
+     "spawn start method"),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
      "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])
@@ -77,7 +81,8 @@ def test_each_stuck_script_names_its_chain_and_a_next_step_from_its_end(tmp_path
     assert summary["finding"]["next_action"].startswith(next_starts), \
         summary["finding"]["next_action"]
     assert "lock" not in summary["finding"]["next_action"] or end in ("queue-full",
-                                                                      "file-lock")
+                                                                      "file-lock",
+                                                                      "lock-lost-fork")
     if end == "file-lock":  # a wait in the kernel: the line is the chain's first hop
         assert summary["finding"]["culprit"]["where"] == chain["hops"][0]["where"]
 

@@ -35,7 +35,10 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
             "detach", "await", "await asyncio.wrap_future(fut)",
             "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
-            "p.join()"}
+            "p.join()", 'multiprocessing.get_context("spawn")'}
+FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
+                 "after_in_child={0}.release)",)
+"""Fixes quoted with the chain's subject in them (the lock a fork copied locked)."""
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -59,6 +62,14 @@ CHAINS = [
                Hop("holder", "`self.lock` is held by no thread of DataLoader worker 0: it was "
                              "locked when the process was forked")), "lock-lost-fork",
               "self.lock"),
+    WaitChain((Hop("child", "the main thread waits for child pid 9 (`python t.py`) to exit at "
+                            "t.py:62", "t.py:62", "proc.join()"),
+               Hop("lock", "in pid 9 (forked from this process, no exec), the main thread "
+                           "waits for `METRICS_LOCK` at t.py:42", "t.py:42"),
+               Hop("holder", "`METRICS_LOCK` is held by no thread of pid 9, a forked copy of "
+                             "this process: it was locked when the process was forked, by a "
+                             "thread that does not exist in the copy")), "lock-lost-fork",
+              "METRICS_LOCK"),
     WaitChain((Hop("lock", "the main thread waits for `s` at t.py:43", "t.py:43"),
                Hop("holder", "`s` is held by thread loader (inside `with s:` at t.py:30)",
                    "t.py:30"),
@@ -259,12 +270,25 @@ def test_each_next_claim_follows_from_its_chain(chain):
         "killed by SIGKILL" in ended, said
     if chain.end == "lock-lost-fork":
         assert "fork" in said
+        # DataLoader advice only where the chain went through a DataLoader worker
+        assert ("DataLoader" in said) == ("DataLoader worker" in chain.printed()), said
     assert "per-token" not in said and "tensor ops" not in said
     printed = chain.printed()
+    lines = [hop.code for hop in chain.hops if hop.code]
     for quoted in re.findall(r"`([^`]+)`", said):
-        assert quoted in printed or quoted in FIX_CODE, (quoted, said)
+        assert quoted in printed or quoted in FIX_CODE or any(quoted in c for c in lines) or \
+            quoted in [t.format(chain.subject) for t in FIX_TEMPLATES], (quoted, said)
     for where in re.findall(r"\b[\w.]+\.py:\d+", said):
         assert where in printed, (where, said)
+
+
+def test_a_queue_joined_before_it_is_read_names_the_process_joined():
+    joined = WaitChain((Hop(QUEUE_UNREAD.hops[0].kind, QUEUE_UNREAD.hops[0].text, "t.py:9",
+                            "worker.join()"), *QUEUE_UNREAD.hops[1:]),
+                       QUEUE_UNREAD.end, QUEUE_UNREAD.subject)
+    said = chain_next(joined)
+    assert "`q.get()` before `worker.join()`" in said and "p.join()" not in said, said
+    assert "`q.get()` before `p.join()`" in chain_next(QUEUE_UNREAD)  # no line: the form
 
 
 def test_a_deadlock_without_a_chain_names_no_lock_and_no_cause():

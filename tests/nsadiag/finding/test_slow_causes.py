@@ -4,9 +4,11 @@ left, generated code never the user's, and a crash's signal and time as recorded
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nsadiag.evidence import StackFrame
 from nsadiag.finding import Culprit
-from nsadiag.finding.culprit import host_read_in, retain_culprit
+from nsadiag.finding.culprit import host_read_in, retain_culprit, training_loop
 from nsadiag.finding.source import Sources, capture, carried_sources
 from nsadiag.finding.trial import next_action, proof_of, verdict_sentence
 from nsadiag.probes.frames import own_code
@@ -14,7 +16,7 @@ from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import Verdict
 from nsadiag.verdict.slow import _loop_sentence
 from nsadiag.verdictfacts import VerdictFacts
-from tests.helpers import evidence_of
+from tests.helpers import REPO, evidence_of
 
 LOOP = {"variable": "t", "last": 1407, "end": 2048, "pass_rate_per_s": 3.7, "eta_s": 0.4,
         "phase": "forward", "module": "blocks.0", "where": "forward (model.py:57)",
@@ -169,3 +171,15 @@ def test_memory_that_grows_without_a_named_container_is_not_given_peak_advice():
     assert "checkpointing" in next_action("OOM", VerdictFacts(), None)
     grew = VerdictFacts.of({"rss_growth_per_step": 2**20})
     assert "checkpointing" in next_action("OOM", grew, None)
+
+
+def test_the_training_loop_is_never_the_slow_loop():
+    # loss_token_loop.py: a per-token loop in the loss (reads each token on the host) inside
+    # a training loop that prints the loss once per step: only the inner loop is a defect
+    path = str(REPO / "repro" / "scripts" / "loss_token_loop.py")
+    sources = Sources(live=True)
+    lines = Path(path).read_text().splitlines()
+    step = next(i for i, code in enumerate(lines, 1) if code.strip().startswith("for step "))
+    inner = next(i for i, code in enumerate(lines, 1) if code.strip().startswith("for count "))
+    assert training_loop(sources, path, sources.loop_around(path, step + 1))
+    assert not training_loop(sources, path, sources.loop_around(path, inner + 1))
