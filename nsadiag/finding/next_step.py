@@ -163,8 +163,10 @@ def chain_next(chain: WaitChain) -> str | None:
                 f"({subject}), so a rank waits after its last step{_where(chain, -1)} while "
                 f"another waits in the gradient collective of a step it never began. Find "
                 f"what ended that rank's loop first: a `return` or `break` taken on that rank "
-                f"only (a check of its own batch), or its data running out first (then a "
-                f"`DistributedSampler` with `drop_last=True`, or DDP's `join` context).")
+                f"only (a check of its own batch: make every rank take it together, with "
+                f"the flag reduced over the ranks by `all_reduce` before the test), or its "
+                f"data running out first (then a `DistributedSampler` with "
+                f"`drop_last=True`, or DDP's `join` context).")
     if end == "pipe-unread" and subject == "multiprocessing.Queue":
         joined = JOIN_CALL.search(chain.hops[0].code or "")
         join = f"{joined[1]}.join()" if joined else "p.join()"
@@ -237,11 +239,16 @@ def _data_next(cause: SlowCause, load: Load | None) -> str:
     share = f"{cause.share:.0%}"
     workers = cause.workers or ()
     if not workers and cause.loaded_at:
-        return (f"Load the batches in worker processes: the main process was in the "
-                f"DataLoader's `__next__` in {share} of its samples, running the dataset's "
-                f"code itself (most at {cause.loaded_at}); set `num_workers` above 0 "
-                f"(and `prefetch_factor`) so loading overlaps training. A faster model "
-                f"will not help.")
+        # workers overlap the loading with training, but divide its cost by at most the
+        # CPUs there are: work the dataset repeats for every item is fixed only where it is
+        return (f"Make the dataset's own code cheaper, then load the batches in worker "
+                f"processes: the main process was in the DataLoader's `__next__` in {share} "
+                f"of its samples, running the dataset's code itself, most at "
+                f"{cause.loaded_at}. Look there first for work done again for every item "
+                f"that is the same for all of them (a statistic of the whole dataset, a "
+                f"vocabulary, a file or a model loaded again): do it once, in `__init__`. "
+                f"Then set `num_workers` above 0 (and `prefetch_factor`) so loading "
+                f"overlaps training. A faster model will not help.")
     if not workers:
         return (f"Make the input pipeline faster: the main process waited for batches in "
                 f"{share} of its samples, and no DataLoader worker was sampled to say "

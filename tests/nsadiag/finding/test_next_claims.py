@@ -35,7 +35,7 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
             "detach", "await", "await asyncio.wrap_future(fut)",
             "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
-            "p.join()", 'multiprocessing.get_context("spawn")'}
+            "p.join()", 'multiprocessing.get_context("spawn")', "all_reduce"}
 FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
                  "after_in_child={0}.release)",)
 """Fixes quoted with the chain's subject in them (the lock a fork copied locked)."""
@@ -407,6 +407,8 @@ def test_each_slow_next_claim_follows_from_the_evidence_it_was_built_from(case):
             assert f"above {len(workers)}" in said or "outside the dataset" in said
         elif cause["loaded_at"]:
             assert "`num_workers` above 0" in said and "__getitem__ (data.py:40)" in said
+            # the dataset's own line first: workers divide its cost by the CPUs at most
+            assert said.index("__getitem__ (data.py:40)") < said.index("num_workers"), said
         else:  # nothing says which part is slow: no part is named
             assert "num_workers" not in said and "no DataLoader worker was sampled" in said
     if cause["kind"] == "recompiles":
