@@ -482,7 +482,7 @@ def _sampled_child_chain(process: _Process, child: ProcessWaits, others: Sequenc
                     f"pid {child.pid}" + (", a forked copy of this process" if forked and
                                           not sampled.forked else ""), forked)
     inner = _thread_chain(copy, start, [o for o in others if o is not sampled], depth + 1)
-    if inner.end == "unknown" and not any(h.where for h in inner.hops):
+    if inner.end == "unknown" and _own(start) is None:  # no line of the user's to name
         return None
     head = inner.hops[0]
     named = Hop(head.kind, f"in pid {child.pid}" + (" (forked from this process, no exec)"

@@ -146,6 +146,45 @@ def test_a_thread_join_is_followed_into_the_joined_thread_and_a_queue_join_is_no
                                        "train.py:20 -> ")
 
 
+def test_a_sampled_child_is_followed_into_its_threads_and_a_fork_is_blamed_only_on_a_fork():
+    join = thread(100, "MainThread", frame("wait", 44, "pid, sts = os.waitpid(self.pid, flag)",
+                                           "/usr/lib/python3.11/multiprocessing/popen_fork.py"),
+                  frame("main", 62, "proc.join()"))
+    parent_command = ("python", "train.py")
+
+    def run(child_command, child_frames):
+        child = ProcessWaits(300, child_command, (ThreadWait(300, "futex_do_wait", 202,
+                                                             "futex", 0),))
+        ours = ProcessWaits(100, parent_command, (ThreadWait(100, "do_wait", 61, "wait4", 300),),
+                            (), (child,))
+        stuck = thread(300, "MainThread", *child_frames)
+        other = {"pid": 300, "role": "a helper process", "stall": StallEvidence(
+            6.0, 2.0, 0.0, samples=[StackSample(1.0, 300, [stuck])],
+            waits=child).to_dict()}
+        return roundtrip(wait_chain(evidence([join], ours, others=[other])))
+
+    evaluate = frame("evaluate", 42, "with METRICS_LOCK:")
+    # a fork copies the parent's command and its stack down to the call that forked it
+    copied = [evaluate, frame("_launch", 71, "code = process_obj._bootstrap()",
+                              "/usr/lib/python3.11/multiprocessing/popen_fork.py"),
+              frame("main", 61, "proc.start()")]
+    forked = run(parent_command, copied)
+    assert forked.end == "lock-lost-fork" and forked.subject == "METRICS_LOCK"
+    assert "-> in pid 300 (forked from this process, no exec), the main thread waits for " \
+           "`METRICS_LOCK` at train.py:42 -> " in forked.printed()
+    assert "locked when the process was forked" in forked.printed()
+    # a spawned child (its own command, no fork on its stack): the same wait, no fork blamed
+    spawned = run(("python", "-c", "from multiprocessing.spawn import spawn_main"),
+                  [evaluate])
+    assert spawned.end == "lock-lost" and "fork" not in spawned.printed()
+    assert "-> in pid 300, the main thread waits for `METRICS_LOCK`" in spawned.printed()
+    # a child whose own stack names nothing of the user's: its kernel wait, as before
+    unnamed = run(("python", "-c", "pass"), [frame("wait", 320, "waiter.acquire()",
+                                                   "/usr/lib/python3.11/threading.py")])
+    assert unnamed.end == "child-waits" and unnamed.printed().endswith(
+        "pid 300 waits in the kernel at futex_do_wait")
+
+
 def test_a_child_reading_a_pipe_whose_write_end_we_hold_is_a_pipe_that_never_ends():
     wait = thread(100, "MainThread", frame("_try_wait", 1959, "(pid, sts) = os.waitpid()",
                                            "/usr/lib/python3.11/subprocess.py"),
