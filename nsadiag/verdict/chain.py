@@ -140,6 +140,9 @@ LOCK_CODE = re.compile(r"^\s*(?:async\s+)?with\s+([\w.\[\]'\"]+)\s*(?:as\s+\w+\s
                        r"([\w.\[\]]+)\.acquire\(")
 QUEUE_CODE = re.compile(r"([\w.\[\]]+)\.(get|put|wait|join)\(")
 SUBPROCESS = re.compile(r"/subprocess\.py$")
+MP_POPEN = re.compile(r"multiprocessing/popen_\w+\.py$")
+"""multiprocessing's process handles (fork, spawn, forkserver): a ``Process.join`` waits
+in their ``Popen.wait``."""
 THREADING = re.compile(r"/threading\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
 POOL_WORKER_NAME = re.compile(r"PoolWorker-\d+$")
@@ -859,6 +862,14 @@ def _terminal_read(waits: ProcessWaits | None, os_wait: ThreadWait | None) -> Op
     return read if read is not None and TERMINAL.match(read.target) else None
 
 
+def _joins_process(thread: ThreadStack) -> bool:
+    """Whether the thread waits in a multiprocessing ``Process.join`` (its handle's
+    ``Popen.wait``; a forked child's stack also holds the parent's ``Popen._launch``, which
+    is no wait)."""
+    return any(MP_POPEN.search(f.file) and f.function.rsplit(".", 1)[-1] == "wait"
+               for f in thread.python_frames())
+
+
 def _joins_thread(thread: ThreadStack) -> bool:
     """Whether the thread waits in ``Thread.join`` (threading.py), not a queue's join."""
     return any(THREADING.search(f.file) and f.function.rsplit(".", 1)[-1] in
@@ -902,7 +913,8 @@ def _thread_chain(process: _Process, thread: ThreadStack, others: Sequence[_Proc
     writer = _pipe_writer(process.waits, os_wait)
     # a thread whose kernel wait was not matched to it (a sample without thread ids) but
     # which stands in subprocess's code waits for a child too
-    if any(SUBPROCESS.search(f.file) for f in thread.python_frames()) and \
+    if (any(SUBPROCESS.search(f.file) for f in thread.python_frames()) or
+            _joins_process(thread)) and \
             (frame is not None or writer is not None or
              os_wait is None and process.waits is not None and process.waits.children) \
             or os_wait is not None and (os_wait.syscall_name in ("wait4", "waitid") or

@@ -183,6 +183,16 @@ def test_a_sampled_child_is_followed_into_its_threads_and_a_fork_is_blamed_only_
                                                    "/usr/lib/python3.11/threading.py")])
     assert unnamed.end == "child-waits" and unnamed.printed().endswith(
         "pid 300 waits in the kernel at futex_do_wait")
+    # a Process.join read without the kernel's word on the thread (as `nsadiag attach` may
+    # read it) waits for the child too, never for a queue named after the process
+    blind = ProcessWaits(100, parent_command, (), (), (ProcessWaits(300, ("python",)),))
+    joined = thread(100, "MainThread", frame("wait", 44, "pid, sts = os.waitpid(self.pid, 0)",
+                                             "/usr/lib/python3.11/multiprocessing/"
+                                             "popen_fork.py"),
+                    frame("main", 62, "p.join()"))
+    child_wait = roundtrip(wait_chain(evidence([joined], blind)))
+    assert child_wait.hops[0].kind == "child" and "feeds" not in child_wait.printed()
+    assert child_wait.end != "no-producer"
 
 
 def test_a_child_reading_a_pipe_whose_write_end_we_hold_is_a_pipe_that_never_ends():
