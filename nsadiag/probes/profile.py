@@ -134,7 +134,10 @@ def _hot_lines(stacks: list[dict[str, Any]], samples: int, phases: Counter
         lines.append({"where": _where(*key), "file": key[1], "line": key[2], "code": code[key],
                       "count": count, "fraction": count / samples if samples else 0.0,
                       "on_cpu": on_cpu[key] if timed else None,
-                      "training_fraction": count / training if training else 0.0,
+                      # of the samples once the model was built: its build samples
+                      # are left out of the count as well as of the whole
+                      "training_fraction": (count - by_phase[key].get("build", 0)) /
+                      training if training else 0.0,
                       "phase": phase, "phase_fraction": in_phase / phases[phase]
                       if phases.get(phase) else 0.0})
     return lines

@@ -260,3 +260,20 @@ def test_no_line_holding_half_names_the_frame_around_them():
                        (["step", SCRIPT, 20], 450, 10, 450, 1),
                        (["step", SCRIPT, 21], 450, 10, 450, 1)])
     assert summarize(profile)["memory"]["rss"]["holder"]["where"] == "train (leak.py:50)"
+
+
+def test_a_line_hot_only_while_the_model_was_built_has_no_share_once_it_was():
+    # a stuck script: its optimizer's construction on the CPU before training, then a wait
+    build = ["main", "/home/user/proj/train.py", 51]
+    join = ["main", "/home/user/proj/train.py", 62]
+    profile = {"version": PROFILE_VERSION, "pid": 1, "interval_s": 0.1, "first_t": 100.0,
+               "last_t": 112.0, "samples": 119,
+               "stacks": [{"frames": [build], "count": 38, "phase": "build", "on_cpu": 38},
+                          {"frames": [join], "count": 81, "phase": "forward", "on_cpu": 0}],
+               "loops": []}
+    summary = summarize(profile)
+    (line, *_) = summary["hot_lines"]
+    assert line["where"] == "main (train.py:51)" and line["phase"] == "build"
+    assert line["training_fraction"] == 0.0  # none of its samples came once it was built
+    said = " ".join(describe(summary))
+    assert "(0% once the model was built; 100% of the build samples)" in said, said
