@@ -143,6 +143,9 @@ SUBPROCESS = re.compile(r"/subprocess\.py$")
 MP_POPEN = re.compile(r"multiprocessing/popen_\w+\.py$")
 """multiprocessing's process handles (fork, spawn, forkserver): a ``Process.join`` waits
 in their ``Popen.wait``."""
+POPEN_FORK = re.compile(r"multiprocessing/popen_fork\.py$")
+"""The fork start method's handle: a forked child's stack keeps its ``Popen._launch``."""
+FORK_CALL = re.compile(r"\bos\.fork\(\)")
 THREADING = re.compile(r"/threading\.py$")
 REPLACER = re.compile(r"\(_handle_workers\)")
 POOL_WORKER_NAME = re.compile(r"PoolWorker-\d+$")
@@ -425,12 +428,13 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
                     + (" (a multiprocessing.Queue's feeder thread flushes what was put on "
                        "the queue before its process exits)" if queue else ""))),
             "pipe-unread", "multiprocessing.Queue" if queue else written.target)
-    if main.syscall_name in READ_SYSCALLS:
-        read = child.file(main.first_arg)
-        ours = [f for f in (waits.files if waits else ()) if read is not None and read.is_pipe
-                and f.inode == read.inode and "w" in f.mode]
-        stream = " (its stdin)" if main.first_arg == 0 else ""
-        if read is not None and ours:
+    reads = main.syscall_name in READ_SYSCALLS
+    read = child.file(main.first_arg) if reads else None
+    stream = " (its stdin)" if reads and main.first_arg == 0 else ""
+    if read is not None:
+        ours = [f for f in (waits.files if waits else ()) if read.is_pipe and
+                f.inode == read.inode and "w" in f.mode]
+        if ours:
             return WaitChain((first, Hop("pipe", f"pid {child.pid} is blocked reading fd "
                                                  f"{main.first_arg}{stream}, {read.target}, a "
                                                  f"pipe whose write end this process holds "
@@ -441,9 +445,7 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
         inner = _sampled_child_chain(process, child, others, depth)
         if inner is not None:
             return WaitChain((first, *inner.hops), inner.end, inner.subject)
-    if main.syscall_name in READ_SYSCALLS:
-        read = child.file(main.first_arg)
-        stream = " (its stdin)" if main.first_arg == 0 else ""
+    if reads:
         target = read.target if read is not None else "an unknown descriptor"
         return WaitChain((first, Hop("process", f"pid {child.pid} is blocked reading fd "
                                                 f"{main.first_arg}{stream} ({target})")),
@@ -451,10 +453,6 @@ def _child_chain(process: _Process, thread: ThreadStack, own: StackFrame | None,
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
                                             f"{kernel}")), waiting_end, _command(child))
-
-
-FORK_CALL = re.compile(r"\bos\.fork\(\)")
-POPEN_FORK = re.compile(r"multiprocessing/popen_fork\.py$")
 
 
 def _forked(child: ProcessWaits, parent: _Process, sample: StackSample) -> bool:
