@@ -36,8 +36,13 @@ class MemoryPoint:
     swap: int
     rss: int
 
+    def __post_init__(self) -> None:
+        # the stored form keeps t to the millisecond: a live report and one re-rendered
+        # from the record read the same spans only when the point holds that t itself
+        object.__setattr__(self, "t", round(self.t, 3))
+
     def to_list(self) -> list[float | int]:
-        return [round(self.t, 3), self.private, self.shared, self.anonymous, self.swap,
+        return [self.t, self.private, self.shared, self.anonymous, self.swap,
                 self.rss]
 
     @classmethod
