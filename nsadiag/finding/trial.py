@@ -27,7 +27,7 @@ from nsadiag.ranknames import RankNames
 from nsadiag.recordspec import RecordSpec
 from nsadiag.rundir import TrialRecord
 from nsadiag.verdict import is_failure
-from nsadiag.verdict.chain import WaitChain
+from nsadiag.verdict.waits.model import WaitChain
 from nsadiag.verdictfacts import RankRow, SlowCause, VerdictFacts
 
 

@@ -38,9 +38,10 @@ from typing import Any
 from nsadiag.evidence import Evidence, StallEvidence
 from nsadiag.probes.frames import find_collective, odd_ones_out, user_frame
 from nsadiag.ranknames import RankNames
-from nsadiag.verdict.chain import Hop, WaitChain, at, wait_chain
+from nsadiag.verdict.chain import wait_chain
 from nsadiag.verdict.names import Verdict
 from nsadiag.verdict.rules import decide
+from nsadiag.verdict.waits.model import Hop, WaitChain, at
 
 COLLECTIVE_FAILURE = re.compile(
     r"timed out waiting|connection closed by peer|connection reset|broken pipe|"

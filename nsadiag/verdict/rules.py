@@ -38,7 +38,7 @@ from typing import Any
 from nsadiag.evidence import Evidence, StackSample, StallEvidence
 from nsadiag.fmt import gib, mib
 from nsadiag.probes.frames import describe_place, own_code, place_sentence
-from nsadiag.verdict.chain import WaitChain, add_chain, wait_chain
+from nsadiag.verdict.chain import add_chain, wait_chain
 from nsadiag.verdict.facts import (
     add_load,
     position_facts,
@@ -51,6 +51,7 @@ from nsadiag.verdict.progress import is_progress
 from nsadiag.verdict.slow import slow_verdict
 from nsadiag.verdict.stall import classify_stall, contended
 from nsadiag.verdict.thresholds import DEFAULT_STALL_WINDOW_S, MIN_GROWTH_STEPS
+from nsadiag.verdict.waits.model import WaitChain
 
 # ---- helpers for reasons ------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ from nsadiag.finding.next_step import chain_next, slow_next
 from nsadiag.finding.trial import next_action
 from nsadiag.probes.profile import summarize
 from nsadiag.probes.sampler import READABLE_VERSIONS
-from nsadiag.verdict.chain import ENDS, Hop, WaitChain
 from nsadiag.verdict.slow_cause import slow_cause
+from nsadiag.verdict.waits import ENDS
+from nsadiag.verdict.waits.model import Hop, WaitChain
 from nsadiag.verdictfacts import VerdictFacts
 
 LOCK_WORDS = re.compile(r"\blocks?\b|RLock|`with`", re.IGNORECASE)

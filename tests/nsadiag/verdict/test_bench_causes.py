@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nsadiag.verdict.chain import ENDS
+from nsadiag.verdict.waits import ENDS
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "bench"))

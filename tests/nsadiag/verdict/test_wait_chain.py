@@ -33,7 +33,8 @@ from nsadiag.probes.waits import (
     read_waits,
     reads_terminal,
 )
-from nsadiag.verdict.chain import WaitChain, wait_chain
+from nsadiag.verdict.chain import wait_chain
+from nsadiag.verdict.waits.model import WaitChain
 from nsadiag.waitfacts import EndedProcess, PipeWriter
 
 TRAIN = "/home/u/train.py"
