@@ -94,6 +94,8 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
                                      ["python", "{script}"]),
     "regex_backtracks.py": ("STALL-BUSY", ["--stall-timeout", "5"], ["python", "{script}"]),
     "normalize_per_item.py": ("SLOW", ["--deadline", "20"], ["python", "{script}"]),
+    "shard_barrier_party_died.py": ("DEADLOCK", ["--stall-timeout", "5"],
+                                    ["python", "{script}"]),
 }
 SCRIPT_ENV: dict[str, dict[str, str]] = {
     # the site's CXX, a compiler wrapper that never answers (cxx_wrapper_waits.sh stands for
@@ -137,6 +139,7 @@ CAUSES: dict[str, str] = {
     "slow_storage_loader.py": "data-bound", "writer_thread_never_told_to_stop.py": "no-producer",
     "fork_while_logging.py": "lock-lost-fork", "result_queue_joined_first.py": "pipe-unread",
     "regex_backtracks.py": "busy-native", "normalize_per_item.py": "data-bound",
+    "shard_barrier_party_died.py": "barrier-party-died",
 }
 """Each entry's true cause, as its docstring states it, in the words cause_of prints: a
 stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), the slow class (per-token host

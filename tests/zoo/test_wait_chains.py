@@ -69,6 +69,9 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
      "main thread waits for `METRICS_LOCK` at fork_while_logging.py:42",
      "Do not fork while another thread may hold `METRICS_LOCK`: start the child with the "
      "spawn start method"),
+    ("shard_barrier_party_died.py", "barrier-party-died", "thread loader-2 died of "
+     "FileNotFoundError: ", "Fix the exception that ended the thread the chain names at "
+     "shard_barrier_party_died.py:"),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
      "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from nsadiag.evidence import ThreadStack
 from nsadiag.verdict.waits import (
+    barriers,
     children,
     collectives,
     compile_workers,
@@ -50,6 +51,7 @@ FAMILIES: tuple[Family, ...] = (
     pipes.FAMILY,
     terminal.FAMILY,
     sockets.FAMILY,
+    barriers.FAMILY,
     joins.FAMILY,
     queues.FAMILY,
     sleeps.FAMILY,

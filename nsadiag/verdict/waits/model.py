@@ -26,7 +26,7 @@ HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", 
         "future",
         "terminal", "sleep", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "ended", "compile-pool",
-        "unknown")
+        "barrier", "unknown")
 
 
 MAX_DEPTH = 3

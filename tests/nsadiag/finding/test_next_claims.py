@@ -36,10 +36,12 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "os.kill(..., signal.SIGSTOP)", "kill -STOP", "< /dev/null", "kill -CONT", "c",
             "detach", "await", "await asyncio.wrap_future(fut)",
             "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
-            "p.join()", 'multiprocessing.get_context("spawn")', "all_reduce"}
+            "p.join()", 'multiprocessing.get_context("spawn")', "all_reduce", "wait()",
+            "BrokenBarrierError"}
 FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
-                 "after_in_child={0}.release)",)
-"""Fixes quoted with the chain's subject in them (the lock a fork copied locked)."""
+                 "after_in_child={0}.release)", "{0}.abort()")
+"""Fixes quoted with the chain's subject in them (the lock a fork copied locked, the
+barrier a party leaves)."""
 
 CHAINS = [
     WaitChain((Hop("lock", "the main thread waits for `a` at t.py:5", "t.py:5"),
@@ -214,6 +216,29 @@ QUEUE_UNREAD = WaitChain((
                 "child cannot exit before its data is read (a multiprocessing.Queue's feeder "
                 "thread flushes what was put on the queue before its process exits)")),
     "pipe-unread", "multiprocessing.Queue")
+BARRIER_WAIT = Hop("barrier", "the main thread waits at the barrier `epoch_start` at t.py:27",
+                   "t.py:27", "epoch_start.wait()")
+CHAINS += [
+    WaitChain((BARRIER_WAIT, Hop("barrier", "3 threads wait at `epoch_start` (main thread at "
+                                            "t.py:27; thread loader-a at t.py:16; thread "
+                                            "loader-b at t.py:16) and no other live thread "
+                                            "of the process is left to arrive: the barrier "
+                                            "was built for more parties than call `wait()`")),
+              "barrier-short", "epoch_start"),
+    WaitChain((BARRIER_WAIT, Hop("barrier", "2 threads wait at `epoch_start` (main thread at "
+                                            "t.py:27; thread loader-a at t.py:16) and no "
+                                            "other live thread of the process is left to "
+                                            "arrive"),
+               Hop("producer", "thread loader-c died of FileNotFoundError: c.bin at load "
+                               "(t.py:13), a party that never arrives", "t.py:13")),
+              "barrier-party-died", "epoch_start"),
+    WaitChain((BARRIER_WAIT, Hop("barrier", "2 threads wait at `epoch_start` (main thread at "
+                                            "t.py:27; thread loader-a at t.py:16); the other "
+                                            "live threads, one of which must arrive: thread "
+                                            "checksum runs t.py:15 `total = (total + 1) % 7`",
+                                 "t.py:15", "total = (total + 1) % 7")),
+              "barrier-missing", "epoch_start"),
+]
 STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
                                               "(`gdb -p 41`): it runs again only when the "
                                               "tracer continues it or detaches"),),
