@@ -5,6 +5,7 @@ chain's end."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -72,6 +73,11 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
     ("shard_barrier_party_died.py", "barrier-party-died", "thread loader-2 died of "
      "FileNotFoundError: ", "Fix the exception that ended the thread the chain names at "
      "shard_barrier_party_died.py:"),
+    pytest.param("eval_in_forked_child.py", "fork-thread-pool", "(forked from this process, "
+                 "no exec), the main thread waits inside torch's Linear.forward",
+                 "Start the child with the spawn start method",
+                 marks=pytest.mark.skipif((os.cpu_count() or 1) < 2, reason=(
+                     "torch's intra-op pool has one thread on one CPU: the fork copies it"))),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
      "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])

@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from nsadiag.evidence import StackFrame, StackSample, ThreadStack
+from nsadiag.evidence import StackFrame, ThreadStack
 from nsadiag.verdict.waits.model import (
-    MAX_DEPTH,
     SUBPROCESS,
     End,
     Family,
@@ -35,18 +34,14 @@ from nsadiag.verdict.waits.model import (
     in_compile,
     label,
     os_wait_of,
-    own_frame,
     said_at,
-    start_thread,
 )
+from nsadiag.verdict.waits.processes import follow_child
 from nsadiag.waitfacts import READ_SYSCALLS, OpenFile, ProcessWaits
 
 MP_POPEN = re.compile(r"multiprocessing/popen_\w+\.py$")
 """multiprocessing's process handles (fork, spawn, forkserver): a ``Process.join`` waits
 in their ``Popen.wait``."""
-POPEN_FORK = re.compile(r"multiprocessing/popen_fork\.py$")
-"""The fork start method's handle: a forked child's stack keeps its ``Popen._launch``."""
-FORK_CALL = re.compile(r"\bos\.fork\(\)")
 CHILD_WCHAN = ("do_wait", "wait_consider_task")
 JOIN_CALL = re.compile(r"([A-Za-z_][\w.]*)\.join\(")
 """The process a line joins (``worker.join()`` joins ``worker``)."""
@@ -118,7 +113,7 @@ def _child_chain(follow: Follow, process: Proc, thread: ThreadStack, own: StackF
                                                  f"never reaches end of file")),
                              "pipe-eof", command_of(child))
     if compiling is None:
-        inner = _sampled_child_chain(follow, process, child, others, depth)
+        inner = follow_child(follow, process, child, others, depth)
         if inner is not None:
             return WaitChain((first, *inner.hops), inner.end, inner.subject)
     if reads:
@@ -129,43 +124,6 @@ def _child_chain(follow: Follow, process: Proc, thread: ThreadStack, own: StackF
     kernel = main.wchan or main.syscall_name or "an unknown place"
     return WaitChain((first, Hop("process", f"pid {child.pid} waits in the kernel at "
                                             f"{kernel}")), waiting_end, command_of(child))
-
-
-def _forked(child: ProcessWaits, parent: Proc, sample: StackSample) -> bool:
-    """Whether ``child`` is a copy of the parent made by fork without an exec: its stack
-    holds the call that forked it (multiprocessing's fork start method, or ``os.fork()`` in
-    the user's code, both copied from the parent), or it runs the parent's very command."""
-    if parent.waits is not None and child.command and child.command == parent.waits.command:
-        return True
-    return any(POPEN_FORK.search(f.file) and f.function.endswith("_launch") or
-               FORK_CALL.search(f.code or "") for t in sample.threads for f in t.frames)
-
-
-def _sampled_child_chain(follow: Follow, process: Proc, child: ProcessWaits, others: Sequence[Proc],
-                         depth: int) -> WaitChain | None:
-    """The chain of a child the waiting thread waits for, followed into the child's own
-    threads when the child was sampled at the stall (a Python process of the job): its
-    hops, each naming the child; None when it was not sampled or names no line of its
-    own. A child forked without an exec is a copy of this process, and a lock no thread
-    of it holds was locked by a thread that was not copied."""
-    sampled = next((o for o in others if o.sample.pid == child.pid), None)
-    if sampled is None or depth >= MAX_DEPTH:
-        return None
-    start = start_thread(sampled.sample)
-    if start is None:
-        return None
-    forked = sampled.forked or _forked(child, process, sampled.sample)
-    copy = Proc(sampled.sample, sampled.waits or child, sampled.died,
-                    f"pid {child.pid}" + (", a forked copy of this process" if forked and
-                                          not sampled.forked else ""), forked)
-    inner = follow(copy, start, [o for o in others if o is not sampled], depth + 1)
-    if inner.end == "unknown" and own_frame(start) is None:  # no line of the user's to name
-        return None
-    head = inner.hops[0]
-    named = Hop(head.kind, f"in pid {child.pid}" + (" (forked from this process, no exec)"
-                                                    if forked else "") +
-                f", {head.text}", head.where, head.code)
-    return WaitChain((named, *inner.hops[1:]), inner.end, inner.subject)
 
 
 def _unread_pipe(child: ProcessWaits, waits: ProcessWaits | None

@@ -37,7 +37,8 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "detach", "await", "await asyncio.wrap_future(fut)",
             "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
             "p.join()", 'multiprocessing.get_context("spawn")', "all_reduce", "wait()",
-            "BrokenBarrierError"}
+            "BrokenBarrierError", "torch.set_num_threads(1)", "q.get(timeout=...)",
+            "p.exitcode", "exit"}
 FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
                  "after_in_child={0}.release)", "{0}.abort()")
 """Fixes quoted with the chain's subject in them (the lock a fork copied locked, the
@@ -239,6 +240,25 @@ CHAINS += [
                                  "t.py:15", "total = (total + 1) % 7")),
               "barrier-missing", "epoch_start"),
 ]
+MP_GET = Hop("queue", "the main thread waits for an item from the multiprocessing queue `q` "
+                     "at t.py:26", "t.py:26", "result = q.get()")
+CHAINS += [
+    WaitChain((MP_GET,
+               Hop("frame", "in pid 200 (forked from this process, no exec), the main thread "
+                            "waits inside torch's Linear.forward (linear.py:134), called at "
+                            "t.py:11 `out = model(x)`", "t.py:11", "out = model(x)"),
+               Hop("pool", "pid 200 was forked without an exec: torch's intra-op thread pool "
+                           "is not copied by a fork, and the op waits for pool threads the "
+                           "copy does not have")), "fork-thread-pool", "t.py:11"),
+    WaitChain((MP_GET, Hop("ended", "no child of this process is alive to put on it: pid 250 "
+                                    "(`Process-1`) ended (exited with code 1)")),
+              "queue-producer-ended", "pid 250"),
+    WaitChain((MP_GET, Hop("process", "the children that could put on it: pid 200 (`python "
+                                      "t.py`) waits in the kernel at futex_do_wait; pid 201 "
+                                      "(`python t.py`) waits in the kernel at pipe_read (none "
+                                      "was sampled at a line of its own)")),
+              "process-queue", "q"),
+]
 STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
                                               "(`gdb -p 41`): it runs again only when the "
                                               "tracer continues it or detaches"),),
@@ -268,7 +288,7 @@ def test_each_next_claim_follows_from_its_chain(chain):
     assert "timeout" in said or "deadline" in said or chain.end.startswith("lock") or \
         chain.end in ("pipe-eof", "uneven-steps", "collective-differs", "compile-cxx",
                       "compile-child", "terminal-input", "sleep", "stopped", "loop-self",
-                      "pool-starved", "pipe-unread"), said
+                      "pool-starved", "pipe-unread", "fork-thread-pool"), said
     # advice about a sleep only where the chain's end is one (a command quoted may hold the
     # word)
     assert "the sleep" not in said or chain.has("sleep"), said
