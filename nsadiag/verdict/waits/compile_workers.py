@@ -25,6 +25,7 @@ from nsadiag.verdict.waits.model import (
     Waiting,
     at,
     called_at,
+    continued,
     in_compile,
     label,
     os_wait_of,
@@ -80,10 +81,7 @@ def _compile_pool_chain(follow: Follow, process: Proc, thread: ThreadStack, own:
         name = label(runner) if owner is process else f"compile worker pid {owner.sample.pid}"
         if inner.end == "unknown":  # no wait of a known kind: where its job stands
             return WaitChain((first, _job_hop(owner, runner, name)), "compile-worker")
-        said = f"{name} {strip_label(inner.hops[0].text, runner)}"
-        return WaitChain((first, Hop(inner.hops[0].kind, said, inner.hops[0].where,
-                                     inner.hops[0].code), *inner.hops[1:]),
-                         inner.end, inner.subject)
+        return continued(first, inner, f"{name} {strip_label(inner.hops[0].text, runner)}")
     if workers or threads:
         named = ", ".join([f"pid {p.sample.pid}" for p, _ in workers] +
                           [label(t) for t in threads])

@@ -19,6 +19,7 @@ from nsadiag.verdict.waits.model import (
     WaitChain,
     Waiting,
     at,
+    continued,
     label,
     main_thread,
     said_at,
@@ -43,10 +44,8 @@ def _worker_chain(follow: Follow, process: Proc, thread: ThreadStack, own: Stack
         return WaitChain((first, Hop("unknown", f"where {worker.role} stands is unknown")),
                          "unknown")
     inner = follow(worker, main, ())
-    hops = (first, Hop(inner.hops[0].kind, f"{worker.role} (pid {worker.sample.pid}) "
-                                 f"{strip_label(inner.hops[0].text, main)}", inner.hops[0].where,
-                       inner.hops[0].code), *inner.hops[1:])
-    return WaitChain(hops, inner.end if inner.end != "unknown" else "worker", inner.subject)
+    return continued(first, inner, f"{worker.role} (pid {worker.sample.pid}) "
+                                   f"{strip_label(inner.hops[0].text, main)}", "worker")
 
 
 def _follow(waiting: Waiting) -> WaitChain | None:

@@ -248,6 +248,19 @@ def in_compile(thread: ThreadStack) -> tuple[str, bool] | None:
     return f" inside torch.compile ({inner.function} at {at(inner)})", cxx
 
 
+def continued(first: Hop | None, inner: WaitChain, head: str,
+              unknown: str | None = None) -> WaitChain:
+    """The chain that goes on into another thread or process: ``first`` (None: none), then
+    ``inner`` with its head hop said as ``head`` (naming the process or worker it is in);
+    an ``inner`` that ends unknown ends as ``unknown`` instead when given (the line the
+    worker stands at is then itself the end)."""
+    was = inner.hops[0]
+    hops = (*((first,) if first is not None else ()), Hop(was.kind, head, was.where, was.code),
+            *inner.hops[1:])
+    end = unknown if unknown is not None and inner.end == "unknown" else inner.end
+    return WaitChain(hops, end, inner.subject)
+
+
 def said_at(chain: WaitChain, index: int) -> str:
     """" at file:line" of the chain's hop ``index`` ("" when it has no line)."""
     hops = chain.hops

@@ -22,6 +22,7 @@ from nsadiag.verdict.waits.model import (
     WaitChain,
     Waiting,
     at,
+    continued,
     label,
     said_at,
     strip_label,
@@ -61,11 +62,9 @@ def _pool_chain(follow: Follow, process: Proc, thread: ThreadStack, own: StackFr
     if busy and depth < MAX_DEPTH:
         worker, loop = busy[0]
         inner = follow(worker, loop, (), depth + 1)
-        said = f"pool worker pid {worker.sample.pid} {strip_label(inner.hops[0].text, loop)}"
-        hops = (first, Hop(inner.hops[0].kind, said, inner.hops[0].where,
-                           inner.hops[0].code), *inner.hops[1:])
-        return WaitChain(hops, inner.end if inner.end != "unknown" else "pool-worker",
-                         inner.subject)
+        return continued(first, inner, f"pool worker pid {worker.sample.pid} "
+                                       f"{strip_label(inner.hops[0].text, loop)}",
+                         "pool-worker")
     pids = ("pid " if len(workers) == 1 else "pids ") + \
         ", ".join(str(p.sample.pid) for p, _ in workers)
     # a worker the pool started after its first ones inherits the name of the pool's

@@ -13,9 +13,9 @@ from nsadiag.evidence import StackSample
 from nsadiag.verdict.waits.model import (
     MAX_DEPTH,
     Follow,
-    Hop,
     Proc,
     WaitChain,
+    continued,
     own_frame,
     start_thread,
 )
@@ -56,8 +56,5 @@ def follow_child(follow: Follow, process: Proc, child: ProcessWaits, others: Seq
     inner = follow(copy, start, [o for o in others if o is not sampled], depth + 1)
     if inner.end == "unknown" and own_frame(start) is None:  # no line of the user's to name
         return None
-    head = inner.hops[0]
-    named = Hop(head.kind, f"in pid {child.pid}" + (" (forked from this process, no exec)"
-                                                    if forked else "") +
-                f", {head.text}", head.where, head.code)
-    return WaitChain((named, *inner.hops[1:]), inner.end, inner.subject)
+    copied = " (forked from this process, no exec)" if forked else ""
+    return continued(None, inner, f"in pid {child.pid}{copied}, {inner.hops[0].text}")
