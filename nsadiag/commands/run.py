@@ -78,7 +78,7 @@ def run_user_command(command: Sequence[str], run_dir: Path, argv: Sequence[str],
                 on_start(f"watching {shlex.join(command)}")
             record = with_finding(
                 run_command(list(command), run_dir, stall_timeout_s, deadline_s, live))
-            _keep_record(record, run_dir, argv)
+            _keep_record(record, run_dir, argv, stall_timeout_s, deadline_s)
         except BaseException:
             restore_earlier(run_dir, earlier)
             raise
@@ -111,11 +111,14 @@ def _not_shown(counts: dict[str, int], run_dir: Path, copies: list[str]) -> list
             f"{run_dir / name}" for name, count in counts.items()]
 
 
-def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str]) -> None:
-    """run.json and record.json; ValueError (one line, with the verdict) when they cannot
-    be written."""
+def _keep_record(record: TrialRecord, run_dir: Path, argv: Sequence[str],
+                 stall_timeout_s: float, deadline_s: float) -> None:
+    """run.json (with the limits the run was watched under, as the watch wrote it first)
+    and record.json; ValueError (one line, with the verdict) when they cannot be
+    written."""
     try:
-        write_run_meta(run_dir, "run", list(argv))
+        write_run_meta(run_dir, "run", list(argv), stall_timeout_s=stall_timeout_s,
+                       deadline_s=deadline_s)
         write_json(run_dir / "record.json", record.to_dict())
     except ValueError as err:
         raise ValueError(f"{err}; the verdict: {_headline(record)}") from None

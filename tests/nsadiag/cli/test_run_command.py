@@ -110,6 +110,10 @@ def test_at_the_deadline_a_progressing_script_is_slow(tmp_path):
                                 options=("--stall-timeout", "30", "--deadline", "8"))
     assert done.returncode == 1
     assert summary["verdict"] == "SLOW", summary
+    # the limits it was watched under stay in run.json once the verdict is written
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (meta["command_name"], meta["stall_timeout_s"], meta["deadline_s"]) == \
+        ("run", 30.0, 8.0)
 
 
 def test_a_sitecustomize_of_the_users_own_still_runs(tmp_path):
