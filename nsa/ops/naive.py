@@ -1,6 +1,6 @@
 """Dense-mask oracle of NSA attention: O(S^2) memory and time, fp32, written to be read.
 
-Used by tests only. Every mask is built explicitly from the definitions in DESIGN.md, with
+Used by tests only. Every mask is built explicitly from the definitions in docs/nsa.md, with
 no shared code from the fast paths except the per-window phi MLP (`Compressor.summarize`).
 
 Layouts: q [B, S, Hq, D]; k, v [B, S, Hkv, D]; head h of q reads kv head h // G.
