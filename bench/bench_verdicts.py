@@ -97,6 +97,8 @@ SCRIPT_RUNS: dict[str, tuple[str, list[str], list[str]]] = {
     "shard_barrier_party_died.py": ("DEADLOCK", ["--stall-timeout", "5"],
                                     ["python", "{script}"]),
     "eval_in_forked_child.py": ("DEADLOCK", ["--stall-timeout", "5"], ["python", "{script}"]),
+    "rendezvous_missing_rank.py": ("DEADLOCK", ["--stall-timeout", "5"],
+                                   ["python", "{script}"]),
 }
 SCRIPT_ENV: dict[str, dict[str, str]] = {
     # the site's CXX, a compiler wrapper that never answers (cxx_wrapper_waits.sh stands for
@@ -142,6 +144,7 @@ CAUSES: dict[str, str] = {
     "regex_backtracks.py": "busy-native", "normalize_per_item.py": "data-bound",
     "shard_barrier_party_died.py": "barrier-party-died",
     "eval_in_forked_child.py": "fork-thread-pool",
+    "rendezvous_missing_rank.py": "rendezvous-missing",
 }
 """Each entry's true cause, as its docstring states it, in the words cause_of prints: a
 stuck run's wait-chain end (nsadiag.verdict.chain.ENDS), the slow class (per-token host

@@ -32,6 +32,13 @@ COLLECTIVE_FUNCTIONS = frozenset({
 C10D_FILE = "distributed/distributed_c10d.py"
 """Every function of torch.distributed's collective API lives in this file."""
 
+SETUP_FUNCTIONS = frozenset({
+    "init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "destroy_process_group", "init_device_mesh",
+})
+"""torch.distributed's calls that set process groups up (they wait for every rank to join
+a rendezvous) rather than run a collective."""
+RENDEZVOUS_FILE = "distributed/rendezvous.py"
 NATIVE_COLLECTIVE_MARKERS = ("ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupMPI",
                              "c10d::", "gloo::", "nccl")
 """Substrings of native symbols inside a process group or its transport."""
@@ -95,6 +102,17 @@ def _is_collective(frame: StackFrame) -> bool:
     return frame.function in COLLECTIVE_FUNCTIONS or frame.file.endswith(C10D_FILE)
 
 
+def rendezvous_frame(thread: ThreadStack) -> StackFrame | None:
+    """The outermost frame of torch.distributed's setup (``init_process_group``,
+    ``new_group``, the rendezvous handlers) the thread is inside, None when it is in none:
+    such a thread waits for ranks to join, not in a collective, though its stack holds
+    distributed_c10d.py frames and a store's native ones."""
+    setup = [frame for frame in thread.python_frames()
+             if frame.function.rsplit(".", 1)[-1] in SETUP_FUNCTIONS or
+             frame.file.endswith(RENDEZVOUS_FILE)]
+    return setup[-1] if setup else None
+
+
 def _is_background_loop(thread: ThreadStack) -> bool:
     return any(marker in frame.function for frame in thread.frames
                for marker in BACKGROUND_LOOP_MARKERS)
@@ -107,7 +125,7 @@ def collective_frame(thread: ThreadStack) -> StackFrame | None:
     torch.distributed or of a process group; helper threads of a process group (their
     run loops wait all the time) are never in a collective.
     """
-    if _is_background_loop(thread):
+    if _is_background_loop(thread) or rendezvous_frame(thread) is not None:
         return None
     matches = [frame for frame in thread.frames if _is_collective(frame)]
     named = [frame for frame in matches if frame.function in COLLECTIVE_FUNCTIONS]

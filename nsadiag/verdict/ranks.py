@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsadiag.evidence import Evidence, StallEvidence
-from nsadiag.probes.frames import find_collective, odd_ones_out, user_frame
+from nsadiag.probes.frames import find_collective, odd_ones_out, rendezvous_frame, user_frame
+from nsadiag.probes.frames import main_thread as frames_main_thread
 from nsadiag.ranknames import RankNames
 from nsadiag.verdict.chain import wait_chain
 from nsadiag.verdict.names import Verdict
@@ -404,10 +405,24 @@ def decide_ranks(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
     if outcome.killed_by_runner and outcome.kill_reason == "stall":
         if any(waiting_in(r) or (r.stall and find_collective(r.stall.samples)) for r in ranks):
             return _stall_collective(job, ranks, [])
+    joining = [r for r in ranks if _in_rendezvous(r)]
+    if outcome.killed_by_runner and outcome.kill_reason == "stall" and joining:
+        # a rank waits for the group to form: the ranks that have not joined are where the
+        # wait goes on, so its chain reads them as the other processes of the job
+        return _rank_verdict(job, ranks, joining[0], "waits for the group to form",
+                             siblings=[r for r in ranks if r is not joining[0]])
     focus = _standout(ranks) or (ranks[0] if ranks else None)
     if focus is None:
         return decide(job)
     return _rank_verdict(job, ranks, focus, "stands out")
+
+
+def _in_rendezvous(rank: RankEvidence) -> bool:
+    """Whether the rank's main thread stood inside torch.distributed's setup at the stall
+    (nsadiag.probes.frames.rendezvous_frame)."""
+    samples = rank.stall.samples if rank.stall else ()
+    main = frames_main_thread(samples[-1]) if samples else None
+    return main is not None and rendezvous_frame(main) is not None
 
 
 def _ok(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
@@ -425,8 +440,15 @@ def _ok(job: Evidence, ranks: Sequence[RankEvidence]) -> Verdict:
 
 
 def _rank_verdict(job: Evidence, ranks: Sequence[RankEvidence], focus: RankEvidence,
-                  why: str) -> Verdict:
-    verdict = decide(focus.as_evidence(job))
+                  why: str, siblings: Sequence[RankEvidence] = ()) -> Verdict:
+    """The job's verdict from one rank's own evidence; ``siblings``: other ranks its wait
+    chain reads as the other processes of the job, each by its last stack sample."""
+    evidence = focus.as_evidence(job)
+    if siblings:
+        evidence = dataclasses.replace(evidence, others=[
+            *evidence.others, *({"pid": r.pid, "role": f"rank {r.rank}",
+                                 "stall": r.stall.to_dict()} for r in siblings if r.stall)])
+    verdict = decide(evidence)
     facts = {**verdict.facts.to_dict(), "rank": focus.rank, "world_size": len(ranks),
              "ranks": rank_table(ranks, job.outcome.ended_at)}
     reasons = [f"rank {focus.rank} {why}: {verdict.reasons[0]}", *verdict.reasons[1:]]

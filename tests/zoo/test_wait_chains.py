@@ -78,6 +78,9 @@ def test_two_locks_taken_in_opposite_order_show_both_threads_in_the_top_block(tm
                  "Start the child with the spawn start method",
                  marks=pytest.mark.skipif((os.cpu_count() or 1) < 2, reason=(
                      "torch's intra-op pool has one thread on one CPU: the fork copies it"))),
+    ("rendezvous_missing_rank.py", "rendezvous-missing", "waits in torch.distributed's "
+     "`init_process_group` at rendezvous_missing_rank.py:", "Start every rank that "
+     "`init_process_group` waits for"),
     ("writer_thread_never_told_to_stop.py", "no-producer", "waits for thread `writer` to "
      "finish at writer_thread_never_told_to_stop.py:", "Make sure a thread feeds `records` "),
 ])

@@ -33,6 +33,7 @@ from nsadiag.verdict.waits import (
     process_pool,
     process_queues,
     queues,
+    rendezvous,
     sleeps,
     sockets,
     stopped,
@@ -43,6 +44,7 @@ from nsadiag.verdict.waits.model import End, Family, Proc, WaitChain, Waiting
 
 FAMILIES: tuple[Family, ...] = (
     locks.FAMILY,
+    rendezvous.FAMILY,
     file_locks.FAMILY,
     children.FAMILY,
     compile_workers.FAMILY,

@@ -26,7 +26,7 @@ HOPS = ("lock", "holder", "queue", "join", "pool", "producer", "child", "pipe", 
         "future",
         "terminal", "sleep", "process",
         "worker", "poll", "socket", "peer", "collective", "frame", "ended", "compile-pool",
-        "barrier", "unknown")
+        "barrier", "rendezvous", "unknown")
 
 
 MAX_DEPTH = 3
@@ -267,6 +267,12 @@ def said_at(chain: WaitChain, index: int) -> str:
     if not -len(hops) <= index < len(hops) or not hops[index].where:
         return ""
     return f" at {hops[index].where}"
+
+
+def hop_of(chain: WaitChain, kind: str) -> int:
+    """The index of the chain's first hop of ``kind`` (0 when it has none): where a family's
+    own wait stands when the chain reached it from another thread or process."""
+    return next((i for i, hop in enumerate(chain.hops) if hop.kind == kind), 0)
 
 
 def called_at(chain: WaitChain) -> str:

@@ -15,6 +15,7 @@ from nsadiag.verdict.waits.model import (
     Waiting,
     at,
     at_scope,
+    hop_of,
     label,
     own_frame,
     said_at,
@@ -63,15 +64,16 @@ def _follow(waiting: Waiting) -> WaitChain | None:
 
 def _poll(chain: WaitChain) -> str:
     subject = chain.subject or "it"
-    return (f"Add a timeout to the polling loop{said_at(chain, 0)} (raise once "
-            f"`{subject}` has held past a deadline), and make sure what should end it "
-            f"runs.")
+    return (f"Add a timeout to the polling loop{said_at(chain, hop_of(chain, 'poll'))} "
+            f"(raise once `{subject}` has held past a deadline), and make sure what should "
+            f"end it runs.")
 
 
 def _sleep(chain: WaitChain) -> str:
     subject = chain.subject or "it"
-    return (f"Remove or shorten the sleep{said_at(chain, 0)} (`{subject}`): the thread does "
-            f"nothing else while it sleeps, and the evidence shows no other work going on.")
+    return (f"Remove or shorten the sleep{said_at(chain, hop_of(chain, 'sleep'))} "
+            f"(`{subject}`): the thread does nothing else while it sleeps, and the evidence "
+            f"shows no other work going on.")
 
 
 FAMILY = Family("sleeps and polls", _follow, {

@@ -10,6 +10,7 @@ from nsadiag.verdict.waits.model import (
     WaitChain,
     Waiting,
     at,
+    hop_of,
     label,
     read_file,
     said_at,
@@ -39,7 +40,8 @@ def _follow(waiting: Waiting) -> WaitChain | None:
 
 def _terminal_input(chain: WaitChain) -> str:
     subject = chain.subject or "it"
-    return (f"Answer the prompt at the terminal: the program waits{said_at(chain, 0)} for "
+    return (f"Answer the prompt at the terminal: the program waits"
+            f"{said_at(chain, hop_of(chain, 'terminal'))} for "
             f"a line typed at the terminal ({subject}). For runs with no one there, give the "
             f"script its answer another way (the script's own option for it, or stdin "
             f"from a file: `< answers.txt`).")

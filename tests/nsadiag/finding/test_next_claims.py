@@ -38,7 +38,9 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "run_coroutine_threadsafe(...).result()", "submit", "max_workers", "q.get()",
             "p.join()", 'multiprocessing.get_context("spawn")', "all_reduce", "wait()",
             "BrokenBarrierError", "torch.set_num_threads(1)", "q.get(timeout=...)",
-            "p.exitcode", "exit"}
+            "p.exitcode", "exit", "torchrun --nproc_per_node N train.py", "RANK",
+            "WORLD_SIZE", "world_size", "timeout=datetime.timedelta(seconds=60)",
+            "init_process_group"}
 FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
                  "after_in_child={0}.release)", "{0}.abort()")
 """Fixes quoted with the chain's subject in them (the lock a fork copied locked, the
@@ -258,6 +260,17 @@ CHAINS += [
                                       "(`python t.py`) waits in the kernel at pipe_read (none "
                                       "was sampled at a line of its own)")),
               "process-queue", "q"),
+]
+JOINING = Hop("rendezvous", "the main thread waits in torch.distributed's `init_process_group` "
+                          "at t.py:12 for every rank of the group to join", "t.py:12",
+              "dist.init_process_group(\"gloo\")")
+CHAINS += [
+    WaitChain((JOINING, Hop("rendezvous", "no other process of the job was seen: the ranks it "
+                                          "waits for never started under this command")),
+              "rendezvous-missing", "init_process_group"),
+    WaitChain((JOINING, Hop("frame", "rank 1 (pid 9) has not joined it: runs t.py:30 "
+                                     "`build_vocab(corpus)`", "t.py:30", "build_vocab(corpus)")),
+              "rendezvous-late", "init_process_group"),
 ]
 STOPPED_BY_TRACER = WaitChain((Hop("process", "pid 41 is held stopped by its tracer, pid 77 "
                                               "(`gdb -p 41`): it runs again only when the "
