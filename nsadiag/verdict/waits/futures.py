@@ -109,7 +109,7 @@ def _future_chain(follow: Follow, process: Proc, thread: ThreadStack, own: Stack
         return WaitChain((first, Hop("pool", f"{step.text} (a worker of "
                                              f"{_pool_name(running)}): the task, still "
                                              f"running", step.where, step.code)),
-                         "pool-worker", _pool_name(running))
+                         "executor-task", _pool_name(running))
     return WaitChain((first, Hop("unknown", "no worker of the pool runs a task: the task "
                                             "this future stands for is not running")),
                      "unknown")
@@ -137,7 +137,17 @@ def _pool_starved(chain: WaitChain) -> str:
             f"`max_workers` larger than the tasks that can wait at once.")
 
 
+def _executor_task(chain: WaitChain) -> str:
+    return (f"The task of the thread pool `{chain.subject}` this waits for stands"
+            f"{said_at(chain, -1)} and "
+            f"never returns: make that line return (call its function once directly to see "
+            f"it alone), or wait with `future.result(timeout=...)`{said_at(chain, 0)} so that "
+            f"a task that hangs fails the wait.")
+
+
 FAMILY = Family("futures", _follow, {
+    "executor-task": End("a worker of a thread pool runs the task the future stands for and "
+                         "stands at its frame, not in a wait of a known kind", _executor_task),
     "loop-self": End("a thread that runs the asyncio event loop waits for a future whose "
                      "coroutine needs that loop (``run_coroutine_threadsafe(...).result()`` "
                      "on the loop's own thread)", _loop_self),

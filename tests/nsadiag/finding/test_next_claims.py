@@ -40,7 +40,7 @@ FIX_CODE = {"proc.stdin.close()", "communicate()", "subprocess.run(input=...)",
             "BrokenBarrierError", "torch.set_num_threads(1)", "q.get(timeout=...)",
             "p.exitcode", "exit", "torchrun --nproc_per_node N train.py", "RANK",
             "WORLD_SIZE", "world_size", "timeout=datetime.timedelta(seconds=60)",
-            "init_process_group"}
+            "init_process_group", "future.result(timeout=...)"}
 FIX_TEMPLATES = ("os.register_at_fork(before={0}.acquire, after_in_parent={0}.release, "
                  "after_in_child={0}.release)", "{0}.abort()")
 """Fixes quoted with the chain's subject in them (the lock a fork copied locked, the
@@ -146,6 +146,11 @@ CHAINS = [
                            "at t.py:12", "t.py:12"),
                Hop("frame", "pool worker pid 4 runs t.py:30 `parse(doc)`", "t.py:30")),
               "pool-worker"),
+    WaitChain((Hop("future", "the main thread waits for a future's result at t.py:12",
+                   "t.py:12", "rows = job.result()"),
+               Hop("pool", "thread io_0 runs t.py:30 `parse(doc)` (a worker of io): the task, "
+                           "still running", "t.py:30", "parse(doc)")),
+              "executor-task", "io"),
     WaitChain((Hop("sleep", "the main thread sleeps at t.py:8 `time.sleep(3600)  # debug` "
                             "(3600 s, as written)", "t.py:8"),), "sleep", "time.sleep(3600)"),
     WaitChain((Hop("terminal", "the main thread waits for a line typed at the terminal "
