@@ -10,8 +10,9 @@ than the ranks launched, or ranks started elsewhere, or with another address).
 
 from __future__ import annotations
 
-from nsadiag.probes.frames import rendezvous_frame
+from nsadiag.probes.frames import RENDEZVOUS_FILE, rendezvous_frame
 from nsadiag.verdict.waits.model import (
+    MAX_DEPTH,
     End,
     Family,
     Hop,
@@ -31,17 +32,16 @@ def _follow(waiting: Waiting) -> WaitChain | None:
     setup = rendezvous_frame(thread)
     if setup is None:
         return None
-    call = setup.function.rsplit(".", 1)[-1] if not setup.file.endswith("rendezvous.py") \
+    call = setup.function.rsplit(".", 1)[-1] if not setup.file.endswith(RENDEZVOUS_FILE) \
         else "init_process_group"
     first = Hop("rendezvous", f"{label(thread)} waits in torch.distributed's `{call}`" +
                 (f" at {at(own)}" if own is not None else "") + " for every rank of the group "
                 "to join", at(own) if own is not None else None,
                 own.code if own is not None else None)
-    joined = [p for p in waiting.others if (m := main_thread(p.sample)) is not None and
-              rendezvous_frame(m) is not None]
-    late = [(p, m) for p in waiting.others
-            if (m := main_thread(p.sample)) is not None and rendezvous_frame(m) is None]
-    if late and waiting.depth < 3:
+    mains = [(p, m) for p in waiting.others if (m := main_thread(p.sample)) is not None]
+    joined = [p for p, m in mains if rendezvous_frame(m) is not None]
+    late = [(p, m) for p, m in mains if rendezvous_frame(m) is None]
+    if late and waiting.depth < MAX_DEPTH:
         rank, main = late[0]
         inner = waiting.follow(rank, main, (), waiting.depth + 1)
         who = f"{rank.role} (pid {rank.sample.pid})" if rank.role.startswith("rank ") else \
